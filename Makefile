@@ -1,0 +1,27 @@
+# The two entry points of the README. Each creates .venv with Python >= 3.12 if it is missing,
+# installs the project into it, then runs.
+VENV := .venv
+PY := $(VENV)/bin/python
+
+.PHONY: demo test clean
+
+demo: $(VENV)/.installed-core
+	$(PY) -m dllm_jax.cli demo
+
+test: $(VENV)/.installed-test
+	$(PY) -m pytest -m "not gpu" -q
+
+$(PY):
+	"$$(scripts/find-python)" -m venv $(VENV)
+	$(PY) -m pip install -q --upgrade pip
+
+$(VENV)/.installed-core: pyproject.toml | $(PY)
+	$(PY) -m pip install -q -e .
+	touch $@
+
+$(VENV)/.installed-test: pyproject.toml | $(PY)
+	$(PY) -m pip install -q -e '.[test]'
+	touch $(VENV)/.installed-core $@
+
+clean:
+	rm -rf $(VENV) *.egg-info

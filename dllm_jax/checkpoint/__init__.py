@@ -1,0 +1,5 @@
+"""Checkpoints: HF safetensors -> parameter tree (`hf`), Orbax storage (`orbax`), the public API."""
+
+from dllm_jax.checkpoint.api import convert_hf_checkpoint, load_model, model_from_params
+
+__all__ = ["convert_hf_checkpoint", "load_model", "model_from_params"]

@@ -1,0 +1,241 @@
+"""Hugging Face safetensors -> parameter tree: name maps, validation, streaming conversion.
+
+The name map is data: each rule maps an HF tensor name (regex; group 1 is the layer index for
+per-layer weights) to a path in the parameter tree and a layout transform. Every tensor of the
+checkpoint is checked by name, shape and dtype from the file headers alone before any data is read,
+and all problems are reported together in one ValueError.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+import re
+from pathlib import Path
+
+import ml_dtypes
+import numpy as np
+from safetensors import SafetensorError, safe_open
+from tqdm.auto import tqdm
+
+from dllm_jax.config import LLaDAConfig
+from dllm_jax.models import llada
+
+FLOAT_DTYPES = {"F32": np.float32, "F16": np.float16, "BF16": ml_dtypes.bfloat16}
+TARGET_DTYPES = {"bfloat16": ml_dtypes.bfloat16, "float32": np.float32}
+MAX_LISTED_PROBLEMS = 40
+
+
+@dataclasses.dataclass(frozen=True)
+class Rule:
+    pattern: str  # regex over the full HF name; group 1 = layer index if `per_layer`
+    path: tuple[str, ...]  # where the tensor goes in the parameter tree
+    transform: str  # "copy" | "transpose" | "heads_in" | "heads_out"
+
+    @property
+    def per_layer(self) -> bool:
+        return self.path[0] == "layers"
+
+
+# Torch Linear weights are [out, in]; Flax kernels are [in, out]. Attention projections are
+# further split by head: q/k/v [H*D, d] -> [d, H, D]; the output projection [d, H*D] -> [H, D, d].
+LLADA_RULES = (
+    Rule(r"model\.transformer\.wte\.weight", ("embed",), "copy"),
+    Rule(r"model\.transformer\.blocks\.(\d+)\.attn_norm\.weight", ("layers", "attn_norm"), "copy"),
+    Rule(r"model\.transformer\.blocks\.(\d+)\.q_proj\.weight", ("layers", "q_proj"), "heads_in"),
+    Rule(r"model\.transformer\.blocks\.(\d+)\.k_proj\.weight", ("layers", "k_proj"), "heads_in"),
+    Rule(r"model\.transformer\.blocks\.(\d+)\.v_proj\.weight", ("layers", "v_proj"), "heads_in"),
+    Rule(r"model\.transformer\.blocks\.(\d+)\.attn_out\.weight", ("layers", "o_proj"), "heads_out"),
+    Rule(r"model\.transformer\.blocks\.(\d+)\.ff_norm\.weight", ("layers", "mlp_norm"), "copy"),
+    Rule(r"model\.transformer\.blocks\.(\d+)\.ff_proj\.weight", ("layers", "gate_proj"), "transpose"),
+    Rule(r"model\.transformer\.blocks\.(\d+)\.up_proj\.weight", ("layers", "up_proj"), "transpose"),
+    Rule(r"model\.transformer\.blocks\.(\d+)\.ff_out\.weight", ("layers", "down_proj"), "transpose"),
+    Rule(r"model\.transformer\.ln_f\.weight", ("final_norm",), "copy"),
+    Rule(r"model\.transformer\.ff_out\.weight", ("lm_head",), "transpose"),
+)
+
+
+def hf_name(rule: Rule, layer: int | None) -> str:
+    """The concrete HF tensor name a rule expects (for layer `layer` if per-layer)."""
+    name = rule.pattern.replace(r"(\d+)", str(layer)) if rule.per_layer else rule.pattern
+    return name.replace("\\.", ".")
+
+
+def hf_shape(transform: str, target: tuple[int, ...]) -> tuple[int, ...]:
+    """The HF (torch) shape that becomes `target` (one layer's shape) under `transform`."""
+    if transform == "copy":
+        return target
+    if transform == "transpose":
+        return target[::-1]
+    if transform == "heads_in":  # target [d, H, D] <- [H*D, d]
+        return (target[1] * target[2], target[0])
+    if transform == "heads_out":  # target [H, D, d] <- [d, H*D]
+        return (target[2], target[0] * target[1])
+    raise ValueError(f"unknown transform {transform!r}")
+
+
+def apply_transform(transform: str, array: np.ndarray, target: tuple[int, ...]) -> np.ndarray:
+    """The HF tensor in the tree's layout: every transform but "copy" is a transpose, then the
+    head split of `target` (a no-op reshape for plain transposes)."""
+    return array if transform == "copy" else array.T.reshape(target)
+
+
+def rules_for(config) -> tuple[Rule, ...]:
+    if isinstance(config, LLaDAConfig):
+        if config.tie_word_embeddings:
+            return tuple(r for r in LLADA_RULES if r.path != ("lm_head",))
+        return LLADA_RULES
+    raise ValueError(f"no HF name map for config type {type(config).__name__}")
+
+
+def param_shapes_for(config) -> dict:
+    if isinstance(config, LLaDAConfig):
+        return llada.param_shapes(config)
+    raise ValueError(f"no parameter layout for config type {type(config).__name__}")
+
+
+@dataclasses.dataclass(frozen=True)
+class TensorEntry:
+    name: str
+    file: Path
+    shape: tuple[int, ...]
+    dtype: str
+
+
+@dataclasses.dataclass(frozen=True)
+class PlannedTensor:
+    entry: TensorEntry
+    rule: Rule
+    layer: int | None
+    target: tuple[int, ...]  # shape of this tensor in the tree (one layer's slice if per-layer)
+
+
+def safetensors_files(hf_dir: Path) -> dict[str, Path] | list[Path]:
+    """The weight map {name: file} of a sharded checkpoint, or the list of single files."""
+    index = hf_dir / "model.safetensors.index.json"
+    if index.is_file():
+        try:
+            weight_map = json.loads(index.read_text())["weight_map"]
+        except (json.JSONDecodeError, KeyError, TypeError) as e:
+            raise ValueError(f"{index} is not a valid safetensors index (needs 'weight_map'): {e}") from e
+        files = {name: hf_dir / file for name, file in weight_map.items()}
+        absent = sorted({str(f.name) for f in files.values() if not f.is_file()})
+        if absent:
+            raise ValueError(f"{index} names shard files that do not exist: {absent}")
+        return files
+    files = sorted(hf_dir.glob("*.safetensors"))
+    if not files:
+        raise ValueError(f"no *.safetensors files (and no model.safetensors.index.json) in {hf_dir}")
+    return files
+
+
+def read_headers(hf_dir: Path) -> list[TensorEntry]:
+    """Every tensor's name, file, shape and dtype, read from the safetensors headers only."""
+    found = safetensors_files(hf_dir)
+    files = sorted(set(found.values())) if isinstance(found, dict) else found
+    entries, problems, seen = [], [], {}
+    for file in files:
+        try:
+            with safe_open(file, framework="np") as f:
+                for name in f.keys():
+                    s = f.get_slice(name)
+                    entries.append(TensorEntry(name, file, tuple(s.get_shape()), s.get_dtype()))
+        except SafetensorError as e:
+            problems.append(f"{file.name}: corrupt or truncated safetensors file ({e})")
+    for e in entries:
+        if e.name in seen:
+            problems.append(f"{e.name}: stored twice ({seen[e.name].name} and {e.file.name})")
+        seen[e.name] = e.file
+    if isinstance(found, dict):
+        for name, file in found.items():
+            if name not in seen:
+                problems.append(f"{name}: listed in the index but not in {file.name}")
+            elif seen[name] != file:
+                problems.append(f"{name}: index says {file.name} but it is in {seen[name].name}")
+    if problems:
+        raise_problems(hf_dir, problems)
+    return entries
+
+
+def plan_conversion(hf_dir: str | Path, config) -> list[PlannedTensor]:
+    """Matches every tensor of the checkpoint to the parameter tree of `config`.
+
+    Raises one ValueError listing every missing, unexpected, mis-shaped or non-float tensor.
+    """
+    hf_dir = Path(hf_dir)
+    entries = read_headers(hf_dir)
+    rules = rules_for(config)
+    shapes = param_shapes_for(config)
+    expected = {}
+    for rule in rules:
+        layers = range(config.num_layers) if rule.per_layer else [None]
+        for layer in layers:
+            target = tree_get(shapes, rule.path)
+            target = target[1:] if rule.per_layer else target
+            expected[hf_name(rule, layer)] = (rule, layer, target)
+    problems, plan = [], []
+    for e in entries:
+        if e.name not in expected:
+            problems.append(f"{e.name}: unexpected tensor {list(e.shape)} (not part of this model's config)")
+            continue
+        rule, layer, target = expected.pop(e.name)
+        want = hf_shape(rule.transform, target)
+        if e.shape != want:
+            problems.append(f"{e.name}: shape {list(e.shape)}, config expects {list(want)}")
+        elif e.dtype not in FLOAT_DTYPES:
+            problems.append(f"{e.name}: dtype {e.dtype}, expected one of {sorted(FLOAT_DTYPES)}")
+        else:
+            plan.append(PlannedTensor(e, rule, layer, target))
+    problems += [f"{name}: missing" for name in expected]
+    if problems:
+        raise_problems(hf_dir, problems)
+    return plan
+
+
+def raise_problems(hf_dir: Path, problems: list[str]):
+    shown = problems[:MAX_LISTED_PROBLEMS]
+    more = len(problems) - len(shown)
+    tail = f"\n  ... and {more} more" if more else ""
+    raise ValueError(f"checkpoint {hf_dir} does not match its config ({len(problems)} problems):\n  "
+                     + "\n  ".join(shown) + tail)
+
+
+def tree_get(tree: dict, path: tuple[str, ...]):
+    for key in path:
+        tree = tree[key]
+    return tree
+
+
+def empty_tree(shapes: dict, dtype) -> dict:
+    return {k: empty_tree(v, dtype) if isinstance(v, dict) else np.empty(v, dtype) for k, v in shapes.items()}
+
+
+def read_hf_params(hf_dir: str | Path, config, *, dtype: str = "bfloat16", progress: bool = True) -> dict:
+    """Reads and converts a validated HF checkpoint into a tree of numpy arrays of `dtype`.
+
+    Streams tensor by tensor into preallocated arrays: peak host memory is the converted model
+    plus one tensor, never two copies of the model.
+    """
+    if dtype not in TARGET_DTYPES:
+        raise ValueError(f"dtype must be one of {sorted(TARGET_DTYPES)}, got {dtype!r}")
+    plan = plan_conversion(hf_dir, config)
+    params = empty_tree(param_shapes_for(config), TARGET_DTYPES[dtype])
+    by_file: dict[Path, list[PlannedTensor]] = {}
+    for item in plan:
+        by_file.setdefault(item.entry.file, []).append(item)
+    bar = tqdm(total=len(plan), desc="converting tensors", unit="tensor", disable=not progress)
+    for file, items in by_file.items():
+        try:
+            with safe_open(file, framework="np") as f:
+                for item in items:
+                    array = apply_transform(item.rule.transform, f.get_tensor(item.entry.name), item.target)
+                    dest = tree_get(params, item.rule.path)
+                    if item.layer is None:
+                        dest[...] = array
+                    else:
+                        dest[item.layer] = array
+                    bar.update()
+        except SafetensorError as e:
+            raise ValueError(f"{file}: could not read tensor data ({e})") from e
+    bar.close()
+    return params

@@ -1,0 +1,53 @@
+"""Orbax storage of parameter trees (the converted-checkpoint format).
+
+A converted directory holds `config.json` (the model's HF config plus a `dllm_jax` entry) and
+`params/` (an Orbax StandardCheckpointer tree with the layout of `<model>.param_shapes`).
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import jax
+import numpy as np
+import orbax.checkpoint as ocp
+
+PARAMS_DIR = "params"
+
+
+def save_params(directory: Path, params: dict) -> None:
+    """Writes the tree under `directory/params` and waits until it is committed."""
+    with ocp.StandardCheckpointer() as checkpointer:
+        checkpointer.save(Path(directory).absolute() / PARAMS_DIR, params)
+
+
+def stored_shapes(directory: Path) -> dict:
+    """{path: (shape, dtype)} of the stored tree, read from Orbax metadata without the data."""
+    with ocp.StandardCheckpointer() as checkpointer:
+        tree = checkpointer.metadata(Path(directory).absolute() / PARAMS_DIR).item_metadata.tree
+    return {"/".join(str(getattr(k, "key", k)) for k in path): (tuple(m.shape), np.dtype(m.dtype))
+            for path, m in jax.tree_util.tree_flatten_with_path(tree)[0]}
+
+
+def restore_params(directory: Path, shapes: dict, dtype) -> dict:
+    """Restores the tree of `shapes` onto the default device, cast to `dtype`.
+
+    Raises ValueError naming every stored tensor whose path or shape differs from `shapes`.
+    """
+    directory = Path(directory).absolute()
+    expected = {"/".join(str(getattr(k, "key", k)) for k in path): tuple(shape)
+                for path, shape in jax.tree_util.tree_flatten_with_path(
+                    shapes, is_leaf=lambda x: isinstance(x, tuple))[0]}
+    stored = stored_shapes(directory)
+    problems = [f"{p}: missing" for p in expected if p not in stored]
+    problems += [f"{p}: unexpected" for p in stored if p not in expected]
+    problems += [f"{p}: stored shape {list(stored[p][0])}, config expects {list(s)}"
+                 for p, s in expected.items() if p in stored and stored[p][0] != s]
+    if problems:
+        raise ValueError(f"converted checkpoint {directory} does not match its config.json:\n  "
+                         + "\n  ".join(problems))
+    sharding = jax.sharding.SingleDeviceSharding(jax.devices()[0])
+    target = jax.tree.map(lambda s: jax.ShapeDtypeStruct(s, dtype, sharding=sharding), shapes,
+                          is_leaf=lambda x: isinstance(x, tuple))
+    with ocp.StandardCheckpointer() as checkpointer:
+        return checkpointer.restore(directory / PARAMS_DIR, target)

@@ -1,0 +1,113 @@
+"""Transformer pieces shared by the model families: pure functions for the math, one NNX module
+holding the decoder layers' parameters stacked on a leading layer axis (run with `lax.scan`, so a
+32-layer model compiles one layer body).
+
+Parameter layout (the tree the checkpoint converter writes; L = layers, H/K = query/kv heads,
+D = head_dim, d = hidden size, I = intermediate size):
+  attn_norm [L, d]; q_proj [L, d, H, D]; k_proj, v_proj [L, d, K, D]; o_proj [L, H, D, d];
+  q_norm, k_norm [L, D] (only with qk_norm); mlp_norm [L, d];
+  gate_proj, up_proj [L, d, I]; down_proj [L, I, d].
+"""
+
+from __future__ import annotations
+
+from typing import Callable
+
+import jax
+import jax.numpy as jnp
+from flax import nnx
+
+AttentionFn = Callable[..., jax.Array]  # (q [B,L,H,D], k, v [B,S,K,D]) -> [B,L,H,D]
+
+
+def rms_norm(x, weight, eps: float):
+    """RMSNorm as HF `LlamaRMSNorm`: statistics in fp32, cast back to x's dtype, then × weight."""
+    xf = x.astype(jnp.float32)
+    normed = xf * jax.lax.rsqrt(jnp.mean(xf * xf, axis=-1, keepdims=True) + eps)
+    return weight * normed.astype(x.dtype)
+
+
+def rope_tables(positions, head_dim: int, theta: float):
+    """cos/sin tables [..., head_dim] in fp32 for half-rotation RoPE at integer `positions`."""
+    inv_freq = 1.0 / (theta ** (jnp.arange(0, head_dim, 2, dtype=jnp.float32) / head_dim))
+    freqs = positions.astype(jnp.float32)[..., None] * inv_freq
+    emb = jnp.concatenate([freqs, freqs], axis=-1)
+    return jnp.cos(emb), jnp.sin(emb)
+
+
+def apply_rope(x, cos, sin, *, in_fp32: bool):
+    """Rotates x [B, L, H, D] by tables cos/sin [L, D] or [B, L, D] (NeoX/HF half rotation).
+
+    in_fp32=True rotates in fp32 and casts back (LLaDA's rope_full_precision); False casts the
+    tables to x's dtype first (HF Qwen3/Llama). Identical for fp32 inputs.
+    """
+    compute = jnp.float32 if in_fp32 else x.dtype
+    xc = x.astype(compute)
+    cos = cos.astype(compute)[..., None, :]
+    sin = sin.astype(compute)[..., None, :]
+    half = x.shape[-1] // 2
+    rotated = jnp.concatenate([-xc[..., half:], xc[..., :half]], axis=-1)
+    return (xc * cos + rotated * sin).astype(x.dtype)
+
+
+def attention_sublayer(p, x, cos, sin, attention_fn: AttentionFn, *, eps: float, qk_norm: bool,
+                       rope_in_fp32: bool):
+    """x + o_proj(attention(rope(q), rope(k), v)) of the pre-normed x; p holds one layer's params."""
+    h = rms_norm(x, p["attn_norm"], eps)
+    q = jnp.einsum("bld,dhk->blhk", h, p["q_proj"])
+    k = jnp.einsum("bld,dhk->blhk", h, p["k_proj"])
+    v = jnp.einsum("bld,dhk->blhk", h, p["v_proj"])
+    if qk_norm:
+        q = rms_norm(q, p["q_norm"], eps)
+        k = rms_norm(k, p["k_norm"], eps)
+    q = apply_rope(q, cos, sin, in_fp32=rope_in_fp32)
+    k = apply_rope(k, cos, sin, in_fp32=rope_in_fp32)
+    with jax.named_scope("attention"):
+        out = attention_fn(q, k, v)
+    return x + jnp.einsum("blhk,hkd->bld", out, p["o_proj"])
+
+
+def mlp_sublayer(p, x, *, eps: float):
+    """x + down(silu(gate(h)) * up(h)) with h = mlp_norm(x) (SwiGLU)."""
+    h = rms_norm(x, p["mlp_norm"], eps)
+    gate = h @ p["gate_proj"]
+    up = h @ p["up_proj"]
+    return x + (jax.nn.silu(gate) * up) @ p["down_proj"]
+
+
+def decoder_stack(layers, x, cos, sin, attention_fn: AttentionFn, config):
+    """Runs all decoder layers over x [B, L, d] with one `lax.scan` over the stacked params."""
+    def layer(h, p):
+        h = attention_sublayer(p, h, cos, sin, attention_fn, eps=config.rms_norm_eps,
+                               qk_norm=config.qk_norm, rope_in_fp32=config.rope_in_fp32)
+        return mlp_sublayer(p, h, eps=config.rms_norm_eps), None
+
+    x, _ = jax.lax.scan(layer, x, layers)
+    return x
+
+
+def layer_param_shapes(config) -> dict[str, tuple[int, ...]]:
+    """Shape of every stacked decoder-layer parameter for `config` (see the module docstring)."""
+    n, d, i = config.num_layers, config.hidden_size, config.intermediate_size
+    h, kv, hd = config.num_heads, config.num_kv_heads, config.head_dim
+    shapes = {
+        "attn_norm": (n, d), "q_proj": (n, d, h, hd), "k_proj": (n, d, kv, hd),
+        "v_proj": (n, d, kv, hd), "o_proj": (n, h, hd, d), "mlp_norm": (n, d),
+        "gate_proj": (n, d, i), "up_proj": (n, d, i), "down_proj": (n, i, d),
+    }
+    if config.qk_norm:
+        shapes |= {"q_norm": (n, hd), "k_norm": (n, hd)}
+    return shapes
+
+
+class DecoderLayers(nnx.Module):
+    """The stacked parameters of all decoder layers (one `nnx.Param` per weight, layer axis first)."""
+
+    def __init__(self, config, *, dtype, rngs: nnx.Rngs):
+        init = nnx.initializers.normal(stddev=0.02)
+        for name, shape in layer_param_shapes(config).items():
+            if name.endswith("norm"):
+                value = jnp.ones(shape, dtype)
+            else:
+                value = init(rngs.params(), shape, dtype)
+            setattr(self, name, nnx.Param(value))

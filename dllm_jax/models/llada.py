@@ -1,0 +1,112 @@
+"""LLaDA in Flax NNX: a Llama-style transformer with fully bidirectional attention.
+
+Numerics follow the original HF `modeling_llada.py`: RMSNorm statistics in fp32, RoPE applied in
+fp32 (rope_full_precision), positions always 0..L-1 (left padding does not shift them), no logit
+shift (logits[i] predicts token i), untied LM head unless the config ties it.
+"""
+
+from __future__ import annotations
+
+import functools
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+from flax import nnx
+
+from dllm_jax.attention.dense import dense_attention
+from dllm_jax.config import LLaDAConfig
+from dllm_jax.models.layers import DecoderLayers, decoder_stack, layer_param_shapes, rms_norm, rope_tables
+
+PADDING_MODES = ("ignore", "mask")
+
+
+def param_shapes(config: LLaDAConfig) -> dict:
+    """Shapes of the full parameter tree (what `LLaDA.params()` returns and Orbax stores)."""
+    shapes = {
+        "embed": (config.vocab_size, config.hidden_size),
+        "layers": layer_param_shapes(config),
+        "final_norm": (config.hidden_size,),
+    }
+    if not config.tie_word_embeddings:
+        shapes["lm_head"] = (config.hidden_size, config.vocab_size)
+    return shapes
+
+
+def forward(params, input_ids, attention_mask=None, *, config: LLaDAConfig, padding: str = "ignore",
+            attention_fn=dense_attention):
+    """Full-sequence bidirectional forward.
+
+    Args:
+      params: the tree of `param_shapes(config)`; its dtype is the compute dtype.
+      input_ids: int32 [B, L].
+      attention_mask: optional [B, L], 1/True for real tokens, 0/False for padding.
+      padding: "ignore" attends to pad tokens like the original HF file (the mask is unused);
+        "mask" hides pad keys from every query (the ZHZisZZ/dllm fix).
+      attention_fn: (q, k, v, *, key_mask) -> out, dense by default.
+    Returns:
+      float32 logits [B, L, vocab_size].
+    """
+    embed = params["embed"]
+    x = embed[input_ids]  # [B, L, d]
+    positions = jnp.arange(input_ids.shape[1])
+    cos, sin = rope_tables(positions, config.head_dim, config.rope_theta)
+    if padding == "mask" and attention_mask is not None:
+        attention_fn = functools.partial(attention_fn, key_mask=attention_mask.astype(bool))
+    x = decoder_stack(params["layers"], x, cos, sin, attention_fn, config)
+    x = rms_norm(x, params["final_norm"], config.rms_norm_eps)
+    head = embed.T if config.tie_word_embeddings else params["lm_head"]
+    return (x @ head).astype(jnp.float32)
+
+
+_forward_jit = jax.jit(forward, static_argnames=("config", "padding", "attention_fn"))
+
+
+class LLaDA(nnx.Module):
+    """LLaDA masked-diffusion LM. `model(input_ids) -> float32 logits [B, L, V]`.
+
+    `dtype` is both the parameter and the compute dtype (bfloat16 by default, float32 for
+    numerics checks). Attention goes through `dllm_jax.attention.dense.dense_attention`
+    (cuDNN flash attention on GPU for bf16, XLA otherwise) unless another `attention_fn` is given.
+    """
+
+    def __init__(self, config: LLaDAConfig, *, dtype=jnp.bfloat16, rngs: nnx.Rngs):
+        self.config = config
+        init = nnx.initializers.normal(stddev=0.02)
+        self.embed = nnx.Param(init(rngs.params(), (config.vocab_size, config.hidden_size), dtype))
+        self.layers = DecoderLayers(config, dtype=dtype, rngs=rngs)
+        self.final_norm = nnx.Param(jnp.ones((config.hidden_size,), dtype))
+        if not config.tie_word_embeddings:
+            self.lm_head = nnx.Param(init(rngs.params(), (config.hidden_size, config.vocab_size), dtype))
+
+    @property
+    def dtype(self):
+        return self.embed[...].dtype
+
+    def params(self) -> dict:
+        """The parameter tree as a plain nested dict of arrays (the layout of `param_shapes`)."""
+        return nnx.to_pure_dict(nnx.state(self, nnx.Param))
+
+    def __call__(self, input_ids, attention_mask=None, *, padding: str = "ignore",
+                 attention_fn=dense_attention):
+        """Logits [B, L, V] (float32) of int32 input_ids [B, L]; see `forward` for the arguments."""
+        input_ids = jnp.asarray(input_ids)
+        check_inputs(self.config, input_ids, attention_mask, padding)
+        return _forward_jit(self.params(), input_ids, attention_mask, config=self.config,
+                            padding=padding, attention_fn=attention_fn)
+
+
+def check_inputs(config, input_ids, attention_mask, padding: str) -> None:
+    """Host-side validation. Inside jit, out-of-range ids are clamped by the embedding gather."""
+    if padding not in PADDING_MODES:
+        raise ValueError(f"padding must be one of {PADDING_MODES}, got {padding!r}")
+    if input_ids.ndim != 2:
+        raise ValueError(f"input_ids must be [batch, length], got shape {input_ids.shape}")
+    if not jnp.issubdtype(input_ids.dtype, jnp.integer):
+        raise ValueError(f"input_ids must be integer token ids, got dtype {input_ids.dtype}")
+    if attention_mask is not None and tuple(np.shape(attention_mask)) != tuple(input_ids.shape):
+        raise ValueError(f"attention_mask shape {np.shape(attention_mask)} != input_ids shape {input_ids.shape}")
+    if not isinstance(input_ids, jax.core.Tracer) and input_ids.size:
+        low, high = int(input_ids.min()), int(input_ids.max())
+        if low < 0 or high >= config.vocab_size:
+            raise ValueError(f"token ids must lie in [0, {config.vocab_size}), got range [{low}, {high}]")

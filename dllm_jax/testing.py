@@ -1,0 +1,66 @@
+"""Tiny random checkpoints in a model's own HF format, for tests, the demo and benchmarks."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import numpy as np
+from safetensors.numpy import save_file
+
+from dllm_jax.checkpoint.hf import TARGET_DTYPES, hf_name, hf_shape, param_shapes_for, rules_for, tree_get
+from dllm_jax.config import LLaDAConfig
+
+
+def tiny_llada_config(**overrides) -> LLaDAConfig:
+    """A small LLaDA config (2 layers, d=64, GQA 4:2) that runs in milliseconds on a CPU."""
+    values = dict(hidden_size=64, num_layers=2, num_heads=4, num_kv_heads=2, intermediate_size=96,
+                  vocab_size=160, tokenizer_vocab_size=150, rope_theta=500000.0, rms_norm_eps=1e-5,
+                  max_position_embeddings=256, mask_token_id=140, eos_token_id=141, pad_token_id=141)
+    return LLaDAConfig(**(values | overrides))
+
+
+def random_hf_tensors(config, *, seed: int = 0, dtype: str = "float32") -> dict[str, np.ndarray]:
+    """{HF name: random tensor} for every weight of `config`, in the HF (torch) layout.
+
+    Projections are N(0, 1/fan_in), embeddings N(0, 1), norm weights 1 + N(0, 0.1²): logits of
+    order one, so numerical differences are visible.
+    """
+    rng = np.random.default_rng(seed)
+    shapes = param_shapes_for(config)
+    tensors = {}
+    for rule in rules_for(config):
+        target = tree_get(shapes, rule.path)
+        target = target[1:] if rule.per_layer else target
+        shape = hf_shape(rule.transform, target)
+        for layer in (range(config.num_layers) if rule.per_layer else [None]):
+            if rule.path[-1].endswith("norm"):
+                value = 1.0 + 0.1 * rng.standard_normal(shape)
+            elif rule.path == ("embed",):
+                value = rng.standard_normal(shape)
+            else:
+                value = rng.standard_normal(shape) / np.sqrt(shape[-1])
+            tensors[hf_name(rule, layer)] = value.astype(TARGET_DTYPES[dtype])
+    return tensors
+
+
+def write_hf_checkpoint(directory, config, *, seed: int = 0, dtype: str = "float32", shards: int = 1,
+                        tensors: dict[str, np.ndarray] | None = None) -> Path:
+    """Writes config.json + safetensors (sharded with model.safetensors.index.json if shards > 1)."""
+    directory = Path(directory)
+    directory.mkdir(parents=True, exist_ok=True)
+    tensors = random_hf_tensors(config, seed=seed, dtype=dtype) if tensors is None else tensors
+    hf_config = config.to_hf_config() | {"torch_dtype": dtype}
+    (directory / "config.json").write_text(json.dumps(hf_config, indent=2) + "\n")
+    names = list(tensors)
+    if shards == 1:
+        save_file(tensors, directory / "model.safetensors")
+        return directory
+    weight_map = {}
+    for i, chunk in enumerate(np.array_split(np.array(names, dtype=object), shards)):
+        file = f"model-{i + 1:05d}-of-{shards:05d}.safetensors"
+        save_file({n: tensors[n] for n in chunk}, directory / file)
+        weight_map |= {n: file for n in chunk}
+    index = {"metadata": {"total_size": int(sum(t.nbytes for t in tensors.values()))}, "weight_map": weight_map}
+    (directory / "model.safetensors.index.json").write_text(json.dumps(index, indent=2) + "\n")
+    return directory
