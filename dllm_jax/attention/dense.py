@@ -9,6 +9,11 @@ import jax
 import jax.numpy as jnp
 
 
+def matmul_precision(dtype):
+    """HIGHEST for fp32 (XLA would otherwise use TF32 on NVIDIA GPUs), DEFAULT for bf16/fp16."""
+    return jax.lax.Precision.HIGHEST if jnp.dtype(dtype) == jnp.float32 else jax.lax.Precision.DEFAULT
+
+
 def dense_implementation(dtype, head_dim: int) -> str:
     """'cudnn' (flash attention) on a GPU for bf16/fp16 and head_dim the kernel supports, else 'xla'.
 
@@ -17,6 +22,26 @@ def dense_implementation(dtype, head_dim: int) -> str:
     on_gpu = jax.default_backend() == "gpu"
     half = jnp.dtype(dtype) in (jnp.dtype(jnp.bfloat16), jnp.dtype(jnp.float16))
     return "cudnn" if on_gpu and half and head_dim <= 128 and head_dim % 8 == 0 else "xla"
+
+
+def xla_attention(q, k, v, *, key_mask=None, scale=None):
+    """Plain softmax(q kᵀ·scale) v with fp32 logits and softmax; GQA by grouping query heads.
+
+    A row whose keys are all masked gets a uniform softmax (as torch with a finfo.min bias).
+    """
+    b, n, hq, d = q.shape
+    hkv = k.shape[2]
+    scale = d ** -0.5 if scale is None else scale
+    precision = matmul_precision(q.dtype)
+    qg = q.reshape(b, n, hkv, hq // hkv, d)
+    logits = jnp.einsum("blkgd,bskd->bkgls", qg, k, preferred_element_type=jnp.float32,
+                        precision=precision) * scale  # [B, Hkv, G, L, S]
+    if key_mask is not None:
+        logits = jnp.where(key_mask[:, None, None, None, :], logits, jnp.finfo(jnp.float32).min)
+    probs = jax.nn.softmax(logits, axis=-1)
+    out = jnp.einsum("bkgls,bskd->blkgd", probs.astype(v.dtype), v, preferred_element_type=jnp.float32,
+                     precision=precision)
+    return out.reshape(b, n, hq, d).astype(q.dtype)
 
 
 def dense_attention(q, k, v, *, key_mask=None, scale=None, implementation=None):
@@ -33,5 +58,9 @@ def dense_attention(q, k, v, *, key_mask=None, scale=None, implementation=None):
     """
     if implementation is None:
         implementation = dense_implementation(q.dtype, q.shape[-1])
+    if implementation == "xla":
+        return xla_attention(q, k, v, key_mask=key_mask, scale=scale)
+    if implementation != "cudnn":
+        raise ValueError(f"implementation must be 'cudnn' or 'xla', got {implementation!r}")
     mask = None if key_mask is None else key_mask[:, None, None, :]  # [B, 1, 1, S]
-    return jax.nn.dot_product_attention(q, k, v, mask=mask, scale=scale, implementation=implementation)
+    return jax.nn.dot_product_attention(q, k, v, mask=mask, scale=scale, implementation="cudnn")

@@ -17,6 +17,8 @@ import jax
 import jax.numpy as jnp
 from flax import nnx
 
+from dllm_jax.attention.dense import matmul_precision
+
 AttentionFn = Callable[..., jax.Array]  # (q [B,L,H,D], k, v [B,S,K,D]) -> [B,L,H,D]
 
 
@@ -53,10 +55,11 @@ def apply_rope(x, cos, sin, *, in_fp32: bool):
 def attention_sublayer(p, x, cos, sin, attention_fn: AttentionFn, *, eps: float, qk_norm: bool,
                        rope_in_fp32: bool):
     """x + o_proj(attention(rope(q), rope(k), v)) of the pre-normed x; p holds one layer's params."""
+    precision = matmul_precision(x.dtype)
     h = rms_norm(x, p["attn_norm"], eps)
-    q = jnp.einsum("bld,dhk->blhk", h, p["q_proj"])
-    k = jnp.einsum("bld,dhk->blhk", h, p["k_proj"])
-    v = jnp.einsum("bld,dhk->blhk", h, p["v_proj"])
+    q = jnp.einsum("bld,dhk->blhk", h, p["q_proj"], precision=precision)
+    k = jnp.einsum("bld,dhk->blhk", h, p["k_proj"], precision=precision)
+    v = jnp.einsum("bld,dhk->blhk", h, p["v_proj"], precision=precision)
     if qk_norm:
         q = rms_norm(q, p["q_norm"], eps)
         k = rms_norm(k, p["k_norm"], eps)
@@ -64,15 +67,16 @@ def attention_sublayer(p, x, cos, sin, attention_fn: AttentionFn, *, eps: float,
     k = apply_rope(k, cos, sin, in_fp32=rope_in_fp32)
     with jax.named_scope("attention"):
         out = attention_fn(q, k, v)
-    return x + jnp.einsum("blhk,hkd->bld", out, p["o_proj"])
+    return x + jnp.einsum("blhk,hkd->bld", out, p["o_proj"], precision=precision)
 
 
 def mlp_sublayer(p, x, *, eps: float):
     """x + down(silu(gate(h)) * up(h)) with h = mlp_norm(x) (SwiGLU)."""
+    precision = matmul_precision(x.dtype)
     h = rms_norm(x, p["mlp_norm"], eps)
-    gate = h @ p["gate_proj"]
-    up = h @ p["up_proj"]
-    return x + (jax.nn.silu(gate) * up) @ p["down_proj"]
+    gate = jnp.matmul(h, p["gate_proj"], precision=precision)
+    up = jnp.matmul(h, p["up_proj"], precision=precision)
+    return x + jnp.matmul(jax.nn.silu(gate) * up, p["down_proj"], precision=precision)
 
 
 def decoder_stack(layers, x, cos, sin, attention_fn: AttentionFn, config):

@@ -14,7 +14,7 @@ import jax.numpy as jnp
 import numpy as np
 from flax import nnx
 
-from dllm_jax.attention.dense import dense_attention
+from dllm_jax.attention.dense import dense_attention, matmul_precision
 from dllm_jax.config import LLaDAConfig
 from dllm_jax.models.layers import DecoderLayers, decoder_stack, layer_param_shapes, rms_norm, rope_tables
 
@@ -56,7 +56,7 @@ def forward(params, input_ids, attention_mask=None, *, config: LLaDAConfig, padd
     x = decoder_stack(params["layers"], x, cos, sin, attention_fn, config)
     x = rms_norm(x, params["final_norm"], config.rms_norm_eps)
     head = embed.T if config.tie_word_embeddings else params["lm_head"]
-    return (x @ head).astype(jnp.float32)
+    return jnp.matmul(x, head, precision=matmul_precision(x.dtype)).astype(jnp.float32)
 
 
 _forward_jit = jax.jit(forward, static_argnames=("config", "padding", "attention_fn"))

@@ -1,0 +1,131 @@
+"""One full-sequence forward of a LLaDA-8B-shaped model (random bf16 weights) on the GPU.
+
+For each sequence length: the forward as `model(ids)` computes it (cuDNN attention), the same
+forward with attention replaced by zeros (the rest of the step), and 32 x one layer's attention
+alone. The attention share is reported both ways. Writes JSON + Markdown to --out.
+
+    PYTHONPATH=. python benchmarks/llada_forward.py --out benchmarks/results
+"""
+
+from __future__ import annotations
+
+import argparse
+import dataclasses
+import datetime
+import json
+import time
+from pathlib import Path
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+
+from dllm_jax import shipped_config
+from dllm_jax.attention.dense import dense_attention, dense_implementation
+from dllm_jax.models.llada import forward, param_shapes
+
+
+def random_params(config, key):
+    """bf16 params drawn on the device, leaf by leaf (projections N(0, 1/fan_in), norms 1)."""
+    shapes = param_shapes(config)
+    leaves, treedef = jax.tree.flatten(shapes, is_leaf=lambda x: isinstance(x, tuple))
+    keys = jax.random.split(key, len(leaves))
+    paths = [jax.tree_util.keystr(p) for p, _ in jax.tree_util.tree_flatten_with_path(
+        shapes, is_leaf=lambda x: isinstance(x, tuple))[0]]
+    out = []
+    for path, shape, k in zip(paths, leaves, keys):
+        if "norm" in path:
+            out.append(jnp.ones(shape, jnp.bfloat16))
+        else:
+            fan_in = shape[-1] if "embed" in path else shape[1] if "layers" in path else shape[0]
+            out.append(jax.jit(lambda k, s=shape, f=fan_in: (jax.random.normal(k, s, jnp.float32) / np.sqrt(f)
+                                                              ).astype(jnp.bfloat16))(k))
+    return jax.tree.unflatten(treedef, out)
+
+
+def time_fn(fn, *args, warmup=2, repeats=10):
+    for _ in range(warmup):
+        jax.block_until_ready(fn(*args))
+    times = []
+    for _ in range(repeats):
+        start = time.perf_counter()
+        jax.block_until_ready(fn(*args))
+        times.append(time.perf_counter() - start)
+    return float(np.median(times)), float(np.min(times)), float(np.max(times))
+
+
+def no_attention(q, k, v, **_):
+    return jnp.zeros_like(q)
+
+
+def main():
+    parser = argparse.ArgumentParser()
+    parser.add_argument("--lengths", type=int, nargs="+", default=[4096, 16384])
+    parser.add_argument("--repeats", type=int, default=10)
+    parser.add_argument("--layers", type=int, default=None, help="override the layer count (smoke runs)")
+    parser.add_argument("--out", type=Path, default=Path("benchmarks/results"))
+    args = parser.parse_args()
+
+    config = shipped_config("llada-8b-instruct")
+    if args.layers is not None:
+        config = dataclasses.replace(config, num_layers=args.layers)
+    params = random_params(config, jax.random.key(0))
+    n_params = sum(x.size for x in jax.tree.leaves(params))
+    device = jax.devices()[0].device_kind
+    print(f"{device}, jax {jax.__version__}, {n_params / 1e9:.2f}B params (bf16)", flush=True)
+    full = jax.jit(lambda p, ids: forward(p, ids, config=config))
+    rest = jax.jit(lambda p, ids: forward(p, ids, config=config, attention_fn=no_attention))
+    attention = jax.jit(dense_attention)
+    rows = []
+    for n in args.lengths:
+        ids = jax.random.randint(jax.random.key(n), (1, n), 0, config.tokenizer_vocab_size)
+        logits = full(params, ids)
+        finite = bool(jnp.isfinite(logits).all())
+        del logits
+        t_full = time_fn(full, params, ids, repeats=args.repeats)
+        t_rest = time_fn(rest, params, ids, repeats=args.repeats)
+        kq, kk, kv = jax.random.split(jax.random.key(1), 3)
+        shape = (1, n, config.num_heads, config.head_dim)
+        q, k, v = (jax.random.normal(x, shape, jnp.bfloat16) for x in (kq, kk, kv))
+        t_attn = time_fn(attention, q, k, v, repeats=args.repeats)
+        flops = 4 * n * n * config.num_heads * config.head_dim
+        row = dict(
+            seq_len=n, forward_ms=t_full[0] * 1e3, forward_min_ms=t_full[1] * 1e3, forward_max_ms=t_full[2] * 1e3,
+            without_attention_ms=t_rest[0] * 1e3, attention_layer_ms=t_attn[0] * 1e3,
+            attention_all_layers_ms=t_attn[0] * 1e3 * config.num_layers,
+            attention_share_by_removal=1 - t_rest[0] / t_full[0],
+            attention_share_by_kernel_time=t_attn[0] * config.num_layers / t_full[0],
+            attention_tflops=flops / t_attn[0] / 1e12, logits_finite=finite,
+        )
+        rows.append(row)
+        print(json.dumps(row), flush=True)
+
+    meta = dict(
+        benchmark="llada_forward", device=device, jax=jax.__version__, date=datetime.date.today().isoformat(),
+        model=f"LLaDA-8B-Instruct dimensions (d 4096, {config.num_layers} layers, 32 heads x 128, MLP 12288, "
+              "vocab 126464), random bf16",
+        batch=1, attention_implementation=dense_implementation(jnp.bfloat16, config.head_dim),
+        output="full float32 logits [1, N, 126464]", timing=f"median of {args.repeats} jitted calls after 2 warm-ups",
+    )
+    args.out.mkdir(parents=True, exist_ok=True)
+    stem = f"llada_forward_{device.replace(' ', '_')}_{meta['date']}"
+    (args.out / f"{stem}.json").write_text(json.dumps(dict(meta, rows=rows), indent=2) + "\n")
+    lines = [
+        f"# LLaDA-8B forward, {device}, jax {meta['jax']}, {meta['date']}", "",
+        f"{meta['model']}; batch 1; attention `{meta['attention_implementation']}`; {meta['output']}; "
+        f"{meta['timing']}.", "",
+        f"| N | forward | without attention | attention share (removal) | {config.num_layers} x one layer's attention "
+        "| share (kernel time) | attention TFLOP/s |",
+        "|---|---|---|---|---|---|---|",
+    ]
+    for r in rows:
+        lines.append(f"| {r['seq_len']} | {r['forward_ms']:.1f} ms | {r['without_attention_ms']:.1f} ms | "
+                     f"{r['attention_share_by_removal']:.2f} | {r['attention_all_layers_ms']:.1f} ms | "
+                     f"{r['attention_share_by_kernel_time']:.2f} | {r['attention_tflops']:.0f} |")
+    table = "\n".join(lines) + "\n"
+    (args.out / f"{stem}.md").write_text(table)
+    print(table)
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,78 @@
+import json
+import math
+
+import pytest
+
+from dllm_jax.config import LLaDAConfig, SHIPPED_CONFIG_DIR, config_from_hf, shipped_config
+from dllm_jax.models.llada import param_shapes
+from dllm_jax.testing import tiny_llada_config
+
+
+@pytest.mark.parametrize("name", ["llada-8b-instruct", "llada-1.5"])
+def test_shipped_llada_configs_have_the_published_values(name):
+    c = shipped_config(name)
+    assert (c.hidden_size, c.num_layers, c.num_heads, c.num_kv_heads, c.head_dim) == (4096, 32, 32, 32, 128)
+    assert (c.intermediate_size, c.vocab_size, c.tokenizer_vocab_size) == (12288, 126464, 126464)
+    assert (c.rope_theta, c.rms_norm_eps, c.tie_word_embeddings) == (500000.0, 1e-5, False)
+    assert (c.mask_token_id, c.eos_token_id, c.pad_token_id) == (126336, 126081, 126081)
+    sizes = [math.prod(s) for s in _leaves(param_shapes(c))]
+    embedding = 2 * 126464 * 4096  # wte + untied head
+    assert round(sum(sizes) / 1e9, 2) == 8.02  # "8.02B params, 6.98B non-embedding"
+    assert round((sum(sizes) - embedding) / 1e9, 2) == 6.98
+
+
+def _leaves(tree):
+    for v in tree.values():
+        yield from (_leaves(v) if isinstance(v, dict) else [v])
+
+
+def test_hf_round_trip():
+    c = tiny_llada_config(tie_word_embeddings=True)
+    assert LLaDAConfig.from_hf_config(c.to_hf_config()) == c
+    assert config_from_hf(c.to_hf_config()) == c
+
+
+def test_optional_keys_take_llada_defaults():
+    hf = {"model_type": "llada", "d_model": 64, "n_heads": 4, "n_layers": 2, "vocab_size": 100,
+          "n_kv_heads": None, "mlp_ratio": 3}
+    c = LLaDAConfig.from_hf_config(hf)
+    assert (c.num_kv_heads, c.intermediate_size, c.vocab_size) == (4, 192, 100)
+    mqa = LLaDAConfig.from_hf_config(hf | {"multi_query_attention": True})
+    assert mqa.num_kv_heads == 1
+
+
+@pytest.mark.parametrize("key,value", [("alibi", True), ("include_bias", True), ("block_type", "sequential"),
+                                       ("layer_norm_type", "default"), ("activation_type", "gelu"),
+                                       ("attention_layer_norm", True), ("clip_qkv", 8.0), ("rope", False)])
+def test_unsupported_features_are_rejected(key, value):
+    hf = tiny_llada_config().to_hf_config() | {key: value}
+    with pytest.raises(ValueError, match=key):
+        LLaDAConfig.from_hf_config(hf)
+
+
+@pytest.mark.parametrize("change,message", [
+    (dict(n_kv_heads=3), "multiple of"), (dict(d_model=66), "multiple of"), (dict(n_layers=0), "positive"),
+    (dict(embedding_size=100), "exceeds"),
+])
+def test_inconsistent_configs_are_rejected(change, message):
+    with pytest.raises(ValueError, match=message):
+        LLaDAConfig.from_hf_config(tiny_llada_config().to_hf_config() | change)
+
+
+def test_missing_required_keys_and_unknown_models():
+    hf = tiny_llada_config().to_hf_config()
+    del hf["d_model"]
+    with pytest.raises(ValueError, match="d_model"):
+        LLaDAConfig.from_hf_config(hf)
+    with pytest.raises(ValueError, match="unsupported model"):
+        config_from_hf({"model_type": "gpt2", "architectures": ["GPT2LMHeadModel"]})
+    with pytest.raises(ValueError, match="available"):
+        shipped_config("llada-70b")
+
+
+def test_config_is_frozen_and_hashable():
+    c = tiny_llada_config()
+    with pytest.raises(Exception):
+        c.hidden_size = 8
+    assert hash(c) == hash(tiny_llada_config())
+    assert json.loads((SHIPPED_CONFIG_DIR / "llada-1.5" / "config.json").read_text())["model_type"] == "llada"

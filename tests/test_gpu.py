@@ -1,0 +1,53 @@
+"""Checks that only mean something on an NVIDIA GPU (run on the device: pytest -m gpu)."""
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+import pytest
+
+from dllm_jax import load_model
+from dllm_jax.attention.dense import dense_attention
+from dllm_jax.testing import tiny_llada_config, write_hf_checkpoint
+from test_llada_numerics import BF16_BOUND, FP32_BOUND, relative_error
+from torch_reference import llama_reference, reference_logits
+
+pytestmark = pytest.mark.gpu
+
+
+@pytest.fixture(autouse=True)
+def require_gpu():
+    if jax.default_backend() != "gpu":
+        pytest.fail("gpu-marked tests need a GPU; deselect them with -m 'not gpu' on CPU machines")
+
+
+@pytest.mark.parametrize("hq,hkv", [(32, 32), (32, 8)])
+def test_cudnn_attention_matches_xla(rng, hq, hkv):
+    b, n, d = 2, 1000, 128
+    q, k, v = (jnp.asarray(rng.standard_normal(s), jnp.bfloat16) for s in [(b, n, hq, d), (b, n, hkv, d), (b, n, hkv, d)])
+    key_mask = jnp.asarray(np.arange(n)[None, :] >= np.array([[0], [300]]))  # row 1 left-padded
+    out = dense_attention(q, k, v, key_mask=key_mask, implementation="cudnn")
+    expected = dense_attention(q.astype(jnp.float32), k.astype(jnp.float32), v.astype(jnp.float32),
+                               key_mask=key_mask, implementation="xla")
+    err = np.linalg.norm(np.asarray(out, np.float32) - np.asarray(expected)) / np.linalg.norm(np.asarray(expected))
+    assert err < 1e-2
+
+
+def test_llada_fp32_on_gpu_matches_torch(tmp_path, rng):
+    config = tiny_llada_config(num_heads=4, num_kv_heads=2)
+    hf = write_hf_checkpoint(tmp_path / "hf", config, seed=7)
+    ids = rng.integers(0, config.tokenizer_vocab_size, (2, 40))
+    mask = np.ones_like(ids)
+    mask[1, :9] = 0
+    logits = load_model(hf, dtype="float32")(ids, mask, padding="mask")
+    assert relative_error(logits, reference_logits(llama_reference(hf), ids, mask)) <= FP32_BOUND
+
+
+def test_llada_bf16_cudnn_close_to_fp32(tmp_path, rng):
+    config = tiny_llada_config(hidden_size=256, num_heads=2, num_kv_heads=2, intermediate_size=512)  # head_dim 128
+    hf = write_hf_checkpoint(tmp_path / "hf", config, seed=8)
+    ids = rng.integers(0, config.tokenizer_vocab_size, (2, 64))
+    mask = np.ones_like(ids)
+    mask[0, :20] = 0
+    fp32 = load_model(hf, dtype="float32")(ids, mask, padding="mask")
+    bf16 = load_model(hf, dtype="bfloat16")(ids, mask, padding="mask")
+    assert relative_error(bf16, np.asarray(fp32, np.float64)) <= BF16_BOUND
