@@ -62,5 +62,10 @@ def dense_attention(q, k, v, *, key_mask=None, scale=None, implementation=None):
         return xla_attention(q, k, v, key_mask=key_mask, scale=scale)
     if implementation != "cudnn":
         raise ValueError(f"implementation must be 'cudnn' or 'xla', got {implementation!r}")
-    mask = None if key_mask is None else key_mask[:, None, None, :]  # [B, 1, 1, S]
+    mask = None
+    if key_mask is not None:
+        # cuDNN takes a mask only as a full [B, 1, L, S] bias (it rejects a broadcast query axis);
+        # left padding rules out its key_value_seq_lengths, which assumes the pads are on the right.
+        b, n, s = q.shape[0], q.shape[1], k.shape[1]
+        mask = jnp.broadcast_to(key_mask[:, None, None, :], (b, 1, n, s))
     return jax.nn.dot_product_attention(q, k, v, mask=mask, scale=scale, implementation="cudnn")
