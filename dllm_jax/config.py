@@ -120,6 +120,7 @@ class LLaDAConfig:
         }
 
 
+# Every supported family's config; becomes a union as families are added.
 ModelConfig = LLaDAConfig
 
 

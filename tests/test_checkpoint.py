@@ -1,13 +1,16 @@
 """HF safetensors -> Orbax conversion and loading: round trips and every error path."""
 
 import json
+import tracemalloc
 
+import jax
 import numpy as np
 import pytest
 from safetensors.numpy import save_file
 
 from dllm_jax import convert_hf_checkpoint, load_model
 from dllm_jax.checkpoint import orbax as orbax_io
+from dllm_jax.checkpoint.hf import read_hf_params
 from dllm_jax.testing import random_hf_tensors, tiny_llada_config, write_hf_checkpoint
 
 Q0 = "model.transformer.blocks.0.q_proj.weight"
@@ -188,3 +191,21 @@ def test_converted_dir_whose_config_no_longer_matches(tmp_path, config):
 def test_load_model_rejects_non_checkpoints(tmp_path):
     with pytest.raises(ValueError, match="not a directory"):
         load_model(tmp_path / "nothing")
+
+
+def test_conversion_streams_without_a_second_copy(tmp_path):
+    """Peak host memory while reading is the converted model plus about one tensor, not two models."""
+    config = tiny_llada_config(hidden_size=256, num_layers=8, num_heads=4, num_kv_heads=4, intermediate_size=1024,
+                               vocab_size=4096, tokenizer_vocab_size=4000)
+    tensors = random_hf_tensors(config)
+    largest = max(t.nbytes for t in tensors.values())
+    write_hf_checkpoint(tmp_path / "hf", config, tensors=tensors, shards=3)
+    del tensors
+    tracemalloc.start()
+    try:
+        params = read_hf_params(tmp_path / "hf", config, dtype="float32", progress=False)
+        _, peak = tracemalloc.get_traced_memory()
+    finally:
+        tracemalloc.stop()
+    size = sum(x.nbytes for x in jax.tree.leaves(params))
+    assert peak < size + 3 * largest < 1.5 * size

@@ -68,13 +68,14 @@ def is_converted(path: Path) -> bool:
     return (path / orbax_io.PARAMS_DIR).is_dir() and (path / "config.json").is_file()
 
 
-def load_model(path, *, dtype=None, progress: bool = False):
+def load_model(path, *, dtype=None, progress: bool = True):
     """Loads a model from a converted Orbax directory or directly from an HF directory.
 
     Args:
       path: a directory written by `convert_hf_checkpoint`, or an HF checkpoint directory
         (config.json + *.safetensors, converted in memory).
       dtype: parameter and compute dtype, "bfloat16" (the default when None) or "float32".
+      progress: show a tqdm bar while converting an HF directory in memory.
     Returns:
       The NNX model (`LLaDA`); `model(input_ids) -> float32 logits [B, L, V]`, `model.config`.
     """
@@ -88,10 +89,18 @@ def load_model(path, *, dtype=None, progress: bool = False):
     if is_converted(path):
         params = orbax_io.restore_params(path, param_shapes_for(config), jnp.dtype(dtype))
     elif any(path.glob("*.safetensors")):
-        params = jax.tree.map(jnp.asarray, read_hf_params(path, config, dtype=dtype, progress=progress))
+        params = to_device_leafwise(read_hf_params(path, config, dtype=dtype, progress=progress))
     else:
         raise ValueError(f"{path} holds neither a converted checkpoint (params/) nor *.safetensors")
     return model_from_params(config, params)
+
+
+def to_device_leafwise(tree: dict) -> dict:
+    """Moves a nested dict of host arrays to the default device in place, one leaf at a time,
+    dropping each host copy as it goes (peak: the model once plus one tensor)."""
+    for key, value in tree.items():
+        tree[key] = to_device_leafwise(value) if isinstance(value, dict) else jax.device_put(value)
+    return tree
 
 
 def model_from_params(config, params: dict):

@@ -133,7 +133,7 @@ def read_headers(hf_dir: Path) -> list[TensorEntry]:
     """Every tensor's name, file, shape and dtype, read from the safetensors headers only."""
     found = safetensors_files(hf_dir)
     files = sorted(set(found.values())) if isinstance(found, dict) else found
-    entries, problems, seen = [], [], {}
+    entries, problems, seen, broken = [], [], {}, set()
     for file in files:
         try:
             with safe_open(file, framework="np") as f:
@@ -141,6 +141,7 @@ def read_headers(hf_dir: Path) -> list[TensorEntry]:
                     s = f.get_slice(name)
                     entries.append(TensorEntry(name, file, tuple(s.get_shape()), s.get_dtype()))
         except SafetensorError as e:
+            broken.add(file)
             problems.append(f"{file.name}: corrupt or truncated safetensors file ({e})")
     for e in entries:
         if e.name in seen:
@@ -148,6 +149,8 @@ def read_headers(hf_dir: Path) -> list[TensorEntry]:
         seen[e.name] = e.file
     if isinstance(found, dict):
         for name, file in found.items():
+            if file in broken:
+                continue
             if name not in seen:
                 problems.append(f"{name}: listed in the index but not in {file.name}")
             elif seen[name] != file:
