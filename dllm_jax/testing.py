@@ -9,7 +9,7 @@ import numpy as np
 from safetensors.numpy import save_file
 
 from dllm_jax.checkpoint.hf import TARGET_DTYPES, hf_name, hf_shape, param_shapes_for, rules_for, tree_get
-from dllm_jax.config import LLaDAConfig
+from dllm_jax.config import LLaDAConfig, SDARConfig
 
 
 def tiny_llada_config(**overrides) -> LLaDAConfig:
@@ -18,6 +18,15 @@ def tiny_llada_config(**overrides) -> LLaDAConfig:
                   vocab_size=160, tokenizer_vocab_size=150, rope_theta=500000.0, rms_norm_eps=1e-5,
                   max_position_embeddings=256, mask_token_id=140, eos_token_id=141, pad_token_id=141)
     return LLaDAConfig(**(values | overrides))
+
+
+def tiny_sdar_config(**overrides) -> SDARConfig:
+    """A small SDAR config (2 layers, d=64, 4 query / 2 kv heads of 32: head_dim * heads != d as in
+    SDAR-4B, block size 4) that runs in milliseconds on a CPU."""
+    values = dict(hidden_size=64, num_layers=2, num_heads=4, num_kv_heads=2, head_dim=32, intermediate_size=96,
+                  vocab_size=192, rope_theta=1000000.0, rms_norm_eps=1e-6, max_position_embeddings=512,
+                  block_size=4, mask_token_id=180, eos_token_ids=(181, 182), pad_token_id=182)
+    return SDARConfig(**(values | overrides))
 
 
 def random_hf_tensors(config, *, seed: int = 0, dtype: str = "float32") -> dict[str, np.ndarray]:

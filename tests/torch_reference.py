@@ -68,3 +68,38 @@ def reference_logits(model: LlamaForCausalLM, input_ids: np.ndarray, key_mask: n
     positions = torch.arange(n)[None].expand(b, n)  # LLaDA never shifts positions for padding
     with torch.no_grad():
         return model(input_ids=ids, attention_mask=bias, position_ids=positions).logits.numpy()
+
+
+def qwen3_reference(hf_dir: str | Path):
+    """An fp32 `Qwen3ForCausalLM` with the SDAR checkpoint in `hf_dir` (SDAR uses Qwen3's names 1:1)."""
+    from transformers import Qwen3Config, Qwen3ForCausalLM
+
+    hf_dir = Path(hf_dir)
+    cfg = json.loads((hf_dir / "config.json").read_text())
+    config = Qwen3Config(
+        vocab_size=cfg["vocab_size"], hidden_size=cfg["hidden_size"], intermediate_size=cfg["intermediate_size"],
+        num_hidden_layers=cfg["num_hidden_layers"], num_attention_heads=cfg["num_attention_heads"],
+        num_key_value_heads=cfg["num_key_value_heads"], head_dim=cfg["head_dim"], rms_norm_eps=cfg["rms_norm_eps"],
+        rope_theta=cfg["rope_theta"], max_position_embeddings=cfg["max_position_embeddings"],
+        tie_word_embeddings=cfg["tie_word_embeddings"], attention_bias=False, attn_implementation="eager",
+    )
+    model = Qwen3ForCausalLM(config).to(torch.float32).eval()
+    state = {}
+    for file in sorted(hf_dir.glob("*.safetensors")):
+        state |= {name: t.to(torch.float32) for name, t in load_file(file).items()}
+    if config.tie_word_embeddings:
+        state["lm_head.weight"] = state["model.embed_tokens.weight"]
+    model.load_state_dict(state, strict=True)
+    return model
+
+
+def block_causal_logits(model, input_ids: np.ndarray, block_length: int):
+    """fp32 logits [B, L, V] under SDAR's mask: bidirectional inside blocks, causal across them."""
+    ids = torch.as_tensor(np.asarray(input_ids), dtype=torch.long)
+    b, n = ids.shape
+    blocks = torch.arange(n) // block_length
+    allowed = blocks[None, :] <= blocks[:, None]
+    bias = torch.zeros(n, n).masked_fill(~allowed, torch.finfo(torch.float32).min)
+    with torch.no_grad():
+        return model(input_ids=ids, attention_mask=bias[None, None].expand(b, 1, n, n),
+                     position_ids=torch.arange(n)[None].expand(b, n)).logits.numpy()

@@ -24,7 +24,25 @@ def dense_implementation(dtype, head_dim: int) -> str:
     return "cudnn" if on_gpu and half and head_dim <= 128 and head_dim % 8 == 0 else "xla"
 
 
-def xla_attention(q, k, v, *, key_mask=None, scale=None):
+def combined_mask(key_mask, mask, kv_len, n: int, s: int):
+    """The bool [B|1, 1, L, S] mask (True = attend) of the three ways to hide keys, or None."""
+    parts = []
+    if key_mask is not None:
+        parts.append(key_mask[:, None, None, :])
+    if mask is not None:
+        parts.append(mask[None, None])
+    if kv_len is not None:
+        kv_len = jnp.reshape(jnp.asarray(kv_len, jnp.int32), (-1, 1, 1, 1))
+        parts.append(jnp.arange(s)[None, None, None, :] < kv_len)
+    if not parts:
+        return None
+    out = parts[0]
+    for part in parts[1:]:
+        out = out & part
+    return jnp.broadcast_to(out, (out.shape[0], 1, n, s))
+
+
+def xla_attention(q, k, v, *, key_mask=None, mask=None, kv_len=None, scale=None):
     """Plain softmax(q kᵀ·scale) v with fp32 logits and softmax; GQA by grouping query heads.
 
     A row whose keys are all masked gets a uniform softmax (as torch with a finfo.min bias).
@@ -36,21 +54,25 @@ def xla_attention(q, k, v, *, key_mask=None, scale=None):
     qg = q.reshape(b, n, hkv, hq // hkv, d)
     logits = jnp.einsum("blkgd,bskd->bkgls", qg, k, preferred_element_type=jnp.float32,
                         precision=precision) * scale  # [B, Hkv, G, L, S]
-    if key_mask is not None:
-        logits = jnp.where(key_mask[:, None, None, None, :], logits, jnp.finfo(jnp.float32).min)
+    allowed = combined_mask(key_mask, mask, kv_len, n, k.shape[1])
+    if allowed is not None:
+        logits = jnp.where(allowed[:, :, None], logits, jnp.finfo(jnp.float32).min)
     probs = jax.nn.softmax(logits, axis=-1)
     out = jnp.einsum("bkgls,bskd->blkgd", probs.astype(v.dtype), v, preferred_element_type=jnp.float32,
                      precision=precision)
     return out.reshape(b, n, hq, d).astype(q.dtype)
 
 
-def dense_attention(q, k, v, *, key_mask=None, scale=None, implementation=None):
-    """Softmax attention of every query over every key, bidirectional.
+def dense_attention(q, k, v, *, key_mask=None, mask=None, kv_len=None, scale=None, implementation=None):
+    """Softmax attention of every query over the keys it may see (bidirectional unless `mask` says).
 
     Args:
       q: [B, L, Hq, D] queries.
       k, v: [B, S, Hkv, D] keys and values.
       key_mask: optional bool [B, S], False for keys no query may attend (padding).
+      mask: optional bool [L, S] shared by the batch, True where query i may attend key j
+        (e.g. block-causal).
+      kv_len: optional int32 scalar or [B]: keys at or beyond it are hidden (a KV cache's fill).
       scale: logit scale, default 1/sqrt(D).
       implementation: 'cudnn' or 'xla'; default chosen by `dense_implementation`.
     Returns:
@@ -59,13 +81,18 @@ def dense_attention(q, k, v, *, key_mask=None, scale=None, implementation=None):
     if implementation is None:
         implementation = dense_implementation(q.dtype, q.shape[-1])
     if implementation == "xla":
-        return xla_attention(q, k, v, key_mask=key_mask, scale=scale)
+        return xla_attention(q, k, v, key_mask=key_mask, mask=mask, kv_len=kv_len, scale=scale)
     if implementation != "cudnn":
         raise ValueError(f"implementation must be 'cudnn' or 'xla', got {implementation!r}")
-    mask = None
-    if key_mask is not None:
-        # cuDNN takes a mask only as a full [B, 1, L, S] bias (it rejects a broadcast query axis);
-        # left padding rules out its key_value_seq_lengths, which assumes the pads are on the right.
-        b, n, s = q.shape[0], q.shape[1], k.shape[1]
-        mask = jnp.broadcast_to(key_mask[:, None, None, :], (b, 1, n, s))
-    return jax.nn.dot_product_attention(q, k, v, mask=mask, scale=scale, implementation="cudnn")
+    b, n, s = q.shape[0], q.shape[1], k.shape[1]
+    seq_lengths = None
+    if kv_len is not None and key_mask is None and mask is None:
+        # a fill length alone is cuDNN's right-padding mode: no [B, 1, L, S] bias to build
+        seq_lengths = jnp.broadcast_to(jnp.asarray(kv_len, jnp.int32), (b,))
+        kv_len = None
+    # cuDNN takes other masks only as a full [B, 1, L, S] bias (it rejects broadcast axes).
+    allowed = combined_mask(key_mask, mask, kv_len, n, s)
+    if allowed is not None:
+        allowed = jnp.broadcast_to(allowed, (b, 1, n, s))
+    return jax.nn.dot_product_attention(q, k, v, mask=allowed, scale=scale, key_value_seq_lengths=seq_lengths,
+                                        implementation="cudnn")

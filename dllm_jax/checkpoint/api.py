@@ -14,8 +14,11 @@ from flax import nnx
 
 from dllm_jax.checkpoint import orbax as orbax_io
 from dllm_jax.checkpoint.hf import TARGET_DTYPES, param_shapes_for, plan_conversion, read_hf_params
-from dllm_jax.config import LLaDAConfig, read_hf_config
+from dllm_jax.config import LLaDAConfig, SDARConfig, read_hf_config
 from dllm_jax.models.llada import LLaDA
+from dllm_jax.models.sdar import SDAR
+
+MODEL_CLASSES = {LLaDAConfig: LLaDA, SDARConfig: SDAR}
 
 FORMAT_VERSION = 1
 # Files of an HF checkpoint directory that travel with a conversion (tokenizer, generation defaults).
@@ -77,7 +80,8 @@ def load_model(path, *, dtype=None, progress: bool = True):
       dtype: parameter and compute dtype, "bfloat16" (the default when None) or "float32".
       progress: show a tqdm bar while converting an HF directory in memory.
     Returns:
-      The NNX model (`LLaDA`); `model(input_ids) -> float32 logits [B, L, V]`, `model.config`.
+      The NNX model (`LLaDA` or `SDAR`, from config.json); `model(input_ids) -> float32 logits
+      [B, L, V]` (bidirectional for LLaDA, block-causal for SDAR); `model.config`.
     """
     path = Path(path)
     dtype = "bfloat16" if dtype is None else jnp.dtype(dtype).name
@@ -105,10 +109,11 @@ def to_device_leafwise(tree: dict) -> dict:
 
 def model_from_params(config, params: dict):
     """Builds the model of `config` around an existing parameter tree (no random init)."""
-    if not isinstance(config, LLaDAConfig):
+    model_class = MODEL_CLASSES.get(type(config))
+    if model_class is None:
         raise ValueError(f"unsupported config type {type(config).__name__}")
     dtype = params["embed"].dtype
-    abstract = nnx.eval_shape(lambda: LLaDA(config, dtype=dtype, rngs=nnx.Rngs(0)))
+    abstract = nnx.eval_shape(lambda: model_class(config, dtype=dtype, rngs=nnx.Rngs(0)))
     graphdef, state = nnx.split(abstract)
     nnx.replace_by_pure_dict(state, params)
     return nnx.merge(graphdef, state)

@@ -18,8 +18,8 @@ import numpy as np
 from safetensors import SafetensorError, safe_open
 from tqdm.auto import tqdm
 
-from dllm_jax.config import LLaDAConfig
-from dllm_jax.models import llada
+from dllm_jax.config import LLaDAConfig, SDARConfig
+from dllm_jax.models.layers import lm_param_shapes
 
 FLOAT_DTYPES = {"F32": np.float32, "F16": np.float16, "BF16": ml_dtypes.bfloat16}
 TARGET_DTYPES = {"bfloat16": ml_dtypes.bfloat16, "float32": np.float32}
@@ -55,6 +55,25 @@ LLADA_RULES = (
 )
 
 
+# SDAR / TraDo use HF Qwen3 names (Qwen3ForCausalLM), one to one.
+SDAR_RULES = (
+    Rule(r"model\.embed_tokens\.weight", ("embed",), "copy"),
+    Rule(r"model\.layers\.(\d+)\.input_layernorm\.weight", ("layers", "attn_norm"), "copy"),
+    Rule(r"model\.layers\.(\d+)\.self_attn\.q_proj\.weight", ("layers", "q_proj"), "heads_in"),
+    Rule(r"model\.layers\.(\d+)\.self_attn\.k_proj\.weight", ("layers", "k_proj"), "heads_in"),
+    Rule(r"model\.layers\.(\d+)\.self_attn\.v_proj\.weight", ("layers", "v_proj"), "heads_in"),
+    Rule(r"model\.layers\.(\d+)\.self_attn\.o_proj\.weight", ("layers", "o_proj"), "heads_out"),
+    Rule(r"model\.layers\.(\d+)\.self_attn\.q_norm\.weight", ("layers", "q_norm"), "copy"),
+    Rule(r"model\.layers\.(\d+)\.self_attn\.k_norm\.weight", ("layers", "k_norm"), "copy"),
+    Rule(r"model\.layers\.(\d+)\.post_attention_layernorm\.weight", ("layers", "mlp_norm"), "copy"),
+    Rule(r"model\.layers\.(\d+)\.mlp\.gate_proj\.weight", ("layers", "gate_proj"), "transpose"),
+    Rule(r"model\.layers\.(\d+)\.mlp\.up_proj\.weight", ("layers", "up_proj"), "transpose"),
+    Rule(r"model\.layers\.(\d+)\.mlp\.down_proj\.weight", ("layers", "down_proj"), "transpose"),
+    Rule(r"model\.norm\.weight", ("final_norm",), "copy"),
+    Rule(r"lm_head\.weight", ("lm_head",), "transpose"),
+)
+
+
 def hf_name(rule: Rule, layer: int | None) -> str:
     """The concrete HF tensor name a rule expects (for layer `layer` if per-layer)."""
     name = rule.pattern.replace(r"(\d+)", str(layer)) if rule.per_layer else rule.pattern
@@ -81,17 +100,15 @@ def apply_transform(transform: str, array: np.ndarray, target: tuple[int, ...]) 
 
 
 def rules_for(config) -> tuple[Rule, ...]:
-    if isinstance(config, LLaDAConfig):
-        if config.tie_word_embeddings:
-            return tuple(r for r in LLADA_RULES if r.path != ("lm_head",))
-        return LLADA_RULES
-    raise ValueError(f"no HF name map for config type {type(config).__name__}")
+    """The name map of config's family; a tied head has no LM-head tensor."""
+    rules = {LLaDAConfig: LLADA_RULES, SDARConfig: SDAR_RULES}.get(type(config))
+    if rules is None:
+        raise ValueError(f"no HF name map for config type {type(config).__name__}")
+    return tuple(r for r in rules if not (config.tie_word_embeddings and r.path == ("lm_head",)))
 
 
 def param_shapes_for(config) -> dict:
-    if isinstance(config, LLaDAConfig):
-        return llada.param_shapes(config)
-    raise ValueError(f"no parameter layout for config type {type(config).__name__}")
+    return lm_param_shapes(config)
 
 
 @dataclasses.dataclass(frozen=True)

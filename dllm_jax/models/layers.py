@@ -52,22 +52,26 @@ def apply_rope(x, cos, sin, *, in_fp32: bool):
     return (xc * cos + rotated * sin).astype(x.dtype)
 
 
-def attention_sublayer(p, x, cos, sin, attention_fn: AttentionFn, *, eps: float, qk_norm: bool,
-                       rope_in_fp32: bool):
-    """x + o_proj(attention(rope(q), rope(k), v)) of the pre-normed x; p holds one layer's params."""
+def attention_sublayer(p, x, cos, sin, attend, state, layer, config):
+    """x + o_proj(attend(rope(q), rope(k), v)) of the pre-normed x; p holds one layer's params.
+
+    `attend(q, k, v, state, layer) -> (out, state)` is the attention hook: dense attention, a
+    KV-cache read/write, or later a sparse policy, with its per-call state threaded through.
+    """
     precision = matmul_precision(x.dtype)
+    eps = config.rms_norm_eps
     h = rms_norm(x, p["attn_norm"], eps)
     q = jnp.einsum("bld,dhk->blhk", h, p["q_proj"], precision=precision)
     k = jnp.einsum("bld,dhk->blhk", h, p["k_proj"], precision=precision)
     v = jnp.einsum("bld,dhk->blhk", h, p["v_proj"], precision=precision)
-    if qk_norm:
+    if config.qk_norm:
         q = rms_norm(q, p["q_norm"], eps)
         k = rms_norm(k, p["k_norm"], eps)
-    q = apply_rope(q, cos, sin, in_fp32=rope_in_fp32)
-    k = apply_rope(k, cos, sin, in_fp32=rope_in_fp32)
+    q = apply_rope(q, cos, sin, in_fp32=config.rope_in_fp32)
+    k = apply_rope(k, cos, sin, in_fp32=config.rope_in_fp32)
     with jax.named_scope("attention"):
-        out = attention_fn(q, k, v)
-    return x + jnp.einsum("blhk,hkd->bld", out, p["o_proj"], precision=precision)
+        out, state = attend(q, k, v, state, layer)
+    return x + jnp.einsum("blhk,hkd->bld", out, p["o_proj"], precision=precision), state
 
 
 def mlp_sublayer(p, x, *, eps: float):
@@ -79,15 +83,25 @@ def mlp_sublayer(p, x, *, eps: float):
     return x + jnp.matmul(jax.nn.silu(gate) * up, p["down_proj"], precision=precision)
 
 
-def decoder_stack(layers, x, cos, sin, attention_fn: AttentionFn, config):
-    """Runs all decoder layers over x [B, L, d] with one `lax.scan` over the stacked params."""
-    def layer(h, p):
-        h = attention_sublayer(p, h, cos, sin, attention_fn, eps=config.rms_norm_eps,
-                               qk_norm=config.qk_norm, rope_in_fp32=config.rope_in_fp32)
-        return mlp_sublayer(p, h, eps=config.rms_norm_eps), None
+def stateless(attention_fn: AttentionFn):
+    """An `attend` hook from a plain attention function (no state)."""
+    return lambda q, k, v, state, layer: (attention_fn(q, k, v), state)
 
-    x, _ = jax.lax.scan(layer, x, layers)
-    return x
+
+def decoder_stack(layers, x, cos, sin, attend, config, state=None):
+    """Runs all decoder layers over x [B, L, d] with one `lax.scan` over the stacked params.
+
+    Returns (x, state): `state` is threaded through every layer's `attend` call (the scan carry).
+    """
+    def layer(carry, xs):
+        h, state = carry
+        p, index = xs
+        h, state = attention_sublayer(p, h, cos, sin, attend, state, index, config)
+        return (mlp_sublayer(p, h, eps=config.rms_norm_eps), state), None
+
+    indices = jnp.arange(config.num_layers, dtype=jnp.int32)
+    (x, state), _ = jax.lax.scan(layer, (x, state), (layers, indices))
+    return x, state
 
 
 def layer_param_shapes(config) -> dict[str, tuple[int, ...]]:
@@ -104,6 +118,25 @@ def layer_param_shapes(config) -> dict[str, tuple[int, ...]]:
     return shapes
 
 
+def lm_param_shapes(config) -> dict:
+    """Shapes of a whole decoder LM's parameter tree (what `DecoderLM.params()` returns)."""
+    shapes = {
+        "embed": (config.vocab_size, config.hidden_size),
+        "layers": layer_param_shapes(config),
+        "final_norm": (config.hidden_size,),
+    }
+    if not config.tie_word_embeddings:
+        shapes["lm_head"] = (config.hidden_size, config.vocab_size)
+    return shapes
+
+
+def lm_head(params, x, config):
+    """float32 logits of the final hidden states x [B, L, d] (tied or untied head)."""
+    x = rms_norm(x, params["final_norm"], config.rms_norm_eps)
+    head = params["embed"].T if config.tie_word_embeddings else params["lm_head"]
+    return jnp.matmul(x, head, precision=matmul_precision(x.dtype)).astype(jnp.float32)
+
+
 class DecoderLayers(nnx.Module):
     """The stacked parameters of all decoder layers (one `nnx.Param` per weight, layer axis first)."""
 
@@ -115,3 +148,27 @@ class DecoderLayers(nnx.Module):
             else:
                 value = init(rngs.params(), shape, dtype)
             setattr(self, name, nnx.Param(value))
+
+
+class DecoderLM(nnx.Module):
+    """Parameters of a decoder LM: embedding, stacked layers, final norm, LM head (absent if tied).
+
+    `dtype` is both the parameter and the compute dtype. Subclasses add the forward passes.
+    """
+
+    def __init__(self, config, *, dtype=jnp.bfloat16, rngs: nnx.Rngs):
+        self.config = config
+        init = nnx.initializers.normal(stddev=0.02)
+        self.embed = nnx.Param(init(rngs.params(), (config.vocab_size, config.hidden_size), dtype))
+        self.layers = DecoderLayers(config, dtype=dtype, rngs=rngs)
+        self.final_norm = nnx.Param(jnp.ones((config.hidden_size,), dtype))
+        if not config.tie_word_embeddings:
+            self.lm_head = nnx.Param(init(rngs.params(), (config.hidden_size, config.vocab_size), dtype))
+
+    @property
+    def dtype(self):
+        return self.embed[...].dtype
+
+    def params(self) -> dict:
+        """The parameter tree as a plain nested dict of arrays (the layout of `lm_param_shapes`)."""
+        return nnx.to_pure_dict(nnx.state(self, nnx.Param))

@@ -12,25 +12,13 @@ import functools
 import jax
 import jax.numpy as jnp
 import numpy as np
-from flax import nnx
 
-from dllm_jax.attention.dense import dense_attention, matmul_precision
+from dllm_jax.attention.dense import dense_attention
 from dllm_jax.config import LLaDAConfig
-from dllm_jax.models.layers import DecoderLayers, decoder_stack, layer_param_shapes, rms_norm, rope_tables
+from dllm_jax.models.layers import DecoderLM, decoder_stack, lm_head, lm_param_shapes, rope_tables, stateless
 
 PADDING_MODES = ("ignore", "mask")
-
-
-def param_shapes(config: LLaDAConfig) -> dict:
-    """Shapes of the full parameter tree (what `LLaDA.params()` returns and Orbax stores)."""
-    shapes = {
-        "embed": (config.vocab_size, config.hidden_size),
-        "layers": layer_param_shapes(config),
-        "final_norm": (config.hidden_size,),
-    }
-    if not config.tie_word_embeddings:
-        shapes["lm_head"] = (config.hidden_size, config.vocab_size)
-    return shapes
+param_shapes = lm_param_shapes
 
 
 def forward(params, input_ids, attention_mask=None, *, config: LLaDAConfig, padding: str = "ignore",
@@ -47,22 +35,18 @@ def forward(params, input_ids, attention_mask=None, *, config: LLaDAConfig, padd
     Returns:
       float32 logits [B, L, vocab_size].
     """
-    embed = params["embed"]
-    x = embed[input_ids]  # [B, L, d]
-    positions = jnp.arange(input_ids.shape[1])
-    cos, sin = rope_tables(positions, config.head_dim, config.rope_theta)
+    x = params["embed"][input_ids]  # [B, L, d]
+    cos, sin = rope_tables(jnp.arange(input_ids.shape[1]), config.head_dim, config.rope_theta)
     if padding == "mask" and attention_mask is not None:
         attention_fn = functools.partial(attention_fn, key_mask=attention_mask.astype(bool))
-    x = decoder_stack(params["layers"], x, cos, sin, attention_fn, config)
-    x = rms_norm(x, params["final_norm"], config.rms_norm_eps)
-    head = embed.T if config.tie_word_embeddings else params["lm_head"]
-    return jnp.matmul(x, head, precision=matmul_precision(x.dtype)).astype(jnp.float32)
+    x, _ = decoder_stack(params["layers"], x, cos, sin, stateless(attention_fn), config)
+    return lm_head(params, x, config)
 
 
 _forward_jit = jax.jit(forward, static_argnames=("config", "padding", "attention_fn"))
 
 
-class LLaDA(nnx.Module):
+class LLaDA(DecoderLM):
     """LLaDA masked-diffusion LM. `model(input_ids) -> float32 logits [B, L, V]`.
 
     `dtype` is both the parameter and the compute dtype (bfloat16 by default, float32 for
@@ -70,36 +54,19 @@ class LLaDA(nnx.Module):
     (cuDNN flash attention on GPU for bf16, XLA otherwise) unless another `attention_fn` is given.
     """
 
-    def __init__(self, config: LLaDAConfig, *, dtype=jnp.bfloat16, rngs: nnx.Rngs):
-        self.config = config
-        init = nnx.initializers.normal(stddev=0.02)
-        self.embed = nnx.Param(init(rngs.params(), (config.vocab_size, config.hidden_size), dtype))
-        self.layers = DecoderLayers(config, dtype=dtype, rngs=rngs)
-        self.final_norm = nnx.Param(jnp.ones((config.hidden_size,), dtype))
-        if not config.tie_word_embeddings:
-            self.lm_head = nnx.Param(init(rngs.params(), (config.hidden_size, config.vocab_size), dtype))
-
-    @property
-    def dtype(self):
-        return self.embed[...].dtype
-
-    def params(self) -> dict:
-        """The parameter tree as a plain nested dict of arrays (the layout of `param_shapes`)."""
-        return nnx.to_pure_dict(nnx.state(self, nnx.Param))
-
     def __call__(self, input_ids, attention_mask=None, *, padding: str = "ignore",
                  attention_fn=dense_attention):
         """Logits [B, L, V] (float32) of int32 input_ids [B, L]; see `forward` for the arguments."""
         input_ids = jnp.asarray(input_ids)
-        check_inputs(self.config, input_ids, attention_mask, padding)
+        check_inputs(self.config, input_ids, attention_mask)
+        if padding not in PADDING_MODES:
+            raise ValueError(f"padding must be one of {PADDING_MODES}, got {padding!r}")
         return _forward_jit(self.params(), input_ids, attention_mask, config=self.config,
                             padding=padding, attention_fn=attention_fn)
 
 
-def check_inputs(config, input_ids, attention_mask, padding: str) -> None:
+def check_inputs(config, input_ids, attention_mask=None) -> None:
     """Host-side validation. Inside jit, out-of-range ids are clamped by the embedding gather."""
-    if padding not in PADDING_MODES:
-        raise ValueError(f"padding must be one of {PADDING_MODES}, got {padding!r}")
     if input_ids.ndim != 2:
         raise ValueError(f"input_ids must be [batch, length], got shape {input_ids.shape}")
     if not jnp.issubdtype(input_ids.dtype, jnp.integer):

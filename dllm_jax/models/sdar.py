@@ -1,0 +1,174 @@
+"""SDAR / TraDo in Flax NNX: Qwen3 layers with block-causal attention and an exact KV cache.
+
+Attention is bidirectional inside each block of `block_length` tokens and causal across blocks, so
+the keys and values of finished blocks never change: a cache of them is exact, not an approximation.
+
+Two forward paths:
+  * `forward(params, ids)`: the full sequence under the block-causal mask (training-style view);
+  * cached inference over a preallocated, static-shaped `KVCache` ([layers, B, max_length, Hkv, D]
+    plus a fill length): `prefill` writes the complete prompt blocks, `block_step` runs one block
+    against the cache (a denoising step), and `block_step(..., commit=True)` appends the finished
+    block by advancing the fill length.
+
+`block_step` writes the block's own K/V into the cache slots just past the fill length, then attends
+over one contiguous buffer of `length + n` keys. The filled prefix is never written, and a
+non-committing step leaves the fill length unchanged, so the cache's contents (positions below the
+fill length) are exactly those before the step; the slots beyond are scratch. This avoids copying
+the whole cache to concatenate the block to it (what SDAR's torch code does with `store_kv=False`);
+inside a jitted loop the update happens in place.
+"""
+
+from __future__ import annotations
+
+import jax
+import jax.numpy as jnp
+from flax import struct
+
+from dllm_jax.attention.dense import dense_attention
+from dllm_jax.config import SDARConfig
+from dllm_jax.models.layers import DecoderLM, decoder_stack, lm_head, lm_param_shapes, rope_tables, stateless
+from dllm_jax.models.llada import check_inputs
+
+param_shapes = lm_param_shapes
+
+
+@struct.dataclass
+class KVCache:
+    """Keys/values of the finished prefix, static-shaped; positions >= `length` are scratch."""
+
+    k: jax.Array  # [num_layers, B, max_length, Hkv, D]
+    v: jax.Array  # [num_layers, B, max_length, Hkv, D]
+    length: jax.Array  # int32 []: number of filled positions
+
+    @property
+    def max_length(self) -> int:
+        return self.k.shape[2]
+
+
+def init_cache(config: SDARConfig, batch: int, max_length: int, dtype=jnp.bfloat16) -> KVCache:
+    shape = (config.num_layers, batch, max_length, config.num_kv_heads, config.head_dim)
+    return KVCache(jnp.zeros(shape, dtype), jnp.zeros(shape, dtype), jnp.zeros((), jnp.int32))
+
+
+def block_causal_mask(n: int, block_length: int):
+    """bool [n, n]: query i may attend key j iff j's block is not after i's block."""
+    blocks = jnp.arange(n) // block_length
+    return blocks[None, :] <= blocks[:, None]
+
+
+def forward(params, input_ids, *, config: SDARConfig, block_length: int | None = None,
+            attention_fn=dense_attention):
+    """Full-sequence forward under the block-causal mask: int32 [B, L] -> float32 logits [B, L, V].
+
+    The last block may be partial (L need not be a multiple of the block length).
+    """
+    n = input_ids.shape[1]
+    mask = block_causal_mask(n, block_length or config.block_size)
+    cos, sin = rope_tables(jnp.arange(n), config.head_dim, config.rope_theta)
+    attend = stateless(lambda q, k, v: attention_fn(q, k, v, mask=mask))
+    x, _ = decoder_stack(params["layers"], params["embed"][input_ids], cos, sin, attend, config)
+    return lm_head(params, x, config)
+
+
+def prefill(params, input_ids, cache: KVCache, *, config: SDARConfig, attention_fn=dense_attention) -> KVCache:
+    """Writes the K/V of the complete prompt blocks input_ids [B, P] (P % block_size == 0) at
+    positions 0..P-1 and sets the fill length to P."""
+    n = input_ids.shape[1]
+    mask = block_causal_mask(n, config.block_size)
+    cos, sin = rope_tables(jnp.arange(n), config.head_dim, config.rope_theta)
+
+    def attend(q, k, v, cache, layer):
+        cache = cache.replace(
+            k=jax.lax.dynamic_update_slice(cache.k, k[None].astype(cache.k.dtype), (layer, 0, 0, 0, 0)),
+            v=jax.lax.dynamic_update_slice(cache.v, v[None].astype(cache.v.dtype), (layer, 0, 0, 0, 0)))
+        return attention_fn(q, k, v, mask=mask), cache
+
+    _, cache = decoder_stack(params["layers"], params["embed"][input_ids], cos, sin, attend, config, cache)
+    return cache.replace(length=jnp.asarray(n, jnp.int32))
+
+
+def block_step(params, block_ids, cache: KVCache, *, config: SDARConfig, commit: bool = False,
+               attention_fn=dense_attention):
+    """One block of tokens block_ids [B, n] at positions length..length+n-1 against the cache.
+
+    Every block token attends to the whole filled prefix and to every token of the block.
+    Returns (float32 logits [B, n, V], cache); with commit=True the block is appended (the fill
+    length advances by n), otherwise the cache's filled prefix and length are unchanged.
+    Requires length + n <= max_length (checked by `SDAR.block_step` on concrete caches; inside
+    jit, `dynamic_update_slice` would clamp the write position).
+    """
+    n = block_ids.shape[1]
+    start = cache.length
+    cos, sin = rope_tables(start + jnp.arange(n), config.head_dim, config.rope_theta)
+
+    def attend(q, k, v, cache, layer):
+        ck = jax.lax.dynamic_update_slice(cache.k, k[None].astype(cache.k.dtype), (layer, 0, start, 0, 0))
+        cv = jax.lax.dynamic_update_slice(cache.v, v[None].astype(cache.v.dtype), (layer, 0, start, 0, 0))
+        out = attention_fn(q, ck[layer], cv[layer], kv_len=start + n)
+        return out, cache.replace(k=ck, v=cv)
+
+    x, cache = decoder_stack(params["layers"], params["embed"][block_ids], cos, sin, attend, config, cache)
+    if commit:
+        cache = cache.replace(length=start + n)
+    return lm_head(params, x, config), cache
+
+
+_forward_jit = jax.jit(forward, static_argnames=("config", "block_length", "attention_fn"))
+_prefill_jit = jax.jit(prefill, static_argnames=("config", "attention_fn"))
+_block_step_jit = jax.jit(block_step, static_argnames=("config", "commit", "attention_fn"))
+
+
+class SDAR(DecoderLM):
+    """SDAR / TraDo block-diffusion LM (Qwen3 architecture).
+
+    `model(input_ids)` is the full block-causal forward; `init_cache`, `prefill` and `block_step`
+    are the cached path the block-diffusion loop runs.
+    """
+
+    def __call__(self, input_ids, *, block_length: int | None = None, attention_fn=dense_attention):
+        """float32 logits [B, L, V] under the block-causal mask (block length from the config)."""
+        input_ids = jnp.asarray(input_ids)
+        check_inputs(self.config, input_ids)
+        if block_length is not None and block_length <= 0:
+            raise ValueError(f"block_length must be positive, got {block_length}")
+        return _forward_jit(self.params(), input_ids, config=self.config, block_length=block_length,
+                            attention_fn=attention_fn)
+
+    def init_cache(self, batch: int, max_length: int) -> KVCache:
+        """An empty cache for `batch` rows and up to `max_length` positions, in the model's dtype."""
+        if batch <= 0 or max_length <= 0:
+            raise ValueError(f"batch and max_length must be positive, got {batch=}, {max_length=}")
+        return init_cache(self.config, batch, max_length, self.dtype)
+
+    def prefill(self, input_ids, cache: KVCache, *, attention_fn=dense_attention) -> KVCache:
+        """Fills an empty cache with the complete prompt blocks input_ids [B, P]."""
+        input_ids = jnp.asarray(input_ids)
+        check_inputs(self.config, input_ids)
+        n, bs = input_ids.shape[1], self.config.block_size
+        if n % bs:
+            raise ValueError(f"prefill takes complete blocks: prompt length {n} is not a multiple of "
+                             f"block_size={bs} (run the trailing {n % bs} tokens as the first block)")
+        check_cache(cache, input_ids.shape[0], 0, n, self.config)
+        return _prefill_jit(self.params(), input_ids, cache, config=self.config, attention_fn=attention_fn)
+
+    def block_step(self, block_ids, cache: KVCache, *, commit: bool = False, attention_fn=dense_attention):
+        """(logits [B, n, V], cache) of one block against the cache; see `block_step`."""
+        block_ids = jnp.asarray(block_ids)
+        check_inputs(self.config, block_ids)
+        check_cache(cache, block_ids.shape[0], None, block_ids.shape[1], self.config)
+        return _block_step_jit(self.params(), block_ids, cache, config=self.config, commit=commit,
+                               attention_fn=attention_fn)
+
+
+def check_cache(cache: KVCache, batch: int, expected_length: int | None, n: int, config: SDARConfig) -> None:
+    """Host-side checks that a concrete cache fits this model, batch and write of n positions."""
+    want = (config.num_layers, batch, cache.max_length, config.num_kv_heads, config.head_dim)
+    if cache.k.shape != want or cache.v.shape != want:
+        raise ValueError(f"cache shape {cache.k.shape} does not fit this model and batch (expected {want})")
+    if isinstance(cache.length, jax.core.Tracer):
+        return
+    length = int(cache.length)
+    if expected_length is not None and length != expected_length:
+        raise ValueError(f"prefill needs an empty cache, this one holds {length} positions")
+    if length + n > cache.max_length:
+        raise ValueError(f"cache full: {length} filled + {n} new positions > max_length {cache.max_length}")

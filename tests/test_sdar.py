@@ -1,0 +1,211 @@
+"""SDAR port: block-causal logits vs transformers' Qwen3ForCausalLM, cached path vs full path."""
+
+import json
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+import pytest
+
+from dllm_jax import SDAR, SDARConfig, convert_hf_checkpoint, load_model, shipped_config
+from dllm_jax.config import config_from_hf
+from dllm_jax.models.sdar import block_causal_mask, forward, param_shapes
+from dllm_jax.testing import random_hf_tensors, tiny_sdar_config, write_hf_checkpoint
+from test_llada_numerics import BF16_BOUND, FP32_BOUND, relative_error
+from torch_reference import block_causal_logits, qwen3_reference
+
+CONFIGS = {
+    "untied_gqa_block4": dict(),
+    "tied_block8": dict(tie_word_embeddings=True, block_size=8),
+    "mha_block2": dict(num_heads=4, num_kv_heads=4, head_dim=16, block_size=2),
+    "mqa_3_layers_block16": dict(num_layers=3, num_heads=4, num_kv_heads=1, head_dim=16, block_size=16),
+}
+
+
+@pytest.fixture(scope="module", params=list(CONFIGS), ids=list(CONFIGS))
+def checkpoint(request, tmp_path_factory):
+    config = tiny_sdar_config(**CONFIGS[request.param])
+    directory = write_hf_checkpoint(tmp_path_factory.mktemp(request.param), config, seed=len(request.param))
+    return config, directory, qwen3_reference(directory)
+
+
+@pytest.mark.parametrize("length", [24, 23])  # 23: the last block is partial
+def test_fp32_block_causal_logits_match_torch(checkpoint, rng, length):
+    config, directory, reference = checkpoint
+    model = load_model(directory, dtype="float32", progress=False)
+    assert isinstance(model, SDAR)
+    ids = rng.integers(0, config.vocab_size, (2, length))
+    logits = model(ids)
+    assert logits.shape == (2, length, config.vocab_size) and logits.dtype == jnp.float32
+    assert relative_error(logits, block_causal_logits(reference, ids, config.block_size)) <= FP32_BOUND
+
+
+@pytest.mark.parametrize("block_length", [1, 3, 32])
+def test_block_length_override_matches_torch(checkpoint, rng, block_length):
+    config, directory, reference = checkpoint
+    ids = rng.integers(0, config.vocab_size, (1, 20))
+    logits = load_model(directory, dtype="float32", progress=False)(ids, block_length=block_length)
+    assert relative_error(logits, block_causal_logits(reference, ids, block_length)) <= FP32_BOUND
+
+
+def test_bf16_close_to_fp32(checkpoint, rng):
+    config, directory, _ = checkpoint
+    ids = rng.integers(0, config.vocab_size, (2, 21))
+    fp32 = load_model(directory, dtype="float32", progress=False)(ids)
+    bf16 = load_model(directory, progress=False)(ids)
+    assert relative_error(bf16, np.asarray(fp32, np.float64)) <= BF16_BOUND
+
+
+@pytest.mark.parametrize("dtype,bound", [("float32", 1e-5), ("bfloat16", BF16_BOUND)])
+def test_cached_path_equals_full_forward_at_every_block(checkpoint, rng, dtype, bound):
+    """Prefill of the complete prompt blocks, then per block: two denoising steps (no commit) and a
+    commit. Each step's logits equal the full block-causal forward over everything so far."""
+    config, directory, _ = checkpoint
+    model = load_model(directory, dtype=dtype, progress=False)
+    bs = config.block_size
+    prompt = rng.integers(0, config.vocab_size, (2, 2 * bs + (bs // 2 or 1)))  # ends in a partial block
+    full_prompt = (prompt.shape[1] // bs) * bs
+    cache = model.prefill(prompt[:, :full_prompt], model.init_cache(2, 6 * bs))
+    assert int(cache.length) == full_prompt
+    tokens = prompt[:, :full_prompt]
+    block = np.full((2, bs), config.mask_token_id)
+    block[:, : prompt.shape[1] - full_prompt] = prompt[:, full_prompt:]
+    for _ in range(3):
+        for step in range(3):
+            commit = step == 2
+            logits, new_cache = model.block_step(block, cache, commit=commit)
+            reference = model(np.concatenate([tokens, block], axis=1))[:, -bs:]
+            assert relative_error(logits, np.asarray(reference, np.float64)) <= bound
+            if commit:
+                assert int(new_cache.length) == int(cache.length) + bs
+            else:  # the filled prefix and its length are untouched
+                assert int(new_cache.length) == int(cache.length)
+                n = int(cache.length)
+                np.testing.assert_array_equal(np.asarray(new_cache.k[:, :, :n]), np.asarray(cache.k[:, :, :n]))
+                np.testing.assert_array_equal(np.asarray(new_cache.v[:, :, :n]), np.asarray(cache.v[:, :, :n]))
+            cache = new_cache
+            if not commit:  # "denoise": unmask some positions
+                block = np.where(rng.random(block.shape) < 0.5, rng.integers(0, config.vocab_size, block.shape), block)
+        tokens = np.concatenate([tokens, block], axis=1)
+        block = np.full((2, bs), config.mask_token_id)
+
+
+def test_block_step_works_inside_jit_loops(rng):
+    """The cached path is a pure function of (params, ids, cache): it scans with the cache as carry."""
+    config = tiny_sdar_config()
+    model = SDAR(config, dtype=jnp.float32, rngs=__import__("flax").nnx.Rngs(0))
+    from dllm_jax.models.sdar import block_step
+
+    blocks = jnp.asarray(rng.integers(0, config.vocab_size, (3, 1, config.block_size)))
+
+    @jax.jit
+    def run(params, cache):
+        def body(cache, ids):
+            logits, cache = block_step(params, ids, cache, config=config, commit=True)
+            return cache, logits
+        return jax.lax.scan(body, cache, blocks)
+
+    cache, logits = run(model.params(), model.init_cache(1, 16))
+    full = model(blocks.transpose(1, 0, 2).reshape(1, -1))
+    assert int(cache.length) == 12
+    assert relative_error(logits.transpose(1, 0, 2, 3).reshape(full.shape), np.asarray(full, np.float64)) <= 1e-5
+
+
+def test_block_causal_mask():
+    mask = np.asarray(block_causal_mask(5, 2))
+    expected = np.array([[1, 1, 0, 0, 0], [1, 1, 0, 0, 0], [1, 1, 1, 1, 0], [1, 1, 1, 1, 0], [1, 1, 1, 1, 1]], bool)
+    np.testing.assert_array_equal(mask, expected)
+
+
+def test_cache_misuse_raises_clear_errors():
+    config = tiny_sdar_config()
+    model = SDAR(config, dtype=jnp.float32, rngs=__import__("flax").nnx.Rngs(0))
+    ids = np.ones((1, 6), np.int32)
+    with pytest.raises(ValueError, match="not a multiple of block_size=4"):
+        model.prefill(ids, model.init_cache(1, 16))
+    cache = model.prefill(ids[:, :4], model.init_cache(1, 8))
+    with pytest.raises(ValueError, match="needs an empty cache"):
+        model.prefill(ids[:, :4], cache)
+    _, cache = model.block_step(ids[:, :4], cache, commit=True)
+    with pytest.raises(ValueError, match="cache full"):
+        model.block_step(ids[:, :4], cache)
+    with pytest.raises(ValueError, match="does not fit"):
+        model.block_step(np.ones((2, 4), np.int32), cache)
+    with pytest.raises(ValueError, match="token ids"):
+        model(np.full((1, 4), config.vocab_size))
+    with pytest.raises(ValueError, match="max_length"):
+        model.init_cache(1, 0)
+
+
+@pytest.mark.parametrize("name,dims", [
+    ("sdar-4b-chat", (2560, 36, 32, 8, 128, 9728, False, 8.82)),
+    ("sdar-8b-chat", (4096, 36, 32, 8, 128, 12288, False, 16.38)),
+    ("trado-8b-instruct", (4096, 36, 32, 8, 128, 12288, False, 16.38)),
+    ("sdar-1.7b-chat", (2048, 28, 16, 8, 128, 6144, True, 3.44)),
+])
+def test_shipped_sdar_configs(name, dims):
+    c = shipped_config(name)
+    shapes = jax.tree.leaves(param_shapes(c), is_leaf=lambda x: isinstance(x, tuple))
+    gigabytes = round(sum(int(np.prod(s)) for s in shapes) * 2 / 1e9, 2)  # bf16; models.md: 8.82 / 16.38 GB
+    assert (c.hidden_size, c.num_layers, c.num_heads, c.num_kv_heads, c.head_dim, c.intermediate_size,
+            c.tie_word_embeddings, gigabytes) == dims
+    assert (c.vocab_size, c.block_size, c.mask_token_id, c.eos_token_ids) == (151936, 4, 151669, (151645, 151643))
+    params = jax.tree.map(lambda s: jax.ShapeDtypeStruct(s, jnp.bfloat16), param_shapes(c),
+                          is_leaf=lambda x: isinstance(x, tuple))
+    out = jax.eval_shape(lambda p, i: forward(p, i, config=c), params, jax.ShapeDtypeStruct((1, 64), jnp.int32))
+    assert out.shape == (1, 64, 151936)
+
+
+def test_sdar_config_parsing():
+    c = tiny_sdar_config(tie_word_embeddings=True)
+    assert SDARConfig.from_hf_config(c.to_hf_config()) == c
+    hf = c.to_hf_config()
+    assert isinstance(config_from_hf(hf | {"model_type": "qwen3", "architectures": ["Qwen3ForCausalLM"]}), SDARConfig)
+    transformers5 = {k: v for k, v in hf.items() if k != "rope_theta"} | {"rope_parameters": {"rope_type": "default", "rope_theta": 5e5}}
+    assert SDARConfig.from_hf_config(transformers5).rope_theta == 5e5
+    for change, message in [({"num_experts": 128}, "mixture-of-experts"), ({"attention_bias": True}, "attention_bias"),
+                            ({"rope_scaling": {"rope_type": "yarn", "factor": 4}}, "yarn"),
+                            ({"num_key_value_heads": 3}, "multiple of"), ({"hidden_act": "gelu"}, "gelu")]:
+        with pytest.raises(ValueError, match=message):
+            SDARConfig.from_hf_config(hf | change)
+
+
+def test_sdar_round_trip_through_orbax(tmp_path, rng):
+    config = tiny_sdar_config()
+    hf = write_hf_checkpoint(tmp_path / "hf", config, shards=2, dtype="bfloat16")
+    convert_hf_checkpoint(hf, tmp_path / "out", dtype="float32", progress=False)
+    ids = rng.integers(0, config.vocab_size, (1, 12))
+    np.testing.assert_array_equal(np.asarray(load_model(tmp_path / "out", dtype="float32")(ids)),
+                                  np.asarray(load_model(hf, dtype="float32", progress=False)(ids)))
+
+
+def sdar_convert_error(tmp_path, tensors, config=None, hf_config=None):
+    config = config or tiny_sdar_config()
+    hf = write_hf_checkpoint(tmp_path / "hf", config, tensors=tensors)
+    if hf_config is not None:
+        (hf / "config.json").write_text(json.dumps(hf_config))
+    with pytest.raises(ValueError) as info:
+        convert_hf_checkpoint(hf, tmp_path / "out", progress=False)
+    assert not (tmp_path / "out").exists() and sorted(p.name for p in tmp_path.iterdir()) == ["hf"]
+    return str(info.value)
+
+
+def test_sdar_converter_errors(tmp_path):
+    config = tiny_sdar_config()
+    tensors = random_hf_tensors(config)
+    del tensors["model.layers.1.self_attn.k_norm.weight"]
+    tensors["model.layers.0.self_attn.k_proj.weight"] = tensors["model.layers.0.self_attn.q_proj.weight"]
+    tensors["model.layers.0.self_attn.q_proj.bias"] = np.zeros(128, np.float32)
+    tensors["model.norm.weight"] = tensors["model.norm.weight"].astype(np.int64)
+    message = sdar_convert_error(tmp_path, tensors)
+    for expected in ["model.layers.1.self_attn.k_norm.weight: missing",
+                     "model.layers.0.self_attn.k_proj.weight: shape [128, 64], config expects [64, 64]",
+                     "model.layers.0.self_attn.q_proj.bias: unexpected", "model.norm.weight: dtype I64",
+                     "4 problems"]:
+        assert expected in message
+
+
+def test_sdar_tied_config_with_untied_weights_is_reported(tmp_path):
+    config = tiny_sdar_config()
+    message = sdar_convert_error(tmp_path, random_hf_tensors(config), hf_config=config.to_hf_config() | {"tie_word_embeddings": True})
+    assert "lm_head.weight: unexpected" in message
