@@ -4,92 +4,30 @@ For each sequence length: the forward as `model(ids)` computes it (cuDNN attenti
 forward with attention replaced by an elementwise q + k + v (the rest of the step, projections kept), and 32 x one layer's attention
 alone. The attention share is reported both ways. Writes JSON + Markdown to --out.
 
-    PYTHONPATH=. python benchmarks/llada_forward.py --out benchmarks/results
+    PYTHONPATH=. python -m benchmarks.llada_forward --out benchmarks/results
 """
 
 from __future__ import annotations
 
 import argparse
-import gzip
-import re
-import tempfile
 import dataclasses
 import datetime
 import json
-import time
+import tempfile
 from pathlib import Path
 
 import jax
 import jax.numpy as jnp
-import numpy as np
 
+from benchmarks.common import fmt, profiled_attention_share, random_params, time_fn
 from dllm_jax import shipped_config
 from dllm_jax.attention.dense import dense_attention, dense_implementation
-from dllm_jax.models.llada import forward, param_shapes
-
-
-def random_params(config, key):
-    """bf16 params drawn on the device, leaf by leaf (projections N(0, 1/fan_in), norms 1)."""
-    shapes = param_shapes(config)
-    leaves, treedef = jax.tree.flatten(shapes, is_leaf=lambda x: isinstance(x, tuple))
-    keys = jax.random.split(key, len(leaves))
-    paths = [jax.tree_util.keystr(p) for p, _ in jax.tree_util.tree_flatten_with_path(
-        shapes, is_leaf=lambda x: isinstance(x, tuple))[0]]
-    out = []
-    for path, shape, k in zip(paths, leaves, keys):
-        if "norm" in path:
-            out.append(jnp.ones(shape, jnp.bfloat16))
-        else:
-            fan_in = shape[-1] if "embed" in path else shape[1] if "layers" in path else shape[0]
-            out.append(jax.jit(lambda k, s=shape, f=fan_in: (jax.random.normal(k, s, jnp.float32) / np.sqrt(f)
-                                                              ).astype(jnp.bfloat16))(k))
-    return jax.tree.unflatten(treedef, out)
-
-
-def time_fn(fn, *args, warmup=2, repeats=10):
-    for _ in range(warmup):
-        jax.block_until_ready(fn(*args))
-    times = []
-    for _ in range(repeats):
-        start = time.perf_counter()
-        jax.block_until_ready(fn(*args))
-        times.append(time.perf_counter() - start)
-    return float(np.median(times)), float(np.min(times)), float(np.max(times))
-
-
-ATTENTION_KERNEL = re.compile(r"sdpa|fmha|flash|attention", re.IGNORECASE)
-
-
-def profiled_attention_share(fn, *args, trace_dir: Path):
-    """(share of GPU kernel time spent in attention kernels, total GPU kernel ms) for one call,
-    from a profiler trace; (None, None) if the trace holds no GPU kernels."""
-    jax.block_until_ready(fn(*args))
-    with jax.profiler.trace(str(trace_dir), create_perfetto_trace=True):
-        jax.block_until_ready(fn(*args))
-    files = sorted(trace_dir.rglob("*.trace.json.gz")) or sorted(trace_dir.rglob("perfetto_trace.json.gz"))
-    if not files:
-        return None, None
-    events = json.loads(gzip.decompress(files[-1].read_bytes()))
-    events = events["traceEvents"] if isinstance(events, dict) else events
-    gpu_pids = {e["pid"] for e in events if e.get("ph") == "M" and e.get("name") == "process_name"
-                and "gpu" in str(e.get("args", {}).get("name", "")).lower()}
-    kernels = [e for e in events if e.get("ph") == "X" and e.get("pid") in gpu_pids and "dur" in e]
-    total = sum(e["dur"] for e in kernels)
-    if not total:
-        return None, None
-    attention = sum(e["dur"] for e in kernels if ATTENTION_KERNEL.search(e["name"]))
-    names = sorted({e["name"][:60] for e in kernels if ATTENTION_KERNEL.search(e["name"])})
-    print(f"attention kernels in the trace: {names[:3]}", flush=True)
-    return attention / total, total / 1e3
+from dllm_jax.models.llada import forward
 
 
 def no_attention(q, k, v, **_):
     """Skips attention but keeps q, k and v live, so XLA cannot drop their projections and RoPE."""
     return q + jnp.repeat(k + v, q.shape[2] // k.shape[2], axis=2)
-
-
-def fmt(x):
-    return "n/a" if x is None else f"{x:.2f}"
 
 
 def main():

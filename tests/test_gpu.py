@@ -7,7 +7,7 @@ import pytest
 
 from dllm_jax import load_model
 from dllm_jax.attention.dense import dense_attention
-from dllm_jax.testing import tiny_llada_config, write_hf_checkpoint
+from dllm_jax.testing import tiny_llada_config, tiny_sdar_config, write_hf_checkpoint
 from test_llada_numerics import BF16_BOUND, FP32_BOUND, relative_error
 from torch_reference import llama_reference, reference_logits
 
@@ -51,3 +51,17 @@ def test_llada_bf16_cudnn_close_to_fp32(tmp_path, rng):
     fp32 = load_model(hf, dtype="float32")(ids, mask, padding="mask")
     bf16 = load_model(hf, dtype="bfloat16")(ids, mask, padding="mask")
     assert relative_error(bf16, np.asarray(fp32, np.float64)) <= BF16_BOUND
+
+
+def test_sdar_cached_bf16_cudnn_matches_full_fp32(tmp_path, rng):
+    """cuDNN with a fill length (cached step) and with a block-causal bias (full forward) on the GPU."""
+    config = tiny_sdar_config(hidden_size=256, num_heads=4, num_kv_heads=2, head_dim=128, intermediate_size=512)
+    hf = write_hf_checkpoint(tmp_path / "hf", config, seed=9)
+    bf16 = load_model(hf, dtype="bfloat16", progress=False)
+    fp32 = load_model(hf, dtype="float32", progress=False)
+    ids = rng.integers(0, config.vocab_size, (1, 44))
+    cache = bf16.prefill(ids[:, :40], bf16.init_cache(1, 64))
+    logits, _ = bf16.block_step(ids[:, 40:], cache)
+    full32 = np.asarray(fp32(ids), np.float64)
+    assert relative_error(logits, full32[:, 40:]) <= BF16_BOUND
+    assert relative_error(bf16(ids), full32) <= BF16_BOUND
