@@ -30,7 +30,7 @@ def median_time(fn, repeats: int) -> float:
 
 
 def cmd_demo(args) -> None:
-    """Tiny random LLaDA checkpoint in HF format -> convert -> load -> jitted forward, timed."""
+    """Tiny random LLaDA checkpoint in HF format -> convert -> load -> jitted forward, timed; then SDAR."""
     import jax
     from flax import nnx
 
@@ -64,6 +64,31 @@ def cmd_demo(args) -> None:
     print(f"forward [batch {args.batch}, length {args.seq_len}] -> logits {tuple(logits.shape)} {logits.dtype}")
     print(f"first call (compile + run): {compile_s:.2f} s; median of {args.repeats}: {step_s * 1e3:.1f} ms")
     print(f"argmax at the first masked position of row 0: token {predicted[0, -args.seq_len // 4]}")
+    demo_sdar(args)
+
+
+def demo_sdar(args) -> None:
+    """Tiny random SDAR checkpoint -> load -> prefill a prompt into the KV cache -> timed block steps."""
+    from dllm_jax.checkpoint import load_model
+    from dllm_jax.testing import tiny_sdar_config, write_hf_checkpoint
+
+    config = tiny_sdar_config(hidden_size=args.hidden, num_layers=args.layers, num_heads=args.heads,
+                              num_kv_heads=max(1, args.heads // 2), head_dim=args.hidden // args.heads,
+                              intermediate_size=3 * args.hidden)
+    with tempfile.TemporaryDirectory() as tmp:
+        write_hf_checkpoint(Path(tmp), config, dtype="bfloat16")
+        model = load_model(tmp, dtype=args.dtype, progress=False)
+    bs = config.block_size
+    prompt_len = (args.seq_len // bs) * bs
+    prompt = np.random.default_rng(1).integers(0, config.mask_token_id, (1, prompt_len)).astype(np.int32)
+    cache = model.prefill(prompt, model.init_cache(1, prompt_len + 2 * bs))
+    block = np.full((1, bs), config.mask_token_id, np.int32)
+    logits, _ = model.block_step(block, cache)  # compile
+    step_s = median_time(lambda: model.block_step(block, cache)[0], args.repeats)
+    _, cache = model.block_step(block, cache, commit=True)
+    print(f"SDAR (block {bs}): prefilled {prompt_len} prompt tokens into a static KV cache of "
+          f"{cache.max_length}; one {bs}-token block step: {step_s * 1e3:.2f} ms (median of {args.repeats}); "
+          f"after commit the cache holds {int(cache.length)} positions")
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -78,7 +103,7 @@ def build_parser() -> argparse.ArgumentParser:
     convert.add_argument("--quiet", action="store_true", help="no progress bar")
     convert.set_defaults(fn=cmd_convert)
 
-    demo = sub.add_parser("demo", help="build, convert, load and time a tiny random LLaDA")
+    demo = sub.add_parser("demo", help="build, convert, load and time tiny random LLaDA and SDAR models")
     demo.add_argument("--hidden", type=int, default=256)
     demo.add_argument("--layers", type=int, default=4)
     demo.add_argument("--heads", type=int, default=4)

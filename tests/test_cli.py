@@ -28,3 +28,4 @@ def test_demo_runs_and_prints_timing(capsys):
     assert main(["demo", "--hidden", "64", "--layers", "2", "--seq-len", "32", "--repeats", "2"]) == 0
     out = capsys.readouterr().out
     assert "logits (2, 32, 1024) float32" in out and "median of 2" in out
+    assert "after commit the cache holds 36 positions" in out
