@@ -65,8 +65,11 @@ def profiled_attention_share(fn, *args, trace_dir: Path):
     if not total:
         return None, None
     attention = sum(e["dur"] for e in kernels if ATTENTION_KERNEL.search(e["name"]))
-    names = sorted({e["name"][:60] for e in kernels if ATTENTION_KERNEL.search(e["name"])})
-    print(f"attention kernels in the trace: {names[:3]}", flush=True)
+    by_name: dict[str, float] = {}
+    for e in kernels:
+        by_name[e["name"][:70]] = by_name.get(e["name"][:70], 0.0) + e["dur"]
+    top = sorted(by_name.items(), key=lambda kv: -kv[1])[:6]
+    print("top GPU kernels: " + "; ".join(f"{name} {us / 1e3:.2f} ms" for name, us in top), flush=True)
     return attention / total, total / 1e3
 
 
