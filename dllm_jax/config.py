@@ -36,6 +36,7 @@ class LLaDAConfig:
     mask_token_id: int = 126336
     eos_token_id: int = 126081
     pad_token_id: int = 126081
+    eot_token_id: int = 126348  # <|eot_id|>; not in LLaDA's config.json (generate.py hard-codes it)
 
     family = "llada"
     # LLaDA rotates q/k in fp32 (rope_full_precision) and has no per-head q/k RMSNorm.
@@ -100,6 +101,7 @@ class LLaDAConfig:
             mask_token_id=int(hf.get("mask_token_id", 126336)),
             eos_token_id=int(hf.get("eos_token_id", 126081)),
             pad_token_id=int(hf.get("pad_token_id", 126081)),
+            eot_token_id=int(hf.get("eot_token_id", 126348)),
         )
 
     def to_hf_config(self) -> dict[str, Any]:
@@ -113,6 +115,7 @@ class LLaDAConfig:
             "max_sequence_length": self.max_position_embeddings,
             "weight_tying": self.tie_word_embeddings, "mask_token_id": self.mask_token_id,
             "eos_token_id": self.eos_token_id, "pad_token_id": self.pad_token_id,
+            "eot_token_id": self.eot_token_id,
             "activation_type": "silu", "block_type": "llama", "layer_norm_type": "rms",
             "alibi": False, "rope": True, "rope_full_precision": True, "include_bias": False,
             "include_qkv_bias": False, "attention_layer_norm": False, "scale_logits": False,

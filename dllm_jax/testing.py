@@ -16,7 +16,8 @@ def tiny_llada_config(**overrides) -> LLaDAConfig:
     """A small LLaDA config (2 layers, d=64, GQA 4:2) that runs in milliseconds on a CPU."""
     values = dict(hidden_size=64, num_layers=2, num_heads=4, num_kv_heads=2, intermediate_size=96,
                   vocab_size=160, tokenizer_vocab_size=150, rope_theta=500000.0, rms_norm_eps=1e-5,
-                  max_position_embeddings=256, mask_token_id=140, eos_token_id=141, pad_token_id=141)
+                  max_position_embeddings=256, mask_token_id=140, eos_token_id=141, pad_token_id=141,
+                  eot_token_id=142)
     return LLaDAConfig(**(values | overrides))
 
 
