@@ -53,7 +53,7 @@ def llada_generate(logits_fn, prompt, *, steps, gen_length, block_length, temper
             if temperature == 0:
                 logits_with_noise = logits  # add_gumbel_noise returns its input at T=0 (an alias)
             else:
-                noise = torch.as_tensor(np.asarray(gumbel_uniforms[t]), dtype=torch.float64)
+                noise = torch.tensor(np.asarray(gumbel_uniforms[t]), dtype=torch.float64)
                 logits_with_noise = logits.to(torch.float64).exp() / (-torch.log(noise)) ** temperature
             x0 = torch.argmax(logits_with_noise, dim=-1)
             if confidence_eos_eot_inf:
