@@ -6,7 +6,9 @@ import dataclasses
 
 import numpy as np
 
+from dllm_jax.generate import sdar as gen_sdar
 from dllm_jax.generate.llada import LLaDAOptions, check_prompt, generate_llada_jit
+from dllm_jax.generate.sdar import SDAROptions
 from dllm_jax.models.llada import LLaDA
 from dllm_jax.models.sdar import SDAR
 
@@ -19,24 +21,43 @@ def generate(model, prompt_ids, *, attention_mask=None, seed: int = 0, method=No
       remasking="low_confidence" | "random", logits_eos_inf=False, confidence_eos_eot_inf=False,
       padding="ignore" | "mask". `attention_mask` [B, P] marks real prompt tokens (left padding);
       `seed` is a traced argument (no recompilation). See `dllm_jax.generate.llada`.
+    SDAR options (static): max_new_tokens=128, denoising_steps=4,
+      remasking="low_confidence_dynamic" | "low_confidence_static" | "sequential",
+      confidence_threshold=0.85, temperature=1.0, top_k=0, top_p=1.0; block length from the config.
+      Batch 1 without padding, as the official sampler. Returns int32 [1, n]: the prompt and the
+      generated tokens, cut after the first stop token (config.eos_token_ids), else after the last
+      decoded block. See `dllm_jax.generate.sdar`.
     `method=None` is dense attention (sparse methods arrive with their issues).
     """
     if method is not None:
         raise ValueError(f"method={method!r}: no sparse attention methods are available yet; use method=None")
     prompt_ids = np.asarray(prompt_ids)
     if isinstance(model, LLaDA):
-        valid = {f.name for f in dataclasses.fields(LLaDAOptions)}
-        unknown = sorted(set(options) - valid)
-        if unknown:
-            raise ValueError(f"unknown LLaDA generate options {unknown}; valid: {sorted(valid)}")
-        opts = LLaDAOptions(**options)
+        opts = make_options(LLaDAOptions, "LLaDA", options)
         check_prompt(model.config, prompt_ids, attention_mask)
         mask = None if attention_mask is None else np.asarray(attention_mask, np.int32)
         return generate_llada_jit(model.params(), prompt_ids.astype(np.int32), mask, np.int32(seed),
                                   config=model.config, options=opts)
     if isinstance(model, SDAR):
-        raise ValueError("SDAR block-diffusion generation is not implemented yet (issue 4)")
+        opts = make_options(SDAROptions, "SDAR", options)
+        if attention_mask is not None:
+            raise ValueError("SDAR generation takes unpadded prompts (the official sampler has no padding)")
+        if prompt_ids.ndim != 2 or prompt_ids.shape[0] != 1:
+            raise ValueError(f"SDAR generation runs one prompt at a time (batch 1), got shape {prompt_ids.shape}")
+        check_prompt(model.config, prompt_ids, None)
+        x, end = gen_sdar.generate_sdar_jit(model.params(), prompt_ids.astype(np.int32), np.int32(seed),
+                                            config=model.config, options=opts)
+        rows = gen_sdar.trim(np.asarray(x), int(end), prompt_ids.shape[1], set(model.config.eos_token_ids))
+        return np.stack(rows)
     raise ValueError(f"generate supports LLaDA and SDAR models, got {type(model).__name__}")
 
 
-__all__ = ["LLaDAOptions", "generate"]
+def make_options(cls, family: str, options: dict):
+    valid = {f.name for f in dataclasses.fields(cls)}
+    unknown = sorted(set(options) - valid)
+    if unknown:
+        raise ValueError(f"unknown {family} generate options {unknown}; valid: {sorted(valid)}")
+    return cls(**options)
+
+
+__all__ = ["LLaDAOptions", "SDAROptions", "generate"]

@@ -108,8 +108,7 @@ def block_step(params, block_ids, cache: KVCache, *, config: SDARConfig, commit:
         return out, cache.replace(k=ck, v=cv)
 
     x, cache = decoder_stack(params["layers"], params["embed"][block_ids], cos, sin, attend, config, cache)
-    if commit:
-        cache = cache.replace(length=start + n)
+    cache = cache.replace(length=jnp.where(commit, start + n, start))  # commit may be traced (generate loop)
     return lm_head(params, x, config), cache
 
 

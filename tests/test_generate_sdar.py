@@ -1,0 +1,94 @@
+"""SDAR generate: token-for-token against a PyTorch port of JetAstra/SDAR block_diffusion_generate."""
+
+import jax
+import numpy as np
+import pytest
+
+from dllm_jax import load_model
+from dllm_jax.generate import generate
+from dllm_jax.generate import sdar as gen_sdar
+from dllm_jax.testing import tiny_sdar_config, write_hf_checkpoint
+from torch_generate import sdar_generate
+from torch_reference import qwen3_reference
+
+
+@pytest.fixture(scope="module")
+def setup(tmp_path_factory):
+    config = tiny_sdar_config(vocab_size=48, mask_token_id=40, eos_token_ids=(41, 42), pad_token_id=42)
+    directory = write_hf_checkpoint(tmp_path_factory.mktemp("sdar_gen"), config, seed=21)
+    return config, load_model(directory, dtype="float32", progress=False), qwen3_reference(directory)
+
+
+def uniforms_for(seed, n):
+    key = jax.random.key(seed)
+    return lambda t: np.asarray(jax.random.uniform(jax.random.fold_in(key, t), (1, n)))
+
+
+CASES = {
+    "sequential_greedy": dict(remasking="sequential", top_k=1, denoising_steps=4),
+    "sequential_sampled_2_steps": dict(remasking="sequential", denoising_steps=2),
+    "static_sampled": dict(remasking="low_confidence_static", denoising_steps=4),
+    "dynamic_default": dict(denoising_steps=4),
+    "dynamic_low_threshold": dict(confidence_threshold=0.2, denoising_steps=4, temperature=0.5),
+    "dynamic_top_k_top_p": dict(denoising_steps=4, top_k=8, top_p=0.7, temperature=0.7),
+    "greedy_dynamic_commits_all": dict(top_k=1, confidence_threshold=0.9, denoising_steps=4),
+}
+
+
+@pytest.mark.parametrize("prompt_length", [7, 8])
+@pytest.mark.parametrize("case", list(CASES))
+def test_matches_official_algorithm(setup, rng, case, prompt_length):
+    config, model, reference = setup
+    options = dict(CASES[case])
+    prompt = rng.integers(0, 40, (1, prompt_length))
+    seed = int(rng.integers(0, 2**31))
+    out = generate(model, prompt, seed=seed, max_new_tokens=20, **options)
+    steps = options.pop("denoising_steps")
+    remasking = options.pop("remasking", "low_confidence_dynamic")
+    expected = sdar_generate(reference, prompt, mask_id=config.mask_token_id, gen_length=20,
+                             block_length=config.block_size, denoising_steps=steps, remasking_strategy=remasking,
+                             stopping_criteria_idx=list(config.eos_token_ids),
+                             uniforms=uniforms_for(seed, config.block_size), **options)
+    [trimmed] = gen_sdar.trim(expected, expected.shape[1], prompt_length, set(config.eos_token_ids))
+    if not set(trimmed[prompt_length:].tolist()) & set(config.eos_token_ids):
+        # no stop: the official output runs to the end of the last block, trailing masks included
+        trimmed = expected[0]
+    np.testing.assert_array_equal(np.asarray(out)[0], trimmed)
+    np.testing.assert_array_equal(np.asarray(out)[0, :prompt_length], prompt[0])
+
+
+def test_stops_after_the_block_with_a_stop_token(setup, rng):
+    config, model, _ = setup
+    stops = []
+    for seed in range(12):
+        out = np.asarray(generate(model, rng.integers(0, 40, (1, 5)), seed=seed, max_new_tokens=40))[0]
+        gen = out[5:]
+        hits = np.flatnonzero(np.isin(gen, config.eos_token_ids))
+        if hits.size:
+            assert hits[-1] == gen.size - 1  # cut right after the first stop token
+            stops.append(seed)
+        else:
+            assert out.size == 48  # ceil(45 / 4) * 4 positions, all decoded
+    assert stops, "no seed produced a stop token: the test model's vocabulary is too large to exercise stopping"
+
+
+def test_one_compilation_for_new_prompts_and_seeds(setup, rng):
+    config, model, _ = setup
+    before = gen_sdar.generate_sdar_jit._cache_size()
+    for seed in range(3):
+        generate(model, rng.integers(0, 40, (1, 6)), seed=seed, max_new_tokens=8)
+    assert gen_sdar.generate_sdar_jit._cache_size() == before + 1
+
+
+def test_invalid_options_raise(setup):
+    _, model, _ = setup
+    prompt = np.ones((1, 4), np.int32)
+    for options, message in [(dict(remasking="entropy_bounded"), "remasking"), (dict(temperature=0.0), "temperature"),
+                             (dict(top_p=0.0), "top_p"), (dict(gen_length=8), "unknown SDAR generate options"),
+                             (dict(denoising_steps=0), "positive")]:
+        with pytest.raises(ValueError, match=message):
+            generate(model, prompt, **options)
+    with pytest.raises(ValueError, match="batch 1"):
+        generate(model, np.ones((2, 4), np.int32))
+    with pytest.raises(ValueError, match="unpadded"):
+        generate(model, prompt, attention_mask=np.ones((1, 4)))
