@@ -110,3 +110,15 @@ def test_invalid_options_raise(setup):
         generate(model, prompt, attention_mask=np.ones((1, 5)), gen_length=4, steps=4, block_length=4)
     with pytest.raises(ValueError, match="method"):
         generate(model, prompt, method="sparsed")
+
+
+def test_mask_tokens_inside_the_prompt_are_predicted_as_officially(setup, rng):
+    """A prompt holding mask tokens (infilling) takes the full-logits path and matches the reference."""
+    config, model, reference = setup
+    prompt = rng.integers(0, 40, (2, 9))
+    prompt[:, 2] = config.mask_token_id
+    options = dict(gen_length=8, steps=8, block_length=4)
+    out = generate(model, prompt, **options)
+    expected = llada_generate(torch_logits_fn(reference, "ignore"), prompt, mask_id=config.mask_token_id,
+                              eos_id=config.eos_token_id, eot_id=config.eot_token_id, **options)
+    np.testing.assert_array_equal(np.asarray(out), expected)

@@ -37,7 +37,8 @@ def generate(model, prompt_ids, *, attention_mask=None, seed: int = 0, method=No
         check_prompt(model.config, prompt_ids, attention_mask)
         mask = None if attention_mask is None else np.asarray(attention_mask, np.int32)
         return generate_llada_jit(model.params(), prompt_ids.astype(np.int32), mask, np.int32(seed),
-                                  config=model.config, options=opts)
+                                  config=model.config, options=opts,
+                                  prompt_has_masks=bool((prompt_ids == model.config.mask_token_id).any()))
     if isinstance(model, SDAR):
         opts = make_options(SDAROptions, "SDAR", options)
         if attention_mask is not None:

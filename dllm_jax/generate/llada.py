@@ -75,11 +75,15 @@ def transfer_counts(masked, steps: int):
     return base[:, None] + (jnp.arange(steps)[None, :] < extra[:, None]).astype(jnp.int32)
 
 
-def gumbel_argmax(logits, temperature: float, key):
-    """argmax of exp(l) / (-log u)^T, computed as argmax(l - T log(-log u)) (same argmax, no overflow)."""
+def gumbel_argmax(logits, temperature: float, key, total: int):
+    """argmax of exp(l) / (-log u)^T, computed as argmax(l - T log(-log u)) (same argmax, no overflow).
+
+    logits [B, n, V] are the last n of `total` positions; the uniforms are drawn for all `total`
+    positions (so the random stream does not depend on which positions get logits)."""
     if temperature == 0:
         return jnp.argmax(logits, axis=-1)
-    u = jax.random.uniform(key, logits.shape, jnp.float32)
+    b, n, v = logits.shape
+    u = jax.random.uniform(key, (b, total, v), jnp.float32)[:, total - n:]
     return jnp.argmax(logits - temperature * jnp.log(-jnp.log(u)), axis=-1)
 
 
@@ -91,10 +95,12 @@ def commit_top(confidence, count):
 
 
 def generate_llada(params, prompt_ids, attention_mask, seed, *, config: LLaDAConfig, options: LLaDAOptions,
-                   attention_fn=llada_model.dense_attention, on_step=None):
+                   prompt_has_masks: bool = False, attention_fn=llada_model.dense_attention, on_step=None):
     """The whole generation, traceable as one function. Returns int32 [B, P + gen_length].
 
     prompt_ids int32 [B, P] (left-padded if rows differ); attention_mask [B, P] or None.
+    Unless `prompt_has_masks` (static), logits are computed for the answer region only: no other
+    position is masked, so no other prediction can be committed.
     """
     b, p = prompt_ids.shape
     o = options
@@ -107,7 +113,10 @@ def generate_llada(params, prompt_ids, attention_mask, seed, *, config: LLaDACon
     positions = jnp.arange(total)
     key = jax.random.key(seed)
     gumbel_key, random_key = jax.random.fold_in(key, 0), jax.random.fold_in(key, 1)
-    model = functools.partial(llada_model.forward, config=config, padding=o.padding, attention_fn=attention_fn)
+    logits_from = 0 if prompt_has_masks else p
+    model = functools.partial(llada_model.forward, config=config, padding=o.padding, attention_fn=attention_fn,
+                              logits_from=logits_from)
+    positions = positions[logits_from:]
 
     def logits_of(x):
         if o.cfg_scale > 0:
@@ -123,13 +132,13 @@ def generate_llada(params, prompt_ids, attention_mask, seed, *, config: LLaDACon
         block, i = t // o.steps_per_block, t % o.steps_per_block
         block_end = p + (block + 1) * o.block_length
         in_block = (positions >= block_end - o.block_length) & (positions < block_end)
-        mask_index = x == mask_id
+        mask_index = x[:, logits_from:] == mask_id
         # the schedule of a block comes from its mask count at the block's first step
         counts = jnp.where(i == 0, transfer_counts(jnp.sum(mask_index & in_block, axis=1), o.steps_per_block), counts)
         logits = logits_of(x)
         if o.logits_eos_inf:
             logits = logits.at[..., config.eos_token_id].set(-jnp.inf)
-        x0 = gumbel_argmax(logits, o.temperature, jax.random.fold_in(gumbel_key, t))
+        x0 = gumbel_argmax(logits, o.temperature, jax.random.fold_in(gumbel_key, t), total)
         if o.confidence_eos_eot_inf:
             # generate.py: `logits_with_noise[..., EOS] = logits[..., EoT] = -inf`. The confidence
             # softmax reads `logits`, so EoT confidence becomes 0; at T=0 add_gumbel_noise returns
@@ -141,12 +150,12 @@ def generate_llada(params, prompt_ids, attention_mask, seed, *, config: LLaDACon
             probs = jax.nn.softmax(logits, axis=-1)
             x0_p = jnp.take_along_axis(probs, x0[..., None], axis=-1)[..., 0]
         else:
-            x0_p = jax.random.uniform(jax.random.fold_in(random_key, t), (b, total), jnp.float32)
+            x0_p = jax.random.uniform(jax.random.fold_in(random_key, t), (b, total), jnp.float32)[:, logits_from:]
         x0_p = jnp.where(positions[None, :] >= block_end, -jnp.inf, x0_p)
-        x0 = jnp.where(mask_index, x0, x)
+        x0 = jnp.where(mask_index, x0, x[:, logits_from:])
         confidence = jnp.where(mask_index, x0_p, -jnp.inf)
         transfer = commit_top(confidence, counts[:, i])
-        x = jnp.where(transfer, x0, x)
+        x = x.at[:, logits_from:].set(jnp.where(transfer, x0, x[:, logits_from:]))
         if on_step is not None:
             jax.debug.callback(on_step, t, ordered=True)
         return (x, counts), None
@@ -156,7 +165,7 @@ def generate_llada(params, prompt_ids, attention_mask, seed, *, config: LLaDACon
     return x
 
 
-STATIC = ("config", "options", "attention_fn", "on_step")
+STATIC = ("config", "options", "prompt_has_masks", "attention_fn", "on_step")
 generate_llada_jit = jax.jit(generate_llada, static_argnames=STATIC)
 
 

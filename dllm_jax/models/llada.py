@@ -22,7 +22,7 @@ param_shapes = lm_param_shapes
 
 
 def forward(params, input_ids, attention_mask=None, *, config: LLaDAConfig, padding: str = "ignore",
-            attention_fn=dense_attention):
+            attention_fn=dense_attention, logits_from: int = 0):
     """Full-sequence bidirectional forward.
 
     Args:
@@ -32,15 +32,17 @@ def forward(params, input_ids, attention_mask=None, *, config: LLaDAConfig, padd
       padding: "ignore" attends to pad tokens like the original HF file (the mask is unused);
         "mask" hides pad keys from every query (the ZHZisZZ/dllm fix).
       attention_fn: (q, k, v, *, key_mask) -> out, dense by default.
+      logits_from: static; only positions >= it get logits (the LM head is the costliest matmul
+        at long lengths, and generation only reads the answer region's logits).
     Returns:
-      float32 logits [B, L, vocab_size].
+      float32 logits [B, L - logits_from, vocab_size].
     """
     x = params["embed"][input_ids]  # [B, L, d]
     cos, sin = rope_tables(jnp.arange(input_ids.shape[1]), config.head_dim, config.rope_theta)
     if padding == "mask" and attention_mask is not None:
         attention_fn = functools.partial(attention_fn, key_mask=attention_mask.astype(bool))
     x, _ = decoder_stack(params["layers"], x, cos, sin, stateless(attention_fn), config)
-    return lm_head(params, x, config)
+    return lm_head(params, x[:, logits_from:], config)
 
 
 _forward_jit = jax.jit(forward, static_argnames=("config", "padding", "attention_fn"))
