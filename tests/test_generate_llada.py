@@ -122,3 +122,13 @@ def test_mask_tokens_inside_the_prompt_are_predicted_as_officially(setup, rng):
     expected = llada_generate(torch_logits_fn(reference, "ignore"), prompt, mask_id=config.mask_token_id,
                               eos_id=config.eos_token_id, eot_id=config.eot_token_id, **options)
     np.testing.assert_array_equal(np.asarray(out), expected)
+
+
+def test_progress_bar_advances_once_per_step_from_the_compiled_loop(setup, rng, capsys):
+    config, model, _ = setup
+    prompt = rng.integers(0, 40, (1, 5))
+    plain = generate(model, prompt, gen_length=8, steps=8, block_length=4)
+    with_bar = generate(model, prompt, gen_length=8, steps=8, block_length=4, progress=True)
+    np.testing.assert_array_equal(with_bar, plain)
+    err = capsys.readouterr().err
+    assert "LLaDA denoising" in err and "8/8" in err

@@ -92,3 +92,12 @@ def test_invalid_options_raise(setup):
         generate(model, np.ones((2, 4), np.int32))
     with pytest.raises(ValueError, match="unpadded"):
         generate(model, prompt, attention_mask=np.ones((1, 4)))
+
+
+def test_progress_bar_counts_blocks(setup, rng, capsys):
+    config, model, _ = setup
+    prompt = rng.integers(0, 40, (1, 6))
+    out = generate(model, prompt, seed=1, max_new_tokens=8, progress=True)
+    np.testing.assert_array_equal(out, generate(model, prompt, seed=1, max_new_tokens=8))
+    err = capsys.readouterr().err
+    assert "SDAR blocks" in err and "/3" in err  # blocks 1..3 of ceil(14 / 4) = 4 (block 0 is prefilled)

@@ -8,12 +8,14 @@ import numpy as np
 
 from dllm_jax.generate import sdar as gen_sdar
 from dllm_jax.generate.llada import LLaDAOptions, check_prompt, generate_llada_jit
+from dllm_jax.generate.progress import progress_bar, tick
 from dllm_jax.generate.sdar import SDAROptions
 from dllm_jax.models.llada import LLaDA
 from dllm_jax.models.sdar import SDAR
 
 
-def generate(model, prompt_ids, *, attention_mask=None, seed: int = 0, method=None, **options):
+def generate(model, prompt_ids, *, attention_mask=None, seed: int = 0, method=None, progress: bool = False,
+             **options):
     """Generates with `model` from int32 prompt_ids [B, P]; returns int32 [B, P + gen_length].
 
     LLaDA options (all static: changing one recompiles; prompt shape changes recompile too):
@@ -27,7 +29,8 @@ def generate(model, prompt_ids, *, attention_mask=None, seed: int = 0, method=No
       Batch 1 without padding, as the official sampler. Returns int32 [1, n]: the prompt and the
       generated tokens, cut after the first stop token (config.eos_token_ids), else after the last
       decoded block. See `dllm_jax.generate.sdar`.
-    `method=None` is dense attention (sparse methods arrive with their issues).
+    `method=None` is dense attention (sparse methods arrive with their issues). `progress=True`
+    shows a tqdm bar advanced from inside the compiled loop (per step for LLaDA, per block for SDAR).
     """
     if method is not None:
         raise ValueError(f"method={method!r}: no sparse attention methods are available yet; use method=None")
@@ -36,9 +39,12 @@ def generate(model, prompt_ids, *, attention_mask=None, seed: int = 0, method=No
         opts = make_options(LLaDAOptions, "LLaDA", options)
         check_prompt(model.config, prompt_ids, attention_mask)
         mask = None if attention_mask is None else np.asarray(attention_mask, np.int32)
-        return generate_llada_jit(model.params(), prompt_ids.astype(np.int32), mask, np.int32(seed),
-                                  config=model.config, options=opts,
-                                  prompt_has_masks=bool((prompt_ids == model.config.mask_token_id).any()))
+        with progress_bar(opts.steps, "LLaDA denoising", progress) as run_id:
+            out = generate_llada_jit(model.params(), prompt_ids.astype(np.int32), mask, np.int32(seed),
+                                     np.int32(run_id), config=model.config, options=opts,
+                                     prompt_has_masks=bool((prompt_ids == model.config.mask_token_id).any()),
+                                     on_step=tick if progress else None)
+            return np.asarray(out)
     if isinstance(model, SDAR):
         opts = make_options(SDAROptions, "SDAR", options)
         if attention_mask is not None:
@@ -46,9 +52,14 @@ def generate(model, prompt_ids, *, attention_mask=None, seed: int = 0, method=No
         if prompt_ids.ndim != 2 or prompt_ids.shape[0] != 1:
             raise ValueError(f"SDAR generation runs one prompt at a time (batch 1), got shape {prompt_ids.shape}")
         check_prompt(model.config, prompt_ids, None)
-        x, end = gen_sdar.generate_sdar_jit(model.params(), prompt_ids.astype(np.int32), np.int32(seed),
-                                            config=model.config, options=opts)
-        rows = gen_sdar.trim(np.asarray(x), int(end), prompt_ids.shape[1], set(model.config.eos_token_ids))
+        bs, p = model.config.block_size, prompt_ids.shape[1]
+        blocks = -(-(p + opts.max_new_tokens) // bs) - p // bs
+        with progress_bar(blocks, "SDAR blocks", progress) as run_id:
+            x, end = gen_sdar.generate_sdar_jit(model.params(), prompt_ids.astype(np.int32), np.int32(seed),
+                                                np.int32(run_id), config=model.config, options=opts,
+                                                on_step=tick if progress else None)
+            x, end = np.asarray(x), int(end)
+        rows = gen_sdar.trim(x, end, p, set(model.config.eos_token_ids))
         return np.stack(rows)
     raise ValueError(f"generate supports LLaDA and SDAR models, got {type(model).__name__}")
 

@@ -94,11 +94,12 @@ def commit_top(confidence, count):
     return rank < count[:, None]
 
 
-def generate_llada(params, prompt_ids, attention_mask, seed, *, config: LLaDAConfig, options: LLaDAOptions,
+def generate_llada(params, prompt_ids, attention_mask, seed, run_id=0, *, config: LLaDAConfig, options: LLaDAOptions,
                    prompt_has_masks: bool = False, attention_fn=llada_model.dense_attention, on_step=None):
     """The whole generation, traceable as one function. Returns int32 [B, P + gen_length].
 
     prompt_ids int32 [B, P] (left-padded if rows differ); attention_mask [B, P] or None.
+    `on_step(run_id, step)` (static), if given, is called on the host after every step.
     Unless `prompt_has_masks` (static), logits are computed for the answer region only: no other
     position is masked, so no other prediction can be committed.
     """
@@ -157,7 +158,7 @@ def generate_llada(params, prompt_ids, attention_mask, seed, *, config: LLaDACon
         transfer = commit_top(confidence, counts[:, i])
         x = x.at[:, logits_from:].set(jnp.where(transfer, x0, x[:, logits_from:]))
         if on_step is not None:
-            jax.debug.callback(on_step, t, ordered=True)
+            jax.debug.callback(on_step, run_id, t, ordered=True)
         return (x, counts), None
 
     counts = jnp.zeros((b, o.steps_per_block), jnp.int32)

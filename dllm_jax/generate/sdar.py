@@ -93,10 +93,11 @@ def transfer_mask(strategy: str, mask_index, x0_p, count, threshold: float):
     return jnp.where(jnp.sum(high, axis=1, keepdims=True) >= count, high, top)
 
 
-def generate_sdar(params, prompt_ids, seed, *, config: SDARConfig, options: SDAROptions,
+def generate_sdar(params, prompt_ids, seed, run_id=0, *, config: SDARConfig, options: SDAROptions,
                   attention_fn=sdar_model.dense_attention, on_step=None):
     """The whole generation, traceable as one function.
 
+    `on_step(run_id, block)` (static), if given, is called on the host after every decoded block.
     Returns (x int32 [B, total], end int32 []): total = ceil((P + max_new_tokens) / bl) * bl; the
     blocks after the stop are left as masks, and `end` is the length of the decoded prefix.
     """
@@ -134,12 +135,12 @@ def generate_sdar(params, prompt_ids, seed, *, config: SDARConfig, options: SDAR
             count = schedule[jnp.minimum(step, o.denoising_steps - 1)]
             transfer = transfer_mask(o.remasking, mask_index, x0_p, count, o.confidence_threshold)
             cur = jnp.where(transfer & ~commit, x0, cur)
-            if on_step is not None:
-                jax.debug.callback(on_step, block, step, ordered=True)
             return cur, cache, draws + (~commit).astype(jnp.int32), commit, step + 1
 
         cur = jax.lax.dynamic_slice_in_dim(x, block * bl, bl, axis=1)
         cur, cache, draws, _, _ = jax.lax.while_loop(cond, body, (cur, cache, draws, jnp.array(False), 0))
+        if on_step is not None:
+            jax.debug.callback(on_step, run_id, block, ordered=True)
         return jax.lax.dynamic_update_slice_in_dim(x, cur, block * bl, axis=1), cache, draws
 
     def per_block(carry, block):
