@@ -30,7 +30,7 @@ def combined_mask(key_mask, mask, kv_len, n: int, s: int):
     if key_mask is not None:
         parts.append(key_mask[:, None, None, :])
     if mask is not None:
-        parts.append(mask[None, None])
+        parts.append(mask[None, None] if mask.ndim == 2 else mask[:, None])
     if kv_len is not None:
         kv_len = jnp.reshape(jnp.asarray(kv_len, jnp.int32), (-1, 1, 1, 1))
         parts.append(jnp.arange(s)[None, None, None, :] < kv_len)
@@ -70,8 +70,8 @@ def dense_attention(q, k, v, *, key_mask=None, mask=None, kv_len=None, scale=Non
       q: [B, L, Hq, D] queries.
       k, v: [B, S, Hkv, D] keys and values.
       key_mask: optional bool [B, S], False for keys no query may attend (padding).
-      mask: optional bool [L, S] shared by the batch, True where query i may attend key j
-        (e.g. block-causal).
+      mask: optional bool [L, S] shared by the batch, or [B, L, S]; True where query i may attend
+        key j (e.g. block-causal).
       kv_len: optional int32 scalar or [B]: keys at or beyond it are hidden (a KV cache's fill).
       scale: logit scale, default 1/sqrt(D).
       implementation: 'cudnn' or 'xla'; default chosen by `dense_implementation`.

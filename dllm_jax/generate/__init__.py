@@ -6,6 +6,8 @@ import dataclasses
 
 import numpy as np
 
+from dllm_jax.attention.policy import check_policy
+
 from dllm_jax.generate import sdar as gen_sdar
 from dllm_jax.generate.llada import LLaDAOptions, check_prompt, generate_llada_jit
 from dllm_jax.generate.progress import progress_bar, tick
@@ -29,11 +31,12 @@ def generate(model, prompt_ids, *, attention_mask=None, seed: int = 0, method=No
       Batch 1 without padding, as the official sampler. Returns int32 [1, n]: the prompt and the
       generated tokens, cut after the first stop token (config.eos_token_ids), else after the last
       decoded block. See `dllm_jax.generate.sdar`.
-    `method=None` is dense attention (sparse methods arrive with their issues). `progress=True`
+    `method=None` is dense attention; otherwise an attention policy (dllm_jax.attention.policy),
+    LLaDA only for now; the published methods arrive with their issues. `progress=True`
     shows a tqdm bar advanced from inside the compiled loop (per step for LLaDA, per block for SDAR).
     """
     if method is not None:
-        raise ValueError(f"method={method!r}: no sparse attention methods are available yet; use method=None")
+        check_policy(method)
     prompt_ids = np.asarray(prompt_ids)
     if isinstance(model, LLaDA):
         opts = make_options(LLaDAOptions, "LLaDA", options)
@@ -43,9 +46,11 @@ def generate(model, prompt_ids, *, attention_mask=None, seed: int = 0, method=No
             out = generate_llada_jit(model.params(), prompt_ids.astype(np.int32), mask, np.int32(seed),
                                      np.int32(run_id), config=model.config, options=opts,
                                      prompt_has_masks=bool((prompt_ids == model.config.mask_token_id).any()),
-                                     on_step=tick if progress else None)
+                                     policy=method, on_step=tick if progress else None)
             return np.asarray(out)
     if isinstance(model, SDAR):
+        if method is not None:
+            raise ValueError("attention policies are not wired into SDAR generation yet; use method=None")
         opts = make_options(SDAROptions, "SDAR", options)
         if attention_mask is not None:
             raise ValueError("SDAR generation takes unpadded prompts (the official sampler has no padding)")

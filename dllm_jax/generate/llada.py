@@ -95,13 +95,16 @@ def commit_top(confidence, count):
 
 
 def generate_llada(params, prompt_ids, attention_mask, seed, run_id=0, *, config: LLaDAConfig, options: LLaDAOptions,
-                   prompt_has_masks: bool = False, attention_fn=llada_model.dense_attention, on_step=None):
+                   prompt_has_masks: bool = False, policy=None, attention_fn=llada_model.dense_attention,
+                   on_step=None):
     """The whole generation, traceable as one function. Returns int32 [B, P + gen_length].
 
     prompt_ids int32 [B, P] (left-padded if rows differ); attention_mask [B, P] or None.
     `on_step(run_id, step)` (static), if given, is called on the host after every step.
     Unless `prompt_has_masks` (static), logits are computed for the answer region only: no other
-    position is masked, so no other prediction can be committed.
+    position is masked, so no other prediction can be committed. `policy` (static, optional) routes
+    every attention call through an attention policy whose per-layer state rides in the loop carry;
+    without one, attention is `attention_fn` (dense).
     """
     b, p = prompt_ids.shape
     o = options
@@ -119,24 +122,34 @@ def generate_llada(params, prompt_ids, attention_mask, seed, run_id=0, *, config
                               logits_from=logits_from)
     positions = positions[logits_from:]
 
-    def logits_of(x):
+    rows = 2 * b if o.cfg_scale > 0 else b
+    if policy is not None:
+        model_with_policy = functools.partial(llada_model.forward_with_policy, config=config, policy=policy,
+                                              padding=o.padding, logits_from=logits_from)
+
+    def run_model(x, mask, policy_state, t):
+        if policy is None:
+            return model(params, x, mask), policy_state
+        return model_with_policy(params, x, mask, policy_state, t)
+
+    def logits_of(x, policy_state, t):
         if o.cfg_scale > 0:
             unconditional = jnp.where(prompt_index, mask_id, x)
             mask = None if attention_mask is None else jnp.concatenate([attention_mask, attention_mask])
-            both = model(params, jnp.concatenate([x, unconditional]), mask)
+            both, policy_state = run_model(jnp.concatenate([x, unconditional]), mask, policy_state, t)
             cond, uncond = both[:b], both[b:]
-            return uncond + (o.cfg_scale + 1) * (cond - uncond)
-        return model(params, x, attention_mask)
+            return uncond + (o.cfg_scale + 1) * (cond - uncond), policy_state
+        return run_model(x, attention_mask, policy_state, t)
 
     def step(carry, t):
-        x, counts = carry
+        x, counts, policy_state = carry
         block, i = t // o.steps_per_block, t % o.steps_per_block
         block_end = p + (block + 1) * o.block_length
         in_block = (positions >= block_end - o.block_length) & (positions < block_end)
         mask_index = x[:, logits_from:] == mask_id
         # the schedule of a block comes from its mask count at the block's first step
         counts = jnp.where(i == 0, transfer_counts(jnp.sum(mask_index & in_block, axis=1), o.steps_per_block), counts)
-        logits = logits_of(x)
+        logits, policy_state = logits_of(x, policy_state, t)
         if o.logits_eos_inf:
             logits = logits.at[..., config.eos_token_id].set(-jnp.inf)
         x0 = gumbel_argmax(logits, o.temperature, jax.random.fold_in(gumbel_key, t), total)
@@ -159,14 +172,15 @@ def generate_llada(params, prompt_ids, attention_mask, seed, run_id=0, *, config
         x = x.at[:, logits_from:].set(jnp.where(transfer, x0, x[:, logits_from:]))
         if on_step is not None:
             jax.debug.callback(on_step, run_id, t, ordered=True)
-        return (x, counts), None
+        return (x, counts, policy_state), None
 
     counts = jnp.zeros((b, o.steps_per_block), jnp.int32)
-    (x, _), _ = jax.lax.scan(step, (x, counts), jnp.arange(o.steps, dtype=jnp.int32))
+    policy_state = () if policy is None else llada_model.init_policy_state(policy, config, rows, total)
+    (x, _, _), _ = jax.lax.scan(step, (x, counts, policy_state), jnp.arange(o.steps, dtype=jnp.int32))
     return x
 
 
-STATIC = ("config", "options", "prompt_has_masks", "attention_fn", "on_step")
+STATIC = ("config", "options", "prompt_has_masks", "policy", "attention_fn", "on_step")
 generate_llada_jit = jax.jit(generate_llada, static_argnames=STATIC)
 
 

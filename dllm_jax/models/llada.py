@@ -45,6 +45,36 @@ def forward(params, input_ids, attention_mask=None, *, config: LLaDAConfig, padd
     return lm_head(params, x[:, logits_from:], config)
 
 
+def forward_with_policy(params, input_ids, attention_mask, policy_state, step, *, config: LLaDAConfig, policy,
+                        padding: str = "ignore", logits_from: int = 0):
+    """`forward` with attention through `policy` (see dllm_jax.attention.policy).
+
+    policy_state: the per-layer states stacked on a leading layer axis; step: the denoising step
+    the policy's mode is chosen from. Returns (float32 logits, new policy_state).
+    """
+    x = params["embed"][input_ids]
+    cos, sin = rope_tables(jnp.arange(input_ids.shape[1]), config.head_dim, config.rope_theta)
+    masks = {}
+    if padding == "mask" and attention_mask is not None:
+        masks["key_mask"] = attention_mask.astype(bool)
+    mode = policy.mode(step)
+
+    def attend(q, k, v, state, layer):
+        layer_state = jax.tree.map(lambda s: s[layer], state)
+        out, layer_state = policy.attend(q, k, v, layer_state, mode, **masks)
+        return out, jax.tree.map(lambda s, new: s.at[layer].set(new), state, layer_state)
+
+    x, policy_state = decoder_stack(params["layers"], x, cos, sin, attend, config, policy_state)
+    return lm_head(params, x[:, logits_from:], config), policy_state
+
+
+def init_policy_state(policy, config: LLaDAConfig, batch: int, length: int):
+    """The policy's state for every layer: its one-layer state stacked on a leading layer axis."""
+    one = policy.init_state(batch=batch, num_heads=config.num_heads, num_kv_heads=config.num_kv_heads,
+                            q_len=length, kv_len=length, head_dim=config.head_dim)
+    return jax.tree.map(lambda s: jnp.broadcast_to(s, (config.num_layers, *jnp.shape(s))), one)
+
+
 _forward_jit = jax.jit(forward, static_argnames=("config", "padding", "attention_fn"))
 
 

@@ -1,0 +1,58 @@
+"""Attention policies: how a method plugs into every attention call of the compiled loops.
+
+A policy is a frozen (hashable) object with static configuration and three pure functions:
+  init_state(*, batch, num_heads, num_kv_heads, q_len, kv_len, head_dim) -> one layer's state,
+      a pytree of fixed-shape arrays (e.g. int32 index arrays padded to a maximum, plus counts);
+  mode(step) -> Mode, from the denoising step (static int or traced int32);
+  attend(q, k, v, state, mode, **masks) -> (out, state), masks as `dense_attention` takes them.
+The generate loop keeps a state per layer (a leading layer axis) in its carry and threads it
+through the layer scan, so a method can estimate a pattern at one step and reuse it at later ones.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import enum
+from typing import Any, Protocol
+
+from dllm_jax.attention.dense import dense_attention
+
+
+class Mode(enum.IntEnum):
+    DENSE = 0
+    ESTIMATE = 1
+    SPARSE = 2
+
+
+class AttentionPolicy(Protocol):
+    def init_state(self, *, batch: int, num_heads: int, num_kv_heads: int, q_len: int, kv_len: int,
+                   head_dim: int) -> Any: ...
+
+    def mode(self, step) -> Any: ...
+
+    def attend(self, q, k, v, state, mode, **masks) -> tuple[Any, Any]: ...
+
+
+@dataclasses.dataclass(frozen=True)
+class Dense:
+    """The default policy: dense attention, no state."""
+
+    def init_state(self, **shapes):
+        return ()
+
+    def mode(self, step):
+        return Mode.DENSE
+
+    def attend(self, q, k, v, state, mode, **masks):
+        return dense_attention(q, k, v, **masks), state
+
+
+def check_policy(policy) -> None:
+    missing = [name for name in ("init_state", "mode", "attend") if not callable(getattr(policy, name, None))]
+    if missing:
+        raise ValueError(f"method={policy!r} is not an attention policy: it lacks {missing} "
+                         "(see dllm_jax.attention.policy)")
+    try:
+        hash(policy)
+    except TypeError as e:
+        raise ValueError(f"method={policy!r} must be hashable (a frozen dataclass): it is a static argument") from e
