@@ -74,3 +74,29 @@ def write_hf_checkpoint(directory, config, *, seed: int = 0, dtype: str = "float
     index = {"metadata": {"total_size": int(sum(t.nbytes for t in tensors.values()))}, "weight_map": weight_map}
     (directory / "model.safetensors.index.json").write_text(json.dumps(index, indent=2) + "\n")
     return directory
+
+
+QWEN_STYLE_TEMPLATE = (
+    "{% for m in messages %}<|im_start|>{{ m.role }}\n{{ m.content }}<|im_end|>\n{% endfor %}"
+    "{% if add_generation_prompt %}<|im_start|>assistant\n{% endif %}"
+)
+
+
+def write_tiny_tokenizer(directory, vocab_size: int, *, mask_token_id: int, eos_token_id: int,
+                         chat_template: str = QWEN_STYLE_TEMPLATE) -> Path:
+    """A word-level tokenizer.json whose ids cover 0..vocab_size-1 ("w<i>" words, "user" and
+    "assistant"; id 0 is the unknown token; mask, EOS and the chat markers are special tokens), plus
+    tokenizer_config.json with `chat_template`."""
+    from tokenizers import Tokenizer, models, pre_tokenizers
+
+    directory = Path(directory)
+    specials = {mask_token_id: "<|mask|>", eos_token_id: "<|im_end|>", eos_token_id - 1: "<|im_start|>"}
+    words = {0: "[UNK]", eos_token_id - 2: "user", eos_token_id - 3: "assistant"}
+    vocab = {specials.get(i, words.get(i, f"w{i}")): i for i in range(vocab_size)}
+    tokenizer = Tokenizer(models.WordLevel(vocab, unk_token="[UNK]"))
+    tokenizer.pre_tokenizer = pre_tokenizers.Whitespace()
+    tokenizer.add_special_tokens(list(specials.values()))
+    tokenizer.save(str(directory / "tokenizer.json"))
+    config = {"chat_template": chat_template, "eos_token": "<|im_end|>", "bos_token": None}
+    (directory / "tokenizer_config.json").write_text(json.dumps(config, indent=2) + "\n")
+    return directory

@@ -1,0 +1,53 @@
+"""Tokenizer path (tokenizer.json + chat template) and `dllm-jax generate`."""
+
+import numpy as np
+import pytest
+
+from dllm_jax import convert_hf_checkpoint, load_model
+from dllm_jax.cli import main
+from dllm_jax.generate import generate
+from dllm_jax.testing import tiny_llada_config, tiny_sdar_config, write_hf_checkpoint, write_tiny_tokenizer
+from dllm_jax.tokenizer import ChatTokenizer
+
+
+def test_chat_template_encode_decode(tmp_path):
+    write_tiny_tokenizer(tmp_path, 160, mask_token_id=150, eos_token_id=141)
+    tok = ChatTokenizer(tmp_path)
+    assert tok.render("w3 w7") == "<|im_start|>user\nw3 w7<|im_end|>\n<|im_start|>assistant\n"
+    ids = tok.encode("w3 w7")
+    start, user, assistant = 140, 139, 138  # <|im_start|> = EOS - 1, then the role words
+    assert ids.dtype == np.int32
+    assert ids.tolist() == [[start, user, 3, 7, 141, start, assistant]]
+    assert tok.encode("w3 w7", chat=False).tolist() == [[3, 7]]
+    assert tok.decode([3, 150, 7, 5], skip=(5,)) == "w3 w7"  # special tokens and skipped ids dropped
+
+
+def test_missing_tokenizer_or_template_is_a_clear_error(tmp_path):
+    with pytest.raises(ValueError, match="tokenizer.json"):
+        ChatTokenizer(tmp_path)
+    write_tiny_tokenizer(tmp_path, 160, mask_token_id=140, eos_token_id=141, chat_template="")
+    with pytest.raises(ValueError, match="no chat template"):
+        ChatTokenizer(tmp_path).encode("w1")
+
+
+@pytest.mark.parametrize("family", ["llada", "sdar"])
+def test_generate_command_prints_the_decoded_answer(tmp_path, capsys, family):
+    if family == "llada":
+        config = tiny_llada_config(mask_token_id=150, eos_token_id=141, pad_token_id=141)
+        options = ["--gen-length", "8", "--steps", "4", "--block-length", "4"]
+    else:
+        config = tiny_sdar_config(vocab_size=160, mask_token_id=150, eos_token_ids=(141,), pad_token_id=141)
+        options = ["--gen-length", "8", "--steps", "4", "--top-k", "1"]
+    hf = write_hf_checkpoint(tmp_path / "hf", config)
+    write_tiny_tokenizer(hf, 160, mask_token_id=150, eos_token_id=141)
+    convert_hf_checkpoint(hf, tmp_path / "out", progress=False)  # the tokenizer travels with it
+    assert main(["generate", "--model", str(tmp_path / "out"), "--prompt", "w1 w2 w3", "--dtype", "float32",
+                 *options]) == 0
+    out, err = capsys.readouterr()
+    tok = ChatTokenizer(tmp_path / "out")
+    model = load_model(tmp_path / "out", dtype="float32")
+    ids = tok.encode("w1 w2 w3")
+    api = [dict(gen_length=8, steps=4, block_length=4), dict(max_new_tokens=8, denoising_steps=4, top_k=1)]
+    expected = generate(model, ids, **api[family == "sdar"])
+    assert out.strip() == tok.decode(np.asarray(expected)[0, ids.shape[1]:], skip=(150,)).strip()
+    assert "prompt tokens" in err
