@@ -23,6 +23,9 @@ class OracleTopK:
     def init_state(self, *, batch, num_heads, num_kv_heads, q_len, kv_len, head_dim):
         return jnp.zeros((batch, -(-q_len // self.block), self.keep), jnp.int32)
 
+    def blocks(self, length):
+        return -(-length // self.block)
+
     def mode(self, step):
         return jnp.where(step == 0, int(Mode.ESTIMATE), int(Mode.SPARSE))
 
@@ -30,14 +33,14 @@ class OracleTopK:
         b, n, hq, d = q.shape
         k = jnp.repeat(k, hq // k.shape[2], axis=2)
         logits = jnp.einsum("blhd,bshd->bhls", q, k, precision="highest") * d ** -0.5
-        allowed = combined_mask(masks.get("key_mask"), None, None, n, k.shape[1])
+        s = k.shape[1]
+        allowed = combined_mask(masks.get("key_mask"), None, masks.get("kv_len"), n, s)
         if allowed is not None:
             logits = jnp.where(allowed, logits, -jnp.inf)
         probs = jax.nn.softmax(logits, axis=-1).sum(axis=1)  # [B, L, S]
-        pad = -n % self.block
-        probs = jnp.pad(probs, ((0, 0), (0, pad), (0, pad)))
-        nb = probs.shape[1] // self.block
-        return probs.reshape(b, nb, self.block, nb, self.block).sum(axis=(2, 4))  # [B, nq, nk]
+        probs = jnp.pad(probs, ((0, 0), (0, -n % self.block), (0, -s % self.block)))
+        nq, nk = self.blocks(n), self.blocks(s)
+        return probs.reshape(b, nq, self.block, nk, self.block).sum(axis=(2, 4))  # [B, nq, nk]
 
     def attend(self, q, k, v, state, mode, **masks):
         n = q.shape[1]
@@ -47,9 +50,9 @@ class OracleTopK:
             return dense_attention(q, k, v, **masks), jax.lax.top_k(scores, self.keep)[1].astype(jnp.int32)
 
         def sparse(_):
-            nb = state.shape[1]
-            chosen = jax.nn.one_hot(state, nb, dtype=bool).any(axis=-2)  # [B, nq, nk]
-            mask = jnp.repeat(jnp.repeat(chosen, self.block, axis=1), self.block, axis=2)[:, :n, :n]
+            s = k.shape[1]
+            chosen = jax.nn.one_hot(state, self.blocks(s), dtype=bool).any(axis=-2)  # [B, nq, nk]
+            mask = jnp.repeat(jnp.repeat(chosen, self.block, axis=1), self.block, axis=2)[:, :n, :s]
             return dense_attention(q, k, v, mask=mask, **masks), state
 
         return jax.lax.cond(mode == int(Mode.ESTIMATE), estimate, sparse, None)

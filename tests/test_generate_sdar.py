@@ -101,3 +101,21 @@ def test_progress_bar_counts_blocks(setup, rng, capsys):
     np.testing.assert_array_equal(out, generate(model, prompt, seed=1, max_new_tokens=8))
     err = capsys.readouterr().err
     assert "SDAR blocks" in err and "/3" in err  # blocks 1..3 of ceil(14 / 4) = 4 (block 0 is prefilled)
+
+
+def test_attention_policies_in_the_block_loop(setup, rng):
+    """Dense policy == no policy; an oracle keeping every key block == dense; keeping one changes results."""
+    from dllm_jax.attention.policy import Dense
+    from oracle_policy import OracleTopK
+
+    config, model, _ = setup
+    options = dict(max_new_tokens=12, denoising_steps=4, remasking="low_confidence_static", seed=3)
+    changed = []
+    for _ in range(3):
+        prompt = rng.integers(0, 40, (1, 9))
+        dense = generate(model, prompt, **options)
+        np.testing.assert_array_equal(generate(model, prompt, method=Dense(), **options), dense)
+        np.testing.assert_array_equal(generate(model, prompt, method=OracleTopK(block=4, keep=6), **options), dense)  # 24 keys
+        changed.append(not np.array_equal(generate(model, prompt, method=OracleTopK(block=4, keep=1), **options),
+                                          dense))
+    assert any(changed)

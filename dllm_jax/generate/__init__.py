@@ -31,8 +31,9 @@ def generate(model, prompt_ids, *, attention_mask=None, seed: int = 0, method=No
       Batch 1 without padding, as the official sampler. Returns int32 [1, n]: the prompt and the
       generated tokens, cut after the first stop token (config.eos_token_ids), else after the last
       decoded block. See `dllm_jax.generate.sdar`.
-    `method=None` is dense attention; otherwise an attention policy (dllm_jax.attention.policy),
-    LLaDA only for now; the published methods arrive with their issues. `progress=True`
+    `method=None` is dense attention; otherwise an attention policy (dllm_jax.attention.policy)
+    whose per-layer state rides in the loop carry; the published methods arrive with their issues.
+    `progress=True`
     shows a tqdm bar advanced from inside the compiled loop (per step for LLaDA, per block for SDAR).
     """
     if method is not None:
@@ -49,8 +50,6 @@ def generate(model, prompt_ids, *, attention_mask=None, seed: int = 0, method=No
                                      policy=method, on_step=tick if progress else None)
             return np.asarray(out)
     if isinstance(model, SDAR):
-        if method is not None:
-            raise ValueError("attention policies are not wired into SDAR generation yet; use method=None")
         opts = make_options(SDAROptions, "SDAR", options)
         if attention_mask is not None:
             raise ValueError("SDAR generation takes unpadded prompts (the official sampler has no padding)")
@@ -62,7 +61,7 @@ def generate(model, prompt_ids, *, attention_mask=None, seed: int = 0, method=No
         with progress_bar(blocks, "SDAR blocks", progress) as run_id:
             x, end = gen_sdar.generate_sdar_jit(model.params(), prompt_ids.astype(np.int32), np.int32(seed),
                                                 np.int32(run_id), config=model.config, options=opts,
-                                                on_step=tick if progress else None)
+                                                policy=method, on_step=tick if progress else None)
             x, end = np.asarray(x), int(end)
         rows = gen_sdar.trim(x, end, p, set(model.config.eos_token_ids))
         return np.stack(rows)

@@ -94,10 +94,13 @@ def transfer_mask(strategy: str, mask_index, x0_p, count, threshold: float):
 
 
 def generate_sdar(params, prompt_ids, seed, run_id=0, *, config: SDARConfig, options: SDAROptions,
-                  attention_fn=sdar_model.dense_attention, on_step=None):
+                  policy=None, attention_fn=sdar_model.dense_attention, on_step=None):
     """The whole generation, traceable as one function.
 
     `on_step(run_id, block)` (static), if given, is called on the host after every decoded block.
+    `policy` (static, optional) routes the block steps' attention through an attention policy; its
+    per-layer state rides in the carry and its mode is chosen from the step index within the block
+    (the prefill stays dense).
     Returns (x int32 [B, total], end int32 []): total = ceil((P + max_new_tokens) / bl) * bl; the
     blocks after the stop are left as masks, and `end` is the length of the decoded prefix.
     """
@@ -117,45 +120,50 @@ def generate_sdar(params, prompt_ids, seed, run_id=0, *, config: SDARConfig, opt
     stop_ids = jnp.asarray(config.eos_token_ids, jnp.int32)
 
     def denoise_block(state):
-        x, cache, draws, block = state
+        x, cache, policy_state, draws, block = state
 
         def cond(s):
-            return ~s[3]
+            return ~s[4]
 
         def body(s):
-            cur, cache, draws, done, step = s
+            cur, cache, policy_state, draws, done, step = s
             mask_index = cur == mask_id
             finished = ~jnp.any(mask_index)
             # the official loop runs denoising_steps + 1 forwards at most; the last one must commit
             commit = finished | (step >= o.denoising_steps)
-            logits, cache = sdar_model.block_step(params, cur, cache, config=config, commit=commit,
-                                                  attention_fn=attention_fn)
+            logits, cache, policy_state = sdar_model.block_step_with_policy(
+                params, cur, cache, policy_state, step, config=config, policy=policy, commit=commit,
+                attention_fn=attention_fn)
             u = jax.random.uniform(jax.random.fold_in(key, draws), cur.shape, jnp.float32)
             x0, x0_p = sample(logits, u, temperature=o.temperature, top_k=o.top_k, top_p=o.top_p)
             count = schedule[jnp.minimum(step, o.denoising_steps - 1)]
             transfer = transfer_mask(o.remasking, mask_index, x0_p, count, o.confidence_threshold)
             cur = jnp.where(transfer & ~commit, x0, cur)
-            return cur, cache, draws + (~commit).astype(jnp.int32), commit, step + 1
+            return cur, cache, policy_state, draws + (~commit).astype(jnp.int32), commit, step + 1
 
         cur = jax.lax.dynamic_slice_in_dim(x, block * bl, bl, axis=1)
-        cur, cache, draws, _, _ = jax.lax.while_loop(cond, body, (cur, cache, draws, jnp.array(False), 0))
+        cur, cache, policy_state, draws, _, _ = jax.lax.while_loop(
+            cond, body, (cur, cache, policy_state, draws, jnp.array(False), 0))
         if on_step is not None:
             jax.debug.callback(on_step, run_id, block, ordered=True)
-        return jax.lax.dynamic_update_slice_in_dim(x, cur, block * bl, axis=1), cache, draws
+        return jax.lax.dynamic_update_slice_in_dim(x, cur, block * bl, axis=1), cache, policy_state, draws
 
     def per_block(carry, block):
-        x, cache, draws, stopped = carry
-        x, cache, draws = jax.lax.cond(stopped, lambda s: s[:3], denoise_block, (x, cache, draws, block))
+        x, cache, policy_state, draws, stopped = carry
+        x, cache, policy_state, draws = jax.lax.cond(stopped, lambda s: s[:4], denoise_block,
+                                                     (x, cache, policy_state, draws, block))
         generated = jnp.arange(total) >= p
         stopped = stopped | jnp.any(jnp.isin(x, stop_ids) & generated[None, :])
-        return (x, cache, draws, stopped), None
+        return (x, cache, policy_state, draws, stopped), None
 
-    carry = (x, cache, jnp.int32(0), jnp.array(False))
-    (x, cache, _, _), _ = jax.lax.scan(per_block, carry, jnp.arange(prefill_blocks, num_blocks, dtype=jnp.int32))
+    policy_state = () if policy is None else sdar_model.init_policy_state(policy, config, b, total)
+    carry = (x, cache, policy_state, jnp.int32(0), jnp.array(False))
+    (x, cache, _, _, _), _ = jax.lax.scan(per_block, carry,
+                                          jnp.arange(prefill_blocks, num_blocks, dtype=jnp.int32))
     return x, cache.length
 
 
-STATIC = ("config", "options", "attention_fn", "on_step")
+STATIC = ("config", "options", "policy", "attention_fn", "on_step")
 generate_sdar_jit = jax.jit(generate_sdar, static_argnames=STATIC)
 
 

@@ -97,19 +97,47 @@ def block_step(params, block_ids, cache: KVCache, *, config: SDARConfig, commit:
     Requires length + n <= max_length (checked by `SDAR.block_step` on concrete caches; inside
     jit, `dynamic_update_slice` would clamp the write position).
     """
+    logits, cache, _ = block_step_with_policy(params, block_ids, cache, (), 0, config=config, commit=commit,
+                                              policy=None, attention_fn=attention_fn)
+    return logits, cache
+
+
+def block_step_with_policy(params, block_ids, cache: KVCache, policy_state, step, *, config: SDARConfig,
+                           policy, commit=False, attention_fn=dense_attention):
+    """`block_step` with attention through `policy` (dllm_jax.attention.policy), if not None.
+
+    The policy sees the layer's whole cache buffer with `kv_len` = length + n; its per-layer state
+    (leading layer axis) and the step it picks its mode from are threaded like the cache.
+    Returns (logits, cache, policy_state).
+    """
     n = block_ids.shape[1]
     start = cache.length
     cos, sin = rope_tables(start + jnp.arange(n), config.head_dim, config.rope_theta)
+    mode = None if policy is None else policy.mode(step)
 
-    def attend(q, k, v, cache, layer):
+    def attend(q, k, v, state, layer):
+        cache, policy_state = state
         ck = jax.lax.dynamic_update_slice(cache.k, k[None].astype(cache.k.dtype), (layer, 0, start, 0, 0))
         cv = jax.lax.dynamic_update_slice(cache.v, v[None].astype(cache.v.dtype), (layer, 0, start, 0, 0))
-        out = attention_fn(q, ck[layer], cv[layer], kv_len=start + n)
-        return out, cache.replace(k=ck, v=cv)
+        if policy is None:
+            out = attention_fn(q, ck[layer], cv[layer], kv_len=start + n)
+        else:
+            layer_state = jax.tree.map(lambda s: s[layer], policy_state)
+            out, layer_state = policy.attend(q, ck[layer], cv[layer], layer_state, mode, kv_len=start + n)
+            policy_state = jax.tree.map(lambda s, new: s.at[layer].set(new), policy_state, layer_state)
+        return out, (cache.replace(k=ck, v=cv), policy_state)
 
-    x, cache = decoder_stack(params["layers"], params["embed"][block_ids], cos, sin, attend, config, cache)
+    x, (cache, policy_state) = decoder_stack(params["layers"], params["embed"][block_ids], cos, sin, attend,
+                                             config, (cache, policy_state))
     cache = cache.replace(length=jnp.where(commit, start + n, start))  # commit may be traced (generate loop)
-    return lm_head(params, x, config), cache
+    return lm_head(params, x, config), cache, policy_state
+
+
+def init_policy_state(policy, config: SDARConfig, batch: int, max_length: int):
+    """The policy's state for every layer (one block of queries against `max_length` keys)."""
+    one = policy.init_state(batch=batch, num_heads=config.num_heads, num_kv_heads=config.num_kv_heads,
+                            q_len=config.block_size, kv_len=max_length, head_dim=config.head_dim)
+    return jax.tree.map(lambda s: jnp.broadcast_to(s, (config.num_layers, *jnp.shape(s))), one)
 
 
 _forward_jit = jax.jit(forward, static_argnames=("config", "block_length", "attention_fn"))
