@@ -171,7 +171,8 @@ def generate_llada(params, prompt_ids, attention_mask, seed, run_id=0, *, config
         transfer = commit_top(confidence, counts[:, i])
         x = x.at[:, logits_from:].set(jnp.where(transfer, x0, x[:, logits_from:]))
         if on_step is not None:
-            jax.debug.callback(on_step, run_id, t, ordered=False)  # a count needs no ordering; unordered avoids a sync per step
+            # a count needs no ordering, and an unordered callback adds no sync point per step
+            jax.debug.callback(on_step, run_id, t, ordered=False)
         return (x, counts, policy_state), None
 
     counts = jnp.zeros((b, o.steps_per_block), jnp.int32)

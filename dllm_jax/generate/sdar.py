@@ -145,7 +145,8 @@ def generate_sdar(params, prompt_ids, seed, run_id=0, *, config: SDARConfig, opt
         cur, cache, policy_state, draws, _, _ = jax.lax.while_loop(
             cond, body, (cur, cache, policy_state, draws, jnp.array(False), 0))
         if on_step is not None:
-            jax.debug.callback(on_step, run_id, block, ordered=False)  # a count needs no ordering; unordered avoids a sync per step
+            # a count needs no ordering, and an unordered callback adds no sync point per step
+            jax.debug.callback(on_step, run_id, block, ordered=False)
         return jax.lax.dynamic_update_slice_in_dim(x, cur, block * bl, axis=1), cache, policy_state, draws
 
     def per_block(carry, block):
