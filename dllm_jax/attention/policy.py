@@ -15,6 +15,9 @@ import dataclasses
 import enum
 from typing import Any, Protocol
 
+import jax
+import jax.numpy as jnp
+
 from dllm_jax.attention.dense import dense_attention
 
 
@@ -45,6 +48,19 @@ class Dense:
 
     def attend(self, q, k, v, state, mode, **masks):
         return dense_attention(q, k, v, **masks), state
+
+
+def stacked_state(policy, num_layers: int, **shapes):
+    """`policy.init_state(**shapes)` for every layer, stacked on a leading layer axis."""
+    one = policy.init_state(**shapes)
+    return jax.tree.map(lambda s: jnp.broadcast_to(s, (num_layers, *jnp.shape(s))), one)
+
+
+def attend_layer(policy, mode, q, k, v, states, layer, **masks):
+    """`policy.attend` on layer `layer`'s slice of the stacked states; returns (out, states)."""
+    state = jax.tree.map(lambda s: s[layer], states)
+    out, state = policy.attend(q, k, v, state, mode, **masks)
+    return out, jax.tree.map(lambda s, new: s.at[layer].set(new), states, state)
 
 
 def check_policy(policy) -> None:

@@ -33,8 +33,8 @@ def generate(model, prompt_ids, *, attention_mask=None, seed: int = 0, method=No
       decoded block. See `dllm_jax.generate.sdar`.
     `method=None` is dense attention; otherwise an attention policy (dllm_jax.attention.policy)
     whose per-layer state rides in the loop carry; the published methods arrive with their issues.
-    `progress=True`
-    shows a tqdm bar advanced from inside the compiled loop (per step for LLaDA, per block for SDAR).
+    `progress=True` shows a tqdm bar advanced from inside the compiled loop (per step for LLaDA,
+    per block for SDAR).
     """
     if method is not None:
         check_policy(method)

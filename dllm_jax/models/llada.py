@@ -14,6 +14,7 @@ import jax.numpy as jnp
 import numpy as np
 
 from dllm_jax.attention.dense import dense_attention
+from dllm_jax.attention.policy import attend_layer, stacked_state
 from dllm_jax.config import LLaDAConfig
 from dllm_jax.models.layers import DecoderLM, decoder_stack, lm_head, lm_param_shapes, rope_tables, stateless
 
@@ -37,12 +38,10 @@ def forward(params, input_ids, attention_mask=None, *, config: LLaDAConfig, padd
     Returns:
       float32 logits [B, L - logits_from, vocab_size].
     """
-    x = params["embed"][input_ids]  # [B, L, d]
-    cos, sin = rope_tables(jnp.arange(input_ids.shape[1]), config.head_dim, config.rope_theta)
-    if padding == "mask" and attention_mask is not None:
-        attention_fn = functools.partial(attention_fn, key_mask=attention_mask.astype(bool))
-    x, _ = decoder_stack(params["layers"], x, cos, sin, stateless(attention_fn), config)
-    return lm_head(params, x[:, logits_from:], config)
+    masks = padding_masks(attention_mask, padding)
+    attend = stateless(functools.partial(attention_fn, **masks))
+    logits, _ = logits_through(params, input_ids, attend, None, config=config, logits_from=logits_from)
+    return logits
 
 
 def forward_with_policy(params, input_ids, attention_mask, policy_state, step, *, config: LLaDAConfig, policy,
@@ -52,27 +51,35 @@ def forward_with_policy(params, input_ids, attention_mask, policy_state, step, *
     policy_state: the per-layer states stacked on a leading layer axis; step: the denoising step
     the policy's mode is chosen from. Returns (float32 logits, new policy_state).
     """
-    x = params["embed"][input_ids]
-    cos, sin = rope_tables(jnp.arange(input_ids.shape[1]), config.head_dim, config.rope_theta)
-    masks = {}
-    if padding == "mask" and attention_mask is not None:
-        masks["key_mask"] = attention_mask.astype(bool)
+    masks = padding_masks(attention_mask, padding)
     mode = policy.mode(step)
 
-    def attend(q, k, v, state, layer):
-        layer_state = jax.tree.map(lambda s: s[layer], state)
-        out, layer_state = policy.attend(q, k, v, layer_state, mode, **masks)
-        return out, jax.tree.map(lambda s, new: s.at[layer].set(new), state, layer_state)
+    def attend(q, k, v, states, layer):
+        return attend_layer(policy, mode, q, k, v, states, layer, **masks)
 
-    x, policy_state = decoder_stack(params["layers"], x, cos, sin, attend, config, policy_state)
-    return lm_head(params, x[:, logits_from:], config), policy_state
+    return logits_through(params, input_ids, attend, policy_state, config=config, logits_from=logits_from)
+
+
+def padding_masks(attention_mask, padding: str) -> dict:
+    """The attention masks a padding mode asks for: a key mask for "mask", none for "ignore"."""
+    if padding == "mask" and attention_mask is not None:
+        return {"key_mask": attention_mask.astype(bool)}
+    return {}
+
+
+def logits_through(params, input_ids, attend, state, *, config: LLaDAConfig, logits_from: int):
+    """Embedding, the layers with the `attend` hook (threading `state`), and the LM head from
+    position `logits_from`: (float32 logits, state)."""
+    x = params["embed"][input_ids]  # [B, L, d]
+    cos, sin = rope_tables(jnp.arange(input_ids.shape[1]), config.head_dim, config.rope_theta)
+    x, state = decoder_stack(params["layers"], x, cos, sin, attend, config, state)
+    return lm_head(params, x[:, logits_from:], config), state
 
 
 def init_policy_state(policy, config: LLaDAConfig, batch: int, length: int):
-    """The policy's state for every layer: its one-layer state stacked on a leading layer axis."""
-    one = policy.init_state(batch=batch, num_heads=config.num_heads, num_kv_heads=config.num_kv_heads,
-                            q_len=length, kv_len=length, head_dim=config.head_dim)
-    return jax.tree.map(lambda s: jnp.broadcast_to(s, (config.num_layers, *jnp.shape(s))), one)
+    """The policy's state for every layer (the full sequence attends to itself)."""
+    return stacked_state(policy, config.num_layers, batch=batch, num_heads=config.num_heads,
+                         num_kv_heads=config.num_kv_heads, q_len=length, kv_len=length, head_dim=config.head_dim)
 
 
 _forward_jit = jax.jit(forward, static_argnames=("config", "padding", "attention_fn"))

@@ -25,6 +25,7 @@ import jax.numpy as jnp
 from flax import struct
 
 from dllm_jax.attention.dense import dense_attention
+from dllm_jax.attention.policy import attend_layer, stacked_state
 from dllm_jax.config import SDARConfig
 from dllm_jax.models.layers import DecoderLM, decoder_stack, lm_head, lm_param_shapes, rope_tables, stateless
 from dllm_jax.models.llada import check_inputs
@@ -122,9 +123,8 @@ def block_step_with_policy(params, block_ids, cache: KVCache, policy_state, step
         if policy is None:
             out = attention_fn(q, ck[layer], cv[layer], kv_len=start + n)
         else:
-            layer_state = jax.tree.map(lambda s: s[layer], policy_state)
-            out, layer_state = policy.attend(q, ck[layer], cv[layer], layer_state, mode, kv_len=start + n)
-            policy_state = jax.tree.map(lambda s, new: s.at[layer].set(new), policy_state, layer_state)
+            out, policy_state = attend_layer(policy, mode, q, ck[layer], cv[layer], policy_state, layer,
+                                             kv_len=start + n)
         return out, (cache.replace(k=ck, v=cv), policy_state)
 
     x, (cache, policy_state) = decoder_stack(params["layers"], params["embed"][block_ids], cos, sin, attend,
@@ -135,9 +135,9 @@ def block_step_with_policy(params, block_ids, cache: KVCache, policy_state, step
 
 def init_policy_state(policy, config: SDARConfig, batch: int, max_length: int):
     """The policy's state for every layer (one block of queries against `max_length` keys)."""
-    one = policy.init_state(batch=batch, num_heads=config.num_heads, num_kv_heads=config.num_kv_heads,
-                            q_len=config.block_size, kv_len=max_length, head_dim=config.head_dim)
-    return jax.tree.map(lambda s: jnp.broadcast_to(s, (config.num_layers, *jnp.shape(s))), one)
+    return stacked_state(policy, config.num_layers, batch=batch, num_heads=config.num_heads,
+                         num_kv_heads=config.num_kv_heads, q_len=config.block_size, kv_len=max_length,
+                         head_dim=config.head_dim)
 
 
 _forward_jit = jax.jit(forward, static_argnames=("config", "block_length", "attention_fn"))
