@@ -77,3 +77,13 @@ def profiled_attention_share(fn, *args, trace_dir: Path):
 
 def fmt(x):
     return "n/a" if x is None else f"{x:.2f}"
+
+
+def write_results(out_dir: Path, meta: dict, rows: list[dict], lines: list[str]) -> None:
+    """Writes <benchmark>_<device>_<date>.json (meta + rows) and .md (`lines`) and prints the table."""
+    out_dir.mkdir(parents=True, exist_ok=True)
+    stem = f"{meta['benchmark']}_{meta['device'].replace(' ', '_')}_{meta['date']}"
+    (out_dir / f"{stem}.json").write_text(json.dumps(dict(meta, rows=rows), indent=2) + "\n")
+    table = "\n".join(lines) + "\n"
+    (out_dir / f"{stem}.md").write_text(table)
+    print(table)

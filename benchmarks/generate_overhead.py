@@ -23,7 +23,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
-from benchmarks.common import random_params, time_fn
+from benchmarks.common import write_results, random_params, time_fn
 from dllm_jax import shipped_config
 from dllm_jax.generate.llada import LLaDAOptions, generate_llada_jit
 from dllm_jax.generate.progress import progress_bar, tick
@@ -52,7 +52,6 @@ def llada_rows(repeats):
                          bare_step_ms=t_bare * 1e3, loop_step_ms=t_loop / steps * 1e3,
                          overhead=t_loop / steps / t_bare - 1))
         print(json.dumps(rows[-1]), flush=True)
-    del params
     return rows
 
 
@@ -107,9 +106,6 @@ def main():
     rows = llada_rows(args.repeats) + sdar_rows(args.repeats)
     meta = dict(benchmark="generate_overhead", device=device, jax=jax.__version__,
                 date=datetime.date.today().isoformat(), batch=1, dtype="bfloat16 random weights")
-    args.out.mkdir(parents=True, exist_ok=True)
-    stem = f"generate_overhead_{device.replace(' ', '_')}_{meta['date']}"
-    (args.out / f"{stem}.json").write_text(json.dumps(dict(meta, rows=rows), indent=2) + "\n")
     lines = [f"# Generate-loop overhead, {device}, jax {meta['jax']}, {meta['date']}", "",
              "| model | tokens | steps timed | progress bar | bare step | step inside the loop | overhead |",
              "|---|---|---|---|---|---|---|"]
@@ -119,9 +115,7 @@ def main():
     lines += ["", "LLaDA: 4096 tokens (3968 prompt + 128 generated in one block), 16 greedy steps; the bare step is the",
               "forward with answer-region logits. SDAR: 16k-token prompt prefilled (its time subtracted), 32 new tokens",
               "= 8 blocks x (4 steps + commit); the bare step is one 4-token block_step against the 16k cache."]
-    table = "\n".join(lines) + "\n"
-    (args.out / f"{stem}.md").write_text(table)
-    print(table)
+    write_results(args.out, meta, rows, lines)
 
 
 if __name__ == "__main__":

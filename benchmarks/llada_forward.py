@@ -19,7 +19,7 @@ from pathlib import Path
 import jax
 import jax.numpy as jnp
 
-from benchmarks.common import fmt, profiled_attention_share, random_params, time_fn
+from benchmarks.common import write_results, fmt, profiled_attention_share, random_params, time_fn
 from dllm_jax import shipped_config
 from dllm_jax.attention.dense import dense_attention, dense_implementation
 from dllm_jax.models.llada import forward
@@ -82,9 +82,6 @@ def main():
         batch=1, attention_implementation=dense_implementation(jnp.bfloat16, config.head_dim),
         output="full float32 logits [1, N, 126464]", timing=f"median of {args.repeats} jitted calls after 2 warm-ups",
     )
-    args.out.mkdir(parents=True, exist_ok=True)
-    stem = f"llada_forward_{device.replace(' ', '_')}_{meta['date']}"
-    (args.out / f"{stem}.json").write_text(json.dumps(dict(meta, rows=rows), indent=2) + "\n")
     lines = [
         f"# LLaDA-8B forward, {device}, jax {meta['jax']}, {meta['date']}", "",
         f"{meta['model']}; batch 1; attention `{meta['attention_implementation']}`; {meta['output']}; "
@@ -104,9 +101,7 @@ def main():
         "*kernel time* = layers x one layer's cuDNN attention timed alone / forward; *profile* = time of attention",
         "kernels / all GPU kernel time in a profiler trace of one forward (the direct measurement).",
     ]
-    table = "\n".join(lines) + "\n"
-    (args.out / f"{stem}.md").write_text(table)
-    print(table)
+    write_results(args.out, meta, rows, lines)
 
 
 if __name__ == "__main__":

@@ -21,7 +21,7 @@ from pathlib import Path
 import jax
 import jax.numpy as jnp
 
-from benchmarks.common import fmt, profiled_attention_share, random_params, time_fn
+from benchmarks.common import write_results, fmt, profiled_attention_share, random_params, time_fn
 from dllm_jax import shipped_config
 from dllm_jax.attention.dense import dense_attention, dense_implementation
 from dllm_jax.models.sdar import KVCache, block_step
@@ -93,9 +93,6 @@ def main():
         batch=1, attention_implementation=dense_implementation(jnp.bfloat16, config.head_dim),
         timing=f"median of {args.repeats} jitted calls after 2 warm-ups, cache donated",
     )
-    args.out.mkdir(parents=True, exist_ok=True)
-    stem = f"sdar_block_step_{device.replace(' ', '_')}_{meta['date']}"
-    (args.out / f"{stem}.json").write_text(json.dumps(dict(meta, rows=rows), indent=2) + "\n")
     lines = [
         f"# SDAR block step against a KV cache, {device}, jax {meta['jax']}, {meta['date']}", "",
         f"{meta['model']}; batch 1; attention `{meta['attention_implementation']}`; {meta['timing']}.", "",
@@ -112,9 +109,7 @@ def main():
     lines += ["", "Bytes read = the least a step must read: all weights but the embedding table (n rows gathered),",
               "and K and V of S + n positions in every layer. Achieved = those bytes / step time (H200 copy ceiling",
               "~4.3 TB/s, H100 ~3.0). Attention bandwidth = one layer's K+V bytes / one cuDNN call timed alone."]
-    table = "\n".join(lines) + "\n"
-    (args.out / f"{stem}.md").write_text(table)
-    print(table)
+    write_results(args.out, meta, rows, lines)
 
 
 if __name__ == "__main__":
