@@ -1,0 +1,212 @@
+"""Pieces shared by the attention kernels: input checks, padding, and the fp32 online-softmax tile
+update (FlashAttention-2, Algorithm 1) that every kernel runs over its own choice of key tiles.
+
+Units: inside a kernel, logits are kept in base 2 (scaled by scale * log2(e)) so that the softmax
+uses `exp2`; every LSE that leaves a kernel is the natural-log log-sum-exp of the scaled logits, in
+float32, laid out [batch, heads, queries].
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Sequence
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+from jax.experimental.pallas import triton as pltriton
+
+LOG2E = math.log2(math.e)
+LN2 = math.log(2.0)
+DTYPES = (jnp.dtype(jnp.bfloat16), jnp.dtype(jnp.float16), jnp.dtype(jnp.float32))
+HEAD_DIMS = (16, 32, 64, 128, 256)  # powers of two (Triton tiles); 64 and 128 are the tuned ones
+
+
+def is_pow2(n: int) -> bool:
+    return n > 0 and n & (n - 1) == 0
+
+
+def next_pow2(n: int) -> int:
+    return 1 << max(0, int(n) - 1).bit_length()
+
+
+def cdiv(a: int, b: int) -> int:
+    return -(-a // b)
+
+
+def is_concrete(*xs) -> bool:
+    return not any(isinstance(x, jax.core.Tracer) for x in xs)
+
+
+def compiler_params(head_dim: int, num_warps: int | None, num_stages: int | None):
+    return pltriton.CompilerParams(
+        num_warps=num_warps if num_warps is not None else (4 if head_dim <= 64 else 8),
+        num_stages=num_stages if num_stages is not None else 2,
+    )
+
+
+def check_block(name: str, value: int, *, minimum: int = 16) -> None:
+    if not isinstance(value, (int, np.integer)) or not is_pow2(int(value)) or value < minimum:
+        raise ValueError(f"{name}={value!r} must be a power of two >= {minimum} (Triton tile sizes)")
+
+
+def check_qkv(q, k, v) -> tuple[int, int, int, int, int, int]:
+    """Checks q [B, Nq, Hq, D], k and v [B, Nk, Hkv, D]; returns (B, Nq, Nk, Hq, Hkv, D)."""
+    for name, x in (("q", q), ("k", k), ("v", v)):
+        if x.ndim != 4:
+            raise ValueError(f"{name} must be [batch, seq, heads, head_dim], got shape {x.shape}")
+        if jnp.dtype(x.dtype) not in DTYPES:
+            raise ValueError(f"{name}.dtype={x.dtype} is not supported; use bfloat16, float16 or float32")
+    if not q.dtype == k.dtype == v.dtype:
+        raise ValueError(f"q, k, v must share a dtype, got {q.dtype}, {k.dtype}, {v.dtype}")
+    if k.shape != v.shape:
+        raise ValueError(f"k and v must have the same shape, got {k.shape} and {v.shape}")
+    b, nq, hq, d = q.shape
+    bk, nk, hkv, dk = k.shape
+    if bk != b:
+        raise ValueError(f"q has batch {b} but k/v have batch {bk}")
+    if dk != d:
+        raise ValueError(f"q has head_dim {d} but k/v have head_dim {dk}")
+    if d not in HEAD_DIMS:
+        raise ValueError(f"head_dim={d} is not supported; supported: {HEAD_DIMS}")
+    if hkv == 0 or hq % hkv:
+        raise ValueError(f"query heads ({hq}) must be a multiple of key/value heads ({hkv})")
+    if nq == 0 or nk == 0:
+        raise ValueError(f"empty sequence: q has {nq} queries, k has {nk} keys")
+    return b, nq, nk, hq, hkv, d
+
+
+def resolve_scale(scale: float | None, head_dim: int) -> float:
+    return float(scale) if scale is not None else 1.0 / math.sqrt(head_dim)
+
+
+def kv_lengths(kv_len, batch: int, num_keys: int) -> jax.Array:
+    """`kv_len` (None, an int, or int [B]) as int32 [B]. Concrete values are checked to lie in
+    [0, num_keys]; traced values are clamped to that range (a documented safe clamp)."""
+    if kv_len is None:
+        return jnp.full((batch,), num_keys, jnp.int32)
+    arr = jnp.asarray(kv_len)
+    if not jnp.issubdtype(arr.dtype, jnp.integer):
+        raise ValueError(f"kv_len must be an integer or an integer array, got dtype {arr.dtype}")
+    if arr.ndim > 1 or (arr.ndim == 1 and arr.shape[0] != batch):
+        raise ValueError(f"kv_len must be a scalar or shape [{batch}], got shape {arr.shape}")
+    if is_concrete(kv_len):
+        values = np.asarray(kv_len)
+        if values.min() < 0 or values.max() > num_keys:
+            raise ValueError(f"kv_len={values.tolist()} out of range [0, {num_keys}]")
+    return jnp.broadcast_to(jnp.clip(arr, 0, num_keys), (batch,)).astype(jnp.int32)
+
+
+def check_index_lists(indices, counts, *, name: str, lead: Sequence[int], heads: Sequence[int],
+                      limit: int, unique: bool = True) -> tuple[jax.Array, jax.Array]:
+    """Validates padded index lists `indices` int32 [B, Hi, rows, max] and `counts` [B, Hi, rows]
+    (Hi one of `heads`), entries below the count in [0, limit) and, if `unique`, distinct.
+
+    Concrete inputs are checked on the host and raise ValueError. Traced inputs cannot be: they are
+    clamped into range (counts to [0, max], indices to [0, limit-1]) so that the kernel never reads
+    out of bounds; a duplicate inside jit is counted twice. Padding beyond the count is never read
+    for its value but is clamped too, as gathers load whole tiles."""
+    b, rows = lead
+    if indices.ndim != 4 or counts.ndim != 3:
+        raise ValueError(f"{name} indices must be [B, H, rows, max] and counts [B, H, rows]; "
+                         f"got {indices.shape} and {counts.shape}")
+    if not (jnp.issubdtype(indices.dtype, jnp.integer) and jnp.issubdtype(counts.dtype, jnp.integer)):
+        raise ValueError(f"{name} indices and counts must be integers, got {indices.dtype}, {counts.dtype}")
+    hi = indices.shape[1]
+    if indices.shape[0] != b or indices.shape[2] != rows or hi not in heads:
+        raise ValueError(f"{name} indices have shape {indices.shape}; expected [{b}, one of {tuple(heads)}, "
+                         f"{rows}, max]")
+    if counts.shape != indices.shape[:3]:
+        raise ValueError(f"{name} counts have shape {counts.shape}; expected {indices.shape[:3]}")
+    width = indices.shape[3]
+    if width == 0:
+        raise ValueError(f"{name} indices have an empty last axis; pad to at least one entry")
+    if is_concrete(indices, counts):
+        idx, cnt = np.asarray(indices), np.asarray(counts)
+        if cnt.min() < 0 or cnt.max() > width:
+            raise ValueError(f"{name} counts must lie in [0, {width}], got range [{cnt.min()}, {cnt.max()}]")
+        live = np.arange(width) < cnt[..., None]
+        bad = live & ((idx < 0) | (idx >= limit))
+        if bad.any():
+            where = tuple(int(i) for i in np.argwhere(bad)[0])
+            raise ValueError(f"{name} index {int(idx[where])} at {where} is out of range [0, {limit})")
+        if unique:
+            sentinel = -1 - np.arange(width)  # distinct negatives: only live entries can collide
+            ordered = np.sort(np.where(live, idx, sentinel), axis=-1)
+            dup = (np.diff(ordered, axis=-1) == 0) & (ordered[..., 1:] >= 0)
+            if dup.any():
+                where = tuple(int(i) for i in np.argwhere(dup)[0][:3])
+                raise ValueError(f"{name} indices repeat an entry in row {where}: each index may appear once")
+    indices = jnp.clip(indices, 0, limit - 1).astype(jnp.int32)
+    counts = jnp.clip(counts, 0, width).astype(jnp.int32)
+    return indices, counts
+
+
+def pad_axis(x: jax.Array, axis: int, size: int, value=0) -> jax.Array:
+    extra = size - x.shape[axis]
+    if extra == 0:
+        return x
+    widths = [(0, 0)] * x.ndim
+    widths[axis] = (0, extra)
+    return jnp.pad(x, widths, constant_values=value)
+
+
+def pad_last_repeat(x: jax.Array, size: int) -> jax.Array:
+    """Pads the last axis to `size` by repeating its last entry (keeps padded index lists valid)."""
+    extra = size - x.shape[-1]
+    if extra == 0:
+        return x
+    return jnp.concatenate([x, jnp.repeat(x[..., -1:], extra, axis=-1)], axis=-1)
+
+
+def logits(q, k, scale_log2: float):
+    """Base-2 scaled logits of a query tile [m, D] against a key tile [n, D]: f32 [m, n]."""
+    s = jax.lax.dot_general(q, k, (((1,), (1,)), ((), ())), preferred_element_type=jnp.float32)
+    return s * scale_log2
+
+
+def init_carry(rows: int, head_dim: int):
+    return (jnp.zeros((rows, head_dim), jnp.float32),
+            jnp.full((rows,), -jnp.inf, jnp.float32),
+            jnp.zeros((rows,), jnp.float32))
+
+
+def tile_update(carry, q, k, v, scale_log2: float, valid=None):
+    """One online-softmax step over a key tile; `valid` (broadcastable to [m, n]) masks keys."""
+    acc, m, l = carry
+    s = logits(q, k, scale_log2)
+    if valid is not None:
+        s = jnp.where(valid, s, -jnp.inf)
+    m_new = jnp.maximum(m, jnp.max(s, axis=1))
+    # A row that has seen only masked keys keeps m = -inf; shift by 0 there so exp2 gives 0, not NaN.
+    shift = jnp.where(m_new == -jnp.inf, 0.0, m_new)
+    p = jnp.exp2(s - shift[:, None])
+    alpha = jnp.exp2(m - shift)
+    l = l * alpha + jnp.sum(p, axis=1)
+    pv = jax.lax.dot_general(p.astype(v.dtype), v, (((1,), (0,)), ((), ())),
+                             preferred_element_type=jnp.float32)
+    return acc * alpha[:, None] + pv, m_new, l
+
+
+def finalize(carry):
+    """(o f32 [m, D], natural-log lse f32 [m]); rows that saw no key give o = 0 and lse = -inf."""
+    acc, m, l = carry
+    empty = l == 0.0
+    o = acc / jnp.where(empty, 1.0, l)[:, None]
+    lse = jnp.where(empty, -jnp.inf, (m + jnp.log2(jnp.where(empty, 1.0, l))) * LN2)
+    return o, lse
+
+
+def dense_reference(q, k, v, allowed, scale: float):
+    """fp32 masked attention: q [B,Nq,Hq,D], k/v [B,Nk,Hkv,D], allowed bool broadcastable to
+    [B,Hq,Nq,Nk]. Returns (o [B,Nq,Hq,D] in q.dtype, lse f32 [B,Hq,Nq]); empty rows give 0 / -inf."""
+    hq, hkv = q.shape[2], k.shape[2]
+    kf = jnp.repeat(k.astype(jnp.float32), hq // hkv, axis=2)
+    vf = jnp.repeat(v.astype(jnp.float32), hq // hkv, axis=2)
+    s = jnp.einsum("bqhd,bkhd->bhqk", q.astype(jnp.float32), kf,
+                   precision=jax.lax.Precision.HIGHEST) * scale
+    s = jnp.where(allowed, s, -jnp.inf)
+    lse = jax.nn.logsumexp(s, axis=-1)
+    p = jnp.where(allowed, jnp.exp(s - jnp.where(jnp.isfinite(lse), lse, 0.0)[..., None]), 0.0)
+    o = jnp.einsum("bhqk,bkhd->bqhd", p, vf, precision=jax.lax.Precision.HIGHEST)
+    return o.astype(q.dtype), lse

@@ -1,0 +1,248 @@
+"""Split-KV ("flash-decoding") attention for block diffusion: a block of a few queries (4-64) against
+a long KV cache, dense or over a gathered per-KV-head index list.
+
+One block of queries gives too few query tiles to fill the GPU, so the key axis is split across
+programs instead. Grid (splits, batch, KV heads): each program takes the G query heads of its KV
+head times the block's queries as one [G * Nq, D] tile (every K/V row it loads feeds all of them),
+runs the online softmax over its share of the keys and writes an fp32 partial (o, lse); the
+partials are then merged by LSE in XLA (`merge.combine_partials`). Shares are computed from the
+runtime length, so a mostly empty cache still spreads its live keys over every split.
+
+Gathered form index layout:
+  kv_indices int32 [B, Hkv, max_keys]: cache positions in [0, Nk) per KV head (MAGE: the selected
+      prefix keys, plus the current block's own positions if it is to be attended). Entries at or
+      beyond the count are padding: loaded with the last tile (so in range) but masked out. A
+      position listed twice counts twice: concrete inputs are checked and raise.
+  kv_counts int32 [B, Hkv]: valid entries, 0..max_keys.
+"""
+
+from __future__ import annotations
+
+import functools
+
+import jax
+import jax.numpy as jnp
+from jax.experimental import pallas as pl
+
+from pallas_kernels import _common as c
+from pallas_kernels.merge import combine_partials
+
+TARGET_PROGRAMS = 264  # two waves on a 132-SM H100/H200
+
+
+def _share(total, num_splits: int, block_kv: int):
+    """This program's [lo, hi) of `total` items, cut into `num_splits` block-aligned shares."""
+    span = ((total + num_splits - 1) // num_splits + block_kv - 1) // block_kv * block_kv
+    lo = pl.program_id(0) * span
+    return lo, jnp.minimum(lo + span, total)
+
+
+def _dense_kernel(kvlen_ref, q_ref, k_ref, v_ref, o_ref, lse_ref, *, scale_log2, block_kv, num_splits):
+    q = q_ref[...]
+    lo, hi = _share(kvlen_ref[0], num_splits, block_kv)
+    n = jnp.maximum(hi - lo, 0)
+
+    def tile(j, carry, masked):
+        start = pl.multiple_of(lo + j * block_kv, block_kv)
+        k = k_ref[pl.ds(start, block_kv), :]
+        v = v_ref[pl.ds(start, block_kv), :]
+        valid = (start + jnp.arange(block_kv) < hi)[None, :] if masked else None
+        return c.tile_update(carry, q, k, v, scale_log2, valid)
+
+    carry = jax.lax.fori_loop(0, n // block_kv, functools.partial(tile, masked=False),
+                              c.init_carry(q.shape[0], q.shape[1]))
+    carry = jax.lax.fori_loop(n // block_kv, (n + block_kv - 1) // block_kv,
+                              functools.partial(tile, masked=True), carry)
+    o_ref[...], lse_ref[...] = c.finalize(carry)
+
+
+def _gather_kernel(cnt_ref, idx_ref, q_ref, k_ref, v_ref, o_ref, lse_ref, *, scale_log2, block_kv,
+                   num_splits):
+    q = q_ref[...]
+    lo, hi = _share(cnt_ref[0], num_splits, block_kv)
+
+    def tile(j, carry):
+        start = pl.multiple_of(lo + j * block_kv, block_kv)
+        cols = idx_ref[pl.ds(start, block_kv)]
+        k = k_ref[cols, :]
+        v = v_ref[cols, :]
+        valid = (start + jnp.arange(block_kv) < hi)[None, :]
+        return c.tile_update(carry, q, k, v, scale_log2, valid)
+
+    n = jnp.maximum(hi - lo, 0)
+    carry = jax.lax.fori_loop(0, (n + block_kv - 1) // block_kv, tile, c.init_carry(q.shape[0], q.shape[1]))
+    o_ref[...], lse_ref[...] = c.finalize(carry)
+
+
+def _fold_queries(q, num_kv_heads: int, rows: int):
+    """[B, Nq, Hq, D] -> [B, Hkv, rows, D]: row g * Nq + n holds query n of head h * G + g."""
+    b, nq, hq, d = q.shape
+    folded = q.reshape(b, nq, num_kv_heads, hq // num_kv_heads, d).transpose(0, 2, 3, 1, 4)
+    return c.pad_axis(folded.reshape(b, num_kv_heads, -1, d), 2, rows)
+
+
+def _unfold(o, lse, shape):
+    b, nq, hq, d = shape
+    hkv = o.shape[1]
+    o = o[:, :, : hq // hkv * nq].reshape(b, hkv, hq // hkv, nq, d).transpose(0, 3, 1, 2, 4)
+    lse = lse[:, :, : hq // hkv * nq].reshape(b, hq, nq)
+    return o.reshape(b, nq, hq, d), lse
+
+
+def _launch(kernel, lead, q, k, v, *, num_splits, num_warps, num_stages, interpret, name):
+    """Runs `kernel` on (lead inputs..., folded q, k, v); `lead` is a list of (BlockSpec, array)."""
+    b, nq, hq, d = q.shape
+    hkv, nk = k.shape[2], k.shape[1]
+    rows = max(16, c.next_pow2(nq * hq // hkv))
+    folded = _fold_queries(q, hkv, rows)
+    o, lse = pl.pallas_call(
+        kernel,
+        grid=(num_splits, b, hkv),
+        in_specs=[
+            *(spec for spec, _ in lead),
+            pl.BlockSpec((None, None, rows, d), lambda s, bi, h: (bi, h, 0, 0)),
+            pl.BlockSpec((None, nk, None, d), lambda s, bi, h: (bi, 0, h, 0)),
+            pl.BlockSpec((None, nk, None, d), lambda s, bi, h: (bi, 0, h, 0)),
+        ],
+        out_specs=[
+            pl.BlockSpec((None, None, None, rows, d), lambda s, bi, h: (bi, h, s, 0, 0)),
+            pl.BlockSpec((None, None, None, rows), lambda s, bi, h: (bi, h, s, 0)),
+        ],
+        out_shape=[jax.ShapeDtypeStruct((b, hkv, num_splits, rows, d), jnp.float32),
+                   jax.ShapeDtypeStruct((b, hkv, num_splits, rows), jnp.float32)],
+        compiler_params=c.compiler_params(d, num_warps, num_stages),
+        interpret=interpret,
+        name=name,
+    )(*(x for _, x in lead), folded, k, v)
+    o, lse = combine_partials(o, lse, axis=2)
+    o, lse = _unfold(o, lse, q.shape)
+    return o.astype(q.dtype), lse
+
+
+@functools.partial(jax.jit, static_argnames=("scale", "block_kv", "num_splits", "num_warps", "num_stages",
+                                             "interpret"))
+def _split_kv(q, k, v, kv_len, *, scale, block_kv, num_splits, num_warps, num_stages, interpret):
+    nk_pad = c.cdiv(k.shape[1], block_kv) * block_kv
+    k, v = c.pad_axis(k, 1, nk_pad), c.pad_axis(v, 1, nk_pad)
+    kernel = functools.partial(_dense_kernel, scale_log2=scale * c.LOG2E, block_kv=block_kv,
+                               num_splits=num_splits)
+    lead = [(pl.BlockSpec((None, 1), lambda s, bi, h: (bi, 0)), kv_len[:, None])]
+    return _launch(kernel, lead, q, k, v, num_splits=num_splits, num_warps=num_warps, num_stages=num_stages,
+                   interpret=interpret, name="split_kv_attention")
+
+
+@functools.partial(jax.jit, static_argnames=("scale", "block_kv", "num_splits", "num_warps", "num_stages",
+                                             "interpret"))
+def _split_kv_gather(q, k, v, indices, counts, *, scale, block_kv, num_splits, num_warps, num_stages,
+                     interpret):
+    width = c.cdiv(indices.shape[-1], block_kv) * block_kv
+    indices = c.pad_last_repeat(indices, width)
+    kernel = functools.partial(_gather_kernel, scale_log2=scale * c.LOG2E, block_kv=block_kv,
+                               num_splits=num_splits)
+    lead = [(pl.BlockSpec((None, None, 1), lambda s, bi, h: (bi, h, 0)), counts[..., None]),
+            (pl.BlockSpec((None, None, width), lambda s, bi, h: (bi, h, 0)), indices)]
+    return _launch(kernel, lead, q, k, v, num_splits=num_splits, num_warps=num_warps, num_stages=num_stages,
+                   interpret=interpret, name="split_kv_gather_attention")
+
+
+def default_num_splits(batch: int, kv_heads: int, keys: int, block_kv: int) -> int:
+    """Enough programs for about two waves, never more splits than key tiles."""
+    return max(1, min(c.cdiv(TARGET_PROGRAMS, batch * kv_heads), c.cdiv(keys, block_kv)))
+
+
+def _check_block_queries(q, k, block_kv, num_splits):
+    b, nq, hq, d = q.shape
+    hkv = k.shape[2]
+    c.check_block("block_kv", block_kv)
+    if nq * hq // hkv > 256:
+        raise ValueError(f"split-KV attention folds G * Nq = {hq // hkv} * {nq} query rows into one tile; "
+                         "at most 256 are supported (use flash_attention for long query blocks)")
+    if num_splits is not None and (not isinstance(num_splits, int) or num_splits < 1):
+        raise ValueError(f"num_splits={num_splits!r} must be a positive int")
+
+
+def split_kv_attention(q, k, v, *, kv_len=None, scale=None, return_lse=False, interpret=False, block_kv=64,
+                       num_splits=None, num_warps=None, num_stages=None):
+    """Dense attention of a short query block over a long KV cache, split along the keys.
+
+    Args:
+      q: [B, Nq, Hq, D] (a block of queries; G * Nq <= 256 with G = Hq / Hkv).
+      k, v: [B, Nk, Hkv, D], e.g. a static KV cache of capacity Nk.
+      kv_len: None, int or int [B]: the filled length; keys at or beyond it are ignored.
+      scale: default 1/sqrt(D). return_lse: also return the natural-log LSE f32 [B, Hq, Nq].
+      block_kv: key tile (power of two >= 16). num_splits: programs per (batch, KV head) along the
+        keys; default `default_num_splits`.
+
+    Returns o [B, Nq, Hq, D] in q.dtype, or (o, lse).
+    """
+    b, nq, nk, hq, hkv, d = c.check_qkv(q, k, v)
+    _check_block_queries(q, k, block_kv, num_splits)
+    lengths = c.kv_lengths(kv_len, b, nk)
+    splits = num_splits or default_num_splits(b, hkv, nk, block_kv)
+    o, lse = _split_kv(q, k, v, lengths, scale=c.resolve_scale(scale, d), block_kv=block_kv, num_splits=splits,
+                       num_warps=num_warps, num_stages=num_stages, interpret=interpret)
+    return (o, lse) if return_lse else o
+
+
+def split_kv_attention_reference(q, k, v, *, kv_len=None, scale=None, return_lse=False, interpret=False,
+                                 block_kv=64, num_splits=None, num_warps=None, num_stages=None):
+    """The same function as `split_kv_attention`, computed densely in fp32 jnp."""
+    del interpret, num_warps, num_stages
+    b, nq, nk, hq, hkv, d = c.check_qkv(q, k, v)
+    _check_block_queries(q, k, block_kv, num_splits)
+    lengths = c.kv_lengths(kv_len, b, nk)
+    allowed = (jnp.arange(nk)[None, :] < lengths[:, None])[:, None, None, :]
+    o, lse = c.dense_reference(q, k, v, allowed, c.resolve_scale(scale, d))
+    return (o, lse) if return_lse else o
+
+
+def _check_gather(q, k, v, kv_indices, kv_counts, block_kv, num_splits):
+    b, nq, nk, hq, hkv, d = c.check_qkv(q, k, v)
+    _check_block_queries(q, k, block_kv, num_splits)
+    if kv_indices.ndim != 3 or kv_counts.ndim != 2:
+        raise ValueError(f"kv_indices must be [B, Hkv, max_keys] and kv_counts [B, Hkv]; got "
+                         f"{kv_indices.shape} and {kv_counts.shape}")
+    if kv_indices.shape[1] != hkv:
+        raise ValueError(f"kv_indices has {kv_indices.shape[1]} heads; the gathered form takes one list per "
+                         f"KV head ({hkv})")
+    indices, counts = c.check_index_lists(kv_indices[:, :, None], kv_counts[:, :, None], name="kv",
+                                          lead=(b, 1), heads=(hkv,), limit=nk)
+    return indices[:, :, 0], counts[:, :, 0], d
+
+
+def split_kv_gather_attention(q, k, v, kv_indices, kv_counts, *, scale=None, return_lse=False,
+                              interpret=False, block_kv=64, num_splits=None, num_warps=None, num_stages=None):
+    """Attention of a short query block over the cache rows listed per KV head (MAGE's sparse step).
+
+    Args:
+      q: [B, Nq, Hq, D]; k, v: [B, Nk, Hkv, D].
+      kv_indices, kv_counts: see the module docstring (one list per batch element and KV head,
+        shared by the G query heads of the group and all Nq queries).
+      scale, return_lse, block_kv, num_splits: as in `split_kv_attention`; the index list is split.
+
+    Returns o [B, Nq, Hq, D] in q.dtype, or (o, lse).
+    """
+    indices, counts, d = _check_gather(q, k, v, kv_indices, kv_counts, block_kv, num_splits)
+    splits = num_splits or default_num_splits(q.shape[0], k.shape[2], indices.shape[-1], block_kv)
+    o, lse = _split_kv_gather(q, k, v, indices, counts, scale=c.resolve_scale(scale, d), block_kv=block_kv,
+                              num_splits=splits, num_warps=num_warps, num_stages=num_stages, interpret=interpret)
+    return (o, lse) if return_lse else o
+
+
+def gather_mask(kv_indices, kv_counts, *, num_queries, num_keys, num_heads):
+    """The boolean [B, Hq, Nq, Nk] mask that per-KV-head lists describe."""
+    live = jnp.arange(kv_indices.shape[-1]) < kv_counts[..., None]
+    keys = jnp.any(jax.nn.one_hot(kv_indices, num_keys, dtype=bool) & live[..., None], axis=2)
+    keys = jnp.repeat(keys, num_heads // keys.shape[1], axis=1)
+    return jnp.broadcast_to(keys[:, :, None, :], keys.shape[:2] + (num_queries, num_keys))
+
+
+def split_kv_gather_attention_reference(q, k, v, kv_indices, kv_counts, *, scale=None, return_lse=False,
+                                        interpret=False, block_kv=64, num_splits=None, num_warps=None,
+                                        num_stages=None):
+    """The same function as `split_kv_gather_attention`, computed densely in fp32 jnp."""
+    del interpret, num_warps, num_stages
+    indices, counts, d = _check_gather(q, k, v, kv_indices, kv_counts, block_kv, num_splits)
+    allowed = gather_mask(indices, counts, num_queries=q.shape[1], num_keys=k.shape[1], num_heads=q.shape[2])
+    o, lse = c.dense_reference(q, k, v, allowed, c.resolve_scale(scale, d))
+    return (o, lse) if return_lse else o
