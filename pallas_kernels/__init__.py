@@ -1,4 +1,32 @@
-"""Pallas GPU attention kernels, one per module, each with a pure-JAX `<name>_reference` of the
-same signature (see docs in the repository README). Kernels arrive with the kernel issue."""
+"""Pallas GPU attention kernels (Triton backend), one per module, each with a pure-JAX
+`<name>_reference` of the same signature computing the same function densely.
 
-__all__: list[str] = []
+Layouts: q [B, Nq, Hq, D], k/v [B, Nk, Hkv, D] (GQA: Hq % Hkv == 0); every LSE is the natural-log
+log-sum-exp of the scaled logits, float32 [B, Hq, Nq], -inf for rows that saw no key.
+"""
+
+from pallas_kernels.block_pool import block_scores, block_scores_reference
+from pallas_kernels.block_sparse import block_sparse_attention, block_sparse_attention_reference
+from pallas_kernels.column_mass import column_scores, column_scores_reference
+from pallas_kernels.column_sparse import column_sparse_attention, column_sparse_attention_reference
+from pallas_kernels.flash import flash_attention, flash_attention_reference
+from pallas_kernels.kv_mass import kv_scores, kv_scores_reference
+from pallas_kernels.merge import merge_attention, merge_attention_reference
+from pallas_kernels.split_kv import (
+    split_kv_attention,
+    split_kv_attention_reference,
+    split_kv_gather_attention,
+    split_kv_gather_attention_reference,
+)
+
+__all__ = [
+    "block_scores", "block_scores_reference",
+    "block_sparse_attention", "block_sparse_attention_reference",
+    "column_scores", "column_scores_reference",
+    "column_sparse_attention", "column_sparse_attention_reference",
+    "flash_attention", "flash_attention_reference",
+    "kv_scores", "kv_scores_reference",
+    "merge_attention", "merge_attention_reference",
+    "split_kv_attention", "split_kv_attention_reference",
+    "split_kv_gather_attention", "split_kv_gather_attention_reference",
+]

@@ -165,6 +165,12 @@ def logits(q, k, scale_log2: float):
     return s * scale_log2
 
 
+def prob_shift(lse):
+    """Base-2 shift turning base-2 logits into probabilities: exp2(s - shift). A row with no keys
+    (lse = -inf) gets +inf, so its probabilities are 0 rather than NaN."""
+    return jnp.where(lse == -jnp.inf, jnp.inf, lse * LOG2E)
+
+
 def init_carry(rows: int, head_dim: int):
     return (jnp.zeros((rows, head_dim), jnp.float32),
             jnp.full((rows,), -jnp.inf, jnp.float32),

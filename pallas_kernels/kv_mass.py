@@ -1,0 +1,110 @@
+"""Mean softmax probability per cache key over a query block and its GQA group: MAGE's score.
+
+  score[b, g, k] = mean over the G query heads of KV head g and the Nq block queries of P[b, h, q, k],
+  P = exp(scale * q.k - lse) over the keys below kv_len, with the LSE of `split_kv_attention(...,
+      return_lse=True)` (or `flash_attention`) for the same q, k, scale and kv_len.
+
+MAGE then takes the top-k over the prefix positions (keys below the committed cache length).
+Grid (key-tile groups, batch, KV heads); each program folds its G heads x Nq queries into one tile
+(as split-KV attention does) and stores the column means of its key tiles. Cost: one QK^T of the
+block against the cache. Peak extra memory: the output, 4 * B * Hkv * Nk bytes (8 KV heads, 128k:
+4 MiB), and the folded q (tiny).
+"""
+
+from __future__ import annotations
+
+import functools
+
+import jax
+import jax.numpy as jnp
+from jax.experimental import pallas as pl
+
+from pallas_kernels import _common as c
+from pallas_kernels.block_pool import probabilities
+from pallas_kernels.split_kv import _fold_queries
+
+TILES_PER_PROGRAM = 8
+
+
+def _kernel(kvlen_ref, q_ref, lse_ref, k_ref, out_ref, *, scale_log2, block_kv, num_rows):
+    q = q_ref[...]
+    shift = c.prob_shift(lse_ref[...])
+    kv_len = kvlen_ref[0]
+    first = pl.program_id(0) * TILES_PER_PROGRAM
+
+    def body(j, carry):
+        start = pl.multiple_of((first + j) * block_kv, block_kv)
+        k = k_ref[pl.ds(start, block_kv), :]
+        s = c.logits(q, k, scale_log2)
+        s = jnp.where((start + jnp.arange(block_kv) < kv_len)[None, :], s, -jnp.inf)
+        out_ref[pl.ds(j * block_kv, block_kv)] = jnp.sum(jnp.exp2(s - shift[:, None]), axis=0) / num_rows
+        return carry
+
+    jax.lax.fori_loop(0, TILES_PER_PROGRAM, body, 0)
+
+
+@functools.partial(jax.jit, static_argnames=("scale", "block_kv", "num_warps", "num_stages", "interpret"))
+def _kv_scores(q, k, lse, kv_len, *, scale, block_kv, num_warps, num_stages, interpret):
+    b, nq, hq, d = q.shape
+    nk, hkv = k.shape[1], k.shape[2]
+    span = TILES_PER_PROGRAM * block_kv
+    n_prog = c.cdiv(nk, span)
+    k = c.pad_axis(k, 1, n_prog * span)
+    rows = max(16, c.next_pow2(nq * hq // hkv))
+    folded_q = _fold_queries(q, hkv, rows)
+    folded_lse = _fold_queries(lse.transpose(0, 2, 1)[..., None], hkv, rows)[..., 0]
+    folded_lse = jnp.where(jnp.arange(rows) < nq * hq // hkv, folded_lse, jnp.inf)  # pad rows: p = 0
+    kernel = functools.partial(_kernel, scale_log2=scale * c.LOG2E, block_kv=block_kv,
+                               num_rows=float(nq * hq // hkv))
+    out = pl.pallas_call(
+        kernel,
+        grid=(n_prog, b, hkv),
+        in_specs=[
+            pl.BlockSpec((None, 1), lambda s, bi, h: (bi, 0)),
+            pl.BlockSpec((None, None, rows, d), lambda s, bi, h: (bi, h, 0, 0)),
+            pl.BlockSpec((None, None, rows), lambda s, bi, h: (bi, h, 0)),
+            pl.BlockSpec((None, n_prog * span, None, d), lambda s, bi, h: (bi, 0, h, 0)),
+        ],
+        out_specs=pl.BlockSpec((None, None, span), lambda s, bi, h: (bi, h, s)),
+        out_shape=jax.ShapeDtypeStruct((b, hkv, n_prog * span), jnp.float32),
+        compiler_params=c.compiler_params(d, num_warps, num_stages),
+        interpret=interpret,
+        name="kv_scores",
+    )(kv_len[:, None], folded_q, folded_lse, k)
+    return out[..., :nk]
+
+
+def _check(q, k, lse, block_kv, kv_len):
+    b, nq, nk, hq, hkv, d = c.check_qkv(q, k, k)
+    c.check_block("block_kv", block_kv)
+    if nq * hq // hkv > 256:
+        raise ValueError(f"kv_scores folds G * Nq = {hq // hkv} * {nq} query rows into one tile; at most 256")
+    if lse.shape != (b, hq, nq) or lse.dtype != jnp.float32:
+        raise ValueError(f"lse must be float32 [B, Hq, Nq] = {(b, hq, nq)}, got {lse.dtype} {lse.shape}")
+    return c.kv_lengths(kv_len, b, nk), d
+
+
+def kv_scores(q, k, lse, *, scale=None, kv_len=None, interpret=False, block_kv=64, num_warps=None,
+              num_stages=None):
+    """Mean softmax probability per cache key over the block's queries and GQA group.
+
+    Args:
+      q: [B, Nq, Hq, D] (a block; G * Nq <= 256); k: [B, Nk, Hkv, D]; lse: f32 [B, Hq, Nq].
+      scale: default 1/sqrt(D). kv_len: None, int or int [B] (keys beyond it score 0).
+
+    Returns f32 [B, Hkv, Nk].
+    """
+    lengths, d = _check(q, k, lse, block_kv, kv_len)
+    return _kv_scores(q, k, lse, lengths, scale=c.resolve_scale(scale, d), block_kv=block_kv,
+                      num_warps=num_warps, num_stages=num_stages, interpret=interpret)
+
+
+def kv_scores_reference(q, k, lse, *, scale=None, kv_len=None, interpret=False, block_kv=64, num_warps=None,
+                        num_stages=None):
+    """The same function as `kv_scores`, from the dense probability matrix."""
+    del interpret, num_warps, num_stages
+    lengths, d = _check(q, k, lse, block_kv, kv_len)
+    p = probabilities(q, k, lse, lengths, c.resolve_scale(scale, d))  # [B, Hq, Nq, Nk]
+    b, hq, nq, nk = p.shape
+    hkv = k.shape[2]
+    return p.reshape(b, hkv, hq // hkv * nq, nk).mean(axis=2)

@@ -1,0 +1,337 @@
+"""Every Pallas kernel against its dense reference on fresh random inputs.
+
+`KernelChecks` is written once; `TestKernelsInterpret` runs it in Pallas interpret mode on CPU (CI)
+and `TestKernelsGPU` (marker `gpu`) compiles the same cases with Triton on the device. Interpret
+mode starts every output buffer as NaN (`test_interpret_outputs_start_poisoned` checks this), so a
+finite output that matches the reference proves every element was written.
+"""
+
+import functools
+import re
+import warnings
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+import pytest
+from jax.experimental import pallas as pl
+
+import pallas_kernels as pk
+
+pytestmark = pytest.mark.filterwarnings("ignore::DeprecationWarning")  # the Triton backend warns on use
+
+F32, BF16 = jnp.float32, jnp.bfloat16
+O_TOL = {F32: 2e-5, BF16: 2e-2}  # max |o - ref| / max(1, max |ref|)
+LSE_TOL = 2e-4
+SCORE_TOL = 1e-5  # max |score - ref| / max |ref|
+
+
+def qkv(rng, b, nq, nk, hq, hkv, d, dtype):
+    q = jnp.asarray(rng.standard_normal((b, nq, hq, d)), dtype)
+    k = jnp.asarray(rng.standard_normal((b, nk, hkv, d)), dtype)
+    v = jnp.asarray(rng.standard_normal((b, nk, hkv, d)), dtype)
+    return q, k, v
+
+
+def index_lists(rng, lead, items, width, *, garbage=True):
+    """Distinct ascending picks from range(items) per row, padded to `width` with garbage (any ints,
+    in or out of range) beyond a random count; the first row gets count 0 and the second `width`."""
+    rows = int(np.prod(lead))
+    idx = np.empty((rows, width), np.int64)
+    counts = rng.integers(0, width + 1, rows)
+    counts[0] = 0
+    if rows > 1:
+        counts[1] = width
+    for r in range(rows):
+        idx[r] = np.sort(rng.choice(items, width, replace=False))
+        if garbage:
+            idx[r, counts[r]:] = rng.integers(-3 * items, 3 * items, width - counts[r])
+    return jnp.asarray(idx.reshape(*lead, width), jnp.int32), jnp.asarray(counts.reshape(lead), jnp.int32)
+
+
+def assert_attention_close(out, ref, dtype):
+    (o, lse), (o_ref, lse_ref) = out, ref
+    o, o_ref = np.asarray(o, np.float32), np.asarray(o_ref, np.float32)
+    assert np.isfinite(o).all(), "output has unwritten (NaN) or non-finite elements"
+    err = np.abs(o - o_ref).max() / max(1.0, np.abs(o_ref).max())
+    assert err <= O_TOL[dtype], f"output error {err:.2e} > {O_TOL[dtype]:.0e}"
+    lse, lse_ref = np.asarray(lse), np.asarray(lse_ref)
+    assert lse.dtype == np.float32
+    np.testing.assert_array_equal(np.isneginf(lse), np.isneginf(lse_ref), err_msg="empty rows differ")
+    live = np.isfinite(lse_ref)
+    assert np.isfinite(lse[live]).all()
+    assert np.abs(lse[live] - lse_ref[live]).max(initial=0.0) <= LSE_TOL
+
+
+def assert_scores_close(out, ref):
+    out, ref = np.asarray(out), np.asarray(ref)
+    assert out.shape == ref.shape and np.isfinite(out).all()
+    err = np.abs(out - ref).max() / max(np.abs(ref).max(), 1e-30)
+    assert err <= SCORE_TOL, f"score error {err:.2e}"
+
+
+class KernelChecks:
+    INTERPRET = False
+
+    def both(self, kernel, reference, *args, **kwargs):
+        out = kernel(*args, return_lse=True, interpret=self.INTERPRET, **kwargs)
+        return out, reference(*args, return_lse=True, **kwargs)
+
+    # ---- flash ----
+    @pytest.mark.parametrize("dtype", [F32, BF16])
+    @pytest.mark.parametrize("b,nq,nk,hq,hkv,d,kv_len", [
+        (2, 40, 70, 4, 2, 64, None),        # tails on both axes, GQA
+        (1, 16, 16, 2, 2, 128, None),       # a single tile
+        (2, 33, 100, 4, 1, 128, [0, 57]),   # MQA, an empty row, a length inside a tile
+        (1, 50, 96, 2, 2, 64, 64),          # a length on a tile boundary
+    ])
+    def test_flash(self, rng, dtype, b, nq, nk, hq, hkv, d, kv_len):
+        q, k, v = qkv(rng, b, nq, nk, hq, hkv, d, dtype)
+        lengths = None if kv_len is None else jnp.asarray(kv_len)
+        out, ref = self.both(pk.flash_attention, pk.flash_attention_reference, q, k, v, kv_len=lengths,
+                             block_q=16, block_kv=32)
+        assert_attention_close(out, ref, dtype)
+
+    def test_flash_default_tiles(self, rng):
+        q, k, v = qkv(rng, 1, 200, 300, 2, 1, 64, BF16)
+        out, ref = self.both(pk.flash_attention, pk.flash_attention_reference, q, k, v)
+        assert_attention_close(out, ref, BF16)
+
+    # ---- block-sparse ----
+    @pytest.mark.parametrize("dtype", [F32, BF16])
+    @pytest.mark.parametrize("per_kv_head", [False, True])
+    @pytest.mark.parametrize("block_q,block_kv,nq,nk", [(32, 32, 70, 100), (64, 16, 64, 64), (16, 64, 20, 130)])
+    def test_block_sparse(self, rng, dtype, per_kv_head, block_q, block_kv, nq, nk):
+        b, hq, hkv, d = 2, 4, 2, 64
+        q, k, v = qkv(rng, b, nq, nk, hq, hkv, d, dtype)
+        n_kb = -(-nk // block_kv)
+        idx, cnt = index_lists(rng, (b, hkv if per_kv_head else hq, -(-nq // block_q)), n_kb, n_kb)
+        out, ref = self.both(pk.block_sparse_attention, pk.block_sparse_attention_reference, q, k, v, idx, cnt,
+                             block_q=block_q, block_kv=block_kv, kv_len=jnp.asarray([nk, nk - 7]))
+        assert_attention_close(out, ref, dtype)
+
+    def test_block_sparse_128_blocks_head_dim_128(self, rng):
+        q, k, v = qkv(rng, 1, 256, 300, 2, 2, 128, BF16)
+        idx, cnt = index_lists(rng, (1, 2, 2), 3, 2)
+        out, ref = self.both(pk.block_sparse_attention, pk.block_sparse_attention_reference, q, k, v, idx, cnt,
+                             block_q=128, block_kv=128)
+        assert_attention_close(out, ref, BF16)
+
+    @pytest.mark.parametrize("seed", range(3))
+    def test_block_sparse_random_patterns(self, seed):
+        rng = np.random.default_rng(1000 + seed)
+        hkv = int(rng.choice([1, 2]))
+        hq = hkv * int(rng.choice([1, 2]))
+        block_q, block_kv = (int(x) for x in rng.choice([16, 32], 2))
+        nq, nk = (int(x) for x in rng.integers(1, 120, 2))
+        dtype = [F32, BF16][seed % 2]
+        q, k, v = qkv(rng, 1, nq, nk, hq, hkv, 64, dtype)
+        n_kb = -(-nk // block_kv)
+        idx, cnt = index_lists(rng, (1, hq, -(-nq // block_q)), n_kb, int(rng.integers(1, n_kb + 1)))
+        out, ref = self.both(pk.block_sparse_attention, pk.block_sparse_attention_reference, q, k, v, idx, cnt,
+                             block_q=block_q, block_kv=block_kv)
+        assert_attention_close(out, ref, dtype)
+
+    # ---- column-sparse ----
+    @pytest.mark.parametrize("dtype", [F32, BF16])
+    @pytest.mark.parametrize("per_kv_head", [False, True])
+    @pytest.mark.parametrize("group_size,nq,nk,width", [(32, 70, 100, 40), (16, 16, 50, 50), (64, 10, 300, 100)])
+    def test_column_sparse(self, rng, dtype, per_kv_head, group_size, nq, nk, width):
+        b, hq, hkv, d = 2, 4, 2, 64
+        q, k, v = qkv(rng, b, nq, nk, hq, hkv, d, dtype)
+        idx, cnt = index_lists(rng, (b, hkv if per_kv_head else hq, -(-nq // group_size)), nk, width)
+        out, ref = self.both(pk.column_sparse_attention, pk.column_sparse_attention_reference, q, k, v, idx, cnt,
+                             group_size=group_size, block_cols=16)
+        assert_attention_close(out, ref, dtype)
+
+    @pytest.mark.parametrize("seed", range(3))
+    def test_column_sparse_random_patterns(self, seed):
+        rng = np.random.default_rng(2000 + seed)
+        hkv = int(rng.choice([1, 2]))
+        hq = hkv * int(rng.choice([1, 2]))
+        group_size = int(rng.choice([16, 32]))
+        nq, nk = (int(x) for x in rng.integers(1, 150, 2))
+        dtype = [F32, BF16][seed % 2]
+        q, k, v = qkv(rng, 1, nq, nk, hq, hkv, 128, dtype)
+        idx, cnt = index_lists(rng, (1, hq, -(-nq // group_size)), nk, int(rng.integers(1, nk + 1)))
+        out, ref = self.both(pk.column_sparse_attention, pk.column_sparse_attention_reference, q, k, v, idx, cnt,
+                             group_size=group_size)
+        assert_attention_close(out, ref, dtype)
+
+    # ---- split-KV ----
+    @pytest.mark.parametrize("dtype", [F32, BF16])
+    @pytest.mark.parametrize("nq,hq,hkv,nk,kv_len,splits", [
+        (4, 4, 2, 300, [0, 217], 3),     # an empty cache row, a length inside a tile
+        (32, 4, 1, 200, None, 8),        # more splits than live tiles on the short row
+        (5, 2, 2, 64, [64, 1], None),    # the default split count
+    ])
+    def test_split_kv(self, rng, dtype, nq, hq, hkv, nk, kv_len, splits):
+        q, k, v = qkv(rng, 2, nq, nk, hq, hkv, 64, dtype)
+        lengths = None if kv_len is None else jnp.asarray(kv_len)
+        out, ref = self.both(pk.split_kv_attention, pk.split_kv_attention_reference, q, k, v, kv_len=lengths,
+                             block_kv=32, num_splits=splits)
+        assert_attention_close(out, ref, dtype)
+
+    @pytest.mark.parametrize("dtype", [F32, BF16])
+    @pytest.mark.parametrize("nq,width,splits", [(4, 70, 2), (16, 200, 5), (3, 16, 1)])
+    def test_split_kv_gather(self, rng, dtype, nq, width, splits):
+        b, hq, hkv, nk = 2, 8, 2, 260
+        q, k, v = qkv(rng, b, nq, nk, hq, hkv, 128, dtype)
+        idx, cnt = index_lists(rng, (b, hkv), nk, width)
+        out, ref = self.both(pk.split_kv_gather_attention, pk.split_kv_gather_attention_reference, q, k, v, idx,
+                             cnt, block_kv=16, num_splits=splits)
+        assert_attention_close(out, ref, dtype)
+
+    # ---- merge ----
+    def test_merge_equals_attention_over_the_union(self, rng):
+        q, k, v = qkv(rng, 2, 20, 90, 4, 2, 64, F32)
+        lengths = jnp.asarray([90, 50])
+        full = pk.flash_attention_reference(q, k, v, kv_len=lengths, return_lse=True)
+        first = pk.flash_attention(q, k[:, :40], v[:, :40], kv_len=jnp.minimum(lengths, 40), return_lse=True,
+                                   interpret=self.INTERPRET)
+        second = pk.flash_attention(q, k[:, 40:], v[:, 40:], kv_len=lengths - 40, return_lse=True,
+                                    interpret=self.INTERPRET)
+        assert_attention_close(pk.merge_attention(*first, *second), full, F32)
+        assert_attention_close(pk.merge_attention(*first, *second), pk.merge_attention_reference(*first, *second),
+                               F32)
+
+    def test_merge_with_empty_sides(self, rng):
+        o1 = jnp.asarray(rng.standard_normal((1, 3, 2, 16)), F32)
+        lse1 = jnp.asarray([[[0.5, -jnp.inf, 2.0], [-jnp.inf, -jnp.inf, 1.0]]], F32)
+        lse2 = jnp.asarray([[[-jnp.inf, -jnp.inf, 1.0], [0.0, -jnp.inf, -jnp.inf]]], F32)
+        o2 = jnp.asarray(rng.standard_normal((1, 3, 2, 16)), F32)
+        o, lse = pk.merge_attention(o1, lse1, o2, lse2)
+        np.testing.assert_allclose(o[0, 0, 0], o1[0, 0, 0])          # only side 1 has keys
+        np.testing.assert_allclose(o[0, 0, 1], o2[0, 0, 1])          # only side 2
+        np.testing.assert_array_equal(o[0, 1], 0.0)                   # neither
+        assert np.isneginf(lse[0, :, 1]).all()
+        assert_attention_close((o, lse), pk.merge_attention_reference(o1, lse1, o2, lse2), F32)
+
+    # ---- pattern scores ----
+    @pytest.mark.parametrize("dtype", [F32, BF16])
+    @pytest.mark.parametrize("block_q,block_kv,nq,nk", [(32, 32, 70, 100), (16, 64, 16, 200)])
+    def test_block_scores(self, rng, dtype, block_q, block_kv, nq, nk):
+        q, k, _ = qkv(rng, 2, nq, nk, 4, 2, 64, dtype)
+        lengths = jnp.asarray([0, nk - 5])
+        _, lse = pk.flash_attention_reference(q, k, k, kv_len=lengths, return_lse=True)
+        out = pk.block_scores(q, k, lse, block_q=block_q, block_kv=block_kv, kv_len=lengths, interpret=self.INTERPRET)
+        ref = pk.block_scores_reference(q, k, lse, block_q=block_q, block_kv=block_kv, kv_len=lengths)
+        assert_scores_close(out, ref)
+        # Each query's probabilities sum to one, so a full block row sums to block_q / (block_q * block_kv).
+        np.testing.assert_allclose(np.asarray(out)[1, :, 0].sum(-1), 1.0 / block_kv, rtol=1e-5)
+        np.testing.assert_array_equal(np.asarray(out)[0], 0.0)
+
+    @pytest.mark.parametrize("dtype", [F32, BF16])
+    @pytest.mark.parametrize("group_size,nq,nk", [(32, 70, 100), (16, 20, 64)])
+    def test_column_scores(self, rng, dtype, group_size, nq, nk):
+        q, k, _ = qkv(rng, 2, nq, nk, 4, 1, 128, dtype)
+        lengths = jnp.asarray([nk, 9])
+        _, lse = pk.flash_attention_reference(q, k, k, kv_len=lengths, return_lse=True)
+        out = pk.column_scores(q, k, lse, group_size=group_size, kv_len=lengths, block_kv=16, interpret=self.INTERPRET)
+        ref = pk.column_scores_reference(q, k, lse, group_size=group_size, kv_len=lengths)
+        assert_scores_close(out, ref)
+        np.testing.assert_allclose(np.asarray(out).sum(-1), 1.0, rtol=1e-5)  # partial last group too
+        np.testing.assert_array_equal(np.asarray(out)[1, ..., 9:], 0.0)
+
+    @pytest.mark.parametrize("dtype", [F32, BF16])
+    @pytest.mark.parametrize("nq,hq,hkv,nk", [(4, 8, 2, 300), (32, 4, 4, 100), (1, 2, 1, 1100)])
+    def test_kv_scores(self, rng, dtype, nq, hq, hkv, nk):
+        q, k, _ = qkv(rng, 2, nq, nk, hq, hkv, 64, dtype)
+        lengths = jnp.asarray([nk - 3, 0])
+        _, lse = pk.split_kv_attention_reference(q, k, k, kv_len=lengths, return_lse=True)
+        out = pk.kv_scores(q, k, lse, kv_len=lengths, block_kv=32, interpret=self.INTERPRET)
+        ref = pk.kv_scores_reference(q, k, lse, kv_len=lengths)
+        assert_scores_close(out, ref)
+        np.testing.assert_allclose(np.asarray(out)[0].sum(-1), 1.0, rtol=1e-5)
+        np.testing.assert_array_equal(np.asarray(out)[1], 0.0)
+
+    # ---- inside jit: traced index arrays take the clamped path ----
+    def test_traced_indices_under_jit(self, rng):
+        q, k, v = qkv(rng, 1, 64, 64, 2, 2, 64, F32)
+        idx, cnt = index_lists(rng, (1, 2, 2), 2, 2)
+        run = jax.jit(functools.partial(pk.block_sparse_attention, block_q=32, block_kv=32, return_lse=True,
+                                        interpret=self.INTERPRET))
+        ref = pk.block_sparse_attention_reference(q, k, v, idx, cnt, block_q=32, block_kv=32, return_lse=True)
+        assert_attention_close(run(q, k, v, idx, cnt), ref, F32)
+
+
+class TestKernelsInterpret(KernelChecks):
+    INTERPRET = True
+
+    def test_interpret_outputs_start_poisoned(self):
+        def writes_half(x_ref, o_ref):
+            o_ref[pl.ds(0, 8)] = x_ref[pl.ds(0, 8)]
+
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore")
+            out = pl.pallas_call(writes_half, out_shape=jax.ShapeDtypeStruct((16,), F32), interpret=True)(
+                jnp.ones(16, F32))
+        assert np.isnan(np.asarray(out)[8:]).all()
+
+
+@pytest.mark.gpu
+class TestKernelsGPU(KernelChecks):
+    INTERPRET = False
+
+    @pytest.fixture(autouse=True)
+    def require_gpu(self):
+        if jax.default_backend() != "gpu":
+            pytest.fail("gpu-marked tests need a GPU; deselect them with -m 'not gpu' on CPU machines")
+
+    def test_long_bf16_shapes(self, rng):
+        q, k, v = qkv(rng, 1, 1000, 1500, 8, 2, 128, BF16)
+        idx, cnt = index_lists(rng, (1, 8, 8), 12, 6)
+        out, ref = self.both(pk.block_sparse_attention, pk.block_sparse_attention_reference, q, k, v, idx, cnt,
+                             block_q=128, block_kv=128)
+        assert_attention_close(out, ref, BF16)
+        cols, counts = index_lists(rng, (1, 8, 16), 1500, 300)
+        out, ref = self.both(pk.column_sparse_attention, pk.column_sparse_attention_reference, q, k, v, cols,
+                             counts, group_size=64)
+        assert_attention_close(out, ref, BF16)
+        out, ref = self.both(pk.split_kv_attention, pk.split_kv_attention_reference, q[:, :32], k, v,
+                             kv_len=jnp.asarray([1234]))
+        assert_attention_close(out, ref, BF16)
+
+
+# ---- bad input: a ValueError naming the problem, checked on the host before any kernel runs ----
+def _bad_calls():
+    q, k, v = (jnp.zeros(s, BF16) for s in [(1, 64, 4, 64), (1, 64, 2, 64), (1, 64, 2, 64)])
+    idx, cnt = jnp.zeros((1, 4, 2, 2), jnp.int32), jnp.ones((1, 4, 2), jnp.int32)
+    lse = jnp.zeros((1, 4, 64), F32)
+    bs = functools.partial(pk.block_sparse_attention, block_q=32, block_kv=32)
+    cs = functools.partial(pk.column_sparse_attention, group_size=32)
+    return {
+        "rank": (lambda: pk.flash_attention(q[0], k, v), "must be [batch, seq, heads, head_dim]"),
+        "dtype": (lambda: pk.flash_attention(q.astype(jnp.int8), k, v), "not supported"),
+        "mixed dtypes": (lambda: pk.flash_attention(q.astype(F32), k, v), "share a dtype"),
+        "head_dim": (lambda: pk.flash_attention(*(x[..., :48] for x in (q, k, v))), "head_dim=48"),
+        "gqa": (lambda: pk.flash_attention(q[:, :, :3], k, v), "multiple of key/value heads"),
+        "kv_len range": (lambda: pk.flash_attention(q, k, v, kv_len=65), "out of range"),
+        "kv_len shape": (lambda: pk.flash_attention(q, k, v, kv_len=jnp.asarray([3, 4])), "kv_len must be"),
+        "block size": (lambda: pk.flash_attention(q, k, v, block_q=48), "block_q=48"),
+        "negative index": (lambda: bs(q, k, v, idx.at[0, 0, 0, 0].set(-1), cnt), "out of range"),
+        "index too large": (lambda: bs(q, k, v, idx.at[0, 1, 1, 0].set(2), cnt), "index 2"),
+        "count too large": (lambda: bs(q, k, v, idx, cnt.at[0, 0, 0].set(3)), "counts must lie in"),
+        "negative count": (lambda: bs(q, k, v, idx, cnt.at[0, 0, 0].set(-1)), "counts must lie in"),
+        "duplicate": (lambda: bs(q, k, v, idx, cnt.at[0, 0, 0].set(2)), "repeat"),
+        "index heads": (lambda: bs(q, k, v, idx[:, :3], cnt[:, :3]), "indices have shape"),
+        "index rows": (lambda: bs(q, k, v, idx[:, :, :1], cnt[:, :, :1]), "indices have shape"),
+        "count shape": (lambda: bs(q, k, v, idx, cnt[:, :2]), "counts have shape"),
+        "float indices": (lambda: bs(q, k, v, idx.astype(F32), cnt), "must be integers"),
+        "column range": (lambda: cs(q, k, v, idx.at[0, 0, 0, 0].set(64), cnt), "out of range [0, 64)"),
+        "group size": (lambda: pk.column_sparse_attention(q, k, v, idx, cnt, group_size=24), "group_size=24"),
+        "split-KV rows": (lambda: pk.split_kv_attention(jnp.zeros((1, 200, 4, 64), BF16), k, v), "at most 256"),
+        "gather heads": (lambda: pk.split_kv_gather_attention(q[:, :4], k, v, idx[:, :, 0], cnt[:, :, 0]),
+                         "one list per KV head"),
+        "lse dtype": (lambda: pk.block_scores(q, k, lse.astype(BF16), block_q=32, block_kv=32), "lse must be float32"),
+        "lse shape": (lambda: pk.column_scores(q, k, lse[:, :2], group_size=32), "lse must be"),
+        "merge shapes": (lambda: pk.merge_attention(q, lse, q[:, :10], lse), "same shape"),
+        "merge bf16 lse": (lambda: pk.merge_attention(q, lse.astype(BF16), q, lse), "float32"),
+    }
+
+
+@pytest.mark.parametrize("case", list(_bad_calls()))
+def test_bad_input_raises_value_error(case):
+    call, message = _bad_calls()[case]
+    with pytest.raises(ValueError, match=re.escape(message)):
+        call()
