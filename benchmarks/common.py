@@ -44,6 +44,21 @@ def time_fn(fn, *args, warmup=2, repeats=10):
     return float(np.median(times)), float(np.min(times)), float(np.max(times))
 
 
+def time_calls(fn, *args, calls=10, repeats=5, warmup=2):
+    """Median seconds per call over `repeats` bursts of `calls` back-to-back calls, synchronising
+    only after each burst, so that dispatch overlaps the previous call (fair to sub-ms kernels)."""
+    for _ in range(warmup):
+        jax.block_until_ready(fn(*args))
+    times = []
+    for _ in range(repeats):
+        start = time.perf_counter()
+        for _ in range(calls):
+            out = fn(*args)
+        jax.block_until_ready(out)
+        times.append((time.perf_counter() - start) / calls)
+    return float(np.median(times))
+
+
 ATTENTION_KERNEL = re.compile(r"sdpa|fmha|flash|attention", re.IGNORECASE)
 
 
@@ -71,8 +86,6 @@ def profiled_attention_share(fn, *args, trace_dir: Path):
     top = sorted(by_name.items(), key=lambda kv: -kv[1])[:6]
     print("top GPU kernels: " + "; ".join(f"{name} {us / 1e3:.2f} ms" for name, us in top), flush=True)
     return attention / total, total / 1e3
-
-
 
 
 def fmt(x):
