@@ -26,7 +26,6 @@ from pathlib import Path
 
 import jax
 import jax.numpy as jnp
-import numpy as np
 
 import pallas_kernels as pk
 from benchmarks.common import time_calls, write_results

@@ -9,7 +9,6 @@ elementwise op: XLA fuses it into one pass, so it needs no Pallas kernel.
 
 from __future__ import annotations
 
-import jax
 import jax.numpy as jnp
 
 
