@@ -33,9 +33,9 @@ from benchmarks.common import time_calls, write_results
 warnings.filterwarnings("ignore", category=DeprecationWarning)  # the Pallas Triton backend warns on use
 
 HEADS, HEAD_DIM, DTYPE = 32, 128, jnp.bfloat16
-FLASH_TILINGS = [(128, 128, 8, 2), (128, 128, 8, 3), (128, 64, 8, 2), (64, 128, 4, 2), (64, 64, 4, 2)]
-SPARSE_TUNINGS = [(8, 2), (8, 3), (4, 2)]  # (num_warps, num_stages)
-COLUMN_TUNINGS = [(64, 8, 2), (64, 4, 2), (128, 8, 2)]  # (block_cols, num_warps, num_stages)
+FLASH_TILINGS = [(128, 128, 8, 3), (128, 128, 8, 2), (128, 64, 8, 3)]
+SPARSE_TUNINGS = [(8, 3, False), (8, 3, True), (8, 2, True), (8, 4, True)]  # (warps, stages, preload)
+COLUMN_TUNINGS = [(64, 8, 2, False), (64, 8, 2, True), (64, 4, 3, True), (128, 8, 2, True)]  # cols, w, s, prefetch
 
 
 def randn(key, shape):
@@ -100,9 +100,9 @@ def block_section(lengths, densities, block, rows, cudnn_times):
         for d in densities:
             width = max(1, round(d * n_b))
             idx, cnt = random_lists(jax.random.key(n + width), rows=n_b, items=n_b, width=width, heads=HEADS)
-            cands = [(f"w{w} s{s}", jax.jit(functools.partial(pk.block_sparse_attention, block_q=block,
-                                                               block_kv=block, num_warps=w, num_stages=s)),
-                      (q, k, v, idx, cnt)) for w, s in SPARSE_TUNINGS]
+            cands = [(f"w{w} s{s}{' preload' if p else ''}", jax.jit(functools.partial(
+                pk.block_sparse_attention, block_q=block, block_kv=block, num_warps=w, num_stages=s,
+                preload_indices=p)), (q, k, v, idx, cnt)) for w, s, p in SPARSE_TUNINGS]
             t, name = best(cands, rows, f"block N={n} d={d}")
             if t is None:
                 continue
@@ -120,9 +120,9 @@ def column_section(lengths, densities, group, rows, cudnn_times):
             width = max(128, round(d * n / 128) * 128)
             idx, cnt = random_lists(jax.random.key(n + width + 1), rows=n_g, items=n, width=min(width, n),
                                     heads=HEADS)
-            cands = [(f"cols{bc} w{w} s{s}", jax.jit(functools.partial(
-                pk.column_sparse_attention, group_size=group, block_cols=bc, num_warps=w, num_stages=s)),
-                (q, k, v, idx, cnt)) for bc, w, s in COLUMN_TUNINGS]
+            cands = [(f"cols{bc} w{w} s{s}{' prefetch' if p else ''}", jax.jit(functools.partial(
+                pk.column_sparse_attention, group_size=group, block_cols=bc, num_warps=w, num_stages=s,
+                prefetch_indices=p)), (q, k, v, idx, cnt)) for bc, w, s, p in COLUMN_TUNINGS]
             t, name = best(cands, rows, f"column N={n} d={d}")
             if t is None:
                 continue
@@ -136,14 +136,18 @@ def splitkv_section(cache_lengths, rows, block_tokens=32, kv_heads=8):
     for s in cache_lengths:
         q, k, v = qkv(s, kv_heads=kv_heads, nq=block_tokens, seed=s)
         kv_bytes = k.nbytes + v.nbytes
-        copy_t = time_calls(jax.jit(lambda x: -x), k)
-        copy_bw = 2 * k.nbytes / copy_t
+        big = jnp.zeros((1 << 29,), DTYPE)  # 1 GiB: copy bandwidth without launch effects
+        copy_bw = 2 * big.nbytes / time_calls(jax.jit(lambda x: -x), big)
+        del big
         t_cudnn = time_calls(jax.jit(cudnn), q, k, v)
         err = float(jnp.abs(pk.split_kv_attention(q, k, v).astype(jnp.float32)
                             - cudnn(q, k, v).astype(jnp.float32)).max())
         cands = [(f"bk{bk} splits{sp}", jax.jit(functools.partial(pk.split_kv_attention, block_kv=bk,
                                                                    num_splits=sp)), (q, k, v))
-                 for bk in (64, 128) for sp in (None, 16, 32, 64, 128)]
+                 for bk in (64, 128) for sp in (None, 16, 32, 64)] + [
+            (f"bk128 splits{sp} w{w} s{st}", jax.jit(functools.partial(
+                pk.split_kv_attention, block_kv=128, num_splits=sp, num_warps=w, num_stages=st)), (q, k, v))
+            for sp in (None, 32) for w, st in ((8, 3), (8, 4), (4, 3), (4, 4))]
         t, name = best(cands, rows, f"split-KV S={s}")
         t_default = time_calls(jax.jit(pk.split_kv_attention), q, k, v)
         row = dict(section="splitkv", cache=s, block_tokens=block_tokens, heads=HEADS, kv_heads=kv_heads,

@@ -44,11 +44,14 @@ def time_fn(fn, *args, warmup=2, repeats=10):
     return float(np.median(times)), float(np.min(times)), float(np.max(times))
 
 
-def time_calls(fn, *args, calls=10, repeats=5, warmup=2):
-    """Median seconds per call over `repeats` bursts of `calls` back-to-back calls, synchronising
-    only after each burst, so that dispatch overlaps the previous call (fair to sub-ms kernels)."""
-    for _ in range(warmup):
-        jax.block_until_ready(fn(*args))
+def time_calls(fn, *args, repeats=5, burst_s=0.05):
+    """Median seconds per call over `repeats` bursts of back-to-back calls, synchronising only after
+    each burst, so that dispatch overlaps the previous call (fair to sub-ms kernels). A burst holds
+    about `burst_s` of work (at least one call)."""
+    jax.block_until_ready(fn(*args))  # compile
+    start = time.perf_counter()
+    jax.block_until_ready(fn(*args))
+    calls = int(min(50, max(1, burst_s / (time.perf_counter() - start))))
     times = []
     for _ in range(repeats):
         start = time.perf_counter()

@@ -19,6 +19,9 @@ from jax.experimental.pallas import triton as pltriton
 LOG2E = math.log2(math.e)
 LN2 = math.log(2.0)
 DTYPES = (jnp.dtype(jnp.bfloat16), jnp.dtype(jnp.float16), jnp.dtype(jnp.float32))
+# Triton lowers DEFAULT/HIGH fp32 dots to TF32 (~1e-3 error); HIGHEST asks for IEEE fp32. bf16 and
+# f16 dots are unaffected (their inputs are exact on the tensor cores either way).
+EXACT_F32 = jax.lax.Precision.HIGHEST
 HEAD_DIMS = (16, 32, 64, 128, 256)  # powers of two (Triton tiles); 64 and 128 are the tuned ones
 
 
@@ -161,7 +164,7 @@ def pad_last_repeat(x: jax.Array, size: int) -> jax.Array:
 
 def logits(q, k, scale_log2: float):
     """Base-2 scaled logits of a query tile [m, D] against a key tile [n, D]: f32 [m, n]."""
-    s = jax.lax.dot_general(q, k, (((1,), (1,)), ((), ())), preferred_element_type=jnp.float32)
+    s = jax.lax.dot_general(q, k, (((1,), (1,)), ((), ())), precision=EXACT_F32, preferred_element_type=jnp.float32)
     return s * scale_log2
 
 
@@ -189,7 +192,7 @@ def tile_update(carry, q, k, v, scale_log2: float, valid=None):
     p = jnp.exp2(s - shift[:, None])
     alpha = jnp.exp2(m - shift)
     l = l * alpha + jnp.sum(p, axis=1)
-    pv = jax.lax.dot_general(p.astype(v.dtype), v, (((1,), (0,)), ((), ())),
+    pv = jax.lax.dot_general(p.astype(v.dtype), v, (((1,), (0,)), ((), ())), precision=EXACT_F32,
                              preferred_element_type=jnp.float32)
     return acc * alpha[:, None] + pv, m_new, l
 

@@ -26,12 +26,18 @@ from pallas_kernels import _common as c
 
 
 def _kernel(kvlen_ref, cnt_ref, idx_ref, q_ref, k_ref, v_ref, o_ref, lse_ref, *, scale_log2, block_kv,
-            masked):
+            masked, preload):
     q = q_ref[...]
     kv_len = kvlen_ref[0]
+    if preload:
+        # Reading the index row once keeps a global load out of the address chain of every K/V tile,
+        # so Triton's pipeliner can prefetch the next tile; element j is picked in registers.
+        row = idx_ref[...]
+        positions = jnp.arange(row.shape[0])
 
     def body(j, carry):
-        start = pl.multiple_of(idx_ref[j] * block_kv, block_kv)
+        block = jnp.sum(jnp.where(positions == j, row, 0)) if preload else idx_ref[j]
+        start = pl.multiple_of(block * block_kv, block_kv)
         k = k_ref[pl.ds(start, block_kv), :]
         v = v_ref[pl.ds(start, block_kv), :]
         valid = (start + jnp.arange(block_kv) < kv_len)[None, :] if masked else None
@@ -43,9 +49,9 @@ def _kernel(kvlen_ref, cnt_ref, idx_ref, q_ref, k_ref, v_ref, o_ref, lse_ref, *,
     lse_ref[...] = lse
 
 
-@functools.partial(jax.jit, static_argnames=("scale", "block_q", "block_kv", "masked", "num_warps",
+@functools.partial(jax.jit, static_argnames=("scale", "block_q", "block_kv", "masked", "preload", "num_warps",
                                              "num_stages", "interpret"))
-def _block_sparse(q, k, v, indices, counts, kv_len, *, scale, block_q, block_kv, masked, num_warps,
+def _block_sparse(q, k, v, indices, counts, kv_len, *, scale, block_q, block_kv, masked, preload, num_warps,
                   num_stages, interpret):
     b, nq, hq, d = q.shape
     nk, hkv = k.shape[1], k.shape[2]
@@ -56,7 +62,8 @@ def _block_sparse(q, k, v, indices, counts, kv_len, *, scale, block_q, block_kv,
     width = c.next_pow2(indices.shape[3])
     indices = c.pad_last_repeat(indices, width)
     kv_group, idx_group = hq // hkv, hq // indices.shape[1]
-    kernel = functools.partial(_kernel, scale_log2=scale * c.LOG2E, block_kv=block_kv, masked=masked)
+    kernel = functools.partial(_kernel, scale_log2=scale * c.LOG2E, block_kv=block_kv, masked=masked,
+                               preload=preload)
     o, lse = pl.pallas_call(
         kernel,
         grid=(n_qb, b, hq),
@@ -92,7 +99,8 @@ def _check(q, k, v, kv_block_indices, kv_block_counts, block_q, block_kv, kv_len
 
 
 def block_sparse_attention(q, k, v, kv_block_indices, kv_block_counts, *, block_q, block_kv, scale=None,
-                           kv_len=None, return_lse=False, interpret=False, num_warps=None, num_stages=None):
+                           kv_len=None, return_lse=False, interpret=False, num_warps=None, num_stages=None,
+                           preload_indices=False):
     """Attention of each query block over its listed key blocks only.
 
     Args:
@@ -102,6 +110,7 @@ def block_sparse_attention(q, k, v, kv_block_indices, kv_block_counts, *, block_
       block_q, block_kv: the pattern's block sizes, powers of two >= 16 (32, 64, 128 typical).
       scale: default 1/sqrt(D). kv_len: None, int or int [B]; keys at or beyond it are ignored.
       return_lse: also return the natural-log LSE f32 [B, Hq, Nq].
+      num_warps, num_stages, preload_indices: tuning (preload reads each index row once up front).
 
     Returns o [B, Nq, Hq, D] in q.dtype, or (o, lse).
     """
@@ -109,7 +118,7 @@ def block_sparse_attention(q, k, v, kv_block_indices, kv_block_counts, *, block_
                                          kv_len)
     masked = kv_len is not None or k.shape[1] % block_kv != 0
     o, lse = _block_sparse(q, k, v, indices, counts, lengths, scale=c.resolve_scale(scale, d),
-                           block_q=block_q, block_kv=block_kv, masked=masked, num_warps=num_warps,
+                           block_q=block_q, block_kv=block_kv, masked=masked, preload=preload_indices, num_warps=num_warps,
                            num_stages=num_stages, interpret=interpret)
     return (o, lse) if return_lse else o
 
@@ -127,9 +136,9 @@ def block_mask(kv_block_indices, kv_block_counts, *, block_q, block_kv, num_quer
 
 def block_sparse_attention_reference(q, k, v, kv_block_indices, kv_block_counts, *, block_q, block_kv,
                                      scale=None, kv_len=None, return_lse=False, interpret=False,
-                                     num_warps=None, num_stages=None):
+                                     num_warps=None, num_stages=None, preload_indices=False):
     """The same function as `block_sparse_attention`, computed densely in fp32 jnp."""
-    del interpret, num_warps, num_stages
+    del interpret, num_warps, num_stages, preload_indices
     indices, counts, lengths, d = _check(q, k, v, kv_block_indices, kv_block_counts, block_q, block_kv,
                                          kv_len)
     nq, nk, hq = q.shape[1], k.shape[1], q.shape[2]

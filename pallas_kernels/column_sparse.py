@@ -24,28 +24,38 @@ from jax.experimental import pallas as pl
 from pallas_kernels import _common as c
 
 
-def _kernel(cnt_ref, idx_ref, q_ref, k_ref, v_ref, o_ref, lse_ref, *, scale_log2, block_cols):
+def _kernel(cnt_ref, idx_ref, q_ref, k_ref, v_ref, o_ref, lse_ref, *, scale_log2, block_cols, prefetch):
     q = q_ref[...]
     count = cnt_ref[0]
+    last_tile = idx_ref.shape[0] // block_cols - 1
 
-    def body(t, carry):
-        start = pl.multiple_of(t * block_cols, block_cols)
-        cols = idx_ref[pl.ds(start, block_cols)]
+    def tile_cols(t):
+        return idx_ref[pl.ds(pl.multiple_of(jnp.minimum(t, last_tile) * block_cols, block_cols), block_cols)]
+
+    def body(t, state):
+        carry, cols = state if prefetch else (state, tile_cols(t))
+        if prefetch:  # read the next tile's indices before this tile's gathers (hides the index latency)
+            upcoming = tile_cols(t + 1)
         k = k_ref[cols, :]
         v = v_ref[cols, :]
-        valid = (start + jnp.arange(block_cols) < count)[None, :]
-        return c.tile_update(carry, q, k, v, scale_log2, valid)
+        valid = (t * block_cols + jnp.arange(block_cols) < count)[None, :]
+        carry = c.tile_update(carry, q, k, v, scale_log2, valid)
+        return (carry, upcoming) if prefetch else carry
 
-    carry = jax.lax.fori_loop(0, (count + block_cols - 1) // block_cols, body,
-                              c.init_carry(q.shape[0], q.shape[1]))
+    init = c.init_carry(q.shape[0], q.shape[1])
+    n_tiles = (count + block_cols - 1) // block_cols
+    if prefetch:
+        carry, _ = jax.lax.fori_loop(0, n_tiles, body, (init, tile_cols(0)))
+    else:
+        carry = jax.lax.fori_loop(0, n_tiles, body, init)
     o, lse = c.finalize(carry)
     o_ref[...] = o.astype(o_ref.dtype)
     lse_ref[...] = lse
 
 
-@functools.partial(jax.jit, static_argnames=("scale", "group_size", "block_cols", "num_warps", "num_stages",
-                                             "interpret"))
-def _column_sparse(q, k, v, indices, counts, *, scale, group_size, block_cols, num_warps, num_stages,
+@functools.partial(jax.jit, static_argnames=("scale", "group_size", "block_cols", "prefetch", "num_warps",
+                                             "num_stages", "interpret"))
+def _column_sparse(q, k, v, indices, counts, *, scale, group_size, block_cols, prefetch, num_warps, num_stages,
                    interpret):
     b, nq, hq, d = q.shape
     nk, hkv = k.shape[1], k.shape[2]
@@ -55,7 +65,7 @@ def _column_sparse(q, k, v, indices, counts, *, scale, group_size, block_cols, n
     width = c.cdiv(indices.shape[3], block_cols) * block_cols
     indices = c.pad_last_repeat(indices, width)
     kv_group, idx_group = hq // hkv, hq // indices.shape[1]
-    kernel = functools.partial(_kernel, scale_log2=scale * c.LOG2E, block_cols=block_cols)
+    kernel = functools.partial(_kernel, scale_log2=scale * c.LOG2E, block_cols=block_cols, prefetch=prefetch)
     o, lse = pl.pallas_call(
         kernel,
         grid=(n_groups, b, hq),
@@ -89,7 +99,8 @@ def _check(q, k, v, col_indices, col_counts, group_size, block_cols):
 
 
 def column_sparse_attention(q, k, v, col_indices, col_counts, *, group_size, scale=None, return_lse=False,
-                            interpret=False, block_cols=64, num_warps=None, num_stages=None):
+                            interpret=False, block_cols=64, num_warps=None, num_stages=None,
+                            prefetch_indices=False):
     """Attention of each query group over its listed key columns only.
 
     Args:
@@ -99,12 +110,13 @@ def column_sparse_attention(q, k, v, col_indices, col_counts, *, group_size, sca
       group_size: queries per group sharing one column list, a power of two >= 16.
       scale: default 1/sqrt(D). return_lse: also return the natural-log LSE f32 [B, Hq, Nq].
       block_cols: gathered rows per tile (power of two >= 16).
+      num_warps, num_stages, prefetch_indices: tuning (prefetch reads tile t+1's indices during t).
 
     Returns o [B, Nq, Hq, D] in q.dtype, or (o, lse).
     """
     indices, counts, d = _check(q, k, v, col_indices, col_counts, group_size, block_cols)
     o, lse = _column_sparse(q, k, v, indices, counts, scale=c.resolve_scale(scale, d), group_size=group_size,
-                            block_cols=block_cols, num_warps=num_warps, num_stages=num_stages,
+                            block_cols=block_cols, prefetch=prefetch_indices, num_warps=num_warps, num_stages=num_stages,
                             interpret=interpret)
     return (o, lse) if return_lse else o
 
@@ -119,9 +131,9 @@ def column_mask(col_indices, col_counts, *, group_size, num_queries, num_keys, n
 
 def column_sparse_attention_reference(q, k, v, col_indices, col_counts, *, group_size, scale=None,
                                       return_lse=False, interpret=False, block_cols=64, num_warps=None,
-                                      num_stages=None):
+                                      num_stages=None, prefetch_indices=False):
     """The same function as `column_sparse_attention`, computed densely in fp32 jnp."""
-    del interpret, num_warps, num_stages
+    del interpret, num_warps, num_stages, prefetch_indices
     indices, counts, d = _check(q, k, v, col_indices, col_counts, group_size, block_cols)
     allowed = column_mask(indices, counts, group_size=group_size, num_queries=q.shape[1], num_keys=k.shape[1],
                           num_heads=q.shape[2])

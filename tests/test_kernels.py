@@ -110,11 +110,12 @@ class KernelChecks:
                              block_q=block_q, block_kv=block_kv, kv_len=jnp.asarray([nk, nk - 7]))
         assert_attention_close(out, ref, dtype)
 
-    def test_block_sparse_128_blocks_head_dim_128(self, rng):
+    @pytest.mark.parametrize("preload", [False, True])
+    def test_block_sparse_128_blocks_head_dim_128(self, rng, preload):
         q, k, v = qkv(rng, 1, 256, 300, 2, 2, 128, BF16)
         idx, cnt = index_lists(rng, (1, 2, 2), 3, 2)
         out, ref = self.both(pk.block_sparse_attention, pk.block_sparse_attention_reference, q, k, v, idx, cnt,
-                             block_q=128, block_kv=128)
+                             block_q=128, block_kv=128, preload_indices=preload)
         assert_attention_close(out, ref, BF16)
 
     @pytest.mark.parametrize("seed", range(3))
@@ -129,7 +130,7 @@ class KernelChecks:
         n_kb = -(-nk // block_kv)
         idx, cnt = index_lists(rng, (1, hq, -(-nq // block_q)), n_kb, int(rng.integers(1, n_kb + 1)))
         out, ref = self.both(pk.block_sparse_attention, pk.block_sparse_attention_reference, q, k, v, idx, cnt,
-                             block_q=block_q, block_kv=block_kv)
+                             block_q=block_q, block_kv=block_kv, preload_indices=bool(seed % 2))
         assert_attention_close(out, ref, dtype)
 
     # ---- column-sparse ----
@@ -137,11 +138,12 @@ class KernelChecks:
     @pytest.mark.parametrize("per_kv_head", [False, True])
     @pytest.mark.parametrize("group_size,nq,nk,width", [(32, 70, 100, 40), (16, 16, 50, 50), (64, 10, 300, 100)])
     def test_column_sparse(self, rng, dtype, per_kv_head, group_size, nq, nk, width):
+        prefetch = per_kv_head and dtype == BF16
         b, hq, hkv, d = 2, 4, 2, 64
         q, k, v = qkv(rng, b, nq, nk, hq, hkv, d, dtype)
         idx, cnt = index_lists(rng, (b, hkv if per_kv_head else hq, -(-nq // group_size)), nk, width)
         out, ref = self.both(pk.column_sparse_attention, pk.column_sparse_attention_reference, q, k, v, idx, cnt,
-                             group_size=group_size, block_cols=16)
+                             group_size=group_size, block_cols=16, prefetch_indices=prefetch)
         assert_attention_close(out, ref, dtype)
 
     @pytest.mark.parametrize("seed", range(3))
@@ -155,7 +157,7 @@ class KernelChecks:
         q, k, v = qkv(rng, 1, nq, nk, hq, hkv, 128, dtype)
         idx, cnt = index_lists(rng, (1, hq, -(-nq // group_size)), nk, int(rng.integers(1, nk + 1)))
         out, ref = self.both(pk.column_sparse_attention, pk.column_sparse_attention_reference, q, k, v, idx, cnt,
-                             group_size=group_size)
+                             group_size=group_size, prefetch_indices=bool(seed % 2))
         assert_attention_close(out, ref, dtype)
 
     # ---- split-KV ----
