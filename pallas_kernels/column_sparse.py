@@ -99,8 +99,8 @@ def _check(q, k, v, col_indices, col_counts, group_size, block_cols):
 
 
 def column_sparse_attention(q, k, v, col_indices, col_counts, *, group_size, scale=None, return_lse=False,
-                            interpret=False, block_cols=64, num_warps=None, num_stages=None,
-                            prefetch_indices=False):
+                            interpret=False, block_cols=128, num_warps=None, num_stages=None,
+                            prefetch_indices=True):
     """Attention of each query group over its listed key columns only.
 
     Args:
@@ -111,6 +111,7 @@ def column_sparse_attention(q, k, v, col_indices, col_counts, *, group_size, sca
       scale: default 1/sqrt(D). return_lse: also return the natural-log LSE f32 [B, Hq, Nq].
       block_cols: gathered rows per tile (power of two >= 16).
       num_warps, num_stages, prefetch_indices: tuning (prefetch reads tile t+1's indices during t).
+        Defaults (128 columns, 8 warps, 2 stages, prefetch) were fastest on H200 at 4k-64k.
 
     Returns o [B, Nq, Hq, D] in q.dtype, or (o, lse).
     """
@@ -130,8 +131,8 @@ def column_mask(col_indices, col_counts, *, group_size, num_queries, num_keys, n
 
 
 def column_sparse_attention_reference(q, k, v, col_indices, col_counts, *, group_size, scale=None,
-                                      return_lse=False, interpret=False, block_cols=64, num_warps=None,
-                                      num_stages=None, prefetch_indices=False):
+                                      return_lse=False, interpret=False, block_cols=128, num_warps=None,
+                                      num_stages=None, prefetch_indices=True):
     """The same function as `column_sparse_attention`, computed densely in fp32 jnp."""
     del interpret, num_warps, num_stages, prefetch_indices
     indices, counts, d = _check(q, k, v, col_indices, col_counts, group_size, block_cols)

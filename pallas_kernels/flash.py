@@ -62,7 +62,7 @@ def _flash(q, k, v, kv_len, *, scale, block_q, block_kv, num_warps, num_stages, 
         ],
         out_shape=[jax.ShapeDtypeStruct((b, nq_pad, hq, d), q.dtype),
                    jax.ShapeDtypeStruct((b, hq, nq_pad), jnp.float32)],
-        compiler_params=c.compiler_params(d, num_warps, num_stages),
+        compiler_params=c.compiler_params(d, num_warps, num_stages if num_stages is not None else 3),
         interpret=interpret,
         name="flash_attention",
     )(kv_len[:, None], q, k, v)
@@ -70,7 +70,8 @@ def _flash(q, k, v, kv_len, *, scale, block_q, block_kv, num_warps, num_stages, 
 
 
 def default_blocks(nq: int, nk: int) -> tuple[int, int]:
-    """Tile sizes measured best on H200 for long sequences (128 x 128); smaller for short inputs."""
+    """Tile sizes measured best on H200 for 4k-64k (128 x 128, 8 warps, 3 stages; see
+    benchmarks/results/attention_*); smaller for short inputs."""
     return min(128, max(16, c.next_pow2(nq))), min(128, max(16, c.next_pow2(nk)))
 
 

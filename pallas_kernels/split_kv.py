@@ -28,6 +28,8 @@ from pallas_kernels import _common as c
 from pallas_kernels.merge import combine_partials
 
 TARGET_PROGRAMS = 264  # two waves on a 132-SM H100/H200
+MIN_TILES_PER_SPLIT = 8  # fewer makes the fp32 partials and their merge cost more than they save
+NUM_STAGES = 3  # measured on H200 (benchmarks/results/attention_*): 3 stages beat 2 by ~30% here
 
 
 def _share(total, num_splits: int, block_kv: int):
@@ -110,7 +112,7 @@ def _launch(kernel, lead, q, k, v, *, num_splits, num_warps, num_stages, interpr
         ],
         out_shape=[jax.ShapeDtypeStruct((b, hkv, num_splits, rows, d), jnp.float32),
                    jax.ShapeDtypeStruct((b, hkv, num_splits, rows), jnp.float32)],
-        compiler_params=c.compiler_params(d, num_warps, num_stages),
+        compiler_params=c.compiler_params(d, num_warps, num_stages if num_stages is not None else NUM_STAGES),
         interpret=interpret,
         name=name,
     )(*(x for _, x in lead), folded, k, v)
@@ -146,8 +148,8 @@ def _split_kv_gather(q, k, v, indices, counts, *, scale, block_kv, num_splits, n
 
 
 def default_num_splits(batch: int, kv_heads: int, keys: int, block_kv: int) -> int:
-    """Enough programs for about two waves, never more splits than key tiles."""
-    return max(1, min(c.cdiv(TARGET_PROGRAMS, batch * kv_heads), c.cdiv(keys, block_kv)))
+    """Enough programs for about two waves, with at least MIN_TILES_PER_SPLIT key tiles each."""
+    return max(1, min(c.cdiv(TARGET_PROGRAMS, batch * kv_heads), c.cdiv(keys, block_kv) // MIN_TILES_PER_SPLIT))
 
 
 def _check_block_queries(q, k, block_kv, num_splits):
@@ -161,7 +163,7 @@ def _check_block_queries(q, k, block_kv, num_splits):
         raise ValueError(f"num_splits={num_splits!r} must be a positive int")
 
 
-def split_kv_attention(q, k, v, *, kv_len=None, scale=None, return_lse=False, interpret=False, block_kv=64,
+def split_kv_attention(q, k, v, *, kv_len=None, scale=None, return_lse=False, interpret=False, block_kv=128,
                        num_splits=None, num_warps=None, num_stages=None):
     """Dense attention of a short query block over a long KV cache, split along the keys.
 
@@ -185,7 +187,7 @@ def split_kv_attention(q, k, v, *, kv_len=None, scale=None, return_lse=False, in
 
 
 def split_kv_attention_reference(q, k, v, *, kv_len=None, scale=None, return_lse=False, interpret=False,
-                                 block_kv=64, num_splits=None, num_warps=None, num_stages=None):
+                                 block_kv=128, num_splits=None, num_warps=None, num_stages=None):
     """The same function as `split_kv_attention`, computed densely in fp32 jnp."""
     del interpret, num_warps, num_stages
     b, nq, nk, hq, hkv, d = c.check_qkv(q, k, v)
@@ -211,7 +213,7 @@ def _check_gather(q, k, v, kv_indices, kv_counts, block_kv, num_splits):
 
 
 def split_kv_gather_attention(q, k, v, kv_indices, kv_counts, *, scale=None, return_lse=False,
-                              interpret=False, block_kv=64, num_splits=None, num_warps=None, num_stages=None):
+                              interpret=False, block_kv=128, num_splits=None, num_warps=None, num_stages=None):
     """Attention of a short query block over the cache rows listed per KV head (MAGE's sparse step).
 
     Args:
@@ -238,7 +240,7 @@ def gather_mask(kv_indices, kv_counts, *, num_queries, num_keys, num_heads):
 
 
 def split_kv_gather_attention_reference(q, k, v, kv_indices, kv_counts, *, scale=None, return_lse=False,
-                                        interpret=False, block_kv=64, num_splits=None, num_warps=None,
+                                        interpret=False, block_kv=128, num_splits=None, num_warps=None,
                                         num_stages=None):
     """The same function as `split_kv_gather_attention`, computed densely in fp32 jnp."""
     del interpret, num_warps, num_stages
