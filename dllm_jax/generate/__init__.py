@@ -32,7 +32,8 @@ def generate(model, prompt_ids, *, attention_mask=None, seed: int = 0, method=No
       generated tokens, cut after the first stop token (config.eos_token_ids), else after the last
       decoded block. See `dllm_jax.generate.sdar`.
     `method=None` is dense attention; otherwise an attention policy (dllm_jax.attention.policy)
-    whose per-layer state rides in the loop carry; the published methods arrive with their issues.
+    whose per-layer state rides in the loop carry: `dllm_jax.SparseD(...)` or `dllm_jax.PulseCol(...)`
+    for LLaDA (generation without padding masks).
     `progress=True` shows a tqdm bar advanced from inside the compiled loop (per step for LLaDA,
     per block for SDAR).
     """
@@ -43,6 +44,9 @@ def generate(model, prompt_ids, *, attention_mask=None, seed: int = 0, method=No
         opts = make_options(LLaDAOptions, "LLaDA", options)
         check_prompt(model.config, prompt_ids, attention_mask)
         mask = None if attention_mask is None else np.asarray(attention_mask, np.int32)
+        if hasattr(method, "bind"):  # methods whose schedule depends on the generation (SparseD, PulseCol)
+            method = method.bind(total_steps=opts.steps, prompt_length=prompt_ids.shape[1],
+                                 gen_length=opts.gen_length)
         with progress_bar(opts.steps, "LLaDA denoising", progress) as run_id:
             out = generate_llada_jit(model.params(), prompt_ids.astype(np.int32), mask, np.int32(seed),
                                      np.int32(run_id), config=model.config, options=opts,

@@ -1,0 +1,67 @@
+"""How attention policies reach the Pallas kernels: one backend switch shared by every method.
+
+backend "auto" runs the Pallas kernels on a GPU and their pure-jnp references (same signatures,
+same results) elsewhere; "pallas" forces the kernels, "interpret" runs them in Pallas interpret
+mode (slow; for tests on CPU), "reference" forces the references.
+"""
+
+from __future__ import annotations
+
+import jax
+
+import pallas_kernels as pk
+from dllm_jax.attention.dense import dense_attention
+
+BACKENDS = ("auto", "pallas", "interpret", "reference")
+
+
+def check_backend(backend: str) -> None:
+    if backend not in BACKENDS:
+        raise ValueError(f"backend={backend!r} is not one of {BACKENDS}")
+
+
+def resolve(backend: str) -> str:
+    if backend == "auto":
+        return "pallas" if jax.default_backend() == "gpu" else "reference"
+    return backend
+
+
+def call(kernel, reference, backend: str, *args, **kwargs):
+    """`kernel(*args, **kwargs)` or `reference(...)` as the backend says."""
+    which = resolve(backend)
+    if which == "reference":
+        return reference(*args, **kwargs)
+    return kernel(*args, interpret=which == "interpret", **kwargs)
+
+
+def dense(q, k, v, backend: str):
+    """The dense steps of a method use the same attention as dense generation (cuDNN on GPU)."""
+    del backend
+    return dense_attention(q, k, v)
+
+
+def flash_lse(q, k, scale, backend: str):
+    """The natural-log LSE f32 [B, Hq, Nq] of softmax(scale * q k^T) (v = k: only the LSE is used)."""
+    _, lse = call(pk.flash_attention, pk.flash_attention_reference, backend, q, k, k, scale=scale, return_lse=True)
+    return lse
+
+
+def block_scores(q, k, block: int, scale, backend: str):
+    """SparseD's pooled probabilities [B, Hq, ceil(Nq/block), ceil(Nk/block)] (exact softmax)."""
+    lse = flash_lse(q, k, scale, backend)
+    return call(pk.block_scores, pk.block_scores_reference, backend, q, k, lse, block_q=block, block_kv=block,
+                scale=scale)
+
+
+def column_scores(q, k, group: int, scale, backend: str):
+    """PulseCol's mean probability per (query group, key) [B, Hq, ceil(Nq/group), Nk]."""
+    lse = flash_lse(q, k, scale, backend)
+    return call(pk.column_scores, pk.column_scores_reference, backend, q, k, lse, group_size=group, scale=scale)
+
+
+def check_masks(method: str, masks: dict) -> None:
+    """The published methods run on unpadded sequences (the official code ignores padding)."""
+    given = sorted(name for name, value in masks.items() if value is not None)
+    if given:
+        raise ValueError(f"{method} does not support attention masks ({given}); generate with "
+                         "padding='ignore' (the official behaviour) or without padding")

@@ -1,0 +1,151 @@
+"""SparseD (arXiv 2509.24014) as an attention policy for LLaDA, following the official code
+(INV-WZQ/SparseD @52155b4, see docs/methods.md §1).
+
+Schedule over the T steps of the whole generation (all semi-AR blocks): end = int(T * skip) + 1;
+steps before `end` are dense, step `end` is dense and builds the pattern of every layer (ESTIMATE),
+every later step attends through `block_sparse_attention` with it (SPARSE).
+
+Selection (`select_blocks`), per batch row, head and query block of b rows:
+  last = first query block starting at or after the prompt end (a boundary block holding prompt and
+         generation tokens counts as prefill); nb - 1 if there is none.
+  Pass A: P = softmax over all keys; importance = mean of P over each b x b tile (zero padding
+          counted); keep the top k_A = floor(nb * select) + 1 blocks, then drop those >= last.
+  Pass B: P' = softmax over the generation keys (from last * b) only, pooled the same way; keep the
+          top k_B = floor(nb_g * select) + 1 of the nb_g generation blocks.
+  Counts are capped at the number of blocks (select = 1.0 keeps everything).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import math
+
+import jax
+import jax.numpy as jnp
+
+import pallas_kernels as pk
+from dllm_jax.attention import kernels
+from dllm_jax.attention.policy import Mode
+
+
+def _keep(blocks: int, select: float) -> int:
+    return min(blocks, max(1, math.floor(blocks * select) + 1))
+
+
+def boundary_block(length: int, prefill_len: int, block_size: int) -> int:
+    """`last`: the first query block that starts at or after the prompt end (nb - 1 if none)."""
+    n_blocks = -(-length // block_size)
+    return min(-(-prefill_len // block_size), n_blocks - 1)
+
+
+def _top_mask(scores, k: int):
+    """bool mask of the top-k entries along the last axis (ties to the lower index)."""
+    _, idx = jax.lax.top_k(scores, k)
+    return jnp.any(jax.nn.one_hot(idx, scores.shape[-1], dtype=bool), axis=-2)
+
+
+def mask_to_lists(mask, width: int):
+    """bool [..., n] -> (ascending int32 indices [..., width] padded by repeating the last, counts)."""
+    counts = jnp.sum(mask, axis=-1).astype(jnp.int32)
+    order = jnp.argsort(~mask, axis=-1, stable=True)[..., :width].astype(jnp.int32)
+    last = jnp.take_along_axis(order, jnp.maximum(counts - 1, 0)[..., None], axis=-1)
+    return jnp.where(jnp.arange(width) < counts[..., None], order, last), counts
+
+
+def select_blocks(q, k, *, prefill_len: int, block_size: int, select: float, scale=None, backend: str = "auto"):
+    """SparseD's pattern for q [B, N, Hq, D] against k [B, N, Hkv, D] (after RoPE).
+
+    Returns (kv_block_indices int32 [B, Hq, nb, width], kv_block_counts int32 [B, Hq, nb]) in the
+    format of `pallas_kernels.block_sparse_attention` with block_q = block_kv = block_size, where
+    nb = ceil(N / block_size) and width = min(nb, k_A + k_B). `scale` defaults to 1/sqrt(D).
+    """
+    b, n, hq, d = q.shape
+    n_blocks = -(-n // block_size)
+    last = boundary_block(n, prefill_len, block_size)
+    scale = scale if scale is not None else d ** -0.5
+    scores = kernels.block_scores(q, k, block_size, scale, backend)  # [B, H, nb, nb]
+    prefill = _top_mask(scores, _keep(n_blocks, select)) & (jnp.arange(n_blocks) < last)
+    gen_k = k[:, last * block_size:]
+    gen_blocks = gen_k.shape[1] // block_size + (gen_k.shape[1] % block_size > 0)
+    gen_scores = kernels.block_scores(q, gen_k, block_size, scale, backend)  # [B, H, nb, nb_g]
+    generation = _top_mask(gen_scores, _keep(gen_blocks, select))
+    chosen = prefill | jnp.pad(generation, ((0, 0), (0, 0), (0, 0), (last, 0)))
+    width = min(n_blocks, _keep(n_blocks, select) + _keep(gen_blocks, select))
+    return mask_to_lists(chosen, width)
+
+
+@dataclasses.dataclass(frozen=True, kw_only=True)
+class SparseD:
+    """SparseD's configuration; `bind` (called by `generate`) fixes the schedule for a generation.
+
+    skip: fraction of the total steps run dense before the pattern is built (default 0.2).
+    select: fraction of key blocks kept per query-block row (rho; 0.3; 1.0 keeps all).
+    block_size: pattern block (128 for long contexts, 32 for short; a power of two >= 16).
+    scale_quirk: score with 1/sqrt(num_heads) as LLaDA's official code does (attention itself
+      always uses 1/sqrt(head_dim)).
+    backend: "auto" (Pallas kernels on GPU, their jnp references elsewhere), "pallas",
+      "interpret" (Pallas interpret mode) or "reference".
+    """
+
+    skip: float = 0.2
+    select: float = 0.3
+    block_size: int = 128
+    scale_quirk: bool = False
+    backend: str = "auto"
+    total_steps: int | None = None
+    prefill_len: int | None = None
+
+    def __post_init__(self):
+        if not 0.0 <= self.skip < 1.0:
+            raise ValueError(f"SparseD skip={self.skip} must lie in [0, 1)")
+        if not 0.0 < self.select <= 1.0:
+            raise ValueError(f"SparseD select={self.select} must lie in (0, 1]")
+        if self.block_size < 16 or self.block_size & (self.block_size - 1):
+            raise ValueError(f"SparseD block_size={self.block_size} must be a power of two >= 16")
+        kernels.check_backend(self.backend)
+
+    def bind(self, *, total_steps: int, prompt_length: int, **_):
+        return dataclasses.replace(self, total_steps=total_steps, prefill_len=prompt_length)
+
+    @property
+    def end_step(self) -> int:
+        return int(self.total_steps * self.skip) + 1
+
+    def _require_bound(self):
+        if self.total_steps is None or self.prefill_len is None:
+            raise ValueError("SparseD needs the generation's step count and prompt length: pass it as "
+                             "generate(..., method=SparseD(...)), or call .bind(total_steps=, prompt_length=)")
+
+    def init_state(self, *, batch, num_heads, num_kv_heads, q_len, kv_len, head_dim):
+        self._require_bound()
+        n_blocks = -(-q_len // self.block_size)
+        last = boundary_block(q_len, self.prefill_len, self.block_size)
+        gen_blocks = n_blocks - last
+        width = min(n_blocks, _keep(n_blocks, self.select) + _keep(gen_blocks, self.select))
+        return (jnp.zeros((batch, num_heads, n_blocks, width), jnp.int32),
+                jnp.zeros((batch, num_heads, n_blocks), jnp.int32))
+
+    def mode(self, step):
+        self._require_bound()
+        end = self.end_step
+        return jnp.where(step < end, int(Mode.DENSE), jnp.where(step == end, int(Mode.ESTIMATE), int(Mode.SPARSE)))
+
+    def attend(self, q, k, v, state, mode, **masks):
+        kernels.check_masks("SparseD", masks)
+        b = self.block_size
+
+        def dense(_):
+            return kernels.dense(q, k, v, self.backend), state
+
+        def estimate(_):
+            scale = q.shape[2] ** -0.5 if self.scale_quirk else None
+            pattern = select_blocks(q, k, prefill_len=self.prefill_len, block_size=b, select=self.select,
+                                    scale=scale, backend=self.backend)
+            return kernels.dense(q, k, v, self.backend), pattern
+
+        def sparse(_):
+            out = kernels.call(pk.block_sparse_attention, pk.block_sparse_attention_reference, self.backend,
+                               q, k, v, *state, block_q=b, block_kv=b)
+            return out, state
+
+        return jax.lax.switch(mode, [dense, estimate, sparse], None)
