@@ -27,6 +27,7 @@ def cmd_generate(args) -> None:
     from dllm_jax.models import LLaDA
     from dllm_jax.tokenizer import ChatTokenizer
 
+    method = method_from_args(args)  # flag errors before the slow loading
     tokenizer = ChatTokenizer(args.model)
     model = load_model(args.model, dtype=args.dtype)
     ids = tokenizer.encode(args.prompt, chat=not args.raw)
@@ -41,12 +42,33 @@ def cmd_generate(args) -> None:
                        temperature=args.temperature if args.temperature > 0 else 1.0, top_k=args.top_k,
                        top_p=args.top_p)
     start = time.perf_counter()
-    out = np.asarray(generate(model, ids, seed=args.seed, progress=args.progress, **options))
+    out = np.asarray(generate(model, ids, seed=args.seed, progress=args.progress, method=method,
+                              **options))
     elapsed = time.perf_counter() - start
     answer = tokenizer.decode(out[0, ids.shape[1]:], skip=(model.config.mask_token_id,))
     print(answer)
     print(f"[{type(model).__name__}: {ids.shape[1]} prompt tokens, {out.shape[1] - ids.shape[1]} generated, "
           f"{elapsed:.2f} s including compilation]", file=sys.stderr)
+
+
+def method_from_args(args):
+    """The --method config (None = dense); unset method flags keep each method's defaults."""
+    from dllm_jax.attention.pulsecol import PulseCol
+    from dllm_jax.attention.sparsed import SparseD
+
+    given = {name: value for name, value in (("skip", args.skip), ("select", args.select),
+                                              ("block_size", args.sparse_block), ("sparsity", args.sparsity),
+                                              ("group_size", args.group_size), ("eta", args.eta),
+                                              ("refreshes", args.refreshes)) if value is not None}
+    fields = {"sparsed": {"skip", "select", "block_size"}, "pulsecol": {"sparsity", "group_size", "eta", "refreshes"}}
+    if args.method == "dense":
+        if given:
+            raise SystemExit(f"error: {sorted(given)} need --method sparsed or pulsecol")
+        return None
+    stray = set(given) - fields[args.method]
+    if stray:
+        raise SystemExit(f"error: {sorted(stray)} do not apply to --method {args.method}")
+    return (SparseD if args.method == "sparsed" else PulseCol)(**given)
 
 
 def median_time(fn, repeats: int) -> float:
@@ -150,6 +172,15 @@ def build_parser() -> argparse.ArgumentParser:
     gen.add_argument("--seed", type=int, default=0)
     gen.add_argument("--dtype", default="bfloat16", choices=["bfloat16", "float32"])
     gen.add_argument("--progress", action="store_true", help="tqdm bar from inside the compiled loop")
+    gen.add_argument("--method", default="dense", choices=["dense", "sparsed", "pulsecol"],
+                     help="sparse attention for LLaDA (default: dense)")
+    gen.add_argument("--skip", type=float, default=None, help="SparseD: dense fraction of the steps (0.2)")
+    gen.add_argument("--select", type=float, default=None, help="SparseD: fraction of key blocks kept (0.3)")
+    gen.add_argument("--sparse-block", type=int, default=None, help="SparseD: pattern block size (128)")
+    gen.add_argument("--sparsity", type=float, default=None, help="PulseCol: fraction of keys dropped (0.8)")
+    gen.add_argument("--group-size", type=int, default=None, help="PulseCol: queries per group (32)")
+    gen.add_argument("--eta", type=float, default=None, help="PulseCol: refresh-window ratio (0.3)")
+    gen.add_argument("--refreshes", type=int, default=None, help="PulseCol: refresh budget (16)")
     gen.set_defaults(fn=cmd_generate)
 
     demo = sub.add_parser("demo", help="build, convert, load and time tiny random LLaDA and SDAR models")

@@ -51,3 +51,34 @@ def test_generate_command_prints_the_decoded_answer(tmp_path, capsys, family):
     expected = generate(model, ids, **api[family == "sdar"])
     assert out.strip() == tok.decode(np.asarray(expected)[0, ids.shape[1]:], skip=(150,)).strip()
     assert "prompt tokens" in err
+
+
+@pytest.mark.parametrize("flags,method", [
+    (["--method", "sparsed", "--select", "0.3", "--sparse-block", "16", "--skip", "0.2"],
+     dict(kind="sparsed", select=0.3, block_size=16, skip=0.2)),
+    (["--method", "pulsecol", "--sparsity", "0.5", "--group-size", "16", "--refreshes", "2"],
+     dict(kind="pulsecol", sparsity=0.5, group_size=16, refreshes=2)),
+])
+def test_generate_command_with_a_sparse_method(tmp_path, capsys, flags, method):
+    from dllm_jax import PulseCol, SparseD
+
+    config = tiny_llada_config(mask_token_id=150, eos_token_id=141, pad_token_id=141)
+    hf = write_hf_checkpoint(tmp_path / "hf", config)
+    write_tiny_tokenizer(hf, 160, mask_token_id=150, eos_token_id=141)
+    options = ["--gen-length", "16", "--steps", "8", "--block-length", "8"]
+    assert main(["generate", "--model", str(hf), "--prompt", "w1 w2 w3 w4", "--dtype", "float32", *options,
+                 *flags]) == 0
+    out, _ = capsys.readouterr()
+    tok, model = ChatTokenizer(hf), load_model(hf, dtype="float32")
+    ids = tok.encode("w1 w2 w3 w4")
+    kind = method.pop("kind")
+    config_obj = SparseD(**method) if kind == "sparsed" else PulseCol(**method)
+    expected = generate(model, ids, gen_length=16, steps=8, block_length=8, method=config_obj)
+    assert out.strip() == tok.decode(np.asarray(expected)[0, ids.shape[1]:], skip=(150,)).strip()
+
+
+def test_method_flags_of_another_method_are_rejected(tmp_path):
+    with pytest.raises(SystemExit, match="do not apply"):
+        main(["generate", "--model", str(tmp_path), "--prompt", "x", "--method", "sparsed", "--sparsity", "0.5"])
+    with pytest.raises(SystemExit, match="need --method"):
+        main(["generate", "--model", str(tmp_path), "--prompt", "x", "--select", "0.5"])
