@@ -68,7 +68,9 @@ def main():
     parser.add_argument("--select", type=float, default=0.3)
     parser.add_argument("--sparse-block", type=int, default=128)
     parser.add_argument("--sparsity", type=float, default=0.8)
-    parser.add_argument("--group-size", type=int, default=32)
+    parser.add_argument("--group-sizes", type=int, nargs="+", default=[32, 128])
+    parser.add_argument("--methods", nargs="+", default=["sparsed", "pulsecol"], choices=["sparsed", "pulsecol"])
+    parser.add_argument("--tag", default="")
     parser.add_argument("--out", type=Path, default=Path("benchmarks/results"))
     args = parser.parse_args()
 
@@ -79,7 +81,9 @@ def main():
     device = jax.devices()[0].device_kind
     print(f"{device}, jax {jax.__version__}", flush=True)
     sparsed = SparseD(select=args.select, block_size=args.sparse_block)
-    pulsecol = PulseCol(sparsity=args.sparsity, group_size=args.group_size)
+    methods = ([("sparsed", sparsed)] if "sparsed" in args.methods else []) + (
+        [("pulsecol", PulseCol(sparsity=args.sparsity, group_size=g)) for g in args.group_sizes]
+        if "pulsecol" in args.methods else [])
     rows = []
     for n in args.lengths:
         prompt = n - args.gen_length
@@ -87,7 +91,7 @@ def main():
         dense = jax.jit(functools.partial(forward, config=config, logits_from=prompt))
         t_dense = time_fn(dense, params, ids, repeats=args.repeats)[0]
         print(f"N={n}: dense step {t_dense * 1e3:.1f} ms", flush=True)
-        for kind, cfg in (("sparsed", sparsed), ("pulsecol", pulsecol)):
+        for kind, cfg in methods:
             try:
                 if kind == "sparsed":
                     bound = cfg.bind(total_steps=128, prompt_length=prompt)
@@ -100,7 +104,7 @@ def main():
                                     prompt, args.repeats)
             except Exception:  # e.g. out of memory at 64k: record it and go on
                 traceback.print_exc()
-                rows.append(dict(n=n, method=kind, error=traceback.format_exc()[-400:]))
+                rows.append(dict(n=n, method=kind, config=repr(cfg), error=traceback.format_exc()[-400:]))
                 continue
             row = dict(n=n, method=kind, config=repr(cfg), dense_ms=t_dense * 1e3,
                        estimate_ms=times[Mode.ESTIMATE] * 1e3, sparse_ms=times[Mode.SPARSE] * 1e3,
@@ -112,22 +116,24 @@ def main():
             rows.append(row)
             print(json.dumps(row), flush=True)
 
-    meta = dict(benchmark="sparse_llada", device=device, jax=jax.__version__, date=datetime.date.today().isoformat(),
+    meta = dict(benchmark="sparse_llada" + (f"_{args.tag}" if args.tag else ""), device=device, jax=jax.__version__, date=datetime.date.today().isoformat(),
                 model=f"LLaDA-8B dimensions, {config.num_layers} layers, random bf16 weights, batch 1",
-                gen_length=args.gen_length, sparsed=repr(sparsed), pulsecol=repr(pulsecol), repeats=args.repeats)
+                gen_length=args.gen_length, methods=[repr(m) for _, m in methods], repeats=args.repeats)
     lines = [f"# SparseD and PulseCol on LLaDA-8B dims — {device}, jax {jax.__version__}, {meta['date']}", "",
              f"Batch 1, random bf16 weights, {args.gen_length} generated tokens (logits from the prompt end), "
              f"median of {args.repeats}. SparseD(select={args.select}, block_size={args.sparse_block}, skip=0.2); "
-             f"PulseCol(sparsity={args.sparsity}, group_size={args.group_size}, eta=0.3, refreshes=16). "
+             f"PulseCol(sparsity={args.sparsity}, group_size in {args.group_sizes}, eta=0.3, refreshes=16). "
              "Projected speed-up = T dense steps / the schedule's steps; papers measured on A800 / RTX PRO 6000 "
              "against FlashAttention at 64k.", "",
              "| N | method | dense step | estimation step (x dense) | sparse step (x dense) | projected 128 steps "
              "| projected 1024 steps | paper 128 / 1024 (64k) |", "|---|---|---|---|---|---|---|---|"]
     for r in rows:
         if "error" in r:
-            lines.append(f"| {r['n']} | {r['method']} | failed: {r['error'].splitlines()[-1][:120]} | | | | | |")
+            lines.append(f"| {r['n']} | {r['method']} {r.get('config', '')} | failed: {r['error'].splitlines()[-1][:120]} "
+                         "| | | | | |")
             continue
-        lines.append(f"| {r['n']} | {r['method']} | {r['dense_ms']:.1f} ms | {r['estimate_ms']:.1f} ms "
+        name = r["method"] + (f" g{r['config'].split('group_size=')[1].split(',')[0]}" if r["method"] == "pulsecol" else "")
+        lines.append(f"| {r['n']} | {name} | {r['dense_ms']:.1f} ms | {r['estimate_ms']:.1f} ms "
                      f"({r['estimate_over_dense']:.2f}) | {r['sparse_ms']:.1f} ms ({r['sparse_over_dense']:.2f}) | "
                      f"{r['projected_speedup_128']:.2f}x | {r['projected_speedup_1024']:.2f}x | "
                      f"{r['paper_128']:.2f}x / {r['paper_1024']:.2f}x |")
