@@ -201,3 +201,29 @@ def test_padding_mask_is_rejected(model, rng):
     mask[0, :3] = 0
     with pytest.raises(ValueError, match="does not support attention masks"):
         generate(model, prompt, attention_mask=mask, padding="mask", method=SparseD(block_size=16), **OPTIONS)
+
+
+def test_analysis_of_a_generation(model, rng):
+    import matplotlib
+
+    matplotlib.use("Agg")
+    from dllm_jax.analysis import analyze, plot_error, plot_jaccard, plot_recall
+
+    prompt = rng.integers(0, 40, (1, 20))
+    method = SparseD(select=0.3, block_size=16)
+    report = analyze(model, prompt, method, **OPTIONS)
+    # the probe observes without changing anything
+    np.testing.assert_array_equal(report.tokens, generate(model, prompt, method=method, **OPTIONS))
+    layers, steps = model.config.num_layers, OPTIONS["steps"]
+    assert report.recall.shape == report.l1.shape == (layers, steps, 1, model.config.num_heads)
+    sparse = report.modes == Mode.SPARSE
+    assert sparse.sum() == steps - (int(steps * 0.2) + 2)
+    np.testing.assert_array_equal(report.recall[:, ~sparse], 1.0)   # dense steps keep every key
+    np.testing.assert_allclose(report.l1[:, ~sparse], 0.0, atol=1e-5)
+    assert (report.l1[:, sparse] > 0).all() and (report.recall[:, sparse] < 1).any()
+    assert np.isnan(report.jaccard[:, 0]).all() and ((report.jaccard[:, 1:] >= 0) & (report.jaccard[:, 1:] <= 1)).all()
+    full = analyze(model, prompt, SparseD(select=1.0, block_size=16), **OPTIONS)
+    np.testing.assert_array_equal(full.recall, 1.0)
+    np.testing.assert_allclose(full.l1, 0.0, atol=1e-5)
+    for plot in (plot_recall, plot_jaccard, plot_error):
+        assert plot(report).get_title()

@@ -104,6 +104,11 @@ class PulseCol:
         refresh = jnp.isin(step + 1, jnp.asarray(np.array(self.schedule, np.int32)))  # steps are 1-based
         return jnp.where(refresh, int(Mode.ESTIMATE), int(Mode.SPARSE))
 
+    def pattern_mask(self, state, *, num_queries, num_keys, num_heads):
+        """The keys the sparse steps attend to, bool [B, Hq, Nq, Nk] (for analysis)."""
+        return pk.column_sparse.column_mask(*state, group_size=self.group_size, num_queries=num_queries,
+                                            num_keys=num_keys, num_heads=num_heads)
+
     def attend(self, q, k, v, state, mode, **masks):
         kernels.check_masks("PulseCol", masks)
 

@@ -130,6 +130,11 @@ class SparseD:
         end = self.end_step
         return jnp.where(step < end, int(Mode.DENSE), jnp.where(step == end, int(Mode.ESTIMATE), int(Mode.SPARSE)))
 
+    def pattern_mask(self, state, *, num_queries, num_keys, num_heads):
+        """The keys the sparse steps attend to, bool [B, Hq, Nq, Nk] (for analysis)."""
+        return pk.block_sparse.block_mask(*state, block_q=self.block_size, block_kv=self.block_size,
+                                          num_queries=num_queries, num_keys=num_keys, num_heads=num_heads)
+
     def attend(self, q, k, v, state, mode, **masks):
         kernels.check_masks("SparseD", masks)
         b = self.block_size

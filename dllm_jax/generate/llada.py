@@ -96,7 +96,7 @@ def commit_top(confidence, count):
 
 def generate_llada(params, prompt_ids, attention_mask, seed, run_id=0, *, config: LLaDAConfig, options: LLaDAOptions,
                    prompt_has_masks: bool = False, policy=None, attention_fn=llada_model.dense_attention,
-                   on_step=None):
+                   on_step=None, return_policy_state: bool = False):
     """The whole generation, traceable as one function. Returns int32 [B, P + gen_length].
 
     prompt_ids int32 [B, P] (left-padded if rows differ); attention_mask [B, P] or None.
@@ -104,7 +104,8 @@ def generate_llada(params, prompt_ids, attention_mask, seed, run_id=0, *, config
     Unless `prompt_has_masks` (static), logits are computed for the answer region only: no other
     position is masked, so no other prediction can be committed. `policy` (static, optional) routes
     every attention call through an attention policy whose per-layer state rides in the loop carry;
-    without one, attention is `attention_fn` (dense).
+    without one, attention is `attention_fn` (dense). `return_policy_state` (static) also returns the
+    policy's final per-layer state (for diagnostics: dllm_jax.analysis).
     """
     b, p = prompt_ids.shape
     o = options
@@ -177,11 +178,11 @@ def generate_llada(params, prompt_ids, attention_mask, seed, run_id=0, *, config
 
     counts = jnp.zeros((b, o.steps_per_block), jnp.int32)
     policy_state = () if policy is None else llada_model.init_policy_state(policy, config, rows, total)
-    (x, _, _), _ = jax.lax.scan(step, (x, counts, policy_state), jnp.arange(o.steps, dtype=jnp.int32))
-    return x
+    (x, _, policy_state), _ = jax.lax.scan(step, (x, counts, policy_state), jnp.arange(o.steps, dtype=jnp.int32))
+    return (x, policy_state) if return_policy_state else x
 
 
-STATIC = ("config", "options", "prompt_has_masks", "policy", "attention_fn", "on_step")
+STATIC = ("config", "options", "prompt_has_masks", "policy", "attention_fn", "on_step", "return_policy_state")
 generate_llada_jit = jax.jit(generate_llada, static_argnames=STATIC)
 
 
