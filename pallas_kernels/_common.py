@@ -140,8 +140,8 @@ def check_index_lists(indices, counts, *, name: str, lead: Sequence[int], heads:
             if dup.any():
                 where = tuple(int(i) for i in np.argwhere(dup)[0][:3])
                 raise ValueError(f"{name} indices repeat an entry in row {where}: each index may appear once")
-    indices = jnp.clip(indices, 0, limit - 1).astype(jnp.int32)
-    counts = jnp.clip(counts, 0, width).astype(jnp.int32)
+    indices = jnp.clip(indices.astype(jnp.int32), 0, limit - 1)
+    counts = jnp.clip(counts.astype(jnp.int32), 0, width)
     return indices, counts
 
 

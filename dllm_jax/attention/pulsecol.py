@@ -95,9 +95,12 @@ class PulseCol:
         return refresh_steps(self.total_steps, self.eta, self.refreshes)
 
     def init_state(self, *, batch, num_heads, num_kv_heads, q_len, kv_len, head_dim):
+        # The pattern is (1 - sparsity) * N indices per group, head and layer (27 GB in int32 for
+        # LLaDA-8B at 64k with groups of 128); uint16 halves it whenever positions fit.
+        index_dtype = jnp.uint16 if kv_len <= 1 << 16 else jnp.int32
         groups = -(-q_len // self.group_size)
         keep = num_keep(kv_len, self.sparsity)
-        return (jnp.zeros((batch, num_heads, groups, keep), jnp.int32),
+        return (jnp.zeros((batch, num_heads, groups, keep), index_dtype),
                 jnp.zeros((batch, num_heads, groups), jnp.int32))
 
     def mode(self, step):
@@ -113,9 +116,9 @@ class PulseCol:
         kernels.check_masks("PulseCol", masks)
 
         def estimate(_):
-            pattern = select_columns(q, k, group_size=self.group_size, num_keep=state[0].shape[-1],
-                                     backend=self.backend)
-            return kernels.dense(q, k, v, self.backend), pattern
+            idx, counts = select_columns(q, k, group_size=self.group_size, num_keep=state[0].shape[-1],
+                                         backend=self.backend)
+            return kernels.dense(q, k, v, self.backend), (idx.astype(state[0].dtype), counts)
 
         def sparse(_):
             out = kernels.call(pk.column_sparse_attention, pk.column_sparse_attention_reference, self.backend,
