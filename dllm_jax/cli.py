@@ -53,22 +53,25 @@ def cmd_generate(args) -> None:
 
 def method_from_args(args):
     """The --method config (None = dense); unset method flags keep each method's defaults."""
+    from dllm_jax.attention.mage import MAGE
     from dllm_jax.attention.pulsecol import PulseCol
     from dllm_jax.attention.sparsed import SparseD
 
     given = {name: value for name, value in (("skip", args.skip), ("select", args.select),
                                               ("block_size", args.sparse_block), ("sparsity", args.sparsity),
                                               ("group_size", args.group_size), ("eta", args.eta),
-                                              ("refreshes", args.refreshes)) if value is not None}
-    fields = {"sparsed": {"skip", "select", "block_size"}, "pulsecol": {"sparsity", "group_size", "eta", "refreshes"}}
+                                              ("refreshes", args.refreshes), ("k", args.mage_k),
+                                              ("exact_layers", args.exact_layers)) if value is not None}
+    fields = {"sparsed": {"skip", "select", "block_size"}, "pulsecol": {"sparsity", "group_size", "eta", "refreshes"},
+              "mage": {"k", "exact_layers"}}
     if args.method == "dense":
         if given:
-            raise SystemExit(f"error: {sorted(given)} need --method sparsed or pulsecol")
+            raise SystemExit(f"error: {sorted(given)} need --method sparsed, pulsecol or mage")
         return None
     stray = set(given) - fields[args.method]
     if stray:
         raise SystemExit(f"error: {sorted(stray)} do not apply to --method {args.method}")
-    return (SparseD if args.method == "sparsed" else PulseCol)(**given)
+    return {"sparsed": SparseD, "pulsecol": PulseCol, "mage": MAGE}[args.method](**given)
 
 
 def median_time(fn, repeats: int) -> float:
@@ -172,8 +175,8 @@ def build_parser() -> argparse.ArgumentParser:
     gen.add_argument("--seed", type=int, default=0)
     gen.add_argument("--dtype", default="bfloat16", choices=["bfloat16", "float32"])
     gen.add_argument("--progress", action="store_true", help="tqdm bar from inside the compiled loop")
-    gen.add_argument("--method", default="dense", choices=["dense", "sparsed", "pulsecol"],
-                     help="sparse attention for LLaDA (default: dense)")
+    gen.add_argument("--method", default="dense", choices=["dense", "sparsed", "pulsecol", "mage"],
+                     help="sparse attention: sparsed / pulsecol (LLaDA), mage (SDAR); default dense")
     gen.add_argument("--skip", type=float, default=None, help="SparseD: dense fraction of the steps (0.2)")
     gen.add_argument("--select", type=float, default=None, help="SparseD: fraction of key blocks kept (0.3)")
     gen.add_argument("--sparse-block", type=int, default=None, help="SparseD: pattern block size (128)")
@@ -181,6 +184,8 @@ def build_parser() -> argparse.ArgumentParser:
     gen.add_argument("--group-size", type=int, default=None, help="PulseCol: queries per group (32)")
     gen.add_argument("--eta", type=float, default=None, help="PulseCol: refresh-window ratio (0.3)")
     gen.add_argument("--refreshes", type=int, default=None, help="PulseCol: refresh budget (16)")
+    gen.add_argument("--mage-k", type=int, default=None, help="MAGE: prefix keys kept per KV head (512)")
+    gen.add_argument("--exact-layers", type=int, default=None, help="MAGE: first layers kept exact (2)")
     gen.set_defaults(fn=cmd_generate)
 
     demo = sub.add_parser("demo", help="build, convert, load and time tiny random LLaDA and SDAR models")

@@ -59,6 +59,28 @@ def column_scores(q, k, group: int, scale, backend: str):
     return call(pk.column_scores, pk.column_scores_reference, backend, q, k, lse, group_size=group, scale=scale)
 
 
+def split_kv(q, k, v, kv_len, backend: str):
+    """Dense attention of a query block over a KV cache below kv_len: (o, lse)."""
+    return call(pk.split_kv_attention, pk.split_kv_attention_reference, backend, q, k, v, kv_len=kv_len,
+                return_lse=True)
+
+
+def split_kv_gather(q, k, v, indices, counts, backend: str):
+    """Attention of a query block over per-KV-head listed cache rows: (o, lse)."""
+    return call(pk.split_kv_gather_attention, pk.split_kv_gather_attention_reference, backend, q, k, v, indices,
+                counts, return_lse=True)
+
+
+def kv_scores(q, k, lse, kv_len, backend: str):
+    """MAGE's mean probability per cache key over the block's queries and GQA group [B, Hkv, S]."""
+    return call(pk.kv_scores, pk.kv_scores_reference, backend, q, k, lse, kv_len=kv_len)
+
+
+def flash(q, k, v, backend: str):
+    """Dense attention with its LSE: (o, lse)."""
+    return call(pk.flash_attention, pk.flash_attention_reference, backend, q, k, v, return_lse=True)
+
+
 def check_masks(method: str, masks: dict) -> None:
     """The published methods run on unpadded sequences (the official code ignores padding)."""
     given = sorted(name for name, value in masks.items() if value is not None)

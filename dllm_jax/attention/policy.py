@@ -51,9 +51,12 @@ class Dense:
 
 
 def stacked_state(policy, num_layers: int, **shapes):
-    """`policy.init_state(**shapes)` for every layer, stacked on a leading layer axis."""
+    """`policy.init_state(**shapes)` for every layer, stacked on a leading layer axis; a policy
+    whose layers differ (e.g. MAGE's exact first layers) adjusts the stack in `stack_layers`."""
     one = policy.init_state(**shapes)
-    return jax.tree.map(lambda s: jnp.broadcast_to(s, (num_layers, *jnp.shape(s))), one)
+    stacked = jax.tree.map(lambda s: jnp.broadcast_to(s, (num_layers, *jnp.shape(s))), one)
+    adjust = getattr(policy, "stack_layers", None)
+    return stacked if adjust is None else adjust(stacked)
 
 
 def attend_layer(policy, mode, q, k, v, states, layer, **masks):

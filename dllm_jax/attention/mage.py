@@ -1,0 +1,113 @@
+"""MAGE ([MASK]-guided sparse attention, arXiv 2602.14209 v2; no public code, papers/mage.md and
+docs/methods.md §3) as an attention policy for SDAR block diffusion.
+
+Step 1 of each block (its tokens are all [MASK]) attends exactly over the cache prefix plus the
+block and, per layer and KV head, keeps the top-k prefix positions by softmax probability averaged
+over the G query heads of the group and the block's queries (`select_prefix`, the paper's Eq. 3).
+Steps 2..T of the block attend to those k prefix entries (gathered split-KV kernel) plus the whole
+current block, merged by LSE. Layers below `exact_layers` stay exact; a prefix of at most k
+positions is kept whole, so attention is then exact too.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+
+import jax
+import jax.numpy as jnp
+
+import pallas_kernels as pk
+from dllm_jax.attention import kernels
+from dllm_jax.attention.policy import Mode
+
+
+def select_prefix(q_block, k_cache, *, prefix_len, k: int, scale=None, backend: str = "auto"):
+    """MAGE's selection: int32 [B, Hkv, k], ascending.
+
+    q_block [B, n, Hq, D]; k_cache [B, S, Hkv, D] holding the committed prefix in [0, prefix_len)
+    and the block's own keys in [prefix_len, prefix_len + n), as SDAR's cache does during a block
+    step. The softmax runs over all prefix_len + n keys; only prefix positions are ranked. With
+    fewer than k prefix positions all of them are returned, padded by repeating the last (the valid
+    count is `min(k, prefix_len)`, see `prefix_counts`).
+    """
+    n = q_block.shape[1]
+    kv_len = jnp.asarray(prefix_len) + n
+    scale = scale if scale is not None else q_block.shape[-1] ** -0.5
+    _, lse = kernels.call(pk.split_kv_attention, pk.split_kv_attention_reference, backend, q_block, k_cache,
+                          k_cache, kv_len=kv_len, scale=scale, return_lse=True)
+    scores = kernels.call(pk.kv_scores, pk.kv_scores_reference, backend, q_block, k_cache, lse, kv_len=kv_len,
+                          scale=scale)  # [B, Hkv, S]
+    in_prefix = jnp.arange(k_cache.shape[1]) < prefix_len
+    ranked_scores = jnp.where(in_prefix, scores, -jnp.inf)
+    if k > ranked_scores.shape[-1]:  # k beyond the cache capacity: every prefix position is kept
+        ranked_scores = jnp.pad(ranked_scores, ((0, 0), (0, 0), (0, k - ranked_scores.shape[-1])),
+                                constant_values=-jnp.inf)
+    _, idx = jax.lax.top_k(ranked_scores, k)
+    count = prefix_counts(prefix_len, k)
+    # the first `count` picks are prefix positions; order them and repeat the last one after them
+    ranked = jnp.where(jnp.arange(k) < count, idx, jnp.iinfo(jnp.int32).max)
+    ordered = jnp.sort(ranked, axis=-1)
+    last = jnp.take_along_axis(ordered, jnp.maximum(count - 1, 0) * jnp.ones_like(ordered[..., :1]), axis=-1)
+    return jnp.where(jnp.arange(k) < count, ordered, jnp.where(count > 0, last, 0)).astype(jnp.int32)
+
+
+def prefix_counts(prefix_len, k: int):
+    return jnp.minimum(jnp.asarray(prefix_len, jnp.int32), k)
+
+
+@dataclasses.dataclass(frozen=True, kw_only=True)
+class MAGE:
+    """MAGE's configuration.
+
+    k: prefix positions kept per (layer, KV head) (256, 512 or 1024 in the paper; 512 by default).
+    exact_layers: the first layers that always attend exactly (2).
+    backend: as SparseD's ("auto": Pallas on GPU, references elsewhere).
+    """
+
+    k: int = 512
+    exact_layers: int = 2
+    backend: str = "auto"
+
+    def __post_init__(self):
+        if self.k < 1 or self.exact_layers < 0:
+            raise ValueError(f"MAGE needs k >= 1 and exact_layers >= 0, got k={self.k}, "
+                             f"exact_layers={self.exact_layers}")
+        kernels.check_backend(self.backend)
+
+    def init_state(self, *, batch, num_heads, num_kv_heads, q_len, kv_len, head_dim):
+        return jnp.zeros((batch, num_kv_heads, self.k), jnp.int32), jnp.zeros((), bool)
+
+    def stack_layers(self, states):
+        indices, exact = states
+        return indices, jnp.arange(exact.shape[0]) < self.exact_layers
+
+    def mode(self, step):
+        return jnp.where(step == 0, int(Mode.ESTIMATE), int(Mode.SPARSE))  # step: within the block
+
+    def attend(self, q, k, v, state, mode, *, kv_len=None, **masks):
+        kernels.check_masks("MAGE", masks)
+        if kv_len is None:
+            raise ValueError("MAGE attends a query block against a KV cache: it needs kv_len (SDAR block steps)")
+        indices, exact = state
+        n = q.shape[1]
+        prefix = kv_len - n
+
+        def exact_step(_):
+            return kernels.split_kv(q, k, v, kv_len, self.backend)[0], indices
+
+        def estimate(_):
+            out, _ = kernels.split_kv(q, k, v, kv_len, self.backend)
+            return out, select_prefix(q, k, prefix_len=prefix, k=self.k, backend=self.backend)
+
+        def sparse(_):
+            counts = jnp.broadcast_to(prefix_counts(prefix, self.k), indices.shape[:2])
+            o_prefix, lse_prefix = kernels.split_kv_gather(q, k, v, indices, counts, self.backend)
+            k_block = jax.lax.dynamic_slice_in_dim(k, prefix, n, axis=1)
+            v_block = jax.lax.dynamic_slice_in_dim(v, prefix, n, axis=1)
+            o_block, lse_block = kernels.flash(q, k_block, v_block, self.backend)
+            out, _ = pk.merge_attention(o_prefix, lse_prefix, o_block, lse_block)
+            return out.astype(q.dtype), indices
+
+        branch = jnp.where(exact, 0, jnp.asarray(mode) - int(Mode.ESTIMATE) + 1)
+        out, indices = jax.lax.switch(branch, [exact_step, estimate, sparse], None)
+        return out, (indices, exact)
