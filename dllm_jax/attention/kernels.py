@@ -59,10 +59,10 @@ def column_scores(q, k, group: int, scale, backend: str):
     return call(pk.column_scores, pk.column_scores_reference, backend, q, k, lse, group_size=group, scale=scale)
 
 
-def split_kv(q, k, v, kv_len, backend: str):
+def split_kv(q, k, v, kv_len, backend: str, scale=None):
     """Dense attention of a query block over a KV cache below kv_len: (o, lse)."""
     return call(pk.split_kv_attention, pk.split_kv_attention_reference, backend, q, k, v, kv_len=kv_len,
-                return_lse=True)
+                scale=scale, return_lse=True)
 
 
 def split_kv_gather(q, k, v, indices, counts, backend: str):
@@ -71,9 +71,9 @@ def split_kv_gather(q, k, v, indices, counts, backend: str):
                 counts, return_lse=True)
 
 
-def kv_scores(q, k, lse, kv_len, backend: str):
+def kv_scores(q, k, lse, kv_len, backend: str, scale=None):
     """MAGE's mean probability per cache key over the block's queries and GQA group [B, Hkv, S]."""
-    return call(pk.kv_scores, pk.kv_scores_reference, backend, q, k, lse, kv_len=kv_len)
+    return call(pk.kv_scores, pk.kv_scores_reference, backend, q, k, lse, kv_len=kv_len, scale=scale)
 
 
 def flash(q, k, v, backend: str):

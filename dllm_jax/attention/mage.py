@@ -32,11 +32,8 @@ def select_prefix(q_block, k_cache, *, prefix_len, k: int, scale=None, backend: 
     """
     n = q_block.shape[1]
     kv_len = jnp.asarray(prefix_len) + n
-    scale = scale if scale is not None else q_block.shape[-1] ** -0.5
-    _, lse = kernels.call(pk.split_kv_attention, pk.split_kv_attention_reference, backend, q_block, k_cache,
-                          k_cache, kv_len=kv_len, scale=scale, return_lse=True)
-    scores = kernels.call(pk.kv_scores, pk.kv_scores_reference, backend, q_block, k_cache, lse, kv_len=kv_len,
-                          scale=scale)  # [B, Hkv, S]
+    _, lse = kernels.split_kv(q_block, k_cache, k_cache, kv_len, backend, scale)  # only the LSE is used
+    scores = kernels.kv_scores(q_block, k_cache, lse, kv_len, backend, scale)  # [B, Hkv, S]
     in_prefix = jnp.arange(k_cache.shape[1]) < prefix_len
     ranked_scores = jnp.where(in_prefix, scores, -jnp.inf)
     if k > ranked_scores.shape[-1]:  # k beyond the cache capacity: every prefix position is kept

@@ -38,6 +38,13 @@ def boundary_block(length: int, prefill_len: int, block_size: int) -> int:
     return min(-(-prefill_len // block_size), n_blocks - 1)
 
 
+def pattern_width(length: int, prefill_len: int, block_size: int, select: float) -> int:
+    """The static width of SparseD's index rows: at most k_A prefill plus k_B generation blocks."""
+    n_blocks = -(-length // block_size)
+    gen_blocks = n_blocks - boundary_block(length, prefill_len, block_size)
+    return min(n_blocks, _keep(n_blocks, select) + _keep(gen_blocks, select))
+
+
 def _top_mask(scores, k: int):
     """bool mask of the top-k entries along the last axis (ties to the lower index)."""
     _, idx = jax.lax.top_k(scores, k)
@@ -65,13 +72,10 @@ def select_blocks(q, k, *, prefill_len: int, block_size: int, select: float, sca
     scale = scale if scale is not None else d ** -0.5
     scores = kernels.block_scores(q, k, block_size, scale, backend)  # [B, H, nb, nb]
     prefill = _top_mask(scores, _keep(n_blocks, select)) & (jnp.arange(n_blocks) < last)
-    gen_k = k[:, last * block_size:]
-    gen_blocks = gen_k.shape[1] // block_size + (gen_k.shape[1] % block_size > 0)
-    gen_scores = kernels.block_scores(q, gen_k, block_size, scale, backend)  # [B, H, nb, nb_g]
-    generation = _top_mask(gen_scores, _keep(gen_blocks, select))
+    gen_scores = kernels.block_scores(q, k[:, last * block_size:], block_size, scale, backend)  # [B, H, nb, nb_g]
+    generation = _top_mask(gen_scores, _keep(n_blocks - last, select))
     chosen = prefill | jnp.pad(generation, ((0, 0), (0, 0), (0, 0), (last, 0)))
-    width = min(n_blocks, _keep(n_blocks, select) + _keep(gen_blocks, select))
-    return mask_to_lists(chosen, width)
+    return mask_to_lists(chosen, pattern_width(n, prefill_len, block_size, select))
 
 
 @dataclasses.dataclass(frozen=True, kw_only=True)
@@ -119,9 +123,7 @@ class SparseD:
     def init_state(self, *, batch, num_heads, num_kv_heads, q_len, kv_len, head_dim):
         self._require_bound()
         n_blocks = -(-q_len // self.block_size)
-        last = boundary_block(q_len, self.prefill_len, self.block_size)
-        gen_blocks = n_blocks - last
-        width = min(n_blocks, _keep(n_blocks, self.select) + _keep(gen_blocks, self.select))
+        width = pattern_width(q_len, self.prefill_len, self.block_size, self.select)
         return (jnp.zeros((batch, num_heads, n_blocks, width), jnp.int32),
                 jnp.zeros((batch, num_heads, n_blocks), jnp.int32))
 
