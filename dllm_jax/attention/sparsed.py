@@ -48,7 +48,8 @@ def pattern_width(length: int, prefill_len: int, block_size: int, select: float)
 def _top_mask(scores, k: int):
     """bool mask of the top-k entries along the last axis (ties to the lower index)."""
     _, idx = jax.lax.top_k(scores, k)
-    return jnp.any(jax.nn.one_hot(idx, scores.shape[-1], dtype=bool), axis=-2)
+    # a scatter, not a one-hot: [.., k, nb] would be 82G booleans at 64k with 32-blocks
+    return jnp.put_along_axis(jnp.zeros(scores.shape, bool), idx, True, axis=-1, inplace=False)
 
 
 def mask_to_lists(mask, width: int):
