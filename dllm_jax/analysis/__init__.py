@@ -1,7 +1,9 @@
 """Pattern diagnostics for sparse-attention methods: recall against the per-step oracle, Jaccard
-similarity of the oracle pattern over steps, output error against dense attention, and plots."""
+similarity of the oracle pattern over steps, output error against dense attention, and plots
+(LLaDA: `analyze`; SDAR block diffusion: `analyze_blocks`)."""
 
+from dllm_jax.analysis.blocks import BlockProbe, BlockReport, analyze_blocks
 from dllm_jax.analysis.patterns import PatternReport, Probe, analyze
 from dllm_jax.analysis.plots import plot_error, plot_jaccard, plot_recall
 
-__all__ = ["PatternReport", "Probe", "analyze", "plot_error", "plot_jaccard", "plot_recall"]
+__all__ = ["BlockProbe", "BlockReport", "PatternReport", "Probe", "analyze", "analyze_blocks", "plot_error", "plot_jaccard", "plot_recall"]

@@ -21,18 +21,20 @@ from dllm_jax.attention import kernels
 from dllm_jax.attention.policy import Mode
 
 
-def select_prefix(q_block, k_cache, *, prefix_len, k: int, scale=None, backend: str = "auto"):
+def select_prefix(q_block, k_cache, *, prefix_len, k: int, scale=None, backend: str = "auto", lse=None):
     """MAGE's selection: int32 [B, Hkv, k], ascending.
 
     q_block [B, n, Hq, D]; k_cache [B, S, Hkv, D] holding the committed prefix in [0, prefix_len)
     and the block's own keys in [prefix_len, prefix_len + n), as SDAR's cache does during a block
     step. The softmax runs over all prefix_len + n keys; only prefix positions are ranked. With
     fewer than k prefix positions all of them are returned, padded by repeating the last (the valid
-    count is `min(k, prefix_len)`, see `prefix_counts`).
+    count is `min(k, prefix_len)`, see `prefix_counts`). `lse` f32 [B, Hq, n]: the LSE of the
+    queries over those keys, if the caller already has it (MAGE's first step does).
     """
     n = q_block.shape[1]
     kv_len = jnp.asarray(prefix_len) + n
-    _, lse = kernels.split_kv(q_block, k_cache, k_cache, kv_len, backend, scale)  # only the LSE is used
+    if lse is None:
+        _, lse = kernels.split_kv(q_block, k_cache, k_cache, kv_len, backend, scale)  # only the LSE is used
     scores = kernels.kv_scores(q_block, k_cache, lse, kv_len, backend, scale)  # [B, Hkv, S]
     in_prefix = jnp.arange(k_cache.shape[1]) < prefix_len
     ranked_scores = jnp.where(in_prefix, scores, -jnp.inf)
@@ -50,6 +52,22 @@ def select_prefix(q_block, k_cache, *, prefix_len, k: int, scale=None, backend: 
 
 def prefix_counts(prefix_len, k: int):
     return jnp.minimum(jnp.asarray(prefix_len, jnp.int32), k)
+
+
+def block_keys(k, v, kv_len, n: int):
+    """The current block's own keys and values: cache rows [kv_len - n, kv_len)."""
+    start = kv_len - n
+    return (jax.lax.dynamic_slice_in_dim(k, start, n, axis=1), jax.lax.dynamic_slice_in_dim(v, start, n, axis=1))
+
+
+def selected_attention(q, k, v, indices, kv_len, backend: str):
+    """(o, lse) over the selected prefix rows `indices` [B, Hkv, k] plus the whole current block."""
+    n = q.shape[1]
+    counts = jnp.broadcast_to(prefix_counts(kv_len - n, indices.shape[-1]), indices.shape[:2])
+    o_prefix, lse_prefix = kernels.split_kv_gather(q, k, v, indices, counts, backend)
+    k_block, v_block = block_keys(k, v, kv_len, n)
+    o_block, lse_block = kernels.flash(q, k_block, v_block, backend)
+    return pk.merge_attention(o_prefix, lse_prefix, o_block, lse_block)
 
 
 @dataclasses.dataclass(frozen=True, kw_only=True)
@@ -86,25 +104,28 @@ class MAGE:
         if kv_len is None:
             raise ValueError("MAGE attends a query block against a KV cache: it needs kv_len (SDAR block steps)")
         indices, exact = state
-        n = q.shape[1]
-        prefix = kv_len - n
 
         def exact_step(_):
             return kernels.split_kv(q, k, v, kv_len, self.backend)[0], indices
 
         def estimate(_):
-            out, _ = kernels.split_kv(q, k, v, kv_len, self.backend)
-            return out, select_prefix(q, k, prefix_len=prefix, k=self.k, backend=self.backend)
+            out, lse = kernels.split_kv(q, k, v, kv_len, self.backend)
+            return out, self.select(q, k, kv_len, lse)
 
         def sparse(_):
-            counts = jnp.broadcast_to(prefix_counts(prefix, self.k), indices.shape[:2])
-            o_prefix, lse_prefix = kernels.split_kv_gather(q, k, v, indices, counts, self.backend)
-            k_block = jax.lax.dynamic_slice_in_dim(k, prefix, n, axis=1)
-            v_block = jax.lax.dynamic_slice_in_dim(v, prefix, n, axis=1)
-            o_block, lse_block = kernels.flash(q, k_block, v_block, self.backend)
-            out, _ = pk.merge_attention(o_prefix, lse_prefix, o_block, lse_block)
+            out, _ = selected_attention(q, k, v, indices, kv_len, self.backend)
             return out.astype(q.dtype), indices
 
-        branch = jnp.where(exact, 0, jnp.asarray(mode) - int(Mode.ESTIMATE) + 1)
-        out, indices = jax.lax.switch(branch, [exact_step, estimate, sparse], None)
+        # DENSE (and REFRESH, which has nothing to refresh here) attend exactly
+        mode = jnp.asarray(mode)
+        branch = jnp.where(mode == int(Mode.ESTIMATE), 1, jnp.where(mode == int(Mode.SPARSE), 2, 0))
+        out, indices = jax.lax.switch(jnp.where(exact, 0, branch), [exact_step, estimate, sparse], None)
         return out, (indices, exact)
+
+    def select(self, q, k, kv_len, lse=None):
+        """`select_prefix` for a block step against the whole cache buffer k."""
+        return select_prefix(q, k, prefix_len=kv_len - q.shape[1], k=self.k, backend=self.backend, lse=lse)
+
+    def selection(self, state):
+        """(indices [B, Hkv, k], exact) of one layer's state: what `dllm_jax.analysis` compares."""
+        return state

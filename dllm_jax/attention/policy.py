@@ -7,6 +7,11 @@ A policy is a frozen (hashable) object with static configuration and three pure 
   attend(q, k, v, state, mode, **masks) -> (out, state), masks as `dense_attention` takes them.
 The generate loop keeps a state per layer (a leading layer axis) in its carry and threads it
 through the layer scan, so a method can estimate a pattern at one step and reuse it at later ones.
+
+SDAR block steps may instead be scheduled from the block's progress: a policy that defines
+  block_mode(step, *, unmasked, commit) -> Mode
+gets the step within the block, the number of block tokens unmasked since its last step that was
+not SPARSE (FlashBlock's "dirty" count), and whether this forward commits the block to the cache.
 """
 
 from __future__ import annotations
@@ -22,9 +27,10 @@ from dllm_jax.attention.dense import dense_attention
 
 
 class Mode(enum.IntEnum):
-    DENSE = 0
-    ESTIMATE = 1
-    SPARSE = 2
+    DENSE = 0  # exact attention, the policy's state untouched
+    ESTIMATE = 1  # exact attention that (re)builds the pattern
+    SPARSE = 2  # the cheap step: reuses the pattern or cached partial results
+    REFRESH = 3  # exact attention that refreshes cached partial results, keeping the pattern
 
 
 class AttentionPolicy(Protocol):
@@ -48,6 +54,15 @@ class Dense:
 
     def attend(self, q, k, v, state, mode, **masks):
         return dense_attention(q, k, v, **masks), state
+
+
+def block_mode(policy, step, *, unmasked, commit):
+    """The mode of an SDAR block step (see the module docstring); policies without `block_mode`
+    choose from the step within the block alone."""
+    schedule = getattr(policy, "block_mode", None)
+    if schedule is None:
+        return policy.mode(step)
+    return schedule(step, unmasked=unmasked, commit=commit)
 
 
 def stacked_state(policy, num_layers: int, **shapes):

@@ -22,6 +22,7 @@ import dataclasses
 import jax
 import jax.numpy as jnp
 
+from dllm_jax.attention.policy import Mode, block_mode
 from dllm_jax.config import SDARConfig
 from dllm_jax.generate.llada import commit_top
 from dllm_jax.models import sdar as sdar_model
@@ -93,57 +94,74 @@ def transfer_mask(strategy: str, mask_index, x0_p, count, threshold: float):
     return jnp.where(jnp.sum(high, axis=1, keepdims=True) >= count, high, top)
 
 
+def denoise_block(params, cur, cache, policy_state, key, draws, *, config: SDARConfig, options: SDAROptions,
+                  policy=None, attention_fn=sdar_model.dense_attention):
+    """Denoises one block cur int32 [B, bl] against the cache until no mask is left, then commits it.
+
+    Each forward's policy mode comes from `block_mode(policy, step, unmasked=..., commit=...)`, with
+    `unmasked` the block tokens unmasked since the last forward whose mode was not SPARSE.
+    `draws` counts the random draws so far (the key is folded with it). Returns
+    (cur, cache, policy_state, draws).
+    """
+    o = options
+    mask_id = config.mask_token_id
+    schedule = block_schedule(config.block_size, o.denoising_steps)
+
+    def body(s):
+        cur, cache, policy_state, draws, _, step, unmasked = s
+        mask_index = cur == mask_id
+        finished = ~jnp.any(mask_index)
+        # the official loop runs denoising_steps + 1 forwards at most; the last one must commit
+        commit = finished | (step >= o.denoising_steps)
+        mode = None if policy is None else block_mode(policy, step, unmasked=unmasked, commit=commit)
+        logits, cache, policy_state = sdar_model.block_step_with_policy(
+            params, cur, cache, policy_state, mode, config=config, policy=policy, commit=commit,
+            attention_fn=attention_fn)
+        u = jax.random.uniform(jax.random.fold_in(key, draws), cur.shape, jnp.float32)
+        x0, x0_p = sample(logits, u, temperature=o.temperature, top_k=o.top_k, top_p=o.top_p)
+        count = schedule[jnp.minimum(step, o.denoising_steps - 1)]
+        transfer = transfer_mask(o.remasking, mask_index, x0_p, count, o.confidence_threshold) & ~commit
+        if mode is not None:
+            unmasked = jnp.where(mode == int(Mode.SPARSE), unmasked, 0) + jnp.sum(transfer, dtype=jnp.int32)
+        cur = jnp.where(transfer, x0, cur)
+        return cur, cache, policy_state, draws + (~commit).astype(jnp.int32), commit, step + 1, unmasked
+
+    cur, cache, policy_state, draws, _, _, _ = jax.lax.while_loop(
+        lambda s: ~s[4], body, (cur, cache, policy_state, draws, jnp.array(False), 0, jnp.int32(0)))
+    return cur, cache, policy_state, draws
+
+
 def generate_sdar(params, prompt_ids, seed, run_id=0, *, config: SDARConfig, options: SDAROptions,
-                  policy=None, attention_fn=sdar_model.dense_attention, on_step=None):
+                  policy=None, attention_fn=sdar_model.dense_attention, on_step=None,
+                  return_policy_state: bool = False):
     """The whole generation, traceable as one function.
 
     `on_step(run_id, block)` (static), if given, is called on the host after every decoded block.
     `policy` (static, optional) routes the block steps' attention through an attention policy; its
-    per-layer state rides in the carry and its mode is chosen from the step index within the block
-    (the prefill stays dense).
+    per-layer state rides in the carry and its mode is chosen per forward by `block_mode` (the
+    prefill stays dense).
     Returns (x int32 [B, total], end int32 []): total = ceil((P + max_new_tokens) / bl) * bl; the
-    blocks after the stop are left as masks, and `end` is the length of the decoded prefix.
+    blocks after the stop are left as masks, and `end` is the length of the decoded prefix. With
+    `return_policy_state`, the final per-layer policy state comes third (for diagnostics).
     """
     o, bl = options, config.block_size
     b, p = prompt_ids.shape
     num_blocks = -(-(p + o.max_new_tokens) // bl)
     total = num_blocks * bl
     prefill_blocks = p // bl
-    mask_id = config.mask_token_id
-    x = jnp.full((b, total), mask_id, jnp.int32).at[:, :p].set(prompt_ids.astype(jnp.int32))
+    x = jnp.full((b, total), config.mask_token_id, jnp.int32).at[:, :p].set(prompt_ids.astype(jnp.int32))
     cache = sdar_model.init_cache(config, b, total, params["embed"].dtype)
     if prefill_blocks:
         cache = sdar_model.prefill(params, x[:, : prefill_blocks * bl], cache, config=config,
                                    attention_fn=attention_fn)
-    schedule = block_schedule(bl, o.denoising_steps)
     key = jax.random.key(seed)
     stop_ids = jnp.asarray(config.eos_token_ids, jnp.int32)
 
-    def denoise_block(state):
+    def decode(state):
         x, cache, policy_state, draws, block = state
-
-        def cond(s):
-            return ~s[4]
-
-        def body(s):
-            cur, cache, policy_state, draws, done, step = s
-            mask_index = cur == mask_id
-            finished = ~jnp.any(mask_index)
-            # the official loop runs denoising_steps + 1 forwards at most; the last one must commit
-            commit = finished | (step >= o.denoising_steps)
-            logits, cache, policy_state = sdar_model.block_step_with_policy(
-                params, cur, cache, policy_state, step, config=config, policy=policy, commit=commit,
-                attention_fn=attention_fn)
-            u = jax.random.uniform(jax.random.fold_in(key, draws), cur.shape, jnp.float32)
-            x0, x0_p = sample(logits, u, temperature=o.temperature, top_k=o.top_k, top_p=o.top_p)
-            count = schedule[jnp.minimum(step, o.denoising_steps - 1)]
-            transfer = transfer_mask(o.remasking, mask_index, x0_p, count, o.confidence_threshold)
-            cur = jnp.where(transfer & ~commit, x0, cur)
-            return cur, cache, policy_state, draws + (~commit).astype(jnp.int32), commit, step + 1
-
         cur = jax.lax.dynamic_slice_in_dim(x, block * bl, bl, axis=1)
-        cur, cache, policy_state, draws, _, _ = jax.lax.while_loop(
-            cond, body, (cur, cache, policy_state, draws, jnp.array(False), 0))
+        cur, cache, policy_state, draws = denoise_block(params, cur, cache, policy_state, key, draws, config=config,
+                                                        options=o, policy=policy, attention_fn=attention_fn)
         if on_step is not None:
             # a count needs no ordering, and an unordered callback adds no sync point per step
             jax.debug.callback(on_step, run_id, block, ordered=False)
@@ -151,7 +169,7 @@ def generate_sdar(params, prompt_ids, seed, run_id=0, *, config: SDARConfig, opt
 
     def per_block(carry, block):
         x, cache, policy_state, draws, stopped = carry
-        x, cache, policy_state, draws = jax.lax.cond(stopped, lambda s: s[:4], denoise_block,
+        x, cache, policy_state, draws = jax.lax.cond(stopped, lambda s: s[:4], decode,
                                                      (x, cache, policy_state, draws, block))
         generated = jnp.arange(total) >= p
         stopped = stopped | jnp.any(jnp.isin(x, stop_ids) & generated[None, :])
@@ -159,12 +177,12 @@ def generate_sdar(params, prompt_ids, seed, run_id=0, *, config: SDARConfig, opt
 
     policy_state = () if policy is None else sdar_model.init_policy_state(policy, config, b, total)
     carry = (x, cache, policy_state, jnp.int32(0), jnp.array(False))
-    (x, cache, _, _, _), _ = jax.lax.scan(per_block, carry,
-                                          jnp.arange(prefill_blocks, num_blocks, dtype=jnp.int32))
-    return x, cache.length
+    (x, cache, policy_state, _, _), _ = jax.lax.scan(per_block, carry,
+                                                     jnp.arange(prefill_blocks, num_blocks, dtype=jnp.int32))
+    return (x, cache.length, policy_state) if return_policy_state else (x, cache.length)
 
 
-STATIC = ("config", "options", "policy", "attention_fn", "on_step")
+STATIC = ("config", "options", "policy", "attention_fn", "on_step", "return_policy_state")
 generate_sdar_jit = jax.jit(generate_sdar, static_argnames=STATIC)
 
 

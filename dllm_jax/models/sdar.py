@@ -98,23 +98,22 @@ def block_step(params, block_ids, cache: KVCache, *, config: SDARConfig, commit:
     Requires length + n <= max_length (checked by `SDAR.block_step` on concrete caches; inside
     jit, `dynamic_update_slice` would clamp the write position).
     """
-    logits, cache, _ = block_step_with_policy(params, block_ids, cache, (), 0, config=config, commit=commit,
+    logits, cache, _ = block_step_with_policy(params, block_ids, cache, (), None, config=config, commit=commit,
                                               policy=None, attention_fn=attention_fn)
     return logits, cache
 
 
-def block_step_with_policy(params, block_ids, cache: KVCache, policy_state, step, *, config: SDARConfig,
+def block_step_with_policy(params, block_ids, cache: KVCache, policy_state, mode, *, config: SDARConfig,
                            policy, commit=False, attention_fn=dense_attention):
     """`block_step` with attention through `policy` (dllm_jax.attention.policy), if not None.
 
-    The policy sees the layer's whole cache buffer with `kv_len` = length + n; its per-layer state
-    (leading layer axis) and the step it picks its mode from are threaded like the cache.
-    Returns (logits, cache, policy_state).
+    The policy sees the layer's whole cache buffer with `kv_len` = length + n; `mode` (int32, from
+    `policy.block_mode` / `policy.mode`) applies to every layer, and the per-layer state (leading
+    layer axis) is threaded like the cache. Returns (logits, cache, policy_state).
     """
     n = block_ids.shape[1]
     start = cache.length
     cos, sin = rope_tables(start + jnp.arange(n), config.head_dim, config.rope_theta)
-    mode = None if policy is None else policy.mode(step)
 
     def attend(q, k, v, state, layer):
         cache, policy_state = state

@@ -1,0 +1,194 @@
+"""MAGE, FlashBlock and their combination on an SDAR-8B-shaped model (random bf16 weights and cache):
+time per output block, measured on the real denoising loop, plus the time of one step in each mode.
+
+Per cache length S, one block of `--block` tokens is decoded by `dllm_jax.generate.sdar.denoise_block`
+(the loop `generate` runs) with `--steps` denoising steps and low_confidence_static remasking, so
+exactly block/steps tokens are unmasked per step, then one commit forward. The cache fill length is
+reset to S before every timed block. Methods:
+  cudnn      dense attention, cuDNN (what dense `generate` runs);
+  splitkv    dense attention through the split-KV kernel (MAGE with every layer exact);
+  mage       MAGE(k), first 2 layers exact;
+  flashblock FlashBlock(tau);
+  fb+mage    FlashBlock(tau, inner=MAGE(k)) (residual reuse, refreshed by the tau rule);
+  fb0+mage   FlashBlock(None, inner=MAGE(k)) (residual from each block's first step only: paper Fig. 6).
+
+    PYTHONPATH=. python -m benchmarks.sdar_methods --out benchmarks/results
+    PYTHONPATH=. python -m benchmarks.sdar_methods --merge a.json b.json --out benchmarks/results
+"""
+
+from __future__ import annotations
+
+import argparse
+import dataclasses
+import datetime
+import functools
+import json
+import time
+import traceback
+import warnings
+from pathlib import Path
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+
+from benchmarks.common import random_params, write_results
+from benchmarks.sdar_block_step import random_cache
+from dllm_jax import MAGE, FlashBlock, shipped_config
+from dllm_jax.attention.policy import Mode, block_mode
+from dllm_jax.generate.sdar import SDAROptions, block_schedule, denoise_block
+from dllm_jax.models.sdar import block_step_with_policy, init_policy_state
+
+warnings.filterwarnings("ignore", category=DeprecationWarning)  # the Pallas Triton backend warns on use
+
+PAPER = "MAGE paper: 6.82x at 128k over exact attention (FlashInfer), SDAR-8B-Chat, k = 1024, 32 steps/block, H100"
+
+
+def methods(k: int, tau: int, num_layers: int) -> dict:
+    return {"cudnn": None, "splitkv": MAGE(k=k, exact_layers=num_layers), "mage": MAGE(k=k),
+            "flashblock": FlashBlock(tau=tau), "fb+mage": FlashBlock(tau=tau, inner=MAGE(k=k)),
+            "fb0+mage": FlashBlock(tau=None, inner=MAGE(k=k))}
+
+
+def phases(policy) -> dict[str, int]:
+    """The modes whose single-step time is worth reporting for a policy."""
+    if policy is None:
+        return {"step": int(Mode.DENSE)}
+    if isinstance(policy, MAGE):
+        return {"first": int(Mode.ESTIMATE), "sparse": int(Mode.SPARSE)}
+    return {"first": int(Mode.ESTIMATE), "refresh": int(Mode.REFRESH), "reuse": int(Mode.SPARSE)}
+
+
+def mode_counts(policy, block: int, steps: int) -> dict[str, int]:
+    """Forwards per block in each mode, from the policy's own schedule under the static unmasking."""
+    if policy is None:
+        return {"DENSE": steps + 1}
+    schedule = np.asarray(block_schedule(block, steps))
+    counts: dict[str, int] = {}
+    unmasked, left = 0, block
+    for step in range(steps + 1):
+        commit = left == 0 or step >= steps
+        mode = Mode(int(block_mode(policy, jnp.int32(step), unmasked=jnp.int32(unmasked), commit=jnp.bool_(commit))))
+        counts[mode.name] = counts.get(mode.name, 0) + 1
+        if commit:
+            break
+        new = int(min(schedule[step], left))
+        unmasked = (unmasked if mode == Mode.SPARSE else 0) + new
+        left -= new
+    return counts
+
+
+def median_time(fn, state, repeats: int):
+    """(median seconds of fn(state) -> (out, state) after one warm-up call, state)."""
+    samples = []
+    for _ in range(repeats + 1):
+        start = time.perf_counter()
+        out, state = fn(state)
+        jax.block_until_ready((out, state))
+        samples.append(time.perf_counter() - start)
+    return float(np.median(samples[1:])), state
+
+
+def measure(config, params, s: int, args) -> dict:
+    n = config.block_size
+    options = SDAROptions(max_new_tokens=n, denoising_steps=args.steps, remasking="low_confidence_static")
+    cache = random_cache(config, 1, s + n, s, jax.random.key(s))
+    ids = jax.random.randint(jax.random.key(s + 1), (1, n), 0, config.vocab_size)
+    masks = jnp.full((1, n), config.mask_token_id, jnp.int32)
+    key = jax.random.key(0)
+    row = dict(cache=s, block=n, steps=args.steps, k=args.k, tau=args.tau)
+    for name, policy in methods(args.k, args.tau, config.num_layers).items():
+        try:
+            state = () if policy is None else init_policy_state(policy, config, 1, s + n)
+            step = jax.jit(functools.partial(block_step_with_policy, config=config, policy=policy),
+                           donate_argnames=("cache", "policy_state"))
+            for phase, mode in phases(policy).items():
+                def one(st, mode=mode):
+                    logits, c, p = step(params, ids, st[0], st[1], None if policy is None else jnp.int32(mode))
+                    return logits, (c, p)
+                t, (cache, state) = median_time(one, (cache, state), args.repeats)
+                row[f"{name}_{phase}_ms"] = t * 1e3
+            loop = jax.jit(functools.partial(denoise_block, config=config, options=options, policy=policy),
+                           donate_argnames=("cache", "policy_state"))
+
+            def block(st):
+                cur, c, p, _ = loop(params, masks, st[0].replace(length=jnp.int32(s)), st[1], key, jnp.int32(0))
+                return cur, (c, p)
+            t, (cache, state) = median_time(block, (cache, state), args.block_repeats)
+            row[f"{name}_block_ms"] = t * 1e3
+            row[f"{name}_modes"] = mode_counts(policy, n, args.steps)
+            del state
+        except Exception:
+            traceback.print_exc()
+            row[f"{name}_error"] = traceback.format_exc()[-400:]
+            cache = random_cache(config, 1, s + n, s, jax.random.key(s))  # the failed call may have taken it
+        print(json.dumps({key: value for key, value in row.items() if key.startswith(name)}), flush=True)
+    return row
+
+
+def table(meta: dict, rows: list[dict]) -> list[str]:
+    names = list(methods(1, 1, 1))
+    lines = [f"# SDAR block-diffusion methods on {meta['model']} — {meta['device']}, jax {meta['jax']}, {meta['date']}",
+             "", f"Block of {meta['block']} tokens, {meta['steps']} denoising steps per block (one token unmasked per "
+             f"step, low_confidence_static) + the commit forward, k = {meta['k']}, tau = {meta['tau']}; time per output "
+             f"block = median of {meta['block_repeats']} whole blocks of the compiled loop (cache fill reset each time). "
+             f"Speed-ups are against cuDNN dense in the same run. {PAPER}.", "",
+             "| cache | " + " | ".join(f"{n} block" for n in names) + " | speed-up vs cuDNN: " + " / ".join(names[1:])
+             + " |", "|---|" + "---|" * (len(names) + 1)]
+    for r in rows:
+        cells = [f"{r[f'{n}_block_ms']:.0f} ms" if f"{n}_block_ms" in r else "failed" for n in names]
+        base = r.get("cudnn_block_ms")
+        ups = [f"{base / r[f'{n}_block_ms']:.2f}x" if base and f"{n}_block_ms" in r else "-" for n in names[1:]]
+        lines.append(f"| {r['cache']} | " + " | ".join(cells) + " | " + " / ".join(ups) + " |")
+    lines += ["", "One forward in each mode (ms) and forwards per block in each mode:", "",
+              "| cache | method | step times | forwards per block |", "|---|---|---|---|"]
+    for r in rows:
+        for n in names:
+            times = ", ".join(f"{key[len(n) + 1:-3]} {value:.2f}" for key, value in r.items()
+                              if key.startswith(n + "_") and key.endswith("_ms") and not key.endswith("block_ms"))
+            modes = ", ".join(f"{m} {c}" for m, c in r.get(f"{n}_modes", {}).items())
+            lines.append(f"| {r['cache']} | {n} | {times} | {modes} |")
+    return lines
+
+
+def main():
+    parser = argparse.ArgumentParser()
+    parser.add_argument("--cache-lengths", type=int, nargs="+", default=[32768, 65536, 131072])
+    parser.add_argument("--block", type=int, default=32, help="block length (SDAR-8B-Chat's config says 4)")
+    parser.add_argument("--steps", type=int, default=32)
+    parser.add_argument("--k", type=int, default=1024)
+    parser.add_argument("--tau", type=int, default=2)
+    parser.add_argument("--repeats", type=int, default=5, help="single steps timed per mode")
+    parser.add_argument("--block-repeats", type=int, default=3, help="whole blocks timed per method")
+    parser.add_argument("--config", default="sdar-8b-chat")
+    parser.add_argument("--layers", type=int, default=None, help="override the layer count (smoke runs)")
+    parser.add_argument("--tag", default="", help="suffix of the result files (partial runs)")
+    parser.add_argument("--merge", type=Path, nargs="*", default=None, help="combine result JSONs into one table")
+    parser.add_argument("--out", type=Path, default=Path("benchmarks/results"))
+    args = parser.parse_args()
+
+    if args.merge:
+        parts = [json.loads(p.read_text()) for p in args.merge]
+        meta = {key: value for key, value in parts[0].items() if key != "rows"}
+        meta["benchmark"] = "sdar_methods"
+        rows = sorted((r for p in parts for r in p["rows"]), key=lambda r: r["cache"])
+        write_results(args.out, meta, rows, table(meta, rows))
+        return
+
+    config = dataclasses.replace(shipped_config(args.config), block_size=args.block)
+    if args.layers is not None:
+        config = dataclasses.replace(config, num_layers=args.layers)
+    params = random_params(config, jax.random.key(0))
+    device = jax.devices()[0].device_kind
+    print(f"{device}, jax {jax.__version__}", flush=True)
+    rows = [measure(config, params, s, args) for s in args.cache_lengths]
+    meta = dict(benchmark="sdar_methods" + args.tag, device=device, jax=jax.__version__,
+                date=datetime.date.today().isoformat(),
+                model=f"{args.config} dims ({config.num_layers} layers), random bf16 weights and cache, batch 1",
+                block=args.block, steps=args.steps, k=args.k, tau=args.tau, repeats=args.repeats,
+                block_repeats=args.block_repeats)
+    write_results(args.out, meta, rows, table(meta, rows))
+
+
+if __name__ == "__main__":
+    main()
