@@ -69,8 +69,14 @@ def profiled_attention_share(fn, *args, trace_dir: Path):
     """(share of GPU kernel time spent in attention kernels, total GPU kernel ms) for one call,
     from a profiler trace; (None, None) if the trace holds no GPU kernels."""
     jax.block_until_ready(fn(*args))
+    return traced_kernels(lambda: jax.block_until_ready(fn(*args)), trace_dir)
+
+
+def traced_kernels(run, trace_dir: Path):
+    """Runs `run()` once under the profiler, prints the top GPU kernels and returns (attention share,
+    total GPU kernel ms), or (None, None) if the trace holds no GPU kernels."""
     with jax.profiler.trace(str(trace_dir), create_perfetto_trace=True):
-        jax.block_until_ready(fn(*args))
+        run()
     files = sorted(trace_dir.rglob("*.trace.json.gz")) or sorted(trace_dir.rglob("perfetto_trace.json.gz"))
     if not files:
         return None, None
@@ -86,8 +92,9 @@ def profiled_attention_share(fn, *args, trace_dir: Path):
     by_name: dict[str, float] = {}
     for e in kernels:
         by_name[e["name"][:70]] = by_name.get(e["name"][:70], 0.0) + e["dur"]
-    top = sorted(by_name.items(), key=lambda kv: -kv[1])[:6]
-    print("top GPU kernels: " + "; ".join(f"{name} {us / 1e3:.2f} ms" for name, us in top), flush=True)
+    top = sorted(by_name.items(), key=lambda kv: -kv[1])[:8]
+    print(f"GPU kernels {total / 1e3:.2f} ms; top: " + "; ".join(f"{name} {us / 1e3:.2f} ms" for name, us in top),
+          flush=True)
     return attention / total, total / 1e3
 
 

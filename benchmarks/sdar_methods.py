@@ -23,6 +23,7 @@ import dataclasses
 import datetime
 import functools
 import json
+import tempfile
 import time
 import traceback
 import warnings
@@ -32,11 +33,11 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
-from benchmarks.common import random_params, write_results
+from benchmarks.common import random_params, traced_kernels, write_results
 from benchmarks.sdar_block_step import random_cache
 from dllm_jax import MAGE, FlashBlock, shipped_config
 from dllm_jax.attention.policy import Mode, block_mode
-from dllm_jax.generate.sdar import SDAROptions, block_schedule, denoise_block
+from dllm_jax.generate.sdar import CACHE_TILE, SDAROptions, block_schedule, denoise_block
 from dllm_jax.models.sdar import block_step_with_policy, init_policy_state
 
 warnings.filterwarnings("ignore", category=DeprecationWarning)  # the Pallas Triton backend warns on use
@@ -92,14 +93,15 @@ def median_time(fn, state, repeats: int):
 def measure(config, params, s: int, args) -> dict:
     n = config.block_size
     options = SDAROptions(max_new_tokens=n, denoising_steps=args.steps, remasking="low_confidence_static")
-    cache = random_cache(config, 1, s + n, s, jax.random.key(s))
+    capacity = -(-(s + n) // CACHE_TILE) * CACHE_TILE  # as generate allocates it
+    cache = random_cache(config, 1, capacity, s, jax.random.key(s))
     ids = jax.random.randint(jax.random.key(s + 1), (1, n), 0, config.vocab_size)
     masks = jnp.full((1, n), config.mask_token_id, jnp.int32)
     key = jax.random.key(0)
     row = dict(cache=s, block=n, steps=args.steps, k=args.k, tau=args.tau)
     for name, policy in methods(args.k, args.tau, config.num_layers).items():
         try:
-            state = () if policy is None else init_policy_state(policy, config, 1, s + n)
+            state = () if policy is None else init_policy_state(policy, config, 1, capacity)
             step = jax.jit(functools.partial(block_step_with_policy, config=config, policy=policy),
                            donate_argnames=("cache", "policy_state"))
             for phase, mode in phases(policy).items():
@@ -108,6 +110,12 @@ def measure(config, params, s: int, args) -> dict:
                     return logits, (c, p)
                 t, (cache, state) = median_time(one, (cache, state), args.repeats)
                 row[f"{name}_{phase}_ms"] = t * 1e3
+                if args.profile:
+                    print(f"{name} {phase}:", flush=True)
+                    held = [(cache, state)]
+                    traced_kernels(lambda: held.append(jax.block_until_ready(one(held.pop())[1])),
+                                   Path(tempfile.mkdtemp()))
+                    cache, state = held.pop()
             loop = jax.jit(functools.partial(denoise_block, config=config, options=options, policy=policy),
                            donate_argnames=("cache", "policy_state"))
 
@@ -121,7 +129,7 @@ def measure(config, params, s: int, args) -> dict:
         except Exception:
             traceback.print_exc()
             row[f"{name}_error"] = traceback.format_exc()[-400:]
-            cache = random_cache(config, 1, s + n, s, jax.random.key(s))  # the failed call may have taken it
+            cache = random_cache(config, 1, capacity, s, jax.random.key(s))  # the failed call may have taken it
         print(json.dumps({key: value for key, value in row.items() if key.startswith(name)}), flush=True)
     return row
 
@@ -162,6 +170,7 @@ def main():
     parser.add_argument("--block-repeats", type=int, default=3, help="whole blocks timed per method")
     parser.add_argument("--config", default="sdar-8b-chat")
     parser.add_argument("--layers", type=int, default=None, help="override the layer count (smoke runs)")
+    parser.add_argument("--profile", action="store_true", help="print each mode's top GPU kernels")
     parser.add_argument("--tag", default="", help="suffix of the result files (partial runs)")
     parser.add_argument("--merge", type=Path, nargs="*", default=None, help="combine result JSONs into one table")
     parser.add_argument("--out", type=Path, default=Path("benchmarks/results"))

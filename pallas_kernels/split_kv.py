@@ -39,15 +39,16 @@ def _share(total, num_splits: int, block_kv: int):
     return lo, jnp.minimum(lo + span, total)
 
 
-def _dense_kernel(kvlen_ref, q_ref, k_ref, v_ref, o_ref, lse_ref, *, scale_log2, block_kv, num_splits):
+def _dense_kernel(kvlen_ref, layer_ref, q_ref, k_ref, v_ref, o_ref, lse_ref, *, scale_log2, block_kv, num_splits):
     q = q_ref[...]
+    layer = layer_ref[0]
     lo, hi = _share(kvlen_ref[0], num_splits, block_kv)
     n = jnp.maximum(hi - lo, 0)
 
     def tile(j, carry, masked):
         start = pl.multiple_of(lo + j * block_kv, block_kv)
-        k = k_ref[pl.ds(start, block_kv), :]
-        v = v_ref[pl.ds(start, block_kv), :]
+        k = k_ref[layer, pl.ds(start, block_kv), :]
+        v = v_ref[layer, pl.ds(start, block_kv), :]
         valid = (start + jnp.arange(block_kv) < hi)[None, :] if masked else None
         return c.tile_update(carry, q, k, v, scale_log2, valid)
 
@@ -58,16 +59,17 @@ def _dense_kernel(kvlen_ref, q_ref, k_ref, v_ref, o_ref, lse_ref, *, scale_log2,
     o_ref[...], lse_ref[...] = c.finalize(carry)
 
 
-def _gather_kernel(cnt_ref, idx_ref, q_ref, k_ref, v_ref, o_ref, lse_ref, *, scale_log2, block_kv,
+def _gather_kernel(cnt_ref, idx_ref, layer_ref, q_ref, k_ref, v_ref, o_ref, lse_ref, *, scale_log2, block_kv,
                    num_splits):
     q = q_ref[...]
+    layer = layer_ref[0]
     lo, hi = _share(cnt_ref[0], num_splits, block_kv)
 
     def tile(j, carry):
         start = pl.multiple_of(lo + j * block_kv, block_kv)
         cols = idx_ref[pl.ds(start, block_kv)]
-        k = k_ref[cols, :]
-        v = v_ref[cols, :]
+        k = k_ref[layer, cols, :]
+        v = v_ref[layer, cols, :]
         valid = (start + jnp.arange(block_kv) < hi)[None, :]
         return c.tile_update(carry, q, k, v, scale_log2, valid)
 
@@ -92,9 +94,12 @@ def _unfold(o, lse, shape):
 
 
 def _launch(kernel, lead, q, k, v, *, num_splits, num_warps, num_stages, interpret, name):
-    """Runs `kernel` on (lead inputs..., folded q, k, v); `lead` is a list of (BlockSpec, array)."""
+    """Runs `kernel` on (lead inputs..., folded q, k, v); `lead` is a list of (BlockSpec, array).
+
+    k, v are stacked [L, B, Nk, Hkv, D]; the kernel reads the layer its layer input names, in place.
+    """
     b, nq, hq, d = q.shape
-    hkv, nk = k.shape[2], k.shape[1]
+    num_layers, nk, hkv = k.shape[0], k.shape[2], k.shape[3]
     rows = max(16, c.next_pow2(nq * hq // hkv))
     folded = _fold_queries(q, hkv, rows)
     o, lse = pl.pallas_call(
@@ -103,8 +108,8 @@ def _launch(kernel, lead, q, k, v, *, num_splits, num_warps, num_stages, interpr
         in_specs=[
             *(spec for spec, _ in lead),
             pl.BlockSpec((None, None, rows, d), lambda s, bi, h: (bi, h, 0, 0)),
-            pl.BlockSpec((None, nk, None, d), lambda s, bi, h: (bi, 0, h, 0)),
-            pl.BlockSpec((None, nk, None, d), lambda s, bi, h: (bi, 0, h, 0)),
+            pl.BlockSpec((num_layers, None, nk, None, d), lambda s, bi, h: (0, bi, 0, h, 0)),
+            pl.BlockSpec((num_layers, None, nk, None, d), lambda s, bi, h: (0, bi, 0, h, 0)),
         ],
         out_specs=[
             pl.BlockSpec((None, None, None, rows, d), lambda s, bi, h: (bi, h, s, 0, 0)),
@@ -123,28 +128,65 @@ def _launch(kernel, lead, q, k, v, *, num_splits, num_warps, num_stages, interpr
 
 @functools.partial(jax.jit, static_argnames=("scale", "block_kv", "num_splits", "num_warps", "num_stages",
                                              "interpret"))
-def _split_kv(q, k, v, kv_len, *, scale, block_kv, num_splits, num_warps, num_stages, interpret):
-    nk_pad = c.cdiv(k.shape[1], block_kv) * block_kv
-    k, v = c.pad_axis(k, 1, nk_pad), c.pad_axis(v, 1, nk_pad)
+def _split_kv(q, k, v, kv_len, layer, *, scale, block_kv, num_splits, num_warps, num_stages, interpret):
+    # a capacity that is a multiple of block_kv is read in place; padding copies the whole cache
+    nk_pad = c.cdiv(k.shape[2], block_kv) * block_kv
+    k, v = c.pad_axis(k, 2, nk_pad), c.pad_axis(v, 2, nk_pad)
     kernel = functools.partial(_dense_kernel, scale_log2=scale * c.LOG2E, block_kv=block_kv,
                                num_splits=num_splits)
-    lead = [(pl.BlockSpec((None, 1), lambda s, bi, h: (bi, 0)), kv_len[:, None])]
+    lead = [(pl.BlockSpec((None, 1), lambda s, bi, h: (bi, 0)), kv_len[:, None]), _layer_input(layer)]
     return _launch(kernel, lead, q, k, v, num_splits=num_splits, num_warps=num_warps, num_stages=num_stages,
                    interpret=interpret, name="split_kv_attention")
 
 
 @functools.partial(jax.jit, static_argnames=("scale", "block_kv", "num_splits", "num_warps", "num_stages",
                                              "interpret"))
-def _split_kv_gather(q, k, v, indices, counts, *, scale, block_kv, num_splits, num_warps, num_stages,
+def _split_kv_gather(q, k, v, indices, counts, layer, *, scale, block_kv, num_splits, num_warps, num_stages,
                      interpret):
     width = c.cdiv(indices.shape[-1], block_kv) * block_kv
     indices = c.pad_last_repeat(indices, width)
     kernel = functools.partial(_gather_kernel, scale_log2=scale * c.LOG2E, block_kv=block_kv,
                                num_splits=num_splits)
     lead = [(pl.BlockSpec((None, None, 1), lambda s, bi, h: (bi, h, 0)), counts[..., None]),
-            (pl.BlockSpec((None, None, width), lambda s, bi, h: (bi, h, 0)), indices)]
+            (pl.BlockSpec((None, None, width), lambda s, bi, h: (bi, h, 0)), indices), _layer_input(layer)]
     return _launch(kernel, lead, q, k, v, num_splits=num_splits, num_warps=num_warps, num_stages=num_stages,
                    interpret=interpret, name="split_kv_gather_attention")
+
+
+def _layer_input(layer):
+    return pl.BlockSpec((1,), lambda s, bi, h: (0,)), jnp.reshape(layer, (1,)).astype(jnp.int32)
+
+
+def _stacked(q, k, v, layer):
+    """(k, v as [L, B, Nk, Hkv, D], the layer index int32 []) from per-layer or stacked inputs.
+
+    With layer=None, k and v are one layer's [B, Nk, Hkv, D] (a free reshape adds the layer axis).
+    Otherwise they are a stacked cache and `layer` an int scalar: a concrete one is range-checked,
+    a traced one is clamped into range (the read then stays inside the cache).
+    """
+    if layer is None:
+        return k[None], v[None], jnp.zeros((), jnp.int32)
+    if k.ndim != 5:
+        raise ValueError(f"with layer=..., k and v must be a stacked cache [L, B, Nk, Hkv, D], got shape {k.shape}")
+    if jnp.ndim(layer) != 0 or not jnp.issubdtype(jnp.asarray(layer).dtype, jnp.integer):
+        raise ValueError(f"layer must be an integer scalar, got {layer!r}")
+    if c.is_concrete(layer) and not 0 <= int(layer) < k.shape[0]:
+        raise ValueError(f"layer={int(layer)} is out of range for a cache of {k.shape[0]} layers")
+    return k, v, jnp.clip(jnp.asarray(layer, jnp.int32), 0, k.shape[0] - 1)
+
+
+def _one_layer(x, layer):
+    """The layer's [B, Nk, Hkv, D] view shape, for checks (no data is touched)."""
+    if layer is None:
+        return x
+    if x.ndim != 5:
+        raise ValueError(f"with layer=..., k and v must be a stacked cache [L, B, Nk, Hkv, D], got shape {x.shape}")
+    return jax.ShapeDtypeStruct(x.shape[1:], x.dtype)
+
+
+def _layer_slice(x, layer):
+    """The layer's data (a copy when traced): for the references."""
+    return x if layer is None else jax.lax.dynamic_index_in_dim(x, jnp.clip(layer, 0, x.shape[0] - 1), 0, False)
 
 
 def default_num_splits(batch: int, kv_heads: int, keys: int, block_kv: int) -> int:
@@ -164,34 +206,40 @@ def _check_block_queries(q, k, block_kv, num_splits):
 
 
 def split_kv_attention(q, k, v, *, kv_len=None, scale=None, return_lse=False, interpret=False, block_kv=128,
-                       num_splits=None, num_warps=None, num_stages=None):
+                       num_splits=None, num_warps=None, num_stages=None, layer=None):
     """Dense attention of a short query block over a long KV cache, split along the keys.
 
     Args:
       q: [B, Nq, Hq, D] (a block of queries; G * Nq <= 256 with G = Hq / Hkv).
-      k, v: [B, Nk, Hkv, D], e.g. a static KV cache of capacity Nk.
+      k, v: [B, Nk, Hkv, D], e.g. a static KV cache of capacity Nk; or, with `layer`, a stacked cache
+        [L, B, Nk, Hkv, D] of which layer `layer` is read in place (no per-layer copy).
       kv_len: None, int or int [B]: the filled length; keys at or beyond it are ignored.
       scale: default 1/sqrt(D). return_lse: also return the natural-log LSE f32 [B, Hq, Nq].
-      block_kv: key tile (power of two >= 16). num_splits: programs per (batch, KV head) along the
-        keys; default `default_num_splits`.
+      block_kv: key tile (power of two >= 16); a capacity Nk that is not a multiple of it is padded
+        (a copy of k and v per call). num_splits: programs per (batch, KV head) along the keys;
+        default `default_num_splits`.
+      layer: None, or an int scalar (may be traced; then clamped into [0, L)).
 
     Returns o [B, Nq, Hq, D] in q.dtype, or (o, lse).
     """
-    b, nq, nk, hq, hkv, d = c.check_qkv(q, k, v)
-    _check_block_queries(q, k, block_kv, num_splits)
+    b, nq, nk, hq, hkv, d = c.check_qkv(q, _one_layer(k, layer), _one_layer(v, layer))
+    _check_block_queries(q, _one_layer(k, layer), block_kv, num_splits)
+    stacked_k, stacked_v, index = _stacked(q, k, v, layer)
     lengths = c.kv_lengths(kv_len, b, nk)
     splits = num_splits or default_num_splits(b, hkv, nk, block_kv)
-    o, lse = _split_kv(q, k, v, lengths, scale=c.resolve_scale(scale, d), block_kv=block_kv, num_splits=splits,
-                       num_warps=num_warps, num_stages=num_stages, interpret=interpret)
+    o, lse = _split_kv(q, stacked_k, stacked_v, lengths, index, scale=c.resolve_scale(scale, d), block_kv=block_kv,
+                       num_splits=splits, num_warps=num_warps, num_stages=num_stages, interpret=interpret)
     return (o, lse) if return_lse else o
 
 
 def split_kv_attention_reference(q, k, v, *, kv_len=None, scale=None, return_lse=False, interpret=False,
-                                 block_kv=128, num_splits=None, num_warps=None, num_stages=None):
+                                 block_kv=128, num_splits=None, num_warps=None, num_stages=None, layer=None):
     """The same function as `split_kv_attention`, computed densely in fp32 jnp."""
     del interpret, num_warps, num_stages
-    b, nq, nk, hq, hkv, d = c.check_qkv(q, k, v)
-    _check_block_queries(q, k, block_kv, num_splits)
+    b, nq, nk, hq, hkv, d = c.check_qkv(q, _one_layer(k, layer), _one_layer(v, layer))
+    _check_block_queries(q, _one_layer(k, layer), block_kv, num_splits)
+    _stacked(q, k, v, layer)
+    k, v = _layer_slice(k, layer), _layer_slice(v, layer)
     lengths = c.kv_lengths(kv_len, b, nk)
     allowed = (jnp.arange(nk)[None, :] < lengths[:, None])[:, None, None, :]
     o, lse = c.dense_reference(q, k, v, allowed, c.resolve_scale(scale, d))
@@ -213,21 +261,26 @@ def _check_gather(q, k, v, kv_indices, kv_counts, block_kv, num_splits):
 
 
 def split_kv_gather_attention(q, k, v, kv_indices, kv_counts, *, scale=None, return_lse=False,
-                              interpret=False, block_kv=128, num_splits=None, num_warps=None, num_stages=None):
+                              interpret=False, block_kv=128, num_splits=None, num_warps=None, num_stages=None,
+                              layer=None):
     """Attention of a short query block over the cache rows listed per KV head (MAGE's sparse step).
 
     Args:
-      q: [B, Nq, Hq, D]; k, v: [B, Nk, Hkv, D].
+      q: [B, Nq, Hq, D]; k, v: [B, Nk, Hkv, D], or a stacked cache [L, B, Nk, Hkv, D] with `layer`
+        (read in place, as in `split_kv_attention`).
       kv_indices, kv_counts: see the module docstring (one list per batch element and KV head,
         shared by the G query heads of the group and all Nq queries).
-      scale, return_lse, block_kv, num_splits: as in `split_kv_attention`; the index list is split.
+      scale, return_lse, block_kv, num_splits, layer: as in `split_kv_attention`; the index list is split.
 
     Returns o [B, Nq, Hq, D] in q.dtype, or (o, lse).
     """
-    indices, counts, d = _check_gather(q, k, v, kv_indices, kv_counts, block_kv, num_splits)
-    splits = num_splits or default_num_splits(q.shape[0], k.shape[2], indices.shape[-1], block_kv)
-    o, lse = _split_kv_gather(q, k, v, indices, counts, scale=c.resolve_scale(scale, d), block_kv=block_kv,
-                              num_splits=splits, num_warps=num_warps, num_stages=num_stages, interpret=interpret)
+    indices, counts, d = _check_gather(q, _one_layer(k, layer), _one_layer(v, layer), kv_indices, kv_counts,
+                                       block_kv, num_splits)
+    stacked_k, stacked_v, index = _stacked(q, k, v, layer)
+    splits = num_splits or default_num_splits(q.shape[0], stacked_k.shape[3], indices.shape[-1], block_kv)
+    o, lse = _split_kv_gather(q, stacked_k, stacked_v, indices, counts, index, scale=c.resolve_scale(scale, d),
+                              block_kv=block_kv, num_splits=splits, num_warps=num_warps, num_stages=num_stages,
+                              interpret=interpret)
     return (o, lse) if return_lse else o
 
 
@@ -241,10 +294,13 @@ def gather_mask(kv_indices, kv_counts, *, num_queries, num_keys, num_heads):
 
 def split_kv_gather_attention_reference(q, k, v, kv_indices, kv_counts, *, scale=None, return_lse=False,
                                         interpret=False, block_kv=128, num_splits=None, num_warps=None,
-                                        num_stages=None):
+                                        num_stages=None, layer=None):
     """The same function as `split_kv_gather_attention`, computed densely in fp32 jnp."""
     del interpret, num_warps, num_stages
-    indices, counts, d = _check_gather(q, k, v, kv_indices, kv_counts, block_kv, num_splits)
+    indices, counts, d = _check_gather(q, _one_layer(k, layer), _one_layer(v, layer), kv_indices, kv_counts,
+                                       block_kv, num_splits)
+    _stacked(q, k, v, layer)
+    k, v = _layer_slice(k, layer), _layer_slice(v, layer)
     allowed = gather_mask(indices, counts, num_queries=q.shape[1], num_keys=k.shape[1], num_heads=q.shape[2])
     o, lse = c.dense_reference(q, k, v, allowed, c.resolve_scale(scale, d))
     return (o, lse) if return_lse else o

@@ -59,16 +59,22 @@ class BlockProbe:
         adjust = getattr(self.method, "stack_layers", None)
         return (inner if adjust is None else adjust(inner), *rest)
 
+    @property
+    def reads_stacked_cache(self) -> bool:
+        return getattr(self.method, "reads_stacked_cache", False)
+
     def mode(self, step):
         return self.method.mode(step)
 
     def block_mode(self, step, *, unmasked, commit):
         return block_mode(self.method, step, unmasked=unmasked, commit=commit)
 
-    def attend(self, q, k, v, state, mode, *, kv_len, **masks):
+    def attend(self, q, k, v, state, mode, *, kv_len, cache_layer=None, **masks):
         inner, call, recall, l1, log = state
+        if cache_layer is not None:
+            masks["cache_layer"] = cache_layer
         out, inner = self.method.attend(q, k, v, inner, mode, kv_len=kv_len, **masks)
-        exact = pk.split_kv_attention_reference(q, k, v, kv_len=kv_len)
+        exact = pk.split_kv_attention_reference(q, k, v, kv_len=kv_len, layer=cache_layer)
         err = (jnp.abs(out.astype(jnp.float32) - exact).sum(axis=(1, 3))
                / jnp.maximum(jnp.abs(exact).sum(axis=(1, 3)), 1e-30))
         l1 = l1.at[call].set(err)
@@ -77,7 +83,7 @@ class BlockProbe:
             indices, exact_layer = selection
             prefix = kv_len - q.shape[1]
             count = prefix_counts(prefix, indices.shape[-1])
-            oracle = select_prefix(q, k, prefix_len=prefix, k=indices.shape[-1], backend="reference")
+            oracle = select_prefix(q, k, prefix_len=prefix, k=indices.shape[-1], backend="reference", layer=cache_layer)
             r = jnp.where(exact_layer | (count == 0), jnp.nan, _recall(indices, oracle, count))
             recall = recall.at[call].set(r)
         log = log.at[:, call].set(jnp.stack([jnp.asarray(mode, jnp.int32), kv_len - q.shape[1]]))

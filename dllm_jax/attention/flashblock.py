@@ -29,6 +29,7 @@ other steps. MAGE's exact first layers stay exact at every step.
 from __future__ import annotations
 
 import dataclasses
+from typing import ClassVar
 
 import jax
 import jax.numpy as jnp
@@ -71,6 +72,7 @@ class FlashBlock:
     tau: int | None = 2
     inner: MAGE | None = None
     backend: str = "auto"
+    reads_stacked_cache: ClassVar[bool] = True  # SDAR passes the whole cache and cache_layer
 
     def __post_init__(self):
         if self.tau is not None and (not isinstance(self.tau, int) or self.tau < 0):
@@ -104,24 +106,26 @@ class FlashBlock:
         return jnp.where(commit, int(Mode.DENSE), jnp.where(step == 0, int(Mode.ESTIMATE),
                                                              jnp.where(reuse, int(Mode.SPARSE), int(Mode.REFRESH))))
 
-    def attend(self, q, k, v, state, mode, *, kv_len=None, **masks):
+    def attend(self, q, k, v, state, mode, *, kv_len=None, cache_layer=None, **masks):
+        """k, v: one layer's cache [B, S, Hkv, D], or the stacked cache [L, B, S, Hkv, D] with
+        `cache_layer` (read in place by the kernels)."""
         kernels.check_masks("FlashBlock", masks)
         if kv_len is None:
             raise ValueError("FlashBlock attends a query block against a KV cache: it needs kv_len (SDAR block steps)")
         inner, cached_o, cached_lse = state
-        n = q.shape[1]
+        n, layer = q.shape[1], cache_layer
         mode = jnp.asarray(mode)
 
         def exact(inner):
-            return kernels.split_kv(q, k, v, kv_len, self.backend)[0], inner, cached_o, cached_lse
+            return kernels.split_kv(q, k, v, kv_len, self.backend, layer=layer)[0], inner, cached_o, cached_lse
 
         if self.inner is None:
             def internal():
-                k_block, v_block = block_keys(k, v, kv_len, n)
+                k_block, v_block = block_keys(k, v, kv_len, n, layer)
                 return kernels.flash(q, k_block, v_block, self.backend)
 
             def refresh(inner):
-                o_out, lse_out = kernels.split_kv(q, k, v, kv_len - n, self.backend)
+                o_out, lse_out = kernels.split_kv(q, k, v, kv_len - n, self.backend, layer=layer)
                 out, _ = pk.merge_attention(o_out, lse_out, *internal())
                 return out.astype(q.dtype), inner, o_out.astype(jnp.float32), lse_out
 
@@ -138,23 +142,24 @@ class FlashBlock:
 
         def residual(indices):
             """(o, lse) over the prefix keys the selection leaves out."""
-            left_out, counts = complement_indices(indices, kv_len - n, k.shape[1])
-            return kernels.split_kv_gather(q, k, v, left_out, counts, self.backend)
+            left_out, counts = complement_indices(indices, kv_len - n, k.shape[-3])
+            return kernels.split_kv_gather(q, k, v, left_out, counts, self.backend, layer=layer)
 
         def estimate(inner):
-            out, lse = kernels.split_kv(q, k, v, kv_len, self.backend)
-            indices = mage.select(q, k, kv_len, lse)
+            out, lse = kernels.split_kv(q, k, v, kv_len, self.backend, layer=layer)
+            indices = mage.select(q, k, kv_len, lse, layer)
             o_res, lse_res = residual(indices)
             return out, (indices, exact_layer), o_res.astype(jnp.float32), lse_res
 
         def refresh(inner):
             o_res, lse_res = residual(indices)
-            out, _ = pk.merge_attention(*selected_attention(q, k, v, indices, kv_len, self.backend), o_res, lse_res)
+            out, _ = pk.merge_attention(*selected_attention(q, k, v, indices, kv_len, self.backend, layer), o_res,
+                                        lse_res)
             return out.astype(q.dtype), inner, o_res.astype(jnp.float32), lse_res
 
         def reuse(inner):
-            out, _ = pk.merge_attention(*selected_attention(q, k, v, indices, kv_len, self.backend), cached_o,
-                                        cached_lse)
+            out, _ = pk.merge_attention(*selected_attention(q, k, v, indices, kv_len, self.backend, layer),
+                                        cached_o, cached_lse)
             return out.astype(q.dtype), inner, cached_o, cached_lse
 
         branch = jnp.select([mode == int(Mode.ESTIMATE), mode == int(Mode.REFRESH), mode == int(Mode.SPARSE)],

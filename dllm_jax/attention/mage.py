@@ -12,6 +12,7 @@ positions is kept whole, so attention is then exact too.
 from __future__ import annotations
 
 import dataclasses
+from typing import ClassVar
 
 import jax
 import jax.numpy as jnp
@@ -21,7 +22,8 @@ from dllm_jax.attention import kernels
 from dllm_jax.attention.policy import Mode
 
 
-def select_prefix(q_block, k_cache, *, prefix_len, k: int, scale=None, backend: str = "auto", lse=None):
+def select_prefix(q_block, k_cache, *, prefix_len, k: int, scale=None, backend: str = "auto", lse=None,
+                  layer=None):
     """MAGE's selection: int32 [B, Hkv, k], ascending.
 
     q_block [B, n, Hq, D]; k_cache [B, S, Hkv, D] holding the committed prefix in [0, prefix_len)
@@ -29,14 +31,16 @@ def select_prefix(q_block, k_cache, *, prefix_len, k: int, scale=None, backend: 
     step. The softmax runs over all prefix_len + n keys; only prefix positions are ranked. With
     fewer than k prefix positions all of them are returned, padded by repeating the last (the valid
     count is `min(k, prefix_len)`, see `prefix_counts`). `lse` f32 [B, Hq, n]: the LSE of the
-    queries over those keys, if the caller already has it (MAGE's first step does).
+    queries over those keys, if the caller already has it (MAGE's first step does). With `layer`,
+    k_cache is a stacked cache [L, B, S, Hkv, D] and that layer is scored.
     """
     n = q_block.shape[1]
     kv_len = jnp.asarray(prefix_len) + n
-    if lse is None:
-        _, lse = kernels.split_kv(q_block, k_cache, k_cache, kv_len, backend, scale)  # only the LSE is used
-    scores = kernels.kv_scores(q_block, k_cache, lse, kv_len, backend, scale)  # [B, Hkv, S]
-    in_prefix = jnp.arange(k_cache.shape[1]) < prefix_len
+    if lse is None:  # only the LSE is used
+        _, lse = kernels.split_kv(q_block, k_cache, k_cache, kv_len, backend, scale, layer=layer)
+    # once per block: the score kernel reads one layer's copy
+    scores = kernels.kv_scores(q_block, kernels.cache_layer_of(k_cache, layer), lse, kv_len, backend, scale)
+    in_prefix = jnp.arange(scores.shape[-1]) < prefix_len
     ranked_scores = jnp.where(in_prefix, scores, -jnp.inf)
     if k > ranked_scores.shape[-1]:  # k beyond the cache capacity: every prefix position is kept
         ranked_scores = jnp.pad(ranked_scores, ((0, 0), (0, 0), (0, k - ranked_scores.shape[-1])),
@@ -54,18 +58,22 @@ def prefix_counts(prefix_len, k: int):
     return jnp.minimum(jnp.asarray(prefix_len, jnp.int32), k)
 
 
-def block_keys(k, v, kv_len, n: int):
-    """The current block's own keys and values: cache rows [kv_len - n, kv_len)."""
+def block_keys(k, v, kv_len, n: int, layer=None):
+    """The current block's own keys and values: cache rows [kv_len - n, kv_len) (of `layer` when k
+    and v are a stacked cache)."""
     start = kv_len - n
+    if layer is not None:
+        return tuple(jax.lax.dynamic_slice(x, (layer, 0, start, 0, 0), (1, x.shape[1], n, *x.shape[3:]))[0]
+                     for x in (k, v))
     return (jax.lax.dynamic_slice_in_dim(k, start, n, axis=1), jax.lax.dynamic_slice_in_dim(v, start, n, axis=1))
 
 
-def selected_attention(q, k, v, indices, kv_len, backend: str):
+def selected_attention(q, k, v, indices, kv_len, backend: str, layer=None):
     """(o, lse) over the selected prefix rows `indices` [B, Hkv, k] plus the whole current block."""
     n = q.shape[1]
     counts = jnp.broadcast_to(prefix_counts(kv_len - n, indices.shape[-1]), indices.shape[:2])
-    o_prefix, lse_prefix = kernels.split_kv_gather(q, k, v, indices, counts, backend)
-    k_block, v_block = block_keys(k, v, kv_len, n)
+    o_prefix, lse_prefix = kernels.split_kv_gather(q, k, v, indices, counts, backend, layer=layer)
+    k_block, v_block = block_keys(k, v, kv_len, n, layer)
     o_block, lse_block = kernels.flash(q, k_block, v_block, backend)
     return pk.merge_attention(o_prefix, lse_prefix, o_block, lse_block)
 
@@ -82,6 +90,7 @@ class MAGE:
     k: int = 512
     exact_layers: int = 2
     backend: str = "auto"
+    reads_stacked_cache: ClassVar[bool] = True  # SDAR passes the whole cache and cache_layer
 
     def __post_init__(self):
         if self.k < 1 or self.exact_layers < 0:
@@ -99,21 +108,24 @@ class MAGE:
     def mode(self, step):
         return jnp.where(step == 0, int(Mode.ESTIMATE), int(Mode.SPARSE))  # step: within the block
 
-    def attend(self, q, k, v, state, mode, *, kv_len=None, **masks):
+    def attend(self, q, k, v, state, mode, *, kv_len=None, cache_layer=None, **masks):
+        """k, v: one layer's cache [B, S, Hkv, D], or the stacked cache [L, B, S, Hkv, D] with
+        `cache_layer` (read in place by the kernels)."""
         kernels.check_masks("MAGE", masks)
         if kv_len is None:
             raise ValueError("MAGE attends a query block against a KV cache: it needs kv_len (SDAR block steps)")
         indices, exact = state
+        layer = cache_layer
 
         def exact_step(_):
-            return kernels.split_kv(q, k, v, kv_len, self.backend)[0], indices
+            return kernels.split_kv(q, k, v, kv_len, self.backend, layer=layer)[0], indices
 
         def estimate(_):
-            out, lse = kernels.split_kv(q, k, v, kv_len, self.backend)
-            return out, self.select(q, k, kv_len, lse)
+            out, lse = kernels.split_kv(q, k, v, kv_len, self.backend, layer=layer)
+            return out, self.select(q, k, kv_len, lse, layer)
 
         def sparse(_):
-            out, _ = selected_attention(q, k, v, indices, kv_len, self.backend)
+            out, _ = selected_attention(q, k, v, indices, kv_len, self.backend, layer)
             return out.astype(q.dtype), indices
 
         # DENSE (and REFRESH, which has nothing to refresh here) attend exactly
@@ -122,9 +134,10 @@ class MAGE:
         out, indices = jax.lax.switch(jnp.where(exact, 0, branch), [exact_step, estimate, sparse], None)
         return out, (indices, exact)
 
-    def select(self, q, k, kv_len, lse=None):
+    def select(self, q, k, kv_len, lse=None, layer=None):
         """`select_prefix` for a block step against the whole cache buffer k."""
-        return select_prefix(q, k, prefix_len=kv_len - q.shape[1], k=self.k, backend=self.backend, lse=lse)
+        return select_prefix(q, k, prefix_len=kv_len - q.shape[1], k=self.k, backend=self.backend, lse=lse,
+                             layer=layer)
 
     def selection(self, state):
         """(indices [B, Hkv, k], exact) of one layer's state: what `dllm_jax.analysis` compares."""

@@ -27,6 +27,7 @@ from dllm_jax.config import SDARConfig
 from dllm_jax.generate.llada import commit_top
 from dllm_jax.models import sdar as sdar_model
 
+CACHE_TILE = 128
 REMASKING = ("low_confidence_dynamic", "low_confidence_static", "sequential")
 
 
@@ -150,7 +151,8 @@ def generate_sdar(params, prompt_ids, seed, run_id=0, *, config: SDARConfig, opt
     total = num_blocks * bl
     prefill_blocks = p // bl
     x = jnp.full((b, total), config.mask_token_id, jnp.int32).at[:, :p].set(prompt_ids.astype(jnp.int32))
-    cache = sdar_model.init_cache(config, b, total, params["embed"].dtype)
+    # a capacity in whole 128-key tiles lets the split-KV kernels read the cache without padding it
+    cache = sdar_model.init_cache(config, b, -(-total // CACHE_TILE) * CACHE_TILE, params["embed"].dtype)
     if prefill_blocks:
         cache = sdar_model.prefill(params, x[:, : prefill_blocks * bl], cache, config=config,
                                    attention_fn=attention_fn)

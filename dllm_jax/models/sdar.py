@@ -107,7 +107,8 @@ def block_step_with_policy(params, block_ids, cache: KVCache, policy_state, mode
                            policy, commit=False, attention_fn=dense_attention):
     """`block_step` with attention through `policy` (dllm_jax.attention.policy), if not None.
 
-    The policy sees the layer's whole cache buffer with `kv_len` = length + n; `mode` (int32, from
+    The policy sees the layer's whole cache buffer with `kv_len` = length + n (or, if it sets
+    `reads_stacked_cache`, the stacked cache of all layers and `cache_layer`); `mode` (int32, from
     `policy.block_mode` / `policy.mode`) applies to every layer, and the per-layer state (leading
     layer axis) is threaded like the cache. Returns (logits, cache, policy_state).
     """
@@ -121,6 +122,10 @@ def block_step_with_policy(params, block_ids, cache: KVCache, policy_state, mode
         cv = jax.lax.dynamic_update_slice(cache.v, v[None].astype(cache.v.dtype), (layer, 0, start, 0, 0))
         if policy is None:
             out = attention_fn(q, ck[layer], cv[layer], kv_len=start + n)
+        elif getattr(policy, "reads_stacked_cache", False):
+            # the Pallas kernels read the layer in place; slicing it out would copy it every step
+            out, policy_state = attend_layer(policy, mode, q, ck, cv, policy_state, layer, kv_len=start + n,
+                                             cache_layer=layer)
         else:
             out, policy_state = attend_layer(policy, mode, q, ck[layer], cv[layer], policy_state, layer,
                                              kv_len=start + n)
