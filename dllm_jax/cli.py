@@ -53,6 +53,7 @@ def cmd_generate(args) -> None:
 
 def method_from_args(args):
     """The --method config (None = dense); unset method flags keep each method's defaults."""
+    from dllm_jax.attention.flashblock import FlashBlock
     from dllm_jax.attention.mage import MAGE
     from dllm_jax.attention.pulsecol import PulseCol
     from dllm_jax.attention.sparsed import SparseD
@@ -61,16 +62,24 @@ def method_from_args(args):
                                               ("block_size", args.sparse_block), ("sparsity", args.sparsity),
                                               ("group_size", args.group_size), ("eta", args.eta),
                                               ("refreshes", args.refreshes), ("k", args.mage_k),
-                                              ("exact_layers", args.exact_layers)) if value is not None}
+                                              ("exact_layers", args.exact_layers), ("tau", args.tau))
+             if value is not None}
     fields = {"sparsed": {"skip", "select", "block_size"}, "pulsecol": {"sparsity", "group_size", "eta", "refreshes"},
-              "mage": {"k", "exact_layers"}}
+              "mage": {"k", "exact_layers"}, "flashblock": {"tau"}, "flashblock+mage": {"tau", "k", "exact_layers"}}
     if args.method == "dense":
         if given:
-            raise SystemExit(f"error: {sorted(given)} need --method sparsed, pulsecol or mage")
+            raise SystemExit(f"error: {sorted(given)} need a --method other than dense")
         return None
     stray = set(given) - fields[args.method]
     if stray:
         raise SystemExit(f"error: {sorted(stray)} do not apply to --method {args.method}")
+    if args.method.startswith("flashblock"):
+        tau = given.pop("tau", "2")
+        if tau != "none" and not tau.isdigit():
+            raise SystemExit(f"error: --tau takes an integer >= 0 or 'none', got {tau!r}")
+        tau = None if tau == "none" else int(tau)
+        inner = MAGE(**given) if args.method == "flashblock+mage" else None
+        return FlashBlock(tau=tau, inner=inner)
     return {"sparsed": SparseD, "pulsecol": PulseCol, "mage": MAGE}[args.method](**given)
 
 
@@ -175,8 +184,10 @@ def build_parser() -> argparse.ArgumentParser:
     gen.add_argument("--seed", type=int, default=0)
     gen.add_argument("--dtype", default="bfloat16", choices=["bfloat16", "float32"])
     gen.add_argument("--progress", action="store_true", help="tqdm bar from inside the compiled loop")
-    gen.add_argument("--method", default="dense", choices=["dense", "sparsed", "pulsecol", "mage"],
-                     help="sparse attention: sparsed / pulsecol (LLaDA), mage (SDAR); default dense")
+    gen.add_argument("--method", default="dense",
+                     choices=["dense", "sparsed", "pulsecol", "mage", "flashblock", "flashblock+mage"],
+                     help="sparse attention: sparsed / pulsecol (LLaDA); mage, flashblock, flashblock+mage "
+                          "(SDAR); default dense")
     gen.add_argument("--skip", type=float, default=None, help="SparseD: dense fraction of the steps (0.2)")
     gen.add_argument("--select", type=float, default=None, help="SparseD: fraction of key blocks kept (0.3)")
     gen.add_argument("--sparse-block", type=int, default=None, help="SparseD: pattern block size (128)")
@@ -186,6 +197,8 @@ def build_parser() -> argparse.ArgumentParser:
     gen.add_argument("--refreshes", type=int, default=None, help="PulseCol: refresh budget (16)")
     gen.add_argument("--mage-k", type=int, default=None, help="MAGE: prefix keys kept per KV head (512)")
     gen.add_argument("--exact-layers", type=int, default=None, help="MAGE: first layers kept exact (2)")
+    gen.add_argument("--tau", default=None, help="FlashBlock: refresh after this many unmasked tokens (2); "
+                     "0 = always refresh, none = only at each block's first step")
     gen.set_defaults(fn=cmd_generate)
 
     demo = sub.add_parser("demo", help="build, convert, load and time tiny random LLaDA and SDAR models")

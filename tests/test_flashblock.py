@@ -210,3 +210,38 @@ def test_pallas_policy_matches_the_reference_on_gpu(rng, inner):
     for got, expected in zip(results["pallas"], results["reference"]):
         assert np.isfinite(got).all()
         assert np.linalg.norm(got - expected) / np.linalg.norm(expected) < 2e-2
+
+
+def test_cli_method_flags():
+    from dllm_jax.cli import build_parser, method_from_args
+
+    def parse(*flags):
+        return method_from_args(build_parser().parse_args(["generate", "--model", "m", "--prompt", "p", *flags]))
+
+    assert parse("--method", "flashblock") == FlashBlock(tau=2)
+    assert parse("--method", "flashblock", "--tau", "none") == FlashBlock(tau=None)
+    assert parse("--method", "flashblock+mage", "--tau", "3", "--mage-k", "64", "--exact-layers", "1") == \
+        FlashBlock(tau=3, inner=MAGE(k=64, exact_layers=1))
+    for bad in (["--method", "flashblock", "--mage-k", "4"], ["--method", "mage", "--tau", "2"],
+                ["--method", "flashblock", "--tau", "two"]):
+        with pytest.raises(SystemExit):
+            parse(*bad)
+
+
+def test_generate_command_with_flashblock_and_mage(tmp_path, capsys):
+    from dllm_jax.cli import main
+    from dllm_jax.testing import write_tiny_tokenizer
+    from dllm_jax.tokenizer import ChatTokenizer
+
+    config = tiny_sdar_config(vocab_size=160, mask_token_id=150, eos_token_ids=(141,), pad_token_id=141)
+    hf = write_hf_checkpoint(tmp_path / "hf", config)
+    write_tiny_tokenizer(hf, 160, mask_token_id=150, eos_token_id=141)
+    assert main(["generate", "--model", str(hf), "--prompt", "w1 w2 w3", "--dtype", "float32", "--gen-length", "8",
+                 "--steps", "4", "--top-k", "1", "--method", "flashblock+mage", "--tau", "2", "--mage-k", "4",
+                 "--exact-layers", "1"]) == 0
+    out, _ = capsys.readouterr()
+    tok, model = ChatTokenizer(hf), load_model(hf, dtype="float32")
+    ids = tok.encode("w1 w2 w3")
+    expected = generate(model, ids, max_new_tokens=8, denoising_steps=4, top_k=1,
+                        method=FlashBlock(tau=2, inner=MAGE(k=4, exact_layers=1)))
+    assert out.strip() == tok.decode(np.asarray(expected)[0, ids.shape[1]:], skip=(150,)).strip()
