@@ -157,36 +157,41 @@ def _layer_input(layer):
     return pl.BlockSpec((1,), lambda s, bi, h: (0,)), jnp.reshape(layer, (1,)).astype(jnp.int32)
 
 
-def _stacked(q, k, v, layer):
-    """(k, v as [L, B, Nk, Hkv, D], the layer index int32 []) from per-layer or stacked inputs.
+def _check_layer(k, v, layer):
+    """(k, v as one layer's [B, Nk, Hkv, D] shapes, for the shape checks; no data is touched).
 
-    With layer=None, k and v are one layer's [B, Nk, Hkv, D] (a free reshape adds the layer axis).
-    Otherwise they are a stacked cache and `layer` an int scalar: a concrete one is range-checked,
-    a traced one is clamped into range (the read then stays inside the cache).
+    With layer=None, k and v are one layer. Otherwise they must be a stacked cache [L, B, Nk, Hkv, D]
+    and `layer` an int scalar; a concrete one is range-checked (a traced one is clamped later).
     """
     if layer is None:
-        return k[None], v[None], jnp.zeros((), jnp.int32)
+        return k, v
     if k.ndim != 5:
         raise ValueError(f"with layer=..., k and v must be a stacked cache [L, B, Nk, Hkv, D], got shape {k.shape}")
     if jnp.ndim(layer) != 0 or not jnp.issubdtype(jnp.asarray(layer).dtype, jnp.integer):
         raise ValueError(f"layer must be an integer scalar, got {layer!r}")
     if c.is_concrete(layer) and not 0 <= int(layer) < k.shape[0]:
         raise ValueError(f"layer={int(layer)} is out of range for a cache of {k.shape[0]} layers")
-    return k, v, jnp.clip(jnp.asarray(layer, jnp.int32), 0, k.shape[0] - 1)
+    return (jax.ShapeDtypeStruct(k.shape[1:], k.dtype), jax.ShapeDtypeStruct(v.shape[1:], v.dtype))
 
 
-def _one_layer(x, layer):
-    """The layer's [B, Nk, Hkv, D] view shape, for checks (no data is touched)."""
+def _layer_index(k, layer):
+    """The layer as int32 [], clamped into [0, L) so that a traced index reads inside the cache."""
+    return jnp.clip(jnp.asarray(layer, jnp.int32), 0, k.shape[0] - 1)
+
+
+def _stacked(k, v, layer):
+    """(k, v as [L, B, Nk, Hkv, D], the layer index): a free reshape adds the axis to one layer."""
     if layer is None:
-        return x
-    if x.ndim != 5:
-        raise ValueError(f"with layer=..., k and v must be a stacked cache [L, B, Nk, Hkv, D], got shape {x.shape}")
-    return jax.ShapeDtypeStruct(x.shape[1:], x.dtype)
+        return k[None], v[None], jnp.zeros((), jnp.int32)
+    return k, v, _layer_index(k, layer)
 
 
-def _layer_slice(x, layer):
-    """The layer's data (a copy when traced): for the references."""
-    return x if layer is None else jax.lax.dynamic_index_in_dim(x, jnp.clip(layer, 0, x.shape[0] - 1), 0, False)
+def _layer_slice(k, v, layer):
+    """The layer's data (a copy when traced): what the references compute on."""
+    if layer is None:
+        return k, v
+    index = _layer_index(k, layer)
+    return tuple(jax.lax.dynamic_index_in_dim(x, index, 0, keepdims=False) for x in (k, v))
 
 
 def default_num_splits(batch: int, kv_heads: int, keys: int, block_kv: int) -> int:
@@ -222,9 +227,10 @@ def split_kv_attention(q, k, v, *, kv_len=None, scale=None, return_lse=False, in
 
     Returns o [B, Nq, Hq, D] in q.dtype, or (o, lse).
     """
-    b, nq, nk, hq, hkv, d = c.check_qkv(q, _one_layer(k, layer), _one_layer(v, layer))
-    _check_block_queries(q, _one_layer(k, layer), block_kv, num_splits)
-    stacked_k, stacked_v, index = _stacked(q, k, v, layer)
+    one_k, one_v = _check_layer(k, v, layer)
+    b, nq, nk, hq, hkv, d = c.check_qkv(q, one_k, one_v)
+    _check_block_queries(q, one_k, block_kv, num_splits)
+    stacked_k, stacked_v, index = _stacked(k, v, layer)
     lengths = c.kv_lengths(kv_len, b, nk)
     splits = num_splits or default_num_splits(b, hkv, nk, block_kv)
     o, lse = _split_kv(q, stacked_k, stacked_v, lengths, index, scale=c.resolve_scale(scale, d), block_kv=block_kv,
@@ -236,10 +242,10 @@ def split_kv_attention_reference(q, k, v, *, kv_len=None, scale=None, return_lse
                                  block_kv=128, num_splits=None, num_warps=None, num_stages=None, layer=None):
     """The same function as `split_kv_attention`, computed densely in fp32 jnp."""
     del interpret, num_warps, num_stages
-    b, nq, nk, hq, hkv, d = c.check_qkv(q, _one_layer(k, layer), _one_layer(v, layer))
-    _check_block_queries(q, _one_layer(k, layer), block_kv, num_splits)
-    _stacked(q, k, v, layer)
-    k, v = _layer_slice(k, layer), _layer_slice(v, layer)
+    one_k, one_v = _check_layer(k, v, layer)
+    b, nq, nk, hq, hkv, d = c.check_qkv(q, one_k, one_v)
+    _check_block_queries(q, one_k, block_kv, num_splits)
+    k, v = _layer_slice(k, v, layer)
     lengths = c.kv_lengths(kv_len, b, nk)
     allowed = (jnp.arange(nk)[None, :] < lengths[:, None])[:, None, None, :]
     o, lse = c.dense_reference(q, k, v, allowed, c.resolve_scale(scale, d))
@@ -274,9 +280,8 @@ def split_kv_gather_attention(q, k, v, kv_indices, kv_counts, *, scale=None, ret
 
     Returns o [B, Nq, Hq, D] in q.dtype, or (o, lse).
     """
-    indices, counts, d = _check_gather(q, _one_layer(k, layer), _one_layer(v, layer), kv_indices, kv_counts,
-                                       block_kv, num_splits)
-    stacked_k, stacked_v, index = _stacked(q, k, v, layer)
+    indices, counts, d = _check_gather(q, *_check_layer(k, v, layer), kv_indices, kv_counts, block_kv, num_splits)
+    stacked_k, stacked_v, index = _stacked(k, v, layer)
     splits = num_splits or default_num_splits(q.shape[0], stacked_k.shape[3], indices.shape[-1], block_kv)
     o, lse = _split_kv_gather(q, stacked_k, stacked_v, indices, counts, index, scale=c.resolve_scale(scale, d),
                               block_kv=block_kv, num_splits=splits, num_warps=num_warps, num_stages=num_stages,
@@ -297,10 +302,8 @@ def split_kv_gather_attention_reference(q, k, v, kv_indices, kv_counts, *, scale
                                         num_stages=None, layer=None):
     """The same function as `split_kv_gather_attention`, computed densely in fp32 jnp."""
     del interpret, num_warps, num_stages
-    indices, counts, d = _check_gather(q, _one_layer(k, layer), _one_layer(v, layer), kv_indices, kv_counts,
-                                       block_kv, num_splits)
-    _stacked(q, k, v, layer)
-    k, v = _layer_slice(k, layer), _layer_slice(v, layer)
+    indices, counts, d = _check_gather(q, *_check_layer(k, v, layer), kv_indices, kv_counts, block_kv, num_splits)
+    k, v = _layer_slice(k, v, layer)
     allowed = gather_mask(indices, counts, num_queries=q.shape[1], num_keys=k.shape[1], num_heads=q.shape[2])
     o, lse = c.dense_reference(q, k, v, allowed, c.resolve_scale(scale, d))
     return (o, lse) if return_lse else o
