@@ -36,7 +36,7 @@ import numpy as np
 from benchmarks.common import random_params, traced_kernels, write_results
 from benchmarks.sdar_block_step import random_cache
 from dllm_jax import MAGE, FlashBlock, shipped_config
-from dllm_jax.attention.policy import Mode, block_mode
+from dllm_jax.attention.policy import Mode, block_mode, unmasked_since_refresh
 from dllm_jax.generate.sdar import CACHE_TILE, SDAROptions, block_schedule, denoise_block
 from dllm_jax.models.sdar import block_step_with_policy, init_policy_state
 
@@ -74,7 +74,7 @@ def mode_counts(policy, block: int, steps: int) -> dict[str, int]:
         if commit:
             break
         new = int(min(schedule[step], left))
-        unmasked = (unmasked if mode == Mode.SPARSE else 0) + new
+        unmasked = int(unmasked_since_refresh(unmasked, mode, new))
         left -= new
     return counts
 

@@ -65,6 +65,12 @@ def block_mode(policy, step, *, unmasked, commit):
     return schedule(step, unmasked=unmasked, commit=commit)
 
 
+def unmasked_since_refresh(unmasked, mode, newly_unmasked):
+    """The count `block_mode` gets at the next forward: reset by any forward that was not SPARSE,
+    then this forward's newly unmasked tokens added."""
+    return jnp.where(jnp.asarray(mode) == int(Mode.SPARSE), unmasked, 0) + newly_unmasked
+
+
 def stacked_state(policy, num_layers: int, **shapes):
     """`policy.init_state(**shapes)` for every layer, stacked on a leading layer axis; a policy
     whose layers differ (e.g. MAGE's exact first layers) adjusts the stack in `stack_layers`."""

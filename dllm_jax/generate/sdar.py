@@ -22,7 +22,7 @@ import dataclasses
 import jax
 import jax.numpy as jnp
 
-from dllm_jax.attention.policy import Mode, block_mode
+from dllm_jax.attention.policy import block_mode, unmasked_since_refresh
 from dllm_jax.config import SDARConfig
 from dllm_jax.generate.llada import commit_top
 from dllm_jax.models import sdar as sdar_model
@@ -123,7 +123,7 @@ def denoise_block(params, cur, cache, policy_state, key, draws, *, config: SDARC
         count = schedule[jnp.minimum(step, o.denoising_steps - 1)]
         transfer = transfer_mask(o.remasking, mask_index, x0_p, count, o.confidence_threshold) & ~commit
         if mode is not None:
-            unmasked = jnp.where(mode == int(Mode.SPARSE), unmasked, 0) + jnp.sum(transfer, dtype=jnp.int32)
+            unmasked = unmasked_since_refresh(unmasked, mode, jnp.sum(transfer, dtype=jnp.int32))
         cur = jnp.where(transfer, x0, cur)
         return cur, cache, policy_state, draws + (~commit).astype(jnp.int32), commit, step + 1, unmasked
 
