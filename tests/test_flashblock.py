@@ -3,7 +3,6 @@ refresh schedule inside the compiled loop, exactness when it always refreshes, t
 the combination's output error against MAGE alone on the same inputs."""
 
 import dataclasses
-import math
 
 import jax.numpy as jnp
 import numpy as np
@@ -15,19 +14,10 @@ from dllm_jax.analysis import analyze_blocks
 from dllm_jax.attention.flashblock import FlashBlock, complement_indices
 from dllm_jax.attention.mage import MAGE, select_prefix
 from dllm_jax.attention.policy import Mode
-from dllm_jax.testing import tiny_sdar_config, write_hf_checkpoint
+from dllm_jax.testing import write_hf_checkpoint
+from sdar_methods_testing import OPTIONS, check_generate_command, masked_attention, tiny_sdar_model
 
 pytestmark = pytest.mark.filterwarnings("ignore::DeprecationWarning")
-
-
-def attention_numpy(q, k, v, allowed):
-    """float64 softmax attention with GQA; allowed bool [Hq, Nq, Nk] (or broadcastable)."""
-    q, k, v = (np.asarray(x, np.float64) for x in (q, k, v))
-    k, v = (np.repeat(x, q.shape[2] // x.shape[2], axis=2) for x in (k, v))
-    s = np.einsum("bqhd,bkhd->bhqk", q, k) / math.sqrt(q.shape[-1])
-    s = np.where(allowed, s, -np.inf)
-    p = np.exp(s - s.max(-1, keepdims=True))
-    return np.einsum("bhqk,bkhd->bqhd", p / p.sum(-1, keepdims=True), v)
 
 
 @pytest.mark.parametrize("dtype,tol", [(jnp.float32, 1e-5), (jnp.bfloat16, 2e-2)])
@@ -42,7 +32,7 @@ def test_external_and_internal_parts_merge_to_full_attention(rng, dtype, tol, pr
     full, full_lse = pk.split_kv_attention_reference(q, k, v, kv_len=prefix + n, return_lse=True)
     np.testing.assert_allclose(np.asarray(merged, np.float32), np.asarray(full, np.float32), atol=tol)
     np.testing.assert_allclose(lse, full_lse, atol=1e-4)
-    expected = attention_numpy(q, k, v, np.arange(cap) < prefix + n)
+    expected = masked_attention(q, k, v, np.arange(cap) < prefix + n)
     np.testing.assert_allclose(np.asarray(merged, np.float32), expected, atol=tol)
 
 
@@ -54,14 +44,14 @@ def test_reuse_step_merges_the_stored_external_part_with_fresh_block_attention(r
     state = fb.init_state(batch=1, num_heads=hq, num_kv_heads=hkv, q_len=n, kv_len=cap, head_dim=16)
     kv_len = jnp.int32(prefix + n)
     out0, state = fb.attend(q0, k, v, state, jnp.int32(Mode.ESTIMATE), kv_len=kv_len)
-    np.testing.assert_allclose(out0, attention_numpy(q0, k, v, np.arange(cap) < prefix + n), atol=1e-5)
+    np.testing.assert_allclose(out0, masked_attention(q0, k, v, np.arange(cap) < prefix + n), atol=1e-5)
     k1 = k.at[:, prefix:prefix + n].set(jnp.asarray(rng.standard_normal((1, n, hkv, 16)), jnp.float32))  # block changed
     out1, _ = fb.attend(q1, k1, v, state, jnp.int32(Mode.SPARSE), kv_len=kv_len)
     # stale external part: the step-0 queries over the prefix; fresh internal part: q1 over the new block
     o_out, lse_out = pk.split_kv_attention_reference(q0, k, v, kv_len=prefix, return_lse=True)
     o_in, lse_in = pk.flash_attention_reference(q1, k1[:, prefix:prefix + n], v[:, prefix:prefix + n], return_lse=True)
     np.testing.assert_allclose(out1, pk.merge_attention_reference(o_out, lse_out, o_in, lse_in)[0], atol=1e-5)
-    assert np.abs(np.asarray(out1) - attention_numpy(q1, k1, v, np.arange(cap) < prefix + n)).max() > 1e-3
+    assert np.abs(np.asarray(out1) - masked_attention(q1, k1, v, np.arange(cap) < prefix + n)).max() > 1e-3
 
 
 @pytest.mark.parametrize("prefix,k", [(30, 8), (5, 8), (0, 4), (12, 12)])
@@ -100,14 +90,9 @@ def test_bad_configs_are_rejected():
             batch=1, num_heads=2, num_kv_heads=2, q_len=4, kv_len=4, head_dim=8), Mode.SPARSE)
 
 
-OPTIONS = dict(max_new_tokens=16, denoising_steps=4, top_k=1)
-
-
 @pytest.fixture(scope="module")
 def model(tmp_path_factory):
-    config = tiny_sdar_config(num_layers=3)
-    return load_model(write_hf_checkpoint(tmp_path_factory.mktemp("flashblock"), config, seed=5), dtype="float32",
-                      progress=False)
+    return tiny_sdar_model(tmp_path_factory.mktemp("flashblock"), seed=5)
 
 
 def test_always_refreshing_generates_the_dense_tokens(model, rng):
@@ -229,19 +214,5 @@ def test_cli_method_flags():
 
 
 def test_generate_command_with_flashblock_and_mage(tmp_path, capsys):
-    from dllm_jax.cli import main
-    from dllm_jax.testing import write_tiny_tokenizer
-    from dllm_jax.tokenizer import ChatTokenizer
-
-    config = tiny_sdar_config(vocab_size=160, mask_token_id=150, eos_token_ids=(141,), pad_token_id=141)
-    hf = write_hf_checkpoint(tmp_path / "hf", config)
-    write_tiny_tokenizer(hf, 160, mask_token_id=150, eos_token_id=141)
-    assert main(["generate", "--model", str(hf), "--prompt", "w1 w2 w3", "--dtype", "float32", "--gen-length", "8",
-                 "--steps", "4", "--top-k", "1", "--method", "flashblock+mage", "--tau", "2", "--mage-k", "4",
-                 "--exact-layers", "1"]) == 0
-    out, _ = capsys.readouterr()
-    tok, model = ChatTokenizer(hf), load_model(hf, dtype="float32")
-    ids = tok.encode("w1 w2 w3")
-    expected = generate(model, ids, max_new_tokens=8, denoising_steps=4, top_k=1,
-                        method=FlashBlock(tau=2, inner=MAGE(k=4, exact_layers=1)))
-    assert out.strip() == tok.decode(np.asarray(expected)[0, ids.shape[1]:], skip=(150,)).strip()
+    check_generate_command(tmp_path, capsys, ["--method", "flashblock+mage", "--tau", "2", "--mage-k", "4",
+                                              "--exact-layers", "1"], FlashBlock(tau=2, inner=MAGE(k=4, exact_layers=1)))

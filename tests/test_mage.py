@@ -8,10 +8,10 @@ import jax.numpy as jnp
 import numpy as np
 import pytest
 
-from dllm_jax import generate, load_model
+from dllm_jax import generate
 from dllm_jax.attention.mage import MAGE, select_prefix
 from dllm_jax.attention.policy import Mode
-from dllm_jax.testing import tiny_sdar_config, write_hf_checkpoint
+from sdar_methods_testing import OPTIONS, check_generate_command, masked_attention, tiny_sdar_model
 
 pytestmark = pytest.mark.filterwarnings("ignore::DeprecationWarning")
 
@@ -47,15 +47,6 @@ def test_select_prefix_matches_eq3(rng, n, hq, hkv, prefix, k):
     assert got.dtype == np.int32 and got.shape == (2, hkv, k)
 
 
-def masked_attention(q, k, v, allowed):
-    q, k, v = (np.asarray(x, np.float64) for x in (q, k, v))
-    k, v = (np.repeat(x, q.shape[2] // x.shape[2], axis=2) for x in (k, v))
-    s = np.einsum("bqhd,bkhd->bhqk", q, k) / math.sqrt(q.shape[-1])
-    s = np.where(allowed, s, -np.inf)
-    p = np.exp(s - s.max(-1, keepdims=True))
-    return np.einsum("bhqk,bkhd->bqhd", p / p.sum(-1, keepdims=True), v)
-
-
 def test_sparse_step_attends_to_the_selection_and_the_block(rng):
     n, hq, hkv, prefix, cap = 4, 4, 2, 50, 64
     q = jnp.asarray(rng.standard_normal((1, n, hq, 32)), jnp.float32)
@@ -73,14 +64,9 @@ def test_sparse_step_attends_to_the_selection_and_the_block(rng):
     np.testing.assert_allclose(sparse, masked_attention(q, k, v, keep), atol=1e-5)
 
 
-OPTIONS = dict(max_new_tokens=16, denoising_steps=4, top_k=1)
-
-
 @pytest.fixture(scope="module")
 def model(tmp_path_factory):
-    config = tiny_sdar_config(num_layers=3)
-    return load_model(write_hf_checkpoint(tmp_path_factory.mktemp("mage"), config, seed=4), dtype="float32",
-                      progress=False)
+    return tiny_sdar_model(tmp_path_factory.mktemp("mage"), seed=4)
 
 
 def test_everything_kept_equals_dense_generation(model, rng):
@@ -99,17 +85,5 @@ def test_small_k_runs_in_the_loop_and_interpret_matches_reference(model, rng):
 
 
 def test_generate_command_with_mage(tmp_path, capsys):
-    from dllm_jax.cli import main
-    from dllm_jax.testing import write_tiny_tokenizer
-    from dllm_jax.tokenizer import ChatTokenizer
-
-    config = tiny_sdar_config(vocab_size=160, mask_token_id=150, eos_token_ids=(141,), pad_token_id=141)
-    hf = write_hf_checkpoint(tmp_path / "hf", config)
-    write_tiny_tokenizer(hf, 160, mask_token_id=150, eos_token_id=141)
-    assert main(["generate", "--model", str(hf), "--prompt", "w1 w2 w3", "--dtype", "float32", "--gen-length", "8",
-                 "--steps", "4", "--top-k", "1", "--method", "mage", "--mage-k", "4", "--exact-layers", "1"]) == 0
-    out, _ = capsys.readouterr()
-    tok, model = ChatTokenizer(hf), load_model(hf, dtype="float32")
-    ids = tok.encode("w1 w2 w3")
-    expected = generate(model, ids, max_new_tokens=8, denoising_steps=4, top_k=1, method=MAGE(k=4, exact_layers=1))
-    assert out.strip() == tok.decode(np.asarray(expected)[0, ids.shape[1]:], skip=(150,)).strip()
+    check_generate_command(tmp_path, capsys, ["--method", "mage", "--mage-k", "4", "--exact-layers", "1"],
+                           MAGE(k=4, exact_layers=1))

@@ -20,7 +20,6 @@ import dataclasses
 import warnings
 from typing import Any
 
-import jax
 import jax.numpy as jnp
 import numpy as np
 
