@@ -68,7 +68,7 @@ def method_from_args(args):
               "mage": {"k", "exact_layers"}, "flashblock": {"tau"}, "flashblock+mage": {"tau", "k", "exact_layers"}}
     if args.method == "dense":
         if given:
-            raise SystemExit(f"error: {sorted(given)} need a --method other than dense")
+            raise SystemExit(f"error: {sorted(given)} need --method {', '.join(sorted(fields))}")
         return None
     stray = set(given) - fields[args.method]
     if stray:
