@@ -12,6 +12,14 @@ from pallas_kernels.column_sparse import column_sparse_attention, column_sparse_
 from pallas_kernels.flash import flash_attention, flash_attention_reference
 from pallas_kernels.kv_mass import kv_scores, kv_scores_reference
 from pallas_kernels.merge import merge_attention, merge_attention_reference
+from pallas_kernels.sparge import (
+    SpargeSparsity,
+    predict_block_map,
+    pv_skip_attention,
+    pv_skip_attention_reference,
+    sparge_attention,
+    sparge_attention_reference,
+)
 from pallas_kernels.split_kv import (
     split_kv_attention,
     split_kv_attention_reference,
@@ -27,6 +35,9 @@ __all__ = [
     "flash_attention", "flash_attention_reference",
     "kv_scores", "kv_scores_reference",
     "merge_attention", "merge_attention_reference",
+    "SpargeSparsity", "predict_block_map",
+    "pv_skip_attention", "pv_skip_attention_reference",
+    "sparge_attention", "sparge_attention_reference",
     "split_kv_attention", "split_kv_attention_reference",
     "split_kv_gather_attention", "split_kv_gather_attention_reference",
 ]

@@ -145,6 +145,14 @@ def check_index_lists(indices, counts, *, name: str, lead: Sequence[int], heads:
     return indices, counts
 
 
+def mask_to_lists(mask, width: int):
+    """bool [..., n] -> (ascending int32 indices [..., width] padded by repeating the last, counts)."""
+    counts = jnp.sum(mask, axis=-1).astype(jnp.int32)
+    order = jnp.argsort(~mask, axis=-1, stable=True)[..., :width].astype(jnp.int32)
+    last = jnp.take_along_axis(order, jnp.maximum(counts - 1, 0)[..., None], axis=-1)
+    return jnp.where(jnp.arange(width) < counts[..., None], order, last), counts
+
+
 def pad_axis(x: jax.Array, axis: int, size: int, value=0) -> jax.Array:
     extra = size - x.shape[axis]
     if extra == 0:
@@ -182,15 +190,27 @@ def init_carry(rows: int, head_dim: int):
 
 def tile_update(carry, q, k, v, scale_log2: float, valid=None):
     """One online-softmax step over a key tile; `valid` (broadcastable to [m, n]) masks keys."""
-    acc, m, l = carry
     s = logits(q, k, scale_log2)
     if valid is not None:
         s = jnp.where(valid, s, -jnp.inf)
-    m_new = jnp.maximum(m, jnp.max(s, axis=1))
+    return logits_update(carry, s, v)
+
+
+def rescale(carry, row_max):
+    """The running maximum raised to include `row_max` [m]: (shift, alpha, m_new), where exp2(s - shift)
+    are the tile's probabilities and alpha rescales the old accumulators."""
+    _, m, _ = carry
+    m_new = jnp.maximum(m, row_max)
     # A row that has seen only masked keys keeps m = -inf; shift by 0 there so exp2 gives 0, not NaN.
     shift = jnp.where(m_new == -jnp.inf, 0.0, m_new)
+    return shift, jnp.exp2(m - shift), m_new
+
+
+def logits_update(carry, s, v):
+    """The online-softmax step for base-2 logits s [m, n] (masked keys at -inf) and values v [n, D]."""
+    acc, _, l = carry
+    shift, alpha, m_new = rescale(carry, jnp.max(s, axis=1))
     p = jnp.exp2(s - shift[:, None])
-    alpha = jnp.exp2(m - shift)
     l = l * alpha + jnp.sum(p, axis=1)
     pv = jax.lax.dot_general(p.astype(v.dtype), v, (((1,), (0,)), ((), ())), precision=EXACT_F32,
                              preferred_element_type=jnp.float32)

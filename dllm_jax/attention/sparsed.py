@@ -24,6 +24,7 @@ import jax
 import jax.numpy as jnp
 
 import pallas_kernels as pk
+from pallas_kernels._common import mask_to_lists
 from dllm_jax.attention import kernels
 from dllm_jax.attention.policy import Mode
 
@@ -50,14 +51,6 @@ def _top_mask(scores, k: int):
     _, idx = jax.lax.top_k(scores, k)
     # a scatter, not a one-hot: [.., k, nb] would be 82G booleans at 64k with 32-blocks
     return jnp.put_along_axis(jnp.zeros(scores.shape, bool), idx, True, axis=-1, inplace=False)
-
-
-def mask_to_lists(mask, width: int):
-    """bool [..., n] -> (ascending int32 indices [..., width] padded by repeating the last, counts)."""
-    counts = jnp.sum(mask, axis=-1).astype(jnp.int32)
-    order = jnp.argsort(~mask, axis=-1, stable=True)[..., :width].astype(jnp.int32)
-    last = jnp.take_along_axis(order, jnp.maximum(counts - 1, 0)[..., None], axis=-1)
-    return jnp.where(jnp.arange(width) < counts[..., None], order, last), counts
 
 
 def select_blocks(q, k, *, prefill_len: int, block_size: int, select: float, scale=None, backend: str = "auto"):
