@@ -8,8 +8,8 @@ Stage 1, `predict_block_map` (plain XLA: pooling costs one read of q and k, the 
      mean_ij cos(x_i, x_j) = |sum_i x_i/|x_i||^2 / n^2 (diagonal included, n the block's true size);
      a block is "similar" iff its self-similarity > simthreshd1;
   3. S = pooled_q pooled_k^T * scale, columns of non-similar key blocks set to -inf, softmax per row;
-  4. per row keep the largest entries whose cumulative sum is <= cdfthreshd (TopCdf), or the
-     floor(topk * n_kb) largest; at least one;
+  4. per row keep the largest entries whose cumulative sum is <= cdfthreshd (TopCdf; cdfthreshd = 1
+     keeps all, whatever the rounding of the sum), or the floor(topk * n_kb) largest; at least one;
   5. the "fix blocks": every non-similar key block's column and every non-similar query block's row
      is kept whole; with attention_sink, key block 0 is always kept.
   The map is per query head (GQA: the key side is pooled per KV head and shared by its group).
@@ -131,6 +131,8 @@ def predict_block_map(q, k, *, simthreshd1, cdfthreshd=None, topk=None, smooth_k
     if rule == "cdf":
         cdf = jnp.cumsum(jnp.take_along_axis(probs, order, axis=-1), axis=-1)
         num = jnp.sum(cdf <= amount[None, :, None, None], axis=-1)
+        # tau = 1 keeps every block, as exact arithmetic would; a rounded cumulative sum can end above 1
+        num = jnp.where(amount[None, :, None] >= 1.0, n_kb, num)
     else:
         num = jnp.broadcast_to(jnp.floor(amount * n_kb).astype(jnp.int32)[None, :, None], probs.shape[:3])
     num = jnp.maximum(num, 1)
