@@ -224,8 +224,7 @@ def calibrate(samples, *, l1: float = 0.05, pv_l1: float = 0.06, block_q: int = 
     settings = dict(block_q=block_q, block_kv=block_kv, smooth_k=smooth_k, l1=l1, pv_l1=pv_l1)
 
     @jax.jit
-    def evaluate(sim, cdf, pv):
-        """(L1 [Hq], both-stage sparsity [Hq]) over all samples; pv None: no PV filter."""
+    def score(samples, exact, sim, cdf, pv):
         err_num = err_den = kept = total = 0.0
         for (q, k, v), ref in zip(samples, exact):
             out, sparsity = kernels.call(
@@ -238,6 +237,10 @@ def calibrate(samples, *, l1: float = 0.05, pv_l1: float = 0.06, block_q: int = 
             kept += jnp.sum(sparsity.pv, axis=0)
             total += jnp.sum(sparsity.total, axis=0)
         return err_num / err_den, 1.0 - kept / total
+
+    def evaluate(sim, cdf, pv):
+        """(L1 [Hq], both-stage sparsity [Hq]) over all samples; pv None: no PV filter."""
+        return score(samples, exact, sim, cdf, pv)
 
     def bisect(score, low, high, start, tol, bound):
         """Per head: the smallest value in [low, high] with score(value) < bound (high if none passed)."""
