@@ -56,16 +56,21 @@ def method_from_args(args):
     from dllm_jax.attention.flashblock import FlashBlock
     from dllm_jax.attention.mage import MAGE
     from dllm_jax.attention.pulsecol import PulseCol
+    from dllm_jax.attention.sparge import SpargeAttn
     from dllm_jax.attention.sparsed import SparseD
 
     given = {name: value for name, value in (("skip", args.skip), ("select", args.select),
                                               ("block_size", args.sparse_block), ("sparsity", args.sparsity),
                                               ("group_size", args.group_size), ("eta", args.eta),
                                               ("refreshes", args.refreshes), ("k", args.mage_k),
-                                              ("exact_layers", args.exact_layers), ("tau", args.tau))
+                                              ("exact_layers", args.exact_layers), ("tau", args.tau),
+                                              ("simthreshd1", args.simthreshd1), ("cdfthreshd", args.cdfthreshd),
+                                              ("topk", args.topk), ("pvthreshd", args.pvthreshd),
+                                              ("calibration", args.calibration))
              if value is not None}
     fields = {"sparsed": {"skip", "select", "block_size"}, "pulsecol": {"sparsity", "group_size", "eta", "refreshes"},
-              "mage": {"k", "exact_layers"}, "flashblock": {"tau"}, "flashblock+mage": {"tau", "k", "exact_layers"}}
+              "mage": {"k", "exact_layers"}, "flashblock": {"tau"}, "flashblock+mage": {"tau", "k", "exact_layers"},
+              "sparge": {"simthreshd1", "cdfthreshd", "topk", "pvthreshd", "calibration", "skip"}}
     if args.method == "dense":
         if given:
             raise SystemExit(f"error: {sorted(given)} need --method {', '.join(sorted(fields))}")
@@ -80,6 +85,16 @@ def method_from_args(args):
         tau = None if tau == "none" else int(tau)
         inner = MAGE(**given) if args.method == "flashblock+mage" else None
         return FlashBlock(tau=tau, inner=inner)
+    if args.method == "sparge":
+        if given.get("pvthreshd") == "none":
+            given["pvthreshd"] = None
+        elif "pvthreshd" in given:
+            try:
+                given["pvthreshd"] = float(given["pvthreshd"])
+            except ValueError:
+                raise SystemExit(f"error: --pvthreshd takes a number or 'none', got {given['pvthreshd']!r}") from None
+        calibration = given.pop("calibration", None)
+        return SpargeAttn.from_calibration(calibration, **given) if calibration else SpargeAttn(**given)
     return {"sparsed": SparseD, "pulsecol": PulseCol, "mage": MAGE}[args.method](**given)
 
 
@@ -185,10 +200,11 @@ def build_parser() -> argparse.ArgumentParser:
     gen.add_argument("--dtype", default="bfloat16", choices=["bfloat16", "float32"])
     gen.add_argument("--progress", action="store_true", help="tqdm bar from inside the compiled loop")
     gen.add_argument("--method", default="dense",
-                     choices=["dense", "sparsed", "pulsecol", "mage", "flashblock", "flashblock+mage"],
-                     help="sparse attention: sparsed / pulsecol (LLaDA); mage, flashblock, flashblock+mage "
+                     choices=["dense", "sparsed", "pulsecol", "sparge", "mage", "flashblock", "flashblock+mage"],
+                     help="sparse attention: sparsed / pulsecol / sparge (LLaDA); mage, flashblock, flashblock+mage "
                           "(SDAR); default dense")
-    gen.add_argument("--skip", type=float, default=None, help="SparseD: dense fraction of the steps (0.2)")
+    gen.add_argument("--skip", type=float, default=None,
+                     help="SparseD: dense fraction of the steps (0.2); SpargeAttn: the same (0)")
     gen.add_argument("--select", type=float, default=None, help="SparseD: fraction of key blocks kept (0.3)")
     gen.add_argument("--sparse-block", type=int, default=None, help="SparseD: pattern block size (128)")
     gen.add_argument("--sparsity", type=float, default=None, help="PulseCol: fraction of keys dropped (0.8)")
@@ -199,6 +215,12 @@ def build_parser() -> argparse.ArgumentParser:
     gen.add_argument("--exact-layers", type=int, default=None, help="MAGE: first layers kept exact (2)")
     gen.add_argument("--tau", default=None, help="FlashBlock: refresh after this many unmasked tokens (2); "
                      "0 = always refresh, none = only at each block's first step")
+    gen.add_argument("--simthreshd1", type=float, default=None, help="SpargeAttn: block self-similarity threshold (-0.1)")
+    gen.add_argument("--cdfthreshd", type=float, default=None, help="SpargeAttn: TopCdf threshold (instead of --topk)")
+    gen.add_argument("--topk", type=float, default=None, help="SpargeAttn: fraction of key blocks kept (0.5)")
+    gen.add_argument("--pvthreshd", default=None, help="SpargeAttn: PV-skip threshold (50), 'none' = no filter")
+    gen.add_argument("--calibration", default=None,
+                     help="SpargeAttn: per-layer, per-head values from dllm_jax.attention.sparge.save_calibration")
     gen.set_defaults(fn=cmd_generate)
 
     demo = sub.add_parser("demo", help="build, convert, load and time tiny random LLaDA and SDAR models")

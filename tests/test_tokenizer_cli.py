@@ -82,3 +82,24 @@ def test_method_flags_of_another_method_are_rejected(tmp_path):
         main(["generate", "--model", str(tmp_path), "--prompt", "x", "--method", "sparsed", "--sparsity", "0.5"])
     with pytest.raises(SystemExit, match="need --method"):
         main(["generate", "--model", str(tmp_path), "--prompt", "x", "--select", "0.5"])
+
+
+def test_sparge_flags_build_the_policy(tmp_path):
+    from dllm_jax import SpargeAttn
+    from dllm_jax.attention.sparge import Calibration, save_calibration
+    from dllm_jax.cli import build_parser, method_from_args
+
+    def method(*flags):
+        return method_from_args(build_parser().parse_args(["generate", "--model", "m", "--prompt", "x", *flags]))
+
+    assert method("--method", "sparge") == SpargeAttn()
+    assert method("--method", "sparge", "--cdfthreshd", "0.9", "--pvthreshd", "none", "--skip", "0.2") == \
+        SpargeAttn(cdfthreshd=0.9, pvthreshd=None, skip=0.2)
+    values = np.full((2, 4), 0.5, np.float32)
+    path = tmp_path / "cal.json"
+    save_calibration(path, Calibration(simthreshd1=values, cdfthreshd=values, pvthreshd=values * 20,
+                                       sparsity=values, l1=values, settings=dict(block_q=32, block_kv=64)))
+    loaded = method("--method", "sparge", "--calibration", str(path), "--pvthreshd", "none")
+    assert loaded.block_q == 32 and loaded.pvthreshd is None and np.shape(loaded.cdfthreshd) == (2, 4)
+    with pytest.raises(SystemExit, match="'none'"):
+        method("--method", "sparge", "--pvthreshd", "x")
