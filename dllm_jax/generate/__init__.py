@@ -32,8 +32,8 @@ def generate(model, prompt_ids, *, attention_mask=None, seed: int = 0, method=No
       generated tokens, cut after the first stop token (config.eos_token_ids), else after the last
       decoded block. See `dllm_jax.generate.sdar`.
     `method=None` is dense attention; otherwise an attention policy (dllm_jax.attention.policy)
-    whose per-layer state rides in the loop carry: `dllm_jax.SparseD(...)` or `dllm_jax.PulseCol(...)`
-    for LLaDA (generation without padding masks); `dllm_jax.MAGE(...)`, `dllm_jax.FlashBlock(...)` or
+    whose per-layer state rides in the loop carry: `dllm_jax.SparseD(...)`, `dllm_jax.PulseCol(...)` or
+    `dllm_jax.SpargeAttn(...)` for LLaDA (generation without padding masks); `dllm_jax.MAGE(...)`, `dllm_jax.FlashBlock(...)` or
     `dllm_jax.FlashBlock(..., inner=dllm_jax.MAGE(...))` for SDAR.
     `progress=True` shows a tqdm bar advanced from inside the compiled loop (per step for LLaDA,
     per block for SDAR).
