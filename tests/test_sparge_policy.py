@@ -13,21 +13,14 @@ from dllm_jax.attention.sparge import calibrate, calibrate_llada, layer_inputs, 
 from dllm_jax.attention import kernels
 from dllm_jax.models.llada import forward_with_policy, init_policy_state
 import pallas_kernels as pk
-from dllm_jax.testing import tiny_llada_config, tiny_sdar_config, write_hf_checkpoint
+from dllm_jax.testing import tiny_sdar_config, write_hf_checkpoint
 from test_sparge import structured_qkv
+from test_sparse_methods import model  # noqa: F401  (the same tiny LLaDA fixture)
 
 pytestmark = pytest.mark.filterwarnings("ignore::DeprecationWarning")
 
 OPTIONS = dict(gen_length=32, steps=8, block_length=16)
 TILES = dict(block_q=16, block_kv=16)
-
-
-@pytest.fixture(scope="module")
-def model(tmp_path_factory):
-    config = tiny_llada_config(vocab_size=48, tokenizer_vocab_size=48, mask_token_id=40, eos_token_id=41,
-                               pad_token_id=41, eot_token_id=42)
-    return load_model(write_hf_checkpoint(tmp_path_factory.mktemp("sparge"), config, seed=3), dtype="float32",
-                      progress=False)
 
 
 def test_keeping_everything_equals_dense_generation(model, rng):
