@@ -29,6 +29,7 @@ import jax.numpy as jnp
 
 import pallas_kernels as pk
 from benchmarks.common import time_calls, write_results
+from dllm_jax.bench import random_lists
 
 warnings.filterwarnings("ignore", category=DeprecationWarning)  # the Pallas Triton backend warns on use
 
@@ -48,15 +49,6 @@ def qkv(n, heads=HEADS, kv_heads=HEADS, nq=None, seed=0):
             randn(keys[2], (1, n, kv_heads, HEAD_DIM)))
 
 
-@functools.partial(jax.jit, static_argnames=("rows", "items", "width", "heads"))
-def random_lists(key, *, rows, items, width, heads):
-    """[1, heads, rows, width] distinct sorted random picks from range(items) (all of them at width = items)."""
-    if width == items:
-        idx = jnp.broadcast_to(jnp.arange(items, dtype=jnp.int32), (1, heads, rows, items))
-    else:
-        _, idx = jax.lax.top_k(jax.random.uniform(key, (1, heads, rows, items)), width)
-        idx = jnp.sort(idx.astype(jnp.int32), axis=-1)
-    return idx, jnp.full((1, heads, rows), width, jnp.int32)
 
 
 def best(candidates, rows, label):

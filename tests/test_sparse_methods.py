@@ -10,7 +10,7 @@ import numpy as np
 import pytest
 
 import pallas_kernels as pk
-from dllm_jax import PulseCol, SparseD, generate, load_model
+from dllm_jax import PulseCol, SpargeAttn, SparseD, generate, load_model
 from dllm_jax.attention.policy import Mode
 from dllm_jax.attention.pulsecol import num_keep, refresh_steps, select_columns
 from dllm_jax.attention.sparsed import select_blocks
@@ -207,7 +207,7 @@ def test_analysis_of_a_generation(model, rng):
     import matplotlib
 
     matplotlib.use("Agg")
-    from dllm_jax.analysis import analyze, plot_error, plot_jaccard, plot_recall
+    from dllm_jax.analysis import analyze, plot_error, plot_head_patterns, plot_jaccard, plot_recall
 
     prompt = rng.integers(0, 40, (1, 20))
     method = SparseD(select=0.3, block_size=16)
@@ -227,3 +227,22 @@ def test_analysis_of_a_generation(model, rng):
     np.testing.assert_allclose(full.l1, 0.0, atol=1e-5)
     for plot in (plot_recall, plot_jaccard, plot_error):
         assert plot(report).get_title()
+    # per-head snapshot at the first sparse step: N < 64, so one cell per (query, key)
+    n = prompt.shape[1] + OPTIONS["gen_length"]
+    assert report.snapshot_step == int(np.flatnonzero(sparse)[0])
+    assert report.attention.shape == report.kept.shape == (layers, 1, model.config.num_heads, n, n)
+    np.testing.assert_allclose(report.attention.sum(-1), 1.0, rtol=1e-5)
+    assert set(np.unique(report.kept)) == {0.0, 1.0} and 0 < report.kept.mean() < 1
+    np.testing.assert_array_equal(full.kept, 1.0)
+    assert len(plot_head_patterns(report, layer=1, heads=[0, 1]).axes) == 5  # 2 x 2 maps + colour bar
+    with pytest.raises(ValueError, match="layer=9"):
+        plot_head_patterns(report, layer=9)
+
+
+def test_analysis_of_a_method_without_a_pattern_mask(model, rng):
+    from dllm_jax.analysis import analyze
+
+    report = analyze(model, rng.integers(0, 40, (1, 20)), SpargeAttn(topk=0.5, block_q=16, block_kv=16),
+                     **OPTIONS)
+    assert np.isnan(report.recall).all() and np.isnan(report.kept).all()
+    assert (report.l1 > 0).any() and np.isfinite(report.l1).all()

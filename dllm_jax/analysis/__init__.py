@@ -4,6 +4,6 @@ similarity of the oracle pattern over steps, output error against dense attentio
 
 from dllm_jax.analysis.blocks import BlockProbe, BlockReport, analyze_blocks
 from dllm_jax.analysis.patterns import PatternReport, Probe, analyze
-from dllm_jax.analysis.plots import plot_error, plot_jaccard, plot_recall
+from dllm_jax.analysis.plots import plot_error, plot_head_patterns, plot_jaccard, plot_recall
 
-__all__ = ["BlockProbe", "BlockReport", "PatternReport", "Probe", "analyze", "analyze_blocks", "plot_error", "plot_jaccard", "plot_recall"]
+__all__ = ["BlockProbe", "BlockReport", "PatternReport", "Probe", "analyze", "analyze_blocks", "plot_error", "plot_head_patterns", "plot_jaccard", "plot_recall"]

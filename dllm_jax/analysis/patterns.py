@@ -5,9 +5,15 @@ at every call, also computes dense attention and records, per (batch row, head):
   recall   |kept ∩ oracle| / |oracle|, where oracle = for each query, its top-k keys by exact
            attention probability at this step, k = the number of keys the method keeps for that
            query (1 on dense and estimation steps, where every key is kept);
-  jaccard  |oracle_t ∩ oracle_{t-1}| / |oracle_t ∪ oracle_{t-1}|: how stable the exact pattern is
-           across consecutive steps (SparseD Fig. 6); NaN at the first step;
+  jaccard  |top_t ∩ top_{t-1}| / |top_t ∪ top_{t-1}|, top = each query's most probable half of the
+           keys: how stable the exact pattern is across consecutive steps (SparseD Fig. 6), the
+           same measure whatever the method keeps; NaN at the first step;
   l1       sum |out - dense| / sum |dense|: the method's output error at this step.
+At one step (`snapshot_step`: by default the first sparse step) it also keeps, per layer and head,
+the exact attention probabilities and the kept fraction pooled onto a grid of at most
+SNAPSHOT_GRID x SNAPSHOT_GRID cells: the per-head pattern heat maps of `plot_head_patterns`.
+A method without `pattern_mask` (SpargeAttn: its map is rebuilt inside each call) is measured for
+jaccard and l1 only; its recall and kept fraction are NaN.
 It builds [B, H, N, N] arrays per layer, so it is for analysis sizes, not long contexts.
 """
 
@@ -38,6 +44,18 @@ def _oracle(p, counts):
     return p >= threshold
 
 
+SNAPSHOT_GRID = 64
+
+
+def _pool(x, grid: int):
+    """Mean of x [B, H, N, S] over cells of ceil(N / grid) x ceil(S / grid) (zero-padded edges
+    count as zeros: mass stays mass, so rows of the pooled attention still sum to cell / N)."""
+    b, h, n, s = x.shape
+    cn, cs = -(-n // grid), -(-s // grid)
+    x = jnp.pad(x.astype(jnp.float32), ((0, 0), (0, 0), (0, -n % cn), (0, -s % cs)))
+    return x.reshape(b, h, x.shape[2] // cn, cn, x.shape[3] // cs, cs).mean(axis=(3, 5))
+
+
 def _jaccard(a, b):
     union = jnp.sum(a | b, axis=(2, 3))
     return jnp.sum(a & b, axis=(2, 3)) / jnp.maximum(union, 1)
@@ -49,36 +67,55 @@ class Probe:
 
     method: Any
     steps: int
+    snapshot_step: int = 0
 
     def init_state(self, *, batch, num_heads, num_kv_heads, q_len, kv_len, head_dim):
         inner = self.method.init_state(batch=batch, num_heads=num_heads, num_kv_heads=num_kv_heads, q_len=q_len,
                                        kv_len=kv_len, head_dim=head_dim)
         metrics = jnp.full((3, self.steps, batch, num_heads), jnp.nan, jnp.float32)
-        return inner, jnp.zeros((), jnp.int32), jnp.zeros((batch, num_heads, q_len, kv_len), bool), metrics
+        grid = (-(-q_len // -(-q_len // SNAPSHOT_GRID)), -(-kv_len // -(-kv_len // SNAPSHOT_GRID)))
+        snapshot = jnp.zeros((2, batch, num_heads, *grid), jnp.float32)  # attention, kept fraction
+        return (inner, jnp.zeros((), jnp.int32), jnp.zeros((batch, num_heads, q_len, kv_len), bool), metrics,
+                snapshot)
 
     def mode(self, step):
         return self.method.mode(step)
 
     def attend(self, q, k, v, state, mode, **masks):
-        inner, count, previous, metrics = state
+        inner, count, previous, metrics, snapshot = state
         out, inner = self.method.attend(q, k, v, inner, mode, **masks)
         dense = dense_attention(q, k, v, **masks)
         b, n, h, _ = q.shape
-        kept = self.method.pattern_mask(inner, num_queries=n, num_keys=k.shape[1], num_heads=h)
-        kept = jnp.where(jnp.asarray(mode) == int(Mode.SPARSE), kept, True)
+        known = callable(getattr(self.method, "pattern_mask", None))
+        sparse = jnp.asarray(mode) == int(Mode.SPARSE)
+        if known:
+            kept = self.method.pattern_mask(inner, num_queries=n, num_keys=k.shape[1], num_heads=h)
+            kept = jnp.where(sparse, kept, True)
+        else:
+            kept = jnp.ones((b, h, n, k.shape[1]), bool)
         p = _probabilities(q, k)
         oracle = _oracle(p, jnp.sum(kept, axis=-1))
         recall = jnp.sum(kept & oracle, axis=(2, 3)) / jnp.maximum(jnp.sum(oracle, axis=(2, 3)), 1)
-        jaccard = jnp.where(count == 0, jnp.nan, _jaccard(oracle, previous))
+        if not known:
+            recall = jnp.where(sparse, jnp.nan, recall)
+        # The Jaccard oracle is each query's top half of the keys, so it is comparable across steps
+        # whatever the method keeps.
+        top = _oracle(p, jnp.full((b, h, n), max(1, k.shape[1] // 2), jnp.int32))
+        jaccard = jnp.where(count == 0, jnp.nan, _jaccard(top, previous))
         err = (jnp.abs(out.astype(jnp.float32) - dense.astype(jnp.float32)).sum(axis=(1, 3))
                / jnp.maximum(jnp.abs(dense.astype(jnp.float32)).sum(axis=(1, 3)), 1e-30))
         metrics = metrics.at[:, count].set(jnp.stack([recall, jaccard, err]))
-        return out, (inner, count + 1, oracle, metrics)
+        grid = snapshot.shape[-2]
+        kept_fraction = _pool(kept, grid) if known else jnp.full(snapshot.shape[1:], jnp.nan)
+        snapshot = jnp.where(count == self.snapshot_step, jnp.stack([_pool(p, grid), kept_fraction]), snapshot)
+        return out, (inner, count + 1, top, metrics, snapshot)
 
 
 @dataclasses.dataclass(frozen=True)
 class PatternReport:
-    """Metrics as float arrays [layers, steps, batch, heads]; `modes` [steps] (policy.Mode values)."""
+    """Metrics as float arrays [layers, steps, batch, heads]; `modes` [steps] (policy.Mode values);
+    at `snapshot_step`, `attention` and `kept` [layers, batch, heads, rows, cols]: exact attention
+    probability and the method's kept fraction, pooled onto a grid of at most 64 x 64 cells."""
 
     recall: np.ndarray
     jaccard: np.ndarray
@@ -86,6 +123,9 @@ class PatternReport:
     modes: np.ndarray
     method: Any
     tokens: np.ndarray
+    attention: np.ndarray
+    kept: np.ndarray
+    snapshot_step: int
 
     def summary(self) -> dict:
         sparse = self.modes == int(Mode.SPARSE)
@@ -94,23 +134,36 @@ class PatternReport:
                     l1=float(np.nanmean(pick(self.l1))), sparse_steps=int(sparse.sum()))
 
 
-def analyze(model, prompt_ids, method, *, seed: int = 0, **options) -> PatternReport:
-    """Generates with `method` on a LLaDA `model` and returns the per-step pattern metrics."""
-    from dllm_jax.generate import make_options
+def analyze(model, prompt_ids, method, *, seed: int = 0, snapshot_step: int | None = None,
+            **options) -> PatternReport:
+    """Generates with `method` on a LLaDA `model` and returns the per-step pattern metrics.
+
+    `snapshot_step`: the step whose per-head patterns are kept (default: the first sparse step, else
+    the last step). `options` are generate's LLaDA options.
+    """
+    from dllm_jax.attention.methods import check_family
+    from dllm_jax.generate import check_context, make_options
     from dllm_jax.generate.llada import LLaDAOptions, check_prompt, generate_llada_jit
 
     opts = make_options(LLaDAOptions, "LLaDA", options)
     prompt_ids = np.asarray(prompt_ids, np.int32)
     check_prompt(model.config, prompt_ids, None)
+    check_context(model.config, prompt_ids.shape[1], opts.gen_length)
+    check_family(method, "LLaDA")
     if hasattr(method, "bind"):
         method = method.bind(total_steps=opts.steps, prompt_length=prompt_ids.shape[1], gen_length=opts.gen_length)
-    if not callable(getattr(method, "pattern_mask", None)):
-        raise ValueError(f"{type(method).__name__} has no pattern_mask(state, ...): it cannot be analysed")
+    modes = np.array([int(method.mode(jnp.int32(t))) for t in range(opts.steps)])
+    if snapshot_step is None:
+        sparse_steps = np.flatnonzero(modes == int(Mode.SPARSE))
+        snapshot_step = int(sparse_steps[0]) if len(sparse_steps) else opts.steps - 1
+    if not 0 <= snapshot_step < opts.steps:
+        raise ValueError(f"snapshot_step={snapshot_step} is not a step of this generation (0..{opts.steps - 1})")
     tokens, state = generate_llada_jit(model.params(), prompt_ids, None, np.int32(seed), np.int32(0),
                                        config=model.config, options=opts,
                                        prompt_has_masks=bool((prompt_ids == model.config.mask_token_id).any()),
-                                       policy=Probe(method, opts.steps), return_policy_state=True)
+                                       policy=Probe(method, opts.steps, snapshot_step), return_policy_state=True)
     metrics = np.asarray(state[3])  # [layers, 3, steps, B, H]
-    modes = np.array([int(method.mode(jnp.int32(t))) for t in range(opts.steps)])
+    snapshot = np.asarray(state[4])  # [layers, 2, B, H, rows, cols]
     return PatternReport(recall=metrics[:, 0], jaccard=metrics[:, 1], l1=metrics[:, 2], modes=modes, method=method,
-                         tokens=np.asarray(tokens))
+                         tokens=np.asarray(tokens), attention=snapshot[:, 0], kept=snapshot[:, 1],
+                         snapshot_step=snapshot_step)

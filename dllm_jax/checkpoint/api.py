@@ -87,8 +87,10 @@ def load_model(path, *, dtype=None, progress: bool = True):
     dtype = "bfloat16" if dtype is None else jnp.dtype(dtype).name
     if dtype not in TARGET_DTYPES:
         raise ValueError(f"dtype must be one of {sorted(TARGET_DTYPES)}, got {dtype!r}")
+    if not path.exists():
+        raise ValueError(f"checkpoint directory {path} does not exist")
     if not path.is_dir():
-        raise ValueError(f"{path} is not a directory")
+        raise ValueError(f"{path} is not a directory (load_model takes a checkpoint directory)")
     _, config = read_hf_config(path)
     if is_converted(path):
         params = orbax_io.restore_params(path, param_shapes_for(config), jnp.dtype(dtype))

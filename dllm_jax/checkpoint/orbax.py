@@ -23,8 +23,13 @@ def save_params(directory: Path, params: dict) -> None:
 
 def stored_shapes(directory: Path) -> dict:
     """{path: (shape, dtype)} of the stored tree, read from Orbax metadata without the data."""
-    with ocp.StandardCheckpointer() as checkpointer:
-        tree = checkpointer.metadata(Path(directory).absolute() / PARAMS_DIR).item_metadata.tree
+    try:
+        with ocp.StandardCheckpointer() as checkpointer:
+            tree = checkpointer.metadata(Path(directory).absolute() / PARAMS_DIR).item_metadata.tree
+    except Exception as e:  # Orbax reports missing metadata as AttributeError, OSError, ValueError...
+        raise damaged(directory, e) from e
+    if tree is None:
+        raise damaged(directory, "no tree metadata")
     return {"/".join(str(getattr(k, "key", k)) for k in path): (tuple(m.shape), np.dtype(m.dtype))
             for path, m in jax.tree_util.tree_flatten_with_path(tree)[0]}
 
@@ -49,5 +54,14 @@ def restore_params(directory: Path, shapes: dict, dtype) -> dict:
     sharding = jax.sharding.SingleDeviceSharding(jax.devices()[0])
     target = jax.tree.map(lambda s: jax.ShapeDtypeStruct(s, dtype, sharding=sharding), shapes,
                           is_leaf=lambda x: isinstance(x, tuple))
-    with ocp.StandardCheckpointer() as checkpointer:
-        return checkpointer.restore(directory / PARAMS_DIR, target)
+    try:
+        with ocp.StandardCheckpointer() as checkpointer:
+            return checkpointer.restore(directory / PARAMS_DIR, target)
+    except Exception as e:  # a missing data file surfaces as a bare TensorStore Exception
+        raise damaged(directory, e) from e
+
+
+def damaged(directory: Path, cause) -> ValueError:
+    cause = f"{type(cause).__name__}: {str(cause).splitlines()[0][:200]}" if isinstance(cause, Exception) else cause
+    return ValueError(f"{Path(directory) / PARAMS_DIR} is not a complete Orbax checkpoint (files missing or "
+                      f"damaged; convert the HF checkpoint again): {cause}")

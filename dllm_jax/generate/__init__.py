@@ -6,6 +6,7 @@ import dataclasses
 
 import numpy as np
 
+from dllm_jax.attention.methods import check_family, make_method
 from dllm_jax.attention.policy import check_policy
 
 from dllm_jax.generate import sdar as gen_sdar
@@ -31,19 +32,24 @@ def generate(model, prompt_ids, *, attention_mask=None, seed: int = 0, method=No
       Batch 1 without padding, as the official sampler. Returns int32 [1, n]: the prompt and the
       generated tokens, cut after the first stop token (config.eos_token_ids), else after the last
       decoded block. See `dllm_jax.generate.sdar`.
-    `method=None` is dense attention; otherwise an attention policy (dllm_jax.attention.policy)
+    `method=None` is dense attention; a name ("sparsed", "mage", ...) is the method with its
+    defaults (`dllm_jax.attention.methods.make_method`); otherwise an attention policy (dllm_jax.attention.policy)
     whose per-layer state rides in the loop carry: `dllm_jax.SparseD(...)`, `dllm_jax.PulseCol(...)` or
     `dllm_jax.SpargeAttn(...)` for LLaDA (generation without padding masks); `dllm_jax.MAGE(...)`, `dllm_jax.FlashBlock(...)` or
     `dllm_jax.FlashBlock(..., inner=dllm_jax.MAGE(...))` for SDAR.
     `progress=True` shows a tqdm bar advanced from inside the compiled loop (per step for LLaDA,
     per block for SDAR).
     """
+    if isinstance(method, str):
+        method = make_method(method)
     if method is not None:
         check_policy(method)
     prompt_ids = np.asarray(prompt_ids)
     if isinstance(model, LLaDA):
+        check_family(method, "LLaDA")
         opts = make_options(LLaDAOptions, "LLaDA", options)
         check_prompt(model.config, prompt_ids, attention_mask)
+        check_context(model.config, prompt_ids.shape[-1], opts.gen_length)
         mask = None if attention_mask is None else np.asarray(attention_mask, np.int32)
         if hasattr(method, "bind"):  # methods whose schedule depends on the generation (SparseD, PulseCol)
             method = method.bind(total_steps=opts.steps, prompt_length=prompt_ids.shape[1],
@@ -55,12 +61,14 @@ def generate(model, prompt_ids, *, attention_mask=None, seed: int = 0, method=No
                                      policy=method, on_step=tick if progress else None)
             return np.asarray(out)
     if isinstance(model, SDAR):
+        check_family(method, "SDAR")
         opts = make_options(SDAROptions, "SDAR", options)
         if attention_mask is not None:
             raise ValueError("SDAR generation takes unpadded prompts (the official sampler has no padding)")
         if prompt_ids.ndim != 2 or prompt_ids.shape[0] != 1:
             raise ValueError(f"SDAR generation runs one prompt at a time (batch 1), got shape {prompt_ids.shape}")
         check_prompt(model.config, prompt_ids, None)
+        check_context(model.config, prompt_ids.shape[-1], opts.max_new_tokens)
         bs, p = model.config.block_size, prompt_ids.shape[1]
         blocks = -(-(p + opts.max_new_tokens) // bs) - p // bs
         with progress_bar(blocks, "SDAR blocks", progress) as run_id:
@@ -71,6 +79,24 @@ def generate(model, prompt_ids, *, attention_mask=None, seed: int = 0, method=No
         rows = gen_sdar.trim(x, end, p, set(model.config.eos_token_ids))
         return np.stack(rows)
     raise ValueError(f"generate supports LLaDA and SDAR models, got {type(model).__name__}")
+
+
+def check_context(config, prompt_length: int, new_tokens: int) -> None:
+    """Prompt + generated tokens must fit the positions the model was trained on.
+
+    RoPE itself would run past them, but the model has never seen such positions, so the answer
+    quality is undefined; long-context experiments (the sparse-attention papers run LLaDA at 64k)
+    pass a config with a larger max_position_embeddings, e.g. via `load_model` on a checkpoint
+    whose config.json says so, or call the compiled loops in dllm_jax.generate.* directly.
+    """
+    limit = config.max_position_embeddings
+    if prompt_length > limit:
+        raise ValueError(f"the prompt has {prompt_length} tokens, longer than the model's context of {limit} "
+                         "positions (config max_position_embeddings)")
+    if prompt_length + new_tokens > limit:
+        raise ValueError(f"prompt ({prompt_length} tokens) + {new_tokens} new tokens = {prompt_length + new_tokens} "
+                         f"exceeds the model's context of {limit} positions (config max_position_embeddings): "
+                         "shorten the prompt or generate fewer tokens")
 
 
 def make_options(cls, family: str, options: dict):

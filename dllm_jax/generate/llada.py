@@ -47,7 +47,9 @@ class LLaDAOptions:
             if getattr(self, name) <= 0:
                 raise ValueError(f"{name} must be positive, got {getattr(self, name)}")
         if self.gen_length % self.block_length:
-            raise ValueError(f"gen_length={self.gen_length} must be a multiple of block_length={self.block_length}")
+            raise ValueError(f"gen_length={self.gen_length} must be a multiple of block_length={self.block_length}"
+                             + (" (block_length defaults to 128, as in the official generate; pass block_length="
+                                "gen_length for a single block)" if self.block_length == 128 else ""))
         if self.steps % self.num_blocks:
             raise ValueError(f"steps={self.steps} must be a multiple of the number of blocks "
                              f"(gen_length / block_length = {self.num_blocks})")

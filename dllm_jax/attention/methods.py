@@ -1,0 +1,105 @@
+"""The sparse-attention methods by name: which model family each serves and how to build one.
+
+`make_method("sparsed", select=0.3)` is what the CLI and the notebooks use; `check_family` is
+what `generate` calls, so that a method meant for the other family fails with a sentence that
+names the methods which do apply, instead of deep inside the compiled loop.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+
+from dllm_jax.attention.flashblock import FlashBlock
+from dllm_jax.attention.mage import MAGE
+from dllm_jax.attention.pulsecol import PulseCol
+from dllm_jax.attention.sparge import SpargeAttn
+from dllm_jax.attention.sparsed import SparseD
+
+# name -> (family, class). "flashblock+mage" is FlashBlock(inner=MAGE(...)), the paper's residual reuse.
+METHODS = {
+    "sparsed": ("LLaDA", SparseD),
+    "pulsecol": ("LLaDA", PulseCol),
+    "sparge": ("LLaDA", SpargeAttn),
+    "mage": ("SDAR", MAGE),
+    "flashblock": ("SDAR", FlashBlock),
+    "flashblock+mage": ("SDAR", FlashBlock),
+}
+FAMILY_OF_CLASS = {cls: family for family, cls in METHODS.values()}
+
+# Fields set by generate (bind) or nested configs: not user parameters.
+_INTERNAL = {"total_steps", "prefill_len", "inner"}
+
+
+def parameters(name: str) -> dict:
+    """The user parameters of method `name` and their defaults."""
+    _, cls = _lookup(name)
+    params = {f.name: f.default for f in dataclasses.fields(cls) if f.init and f.name not in _INTERNAL}
+    if name == "flashblock+mage":
+        params.update({f.name: f.default for f in dataclasses.fields(MAGE) if f.name != "backend"})
+    if name == "sparge":
+        params["calibration"] = None  # a JSON file from save_calibration (SpargeAttn.from_calibration)
+    return params
+
+
+def make_method(name: str, **params):
+    """The attention policy `name` ("dense" gives None) with `params` over its defaults.
+
+    Raises ValueError naming the valid methods or parameters when one is unknown; the method's
+    own checks (ranges, types) raise ValueError as well.
+    """
+    if name == "dense":
+        if params:
+            raise ValueError(f"dense attention takes no parameters, got {sorted(params)}")
+        return None
+    valid = parameters(name)
+    unknown = sorted(set(params) - set(valid))
+    if unknown:
+        raise ValueError(f"method {name!r} has no parameter(s) {unknown}; its parameters (defaults): "
+                         + ", ".join(f"{k}={v!r}" for k, v in valid.items()))
+    if name == "flashblock+mage":
+        mage_names = {f.name for f in dataclasses.fields(MAGE)} - {"backend"}
+        inner = MAGE(**{k: v for k, v in params.items() if k in mage_names},
+                     **({"backend": params["backend"]} if "backend" in params else {}))
+        return FlashBlock(inner=inner, **{k: v for k, v in params.items() if k not in mage_names})
+    if name == "sparge" and params.get("calibration") is not None:
+        path = params.pop("calibration")
+        return SpargeAttn.from_calibration(path, **params)
+    params.pop("calibration", None)
+    return METHODS[name][1](**params)
+
+
+def describe(method) -> str:
+    """A short label: the method's name and the parameters that differ from its defaults."""
+    if method is None:
+        return "dense"
+    names = {cls: n for n, (_, cls) in METHODS.items() if n != "flashblock+mage"}
+    name = names.get(type(method), type(method).__name__)
+    if isinstance(method, FlashBlock) and method.inner is not None:
+        name = "flashblock+mage"
+    changed = [f"{f.name}={getattr(method, f.name)!r}" for f in dataclasses.fields(method)
+               if f.init and f.name not in _INTERNAL and getattr(method, f.name) != f.default]
+    if isinstance(method, FlashBlock) and method.inner is not None:
+        changed += [f"{f.name}={getattr(method.inner, f.name)!r}" for f in dataclasses.fields(MAGE)
+                    if getattr(method.inner, f.name) != f.default]
+    return f"{name}({', '.join(changed)})"
+
+
+def method_names(family: str | None = None) -> list[str]:
+    return [name for name, (fam, _) in METHODS.items() if family is None or fam == family]
+
+
+def check_family(method, family: str) -> None:
+    """Raises ValueError if `method` is one of the published methods and serves the other family."""
+    expected = FAMILY_OF_CLASS.get(type(method))
+    if expected is not None and expected != family:
+        why = {"SDAR": "it attends a query block against SDAR's KV cache",
+               "LLaDA": "it estimates its pattern from the full bidirectional sequence of a LLaDA step"}[expected]
+        raise ValueError(f"{type(method).__name__} is a method for {expected} models ({why}); for "
+                         f"{family} use one of {method_names(family)} (or method=None for dense attention)")
+
+
+def _lookup(name: str):
+    if name not in METHODS:
+        raise ValueError(f"unknown method {name!r}; known: ['dense'] + {list(METHODS)} "
+                         f"(LLaDA: {method_names('LLaDA')}; SDAR: {method_names('SDAR')})")
+    return METHODS[name]
