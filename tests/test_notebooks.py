@@ -21,7 +21,6 @@ def test_every_notebook_is_tested():
 def test_notebook_runs_top_to_bottom(path, monkeypatch):
     monkeypatch.delenv("DLLM_JAX_LLADA", raising=False)  # the tiny models, whatever the environment says
     monkeypatch.delenv("DLLM_JAX_SDAR", raising=False)
-    monkeypatch.setenv("MPLBACKEND", "Agg")
     notebook = nbformat.read(path, as_version=4)
     NotebookClient(notebook, timeout=900, kernel_name="python3",
                    resources={"metadata": {"path": str(path.parent)}}).execute()

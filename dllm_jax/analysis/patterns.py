@@ -20,6 +20,7 @@ It builds [B, H, N, N] arrays per layer, so it is for analysis sizes, not long c
 from __future__ import annotations
 
 import dataclasses
+import warnings
 from typing import Any
 
 import jax
@@ -130,8 +131,10 @@ class PatternReport:
     def summary(self) -> dict:
         sparse = self.modes == int(Mode.SPARSE)
         pick = (lambda x: x[:, sparse]) if sparse.any() else (lambda x: x)
-        return dict(recall=float(np.nanmean(pick(self.recall))), jaccard=float(np.nanmean(self.jaccard)),
-                    l1=float(np.nanmean(pick(self.l1))), sparse_steps=int(sparse.sum()))
+        with warnings.catch_warnings():  # recall is all NaN for methods without a pattern mask
+            warnings.simplefilter("ignore", RuntimeWarning)
+            return dict(recall=float(np.nanmean(pick(self.recall))), jaccard=float(np.nanmean(self.jaccard)),
+                        l1=float(np.nanmean(pick(self.l1))), sparse_steps=int(sparse.sum()))
 
 
 def analyze(model, prompt_ids, method, *, seed: int = 0, snapshot_step: int | None = None,
