@@ -189,8 +189,11 @@ def test_converted_dir_whose_config_no_longer_matches(tmp_path, config):
 
 
 def test_load_model_rejects_non_checkpoints(tmp_path):
-    with pytest.raises(ValueError, match="not a directory"):
+    with pytest.raises(ValueError, match="does not exist"):
         load_model(tmp_path / "nothing")
+    (tmp_path / "file").write_text("x")
+    with pytest.raises(ValueError, match="is not a directory"):
+        load_model(tmp_path / "file")
 
 
 def test_conversion_streams_without_a_second_copy(tmp_path):
