@@ -219,6 +219,8 @@ def markdown(meta: dict, attention: list[dict], generation: list[dict]) -> list[
     if generation:
         lines += ["## Generation (random weights, batch 1; time per model forward in the compiled loop, "
                   "second call)", "",
+                  "Options per model (prompt = context - new tokens): " + "; ".join(
+                      sorted({f"{r['model']}: {r['options']}" for r in generation if "options" in r})), "",
                   "| model | layers | context | method | per forward | speed-up vs dense | first call (compile) |",
                   "|---|---|---|---|---|---|---|"]
         for r in generation:

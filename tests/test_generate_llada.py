@@ -108,8 +108,10 @@ def test_invalid_options_raise(setup):
             generate(model, prompt, **options)
     with pytest.raises(ValueError, match="attention_mask shape"):
         generate(model, prompt, attention_mask=np.ones((1, 5)), gen_length=4, steps=4, block_length=4)
-    with pytest.raises(ValueError, match="method"):
-        generate(model, prompt, method="sparsed")
+    with pytest.raises(ValueError, match="unknown method 'sparse'"):
+        generate(model, prompt, method="sparse")
+    with pytest.raises(ValueError, match="method=42 is not an attention policy"):
+        generate(model, prompt, method=42)
 
 
 def test_mask_tokens_inside_the_prompt_are_predicted_as_officially(setup, rng):

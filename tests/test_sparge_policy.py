@@ -111,5 +111,5 @@ def test_schedule_and_errors(tmp_path):
 
 def test_sdar_is_rejected_with_a_clear_error(tmp_path):
     sdar = load_model(write_hf_checkpoint(tmp_path, tiny_sdar_config()), dtype="float32", progress=False)
-    with pytest.raises(ValueError, match="SDAR block steps"):
+    with pytest.raises(ValueError, match="SpargeAttn is a method for LLaDA models"):
         generate(sdar, np.arange(8)[None], method=SpargeAttn(**TILES), max_new_tokens=4)
