@@ -23,15 +23,10 @@ def cmd_convert(args) -> None:
 
 def cmd_generate(args) -> None:
     """Loads a model and its tokenizer, generates an answer to --prompt, prints it with timings."""
-    from dllm_jax.checkpoint import load_model
     from dllm_jax.generate import generate
-    from dllm_jax.tokenizer import ChatTokenizer
 
     method = checked_method(args)  # flag and family errors before the slow loading
-    tokenizer = ChatTokenizer(args.model)
-    model = load_model(args.model, dtype=args.dtype)
-    ids = tokenizer.encode(args.prompt, chat=not args.raw)
-    options = sampling_options(args, model.config)
+    model, tokenizer, ids, options = load_request(args)
     start = time.perf_counter()
     out = np.asarray(generate(model, ids, seed=args.seed, progress=args.progress, method=method, **options))
     elapsed = time.perf_counter() - start
@@ -39,6 +34,17 @@ def cmd_generate(args) -> None:
     print(answer)
     print(f"[{type(model).__name__}: {ids.shape[1]} prompt tokens, {out.shape[1] - ids.shape[1]} generated, "
           f"{elapsed:.2f} s including compilation]", file=sys.stderr)
+
+
+def load_request(args):
+    """(model, tokenizer, prompt ids, generate options) of the shared --model / --prompt / sampling flags."""
+    from dllm_jax.checkpoint import load_model
+    from dllm_jax.tokenizer import ChatTokenizer
+
+    tokenizer = ChatTokenizer(args.model)
+    model = load_model(args.model, dtype=args.dtype)
+    ids = tokenizer.encode(args.prompt, chat=not args.raw)
+    return model, tokenizer, ids, sampling_options(args, model.config)
 
 
 def sampling_options(args, config) -> dict:
@@ -132,17 +138,12 @@ def cmd_analyze(args) -> None:
     import matplotlib.pyplot as plt
 
     from dllm_jax.analysis import analyze, analyze_blocks, plot_error, plot_head_patterns, plot_jaccard, plot_recall
-    from dllm_jax.checkpoint import load_model
     from dllm_jax.models import LLaDA
-    from dllm_jax.tokenizer import ChatTokenizer
 
     method = checked_method(args)
     if method is None:
         raise ValueError("analyze compares a sparse --method with dense attention: pass one")
-    tokenizer = ChatTokenizer(args.model)
-    model = load_model(args.model, dtype=args.dtype)
-    ids = tokenizer.encode(args.prompt, chat=not args.raw)
-    options = sampling_options(args, model.config)
+    model, tokenizer, ids, options = load_request(args)
     start = time.perf_counter()
     if isinstance(model, LLaDA):
         report = analyze(model, ids, method, seed=args.seed, **options)

@@ -126,22 +126,12 @@ class BlockReport:
 
 def analyze_blocks(model, prompt_ids, method, *, seed: int = 0, trajectory: str = "dense", **options) -> BlockReport:
     """Generates with `method` on an SDAR `model` under a `BlockProbe`; returns the metrics."""
-    from dllm_jax.attention.methods import check_family
-    from dllm_jax.generate import check_context, make_options
-    from dllm_jax.generate.llada import check_prompt
-    from dllm_jax.generate.sdar import SDAROptions, generate_sdar_jit
+    from dllm_jax.generate import prepare_sdar
+    from dllm_jax.generate.sdar import generate_sdar_jit
 
     if trajectory not in TRAJECTORIES:
         raise ValueError(f"trajectory must be one of {TRAJECTORIES}, got {trajectory!r}")
-    opts = make_options(SDAROptions, "SDAR", options)
-    prompt_ids = np.asarray(prompt_ids, np.int32)
-    if prompt_ids.ndim != 2 or prompt_ids.shape[0] != 1:
-        raise ValueError(f"SDAR generation runs one prompt at a time (batch 1), got shape {prompt_ids.shape}")
-    check_prompt(model.config, prompt_ids, None)
-    check_context(model.config, prompt_ids.shape[1], opts.max_new_tokens)
-    check_family(method, "SDAR")
-    bs, p = model.config.block_size, prompt_ids.shape[1]
-    blocks = -(-(p + opts.max_new_tokens) // bs) - p // bs
+    opts, prompt_ids, blocks = prepare_sdar(model, prompt_ids, None, method, options)
     probe = BlockProbe(method, blocks * (opts.denoising_steps + 1), trajectory)
     tokens, _, state = generate_sdar_jit(model.params(), prompt_ids, np.int32(seed), np.int32(0),
                                          config=model.config, options=opts, policy=probe, return_policy_state=True)

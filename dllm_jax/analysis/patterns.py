@@ -144,17 +144,10 @@ def analyze(model, prompt_ids, method, *, seed: int = 0, snapshot_step: int | No
     `snapshot_step`: the step whose per-head patterns are kept (default: the first sparse step, else
     the last step). `options` are generate's LLaDA options.
     """
-    from dllm_jax.attention.methods import check_family
-    from dllm_jax.generate import check_context, make_options
-    from dllm_jax.generate.llada import LLaDAOptions, check_prompt, generate_llada_jit
+    from dllm_jax.generate import prepare_llada
+    from dllm_jax.generate.llada import generate_llada_jit
 
-    opts = make_options(LLaDAOptions, "LLaDA", options)
-    prompt_ids = np.asarray(prompt_ids, np.int32)
-    check_prompt(model.config, prompt_ids, None)
-    check_context(model.config, prompt_ids.shape[1], opts.gen_length)
-    check_family(method, "LLaDA")
-    if hasattr(method, "bind"):
-        method = method.bind(total_steps=opts.steps, prompt_length=prompt_ids.shape[1], gen_length=opts.gen_length)
+    opts, prompt_ids, method = prepare_llada(model, prompt_ids, None, method, options)
     modes = np.array([int(method.mode(jnp.int32(t))) for t in range(opts.steps)])
     if snapshot_step is None:
         sparse_steps = np.flatnonzero(modes == int(Mode.SPARSE))

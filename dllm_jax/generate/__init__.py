@@ -44,41 +44,54 @@ def generate(model, prompt_ids, *, attention_mask=None, seed: int = 0, method=No
         method = make_method(method)
     if method is not None:
         check_policy(method)
-    prompt_ids = np.asarray(prompt_ids)
     if isinstance(model, LLaDA):
-        check_family(method, "LLaDA")
-        opts = make_options(LLaDAOptions, "LLaDA", options)
-        check_prompt(model.config, prompt_ids, attention_mask)
-        check_context(model.config, prompt_ids.shape[-1], opts.gen_length)
+        opts, prompt_ids, method = prepare_llada(model, prompt_ids, attention_mask, method, options)
         mask = None if attention_mask is None else np.asarray(attention_mask, np.int32)
-        if hasattr(method, "bind"):  # methods whose schedule depends on the generation (SparseD, PulseCol)
-            method = method.bind(total_steps=opts.steps, prompt_length=prompt_ids.shape[1],
-                                 gen_length=opts.gen_length)
         with progress_bar(opts.steps, "LLaDA denoising", progress) as run_id:
-            out = generate_llada_jit(model.params(), prompt_ids.astype(np.int32), mask, np.int32(seed),
+            out = generate_llada_jit(model.params(), prompt_ids, mask, np.int32(seed),
                                      np.int32(run_id), config=model.config, options=opts,
                                      prompt_has_masks=bool((prompt_ids == model.config.mask_token_id).any()),
                                      policy=method, on_step=tick if progress else None)
             return np.asarray(out)
     if isinstance(model, SDAR):
-        check_family(method, "SDAR")
-        opts = make_options(SDAROptions, "SDAR", options)
-        if attention_mask is not None:
-            raise ValueError("SDAR generation takes unpadded prompts (the official sampler has no padding)")
-        if prompt_ids.ndim != 2 or prompt_ids.shape[0] != 1:
-            raise ValueError(f"SDAR generation runs one prompt at a time (batch 1), got shape {prompt_ids.shape}")
-        check_prompt(model.config, prompt_ids, None)
-        check_context(model.config, prompt_ids.shape[-1], opts.max_new_tokens)
-        bs, p = model.config.block_size, prompt_ids.shape[1]
-        blocks = -(-(p + opts.max_new_tokens) // bs) - p // bs
+        opts, prompt_ids, blocks = prepare_sdar(model, prompt_ids, attention_mask, method, options)
         with progress_bar(blocks, "SDAR blocks", progress) as run_id:
-            x, end = gen_sdar.generate_sdar_jit(model.params(), prompt_ids.astype(np.int32), np.int32(seed),
+            x, end = gen_sdar.generate_sdar_jit(model.params(), prompt_ids, np.int32(seed),
                                                 np.int32(run_id), config=model.config, options=opts,
                                                 policy=method, on_step=tick if progress else None)
             x, end = np.asarray(x), int(end)
-        rows = gen_sdar.trim(x, end, p, set(model.config.eos_token_ids))
+        rows = gen_sdar.trim(x, end, prompt_ids.shape[1], set(model.config.eos_token_ids))
         return np.stack(rows)
     raise ValueError(f"generate supports LLaDA and SDAR models, got {type(model).__name__}")
+
+
+def prepare_llada(model, prompt_ids, attention_mask, method, options: dict):
+    """Checks a LLaDA request (method family, options, prompt, context) before anything compiles;
+    returns (LLaDAOptions, int32 prompt_ids, the method bound to this generation's schedule)."""
+    check_family(method, "LLaDA")
+    opts = make_options(LLaDAOptions, "LLaDA", options)
+    prompt_ids = np.asarray(prompt_ids)
+    check_prompt(model.config, prompt_ids, attention_mask)
+    check_context(model.config, prompt_ids.shape[-1], opts.gen_length)
+    if hasattr(method, "bind"):  # methods whose schedule depends on the generation (SparseD, PulseCol)
+        method = method.bind(total_steps=opts.steps, prompt_length=prompt_ids.shape[1], gen_length=opts.gen_length)
+    return opts, prompt_ids.astype(np.int32), method
+
+
+def prepare_sdar(model, prompt_ids, attention_mask, method, options: dict):
+    """Checks an SDAR request (method family, options, one unpadded prompt, context) before anything
+    compiles; returns (SDAROptions, int32 prompt_ids, the number of blocks to decode)."""
+    check_family(method, "SDAR")
+    opts = make_options(SDAROptions, "SDAR", options)
+    if attention_mask is not None:
+        raise ValueError("SDAR generation takes unpadded prompts (the official sampler has no padding)")
+    prompt_ids = np.asarray(prompt_ids)
+    if prompt_ids.ndim != 2 or prompt_ids.shape[0] != 1:
+        raise ValueError(f"SDAR generation runs one prompt at a time (batch 1), got shape {prompt_ids.shape}")
+    check_prompt(model.config, prompt_ids, None)
+    check_context(model.config, prompt_ids.shape[-1], opts.max_new_tokens)
+    bs, p = model.config.block_size, prompt_ids.shape[1]
+    return opts, prompt_ids.astype(np.int32), -(-(p + opts.max_new_tokens) // bs) - p // bs
 
 
 def check_context(config, prompt_length: int, new_tokens: int) -> None:
