@@ -28,7 +28,7 @@ import jax
 import jax.numpy as jnp
 
 import pallas_kernels as pk
-from benchmarks.common import time_calls, write_results
+from dllm_jax.bench import time_calls, write_results
 from dllm_jax.bench import random_lists
 
 warnings.filterwarnings("ignore", category=DeprecationWarning)  # the Pallas Triton backend warns on use

@@ -23,12 +23,13 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
-from benchmarks.common import write_results, random_params, time_fn
+from dllm_jax.bench import time_calls, write_results
 from dllm_jax import shipped_config
 from dllm_jax.generate.llada import LLaDAOptions, generate_llada_jit
 from dllm_jax.generate.progress import progress_bar, tick
 from dllm_jax.generate.sdar import SDAROptions, generate_sdar_jit
 from dllm_jax.models import llada, sdar
+from dllm_jax.testing import random_params
 
 
 def llada_rows(repeats):
@@ -37,8 +38,8 @@ def llada_rows(repeats):
     p, gen, steps = 3968, 128, 16
     prompt = jax.random.randint(jax.random.key(1), (1, p), 0, config.mask_token_id)
     x = jnp.concatenate([prompt, jnp.full((1, gen), config.mask_token_id, jnp.int32)], axis=1)
-    bare = jax.jit(lambda params, x: llada.forward(params, x, config=config, logits_from=p))
-    t_bare = time_fn(bare, params, x, repeats=repeats)[0]
+    bare = jax.jit(lambda params, x: llada.forward(params, x, config=config, logits_from=p)[0])
+    t_bare = time_calls(bare, params, x, repeats=repeats, warmup=2, burst_s=0)
     opts = LLaDAOptions(gen_length=gen, steps=steps, block_length=gen)
     rows = []
     for progress in (False, True):
@@ -47,7 +48,7 @@ def llada_rows(repeats):
                 out = generate_llada_jit(params, prompt, None, seed, run_id, config=config, options=opts,
                                          on_step=tick if progress else None)
                 return jax.block_until_ready(out)
-        t_loop = time_fn(run, np.int32(0), warmup=1, repeats=max(3, repeats // 3))[0]
+        t_loop = time_calls(run, np.int32(0), warmup=1, repeats=max(3, repeats // 3), burst_s=0)
         rows.append(dict(model="LLaDA-8B", tokens=p + gen, steps=steps, progress=progress,
                          bare_step_ms=t_bare * 1e3, loop_step_ms=t_loop / steps * 1e3,
                          overhead=t_loop / steps / t_bare - 1))
@@ -56,24 +57,24 @@ def llada_rows(repeats):
 
 
 def sdar_rows(repeats):
-    config = dataclasses.replace(shipped_config("sdar-8b-chat"), eos_token_ids=(-1,))  # never stop early
+    config = dataclasses.replace(shipped_config("sdar-8b-chat"), eos_token_ids=())  # never stop early
     params = random_params(config, jax.random.key(0))
     p, new, steps = 16384, 32, 4
     prompt = jax.random.randint(jax.random.key(1), (1, p), 0, config.mask_token_id)
     total = p + new
     prefill = jax.jit(lambda params, ids: sdar.prefill(params, ids, sdar.init_cache(config, 1, total), config=config))
-    t_prefill = time_fn(prefill, params, prompt, warmup=1, repeats=max(3, repeats // 3))[0]
+    t_prefill = time_calls(prefill, params, prompt, warmup=1, repeats=max(3, repeats // 3), burst_s=0)
     cache = prefill(params, prompt)
     block = jnp.full((1, config.block_size), config.mask_token_id, jnp.int32)
     # donated, as the loop's carry is: otherwise every call copies the whole cache for its scratch write
     step = jax.jit(functools.partial(sdar.block_step, config=config), donate_argnames=("cache",))
 
     def bare(state=[cache]):
-        logits, state[0] = step(params, block, state[0])
+        logits, state[0], _ = step(params, block, state[0])
         return logits
 
     del cache
-    t_bare = time_fn(bare, repeats=repeats)[0]
+    t_bare = time_calls(bare, repeats=repeats, warmup=2, burst_s=0)
     del bare
     opts = SDAROptions(max_new_tokens=new, denoising_steps=steps, remasking="sequential", top_k=1)
     blocks = new // config.block_size
@@ -87,7 +88,7 @@ def sdar_rows(repeats):
                 return jax.block_until_ready(out)
         x, end = run(np.int32(0))
         assert int(end) == total, f"expected every block decoded, got {int(end)}"
-        t_loop = time_fn(run, np.int32(0), warmup=0, repeats=max(3, repeats // 3))[0]
+        t_loop = time_calls(run, np.int32(0), warmup=0, repeats=max(3, repeats // 3), burst_s=0)
         per_step = (t_loop - t_prefill) / forwards
         rows.append(dict(model="SDAR-8B", tokens=total, cache=p, steps=forwards, progress=progress,
                          prefill_ms=t_prefill * 1e3, bare_step_ms=t_bare * 1e3, loop_step_ms=per_step * 1e3,

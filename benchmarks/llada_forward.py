@@ -19,15 +19,20 @@ from pathlib import Path
 import jax
 import jax.numpy as jnp
 
-from benchmarks.common import write_results, fmt, profiled_attention_share, random_params, time_fn
+from dllm_jax.bench import call_times, fmt, median_min_max, profiled_attention_share, write_results
 from dllm_jax import shipped_config
 from dllm_jax.attention.dense import dense_attention, dense_implementation
+from dllm_jax.attention.policy import Dense
 from dllm_jax.models.llada import forward
+from dllm_jax.testing import random_params
 
 
-def no_attention(q, k, v, **_):
+@dataclasses.dataclass(frozen=True)
+class NoAttention(Dense):
     """Skips attention but keeps q, k and v live, so XLA cannot drop their projections and RoPE."""
-    return q + jnp.repeat(k + v, q.shape[2] // k.shape[2], axis=2)
+
+    def attend(self, q, k, v, state, mode, **_):
+        return q + jnp.repeat(k + v, q.shape[2] // k.shape[2], axis=2), state
 
 
 def main():
@@ -45,8 +50,8 @@ def main():
     n_params = sum(x.size for x in jax.tree.leaves(params))
     device = jax.devices()[0].device_kind
     print(f"{device}, jax {jax.__version__}, {n_params / 1e9:.2f}B params (bf16)", flush=True)
-    full = jax.jit(lambda p, ids: forward(p, ids, config=config))
-    rest = jax.jit(lambda p, ids: forward(p, ids, config=config, attention_fn=no_attention))
+    full = jax.jit(lambda p, ids: forward(p, ids, config=config)[0])
+    rest = jax.jit(lambda p, ids: forward(p, ids, config=config, policy=NoAttention())[0])
     attention = jax.jit(dense_attention)
     rows = []
     for n in args.lengths:
@@ -54,12 +59,12 @@ def main():
         logits = full(params, ids)
         finite = bool(jnp.isfinite(logits).all())
         del logits
-        t_full = time_fn(full, params, ids, repeats=args.repeats)
-        t_rest = time_fn(rest, params, ids, repeats=args.repeats)
+        t_full = median_min_max(call_times(full, params, ids, repeats=args.repeats, warmup=2, burst_s=0))
+        t_rest = median_min_max(call_times(rest, params, ids, repeats=args.repeats, warmup=2, burst_s=0))
         kq, kk, kv = jax.random.split(jax.random.key(1), 3)
         shape = (1, n, config.num_heads, config.head_dim)
         q, k, v = (jax.random.normal(x, shape, jnp.bfloat16) for x in (kq, kk, kv))
-        t_attn = time_fn(attention, q, k, v, repeats=args.repeats)
+        t_attn = median_min_max(call_times(attention, q, k, v, repeats=args.repeats, warmup=2, burst_s=0))
         with tempfile.TemporaryDirectory() as trace_dir:
             share, gpu_ms = profiled_attention_share(full, params, ids, trace_dir=Path(trace_dir))
         flops = 4 * n * n * config.num_heads * config.head_dim

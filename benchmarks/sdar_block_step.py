@@ -21,9 +21,10 @@ from pathlib import Path
 import jax
 import jax.numpy as jnp
 
-from benchmarks.common import write_results, fmt, profiled_attention_share, random_params, time_fn
+from dllm_jax.bench import call_times, fmt, median_min_max, profiled_attention_share, time_calls, write_results
 from dllm_jax import shipped_config
 from dllm_jax.attention.dense import dense_attention, dense_implementation
+from dllm_jax.testing import random_params
 from dllm_jax.models.sdar import KVCache, block_step
 
 
@@ -58,10 +59,10 @@ def main():
             step = jax.jit(functools.partial(block_step, config=config), donate_argnames=("cache",))
 
             def run(ids, state=[cache]):  # thread the donated cache through the calls
-                logits, state[0] = step(params, ids, state[0])
+                logits, state[0], _ = step(params, ids, state[0])
                 return logits
 
-            t = time_fn(run, ids, repeats=args.repeats)
+            t = median_min_max(call_times(run, ids, repeats=args.repeats, warmup=2, burst_s=0))
             with tempfile.TemporaryDirectory() as trace_dir:
                 share, gpu_ms = profiled_attention_share(run, ids, trace_dir=Path(trace_dir))
             kv_bytes = 2 * config.num_layers * (s + n) * config.num_kv_heads * config.head_dim * 2
@@ -71,7 +72,7 @@ def main():
                                                 jnp.bfloat16)
             v = k + 1
             attention = jax.jit(lambda q, k, v: dense_attention(q, k, v, kv_len=s + n))
-            t_attn = time_fn(attention, q, k, v, repeats=args.repeats)[0]
+            t_attn = time_calls(attention, q, k, v, repeats=args.repeats, warmup=2, burst_s=0)
             layer_kv_bytes = kv_bytes / config.num_layers
             row = dict(
                 block_tokens=n, cache_length=s, step_ms=t[0] * 1e3, step_min_ms=t[1] * 1e3,

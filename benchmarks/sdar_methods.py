@@ -24,7 +24,6 @@ import datetime
 import functools
 import json
 import tempfile
-import time
 import traceback
 import warnings
 from pathlib import Path
@@ -33,12 +32,14 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
-from benchmarks.common import random_params, traced_kernels, write_results
 from benchmarks.sdar_block_step import random_cache
 from dllm_jax import MAGE, FlashBlock, shipped_config
-from dllm_jax.attention.policy import Mode, block_mode, unmasked_since_refresh
-from dllm_jax.generate.sdar import CACHE_TILE, SDAROptions, block_schedule, denoise_block
-from dllm_jax.models.sdar import block_step_with_policy, init_policy_state
+from dllm_jax.attention.policy import Dense, Mode, unmasked_since_refresh
+from dllm_jax.bench import time_carried, traced_kernels, write_results
+from dllm_jax.generate.sampling import transfer_counts
+from dllm_jax.generate.sdar import CACHE_TILE, SDAROptions, denoise_block
+from dllm_jax.models.sdar import block_step, init_policy_state
+from dllm_jax.testing import random_params
 
 warnings.filterwarnings("ignore", category=DeprecationWarning)  # the Pallas Triton backend warns on use
 
@@ -46,14 +47,14 @@ PAPER = "MAGE paper: 6.82x at 128k over exact attention (FlashInfer), SDAR-8B-Ch
 
 
 def methods(k: int, tau: int, num_layers: int) -> dict:
-    return {"cudnn": None, "splitkv": MAGE(k=k, exact_layers=num_layers), "mage": MAGE(k=k),
+    return {"cudnn": Dense(), "splitkv": MAGE(k=k, exact_layers=num_layers), "mage": MAGE(k=k),
             "flashblock": FlashBlock(tau=tau), "fb+mage": FlashBlock(tau=tau, inner=MAGE(k=k)),
             "fb0+mage": FlashBlock(tau=None, inner=MAGE(k=k))}
 
 
 def phases(policy) -> dict[str, int]:
     """The modes whose single-step time is worth reporting for a policy."""
-    if policy is None:
+    if isinstance(policy, Dense):
         return {"step": int(Mode.DENSE)}
     if isinstance(policy, MAGE):
         return {"first": int(Mode.ESTIMATE), "sparse": int(Mode.SPARSE)}
@@ -62,14 +63,14 @@ def phases(policy) -> dict[str, int]:
 
 def mode_counts(policy, block: int, steps: int) -> dict[str, int]:
     """Forwards per block in each mode, from the policy's own schedule under the static unmasking."""
-    if policy is None:
+    if isinstance(policy, Dense):
         return {"DENSE": steps + 1}
-    schedule = np.asarray(block_schedule(block, steps))
+    schedule = np.asarray(transfer_counts(block, steps))
     counts: dict[str, int] = {}
     unmasked, left = 0, block
     for step in range(steps + 1):
         commit = left == 0 or step >= steps
-        mode = Mode(int(block_mode(policy, jnp.int32(step), unmasked=jnp.int32(unmasked), commit=jnp.bool_(commit))))
+        mode = Mode(int(policy.block_mode(jnp.int32(step), unmasked=jnp.int32(unmasked), commit=jnp.bool_(commit))))
         counts[mode.name] = counts.get(mode.name, 0) + 1
         if commit:
             break
@@ -77,17 +78,6 @@ def mode_counts(policy, block: int, steps: int) -> dict[str, int]:
         unmasked = int(unmasked_since_refresh(unmasked, mode, new))
         left -= new
     return counts
-
-
-def median_time(fn, state, repeats: int):
-    """(median seconds of fn(state) -> (out, state) after one warm-up call, state)."""
-    samples = []
-    for _ in range(repeats + 1):
-        start = time.perf_counter()
-        out, state = fn(state)
-        jax.block_until_ready((out, state))
-        samples.append(time.perf_counter() - start)
-    return float(np.median(samples[1:])), state
 
 
 def measure(config, params, s: int, args) -> dict:
@@ -101,14 +91,14 @@ def measure(config, params, s: int, args) -> dict:
     row = dict(cache=s, block=n, steps=args.steps, k=args.k, tau=args.tau)
     for name, policy in methods(args.k, args.tau, config.num_layers).items():
         try:
-            state = () if policy is None else init_policy_state(policy, config, 1, capacity)
-            step = jax.jit(functools.partial(block_step_with_policy, config=config, policy=policy),
+            state = init_policy_state(policy, config, 1, capacity)
+            step = jax.jit(functools.partial(block_step, config=config, policy=policy),
                            donate_argnames=("cache", "policy_state"))
             for phase, mode in phases(policy).items():
                 def one(st, mode=mode):
-                    logits, c, p = step(params, ids, st[0], st[1], None if policy is None else jnp.int32(mode))
+                    logits, c, p = step(params, ids, st[0], st[1], jnp.int32(mode))
                     return logits, (c, p)
-                t, (cache, state) = median_time(one, (cache, state), args.repeats)
+                t, (cache, state) = time_carried(one, (cache, state), repeats=args.repeats, warmup=1)
                 row[f"{name}_{phase}_ms"] = t * 1e3
                 if args.profile:
                     print(f"{name} {phase}:", flush=True)
@@ -122,7 +112,7 @@ def measure(config, params, s: int, args) -> dict:
             def block(st):
                 cur, c, p, _ = loop(params, masks, st[0].replace(length=jnp.int32(s)), st[1], key, jnp.int32(0))
                 return cur, (c, p)
-            t, (cache, state) = median_time(block, (cache, state), args.block_repeats)
+            t, (cache, state) = time_carried(block, (cache, state), repeats=args.block_repeats, warmup=1)
             row[f"{name}_block_ms"] = t * 1e3
             row[f"{name}_modes"] = mode_counts(policy, n, args.steps)
             del state

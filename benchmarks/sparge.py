@@ -8,7 +8,7 @@ attention inputs, so that the maps have real structure:
   rescaled to unit variance; per head h, q_h = s_h * latent @ A_h and k_h = latent @ (A_h + 0.5 * E_h)
   (A_h, E_h Gaussian, /sqrt(128)), then RoPE (theta 500000, LLaDA's); the per-head sharpness s_h runs
   linearly over --sharpness (0.1 to 1.0) so that heads range from near-uniform to peaked; v is N(0, 1).
-Calibration (`dllm_jax.attention.sparge.calibrate`, l1 = 0.04 for the map, pv_l1 = 0.05 with the PV
+Calibration (`dllm_jax.analysis.calibration.calibrate`, l1 = 0.04 for the map, pv_l1 = 0.05 with the PV
 filter, a simthreshd1 grid of step 1/sim_steps) runs on --samples draws; every number in the table is
 measured on one further, held-out draw. Timings: medians of bursts of back-to-back jitted calls.
 
@@ -29,8 +29,8 @@ import jax.numpy as jnp
 import numpy as np
 
 import pallas_kernels as pk
-from benchmarks.common import time_calls, write_results
-from dllm_jax.attention.sparge import calibrate
+from dllm_jax.bench import time_calls, write_results
+from dllm_jax.analysis.calibration import calibrate
 from dllm_jax.models.layers import apply_rope, rope_tables
 from pallas_kernels.sparge import map_to_lists
 

@@ -2,8 +2,8 @@
 denoising step in each phase, and the end-to-end ratio over dense that the schedules imply.
 
 For each context length N (prompt N - G, G generated tokens, logits from the prompt end as in
-generation): the dense step (`forward`, cuDNN attention) and `forward_with_policy` at a step of each
-phase of each method (SparseD: dense / estimation / sparse; PulseCol: refresh / sparse). The sparse
+generation): the dense step (`forward` with Dense(), cuDNN attention) and `forward` with the method at
+a step of each phase of each method (SparseD: dense / estimation / sparse; PulseCol: refresh / sparse). The sparse
 steps reuse the pattern the estimation step produced on the same inputs. Projection for T steps:
   SparseD: end = int(T * skip) + 1 dense steps, one estimation step, T - end - 1 sparse steps;
   PulseCol: len(refresh_steps(T)) refresh steps, the rest sparse.
@@ -18,18 +18,17 @@ import dataclasses
 import datetime
 import functools
 import json
-import time
 import traceback
 import warnings
 from pathlib import Path
 
 import jax
-import numpy as np
 
-from benchmarks.common import random_params, time_fn, write_results
+from dllm_jax.bench import time_calls, time_carried, write_results
 from dllm_jax import PulseCol, SparseD, shipped_config
 from dllm_jax.attention.policy import Mode
-from dllm_jax.models.llada import forward, forward_with_policy, init_policy_state
+from dllm_jax.models.llada import forward, init_policy_state
+from dllm_jax.testing import random_params
 
 warnings.filterwarnings("ignore", category=DeprecationWarning)  # the Pallas Triton backend warns on use
 
@@ -37,22 +36,17 @@ PAPERS = {("sparsed", 128): 1.25, ("sparsed", 1024): 1.50, ("pulsecol", 128): 1.
 
 
 def phase_times(method, phases, params, ids, config, logits_from, repeats):
-    """{phase: seconds} for forward_with_policy at one step of each phase. The policy state is donated
+    """{phase: seconds} for `forward` with the method at one step of each phase. The policy state is donated
     and threaded from call to call, as the generate loop's carry is (one copy of the patterns), so
     the sparse phase runs on the pattern that the estimation phase produced."""
-    run = jax.jit(functools.partial(forward_with_policy, config=config, policy=method, logits_from=logits_from),
+    run = jax.jit(functools.partial(forward, config=config, policy=method, logits_from=logits_from),
                   donate_argnames=("policy_state",))
     state = init_policy_state(method, config, 1, ids.shape[1])
     times = {}
     for phase, step in phases:
         assert int(method.mode(step)) == phase, (phase, step)
-        samples = []
-        for i in range(repeats + 2):  # two warm-up calls (compilation)
-            start = time.perf_counter()
-            logits, state = run(params, ids, None, state, step)
-            jax.block_until_ready((logits, state))
-            samples.append(time.perf_counter() - start)
-        times[phase] = float(np.median(samples[2:]))
+        times[phase], state = time_carried(lambda st, step=step: run(params, ids, None, st, step), state,
+                                           repeats=repeats, warmup=2)  # two warm-up calls (compilation)
         print(f"  {type(method).__name__} {Mode(phase).name}: {times[phase] * 1e3:.1f} ms", flush=True)
     del state
     return times
@@ -99,7 +93,7 @@ def main():
         prompt = n - args.gen_length
         ids = jax.random.randint(jax.random.key(n), (1, n), 0, config.tokenizer_vocab_size)
         dense = jax.jit(functools.partial(forward, config=config, logits_from=prompt))
-        t_dense = time_fn(dense, params, ids, repeats=args.repeats)[0]
+        t_dense = time_calls(dense, params, ids, repeats=args.repeats, warmup=2, burst_s=0)
         print(f"N={n}: dense step {t_dense * 1e3:.1f} ms", flush=True)
         for kind, cfg in methods:
             try:

@@ -9,7 +9,10 @@ Two sections, both written to <out>/bench_<device>_<date>.{json,md}:
   generate    the public `generate` loop with random weights, dense and every method of the family,
               time per model forward (a LLaDA denoising step; an SDAR block step or commit) from the
               second call (the first compiles); speed-up = dense time / time.
-The helpers (`random_params`, `time_calls`, `write_results`) are shared with benchmarks/*.py.
+This module is also the harness of the studies in benchmarks/*.py: one timer (`call_times`, with
+`time_calls` its median and `time_carried` for calls that thread state), one results writer
+(`write_results`) and the profiler helpers (`traced_kernels`, `profiled_attention_share`); random
+weights come from `dllm_jax.testing.random_params`.
 """
 
 from __future__ import annotations
@@ -17,7 +20,9 @@ from __future__ import annotations
 import dataclasses
 import datetime
 import functools
+import gzip
 import json
+import re
 import time
 import warnings
 from pathlib import Path
@@ -26,34 +31,26 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
-from dllm_jax.models.layers import lm_param_shapes
 
+def call_times(fn, *args, repeats: int = 5, warmup: int = 1, burst_s: float = 0.05) -> list[float]:
+    """Seconds per call of fn(*args), one value per timed burst, after `warmup` untimed calls (the
+    first compiles).
 
-def random_params(config, key, dtype=jnp.bfloat16):
-    """Parameters drawn on the device, leaf by leaf (projections N(0, 1/fan_in), norms 1)."""
-    shapes = lm_param_shapes(config)
-    flat, treedef = jax.tree_util.tree_flatten_with_path(shapes, is_leaf=lambda x: isinstance(x, tuple))
-    keys = jax.random.split(key, len(flat))
-    out = []
-    for (path, shape), k in zip(flat, keys):
-        path = jax.tree_util.keystr(path)
-        if "norm" in path:
-            out.append(jnp.ones(shape, dtype))
-        else:
-            fan_in = shape[-1] if "embed" in path else shape[1] if "layers" in path else shape[0]
-            out.append(jax.jit(lambda k, s=shape, f=fan_in: (jax.random.normal(k, s, jnp.float32) / np.sqrt(f)
-                                                              ).astype(dtype))(k))
-    return jax.tree.unflatten(treedef, out)
-
-
-def time_calls(fn, *args, repeats=5, burst_s=0.05):
-    """Median seconds per call over `repeats` bursts of back-to-back calls, synchronising only after
-    each burst, so that dispatch overlaps the previous call (fair to sub-ms kernels). A burst holds
-    about `burst_s` of work (at least one call)."""
-    jax.block_until_ready(fn(*args))  # compile
-    start = time.perf_counter()
-    jax.block_until_ready(fn(*args))
-    calls = int(min(50, max(1, burst_s / (time.perf_counter() - start))))
+    burst_s > 0: each of the `repeats` bursts holds about `burst_s` of back-to-back calls (1 to 50,
+    sized by one more untimed call), synchronising only after the burst, so that dispatch overlaps
+    the previous call (fair to sub-ms kernels). burst_s = 0: one call per burst, synchronised after
+    it (the latency of a call: whole loops, or calls that thread state, see `time_carried`).
+    """
+    if repeats < 1 or warmup < 0 or not burst_s >= 0:
+        raise ValueError(f"call_times needs repeats >= 1, warmup >= 0 and burst_s >= 0, got {repeats=}, {warmup=}, "
+                         f"{burst_s=}")
+    for _ in range(warmup):
+        jax.block_until_ready(fn(*args))
+    calls = 1
+    if burst_s > 0:
+        start = time.perf_counter()
+        jax.block_until_ready(fn(*args))
+        calls = int(min(50, max(1, burst_s / (time.perf_counter() - start))))
     times = []
     for _ in range(repeats):
         start = time.perf_counter()
@@ -61,7 +58,29 @@ def time_calls(fn, *args, repeats=5, burst_s=0.05):
             out = fn(*args)
         jax.block_until_ready(out)
         times.append((time.perf_counter() - start) / calls)
-    return float(np.median(times))
+    return times
+
+
+def time_calls(fn, *args, repeats: int = 5, warmup: int = 1, burst_s: float = 0.05) -> float:
+    """Median seconds per call of `call_times` (same arguments)."""
+    return float(np.median(call_times(fn, *args, repeats=repeats, warmup=warmup, burst_s=burst_s)))
+
+
+def median_min_max(times: list[float]) -> tuple[float, float, float]:
+    """(median, min, max) of `call_times`' values."""
+    return float(np.median(times)), min(times), max(times)
+
+
+def time_carried(step, carry, *, repeats: int = 5, warmup: int = 1):
+    """(median seconds, last carry) of step(carry) -> (out, carry), each call taking the carry the
+    previous one returned (a donated cache or policy state) and synchronised on both outputs."""
+    held = [carry]
+
+    def call():
+        out, held[0] = step(held[0])
+        return out, held[0]
+
+    return time_calls(call, repeats=repeats, warmup=warmup, burst_s=0), held[0]
 
 
 def write_results(out_dir: Path, meta: dict, rows: list[dict], lines: list[str]) -> Path:
@@ -75,6 +94,47 @@ def write_results(out_dir: Path, meta: dict, rows: list[dict], lines: list[str])
     (out_dir / f"{stem}.md").write_text(table)
     print(table)
     return out_dir / f"{stem}.md"
+
+
+ATTENTION_KERNEL = re.compile(r"sdpa|fmha|flash|attention", re.IGNORECASE)
+
+
+def profiled_attention_share(fn, *args, trace_dir: Path):
+    """(share of GPU kernel time spent in attention kernels, total GPU kernel ms) for one call,
+    from a profiler trace; (None, None) if the trace holds no GPU kernels."""
+    jax.block_until_ready(fn(*args))
+    return traced_kernels(lambda: jax.block_until_ready(fn(*args)), trace_dir)
+
+
+def traced_kernels(run, trace_dir: Path):
+    """Runs `run()` once under the profiler, prints the top GPU kernels and returns (attention share,
+    total GPU kernel ms), or (None, None) if the trace holds no GPU kernels."""
+    with jax.profiler.trace(str(trace_dir), create_perfetto_trace=True):
+        run()
+    files = sorted(trace_dir.rglob("*.trace.json.gz")) or sorted(trace_dir.rglob("perfetto_trace.json.gz"))
+    if not files:
+        return None, None
+    events = json.loads(gzip.decompress(files[-1].read_bytes()))
+    events = events["traceEvents"] if isinstance(events, dict) else events
+    gpu_pids = {e["pid"] for e in events if e.get("ph") == "M" and e.get("name") == "process_name"
+                and "gpu" in str(e.get("args", {}).get("name", "")).lower()}
+    kernels = [e for e in events if e.get("ph") == "X" and e.get("pid") in gpu_pids and "dur" in e]
+    total = sum(e["dur"] for e in kernels)
+    if not total:
+        return None, None
+    attention = sum(e["dur"] for e in kernels if ATTENTION_KERNEL.search(e["name"]))
+    by_name: dict[str, float] = {}
+    for e in kernels:
+        by_name[e["name"][:70]] = by_name.get(e["name"][:70], 0.0) + e["dur"]
+    top = sorted(by_name.items(), key=lambda kv: -kv[1])[:8]
+    print(f"GPU kernels {total / 1e3:.2f} ms; top: " + "; ".join(f"{name} {us / 1e3:.2f} ms" for name, us in top),
+          flush=True)
+    return attention / total, total / 1e3
+
+
+def fmt(x):
+    """A ratio for a table cell: two decimals, "n/a" for None (no GPU kernels traced)."""
+    return "n/a" if x is None else f"{x:.2f}"
 
 
 @functools.partial(jax.jit, static_argnames=("rows", "items", "width", "heads"))
@@ -142,14 +202,14 @@ def model_for(name: str, *, layers: int | None, context: int, dtype):
     """(model, config) with random weights: a shipped config name, or "tiny-llada" / "tiny-sdar"."""
     from dllm_jax.checkpoint.api import model_from_params
     from dllm_jax.config import shipped_config
-    from dllm_jax.testing import tiny_llada_config, tiny_sdar_config
+    from dllm_jax.testing import random_params, tiny_llada_config, tiny_sdar_config
 
     config = {"tiny-llada": tiny_llada_config, "tiny-sdar": tiny_sdar_config}.get(name, lambda: shipped_config(name))()
     changes = dict(max_position_embeddings=max(config.max_position_embeddings, context))  # random weights: no limit
     if layers is not None:
         changes["num_layers"] = layers
     if hasattr(config, "eos_token_ids"):
-        changes["eos_token_ids"] = (-1,)  # random weights would stop at a random EOS
+        changes["eos_token_ids"] = ()  # no stop token: random weights would stop at a random EOS
     config = dataclasses.replace(config, **changes)
     return model_from_params(config, random_params(config, jax.random.key(0), dtype)), config
 
@@ -177,12 +237,9 @@ def generate_rows(model_names, *, context: int, new_tokens: int, layers, dtype, 
         for method_name, method in family_methods(family, small=context < 2048).items():
             try:
                 run = functools.partial(generate, model, ids, method=method, progress=progress, **options)
-                start = time.perf_counter()
-                run()
-                first = time.perf_counter() - start
-                start = time.perf_counter()
-                run()
-                seconds = time.perf_counter() - start
+                # generate returns host arrays (synchronised); the first call compiles, the second is timed
+                first = call_times(run, repeats=1, warmup=0, burst_s=0)[0]
+                seconds = call_times(run, repeats=1, warmup=0, burst_s=0)[0]
             except Exception as e:  # e.g. out of memory: record it, go on with the others
                 rows.append(dict(section="generate", model=name, family=family, method=method_name, error=f"{type(e).__name__}: {e}"[:300]))
                 print(f"{name} {method_name}: {type(e).__name__}: {str(e)[:200]}", flush=True)

@@ -3,7 +3,11 @@
 from __future__ import annotations
 
 import argparse
+import dataclasses
+import io
 import json
+import math
+import os
 import sys
 import tempfile
 import time
@@ -18,60 +22,142 @@ def cmd_convert(args) -> None:
     start = time.perf_counter()
     convert_hf_checkpoint(args.hf_dir, args.out_dir, dtype=args.dtype, overwrite=args.overwrite,
                           progress=not args.quiet)
-    print(f"converted {args.hf_dir} -> {args.out_dir} ({args.dtype}) in {time.perf_counter() - start:.1f} s")
+    stored = args.dtype or "the source's dtype"
+    print(f"converted {args.hf_dir} -> {args.out_dir} ({stored}) in {time.perf_counter() - start:.1f} s")
 
 
 def cmd_generate(args) -> None:
     """Loads a model and its tokenizer, generates an answer to --prompt, prints it with timings."""
+    from dllm_jax.checkpoint import load_model
     from dllm_jax.generate import generate
 
-    method = checked_method(args)  # flag and family errors before the slow loading
-    model, tokenizer, ids, options = load_request(args)
+    request = checked_request(args)  # every flag error before the slow loading
+    tokenizer, ids = encode_prompt(args)
+    model = load_model(args.model, dtype=args.dtype)
     start = time.perf_counter()
-    out = np.asarray(generate(model, ids, seed=args.seed, progress=args.progress, method=method, **options))
+    out = np.asarray(generate(model, ids, seed=args.seed, progress=args.progress, method=request.method,
+                              **request.options))
     elapsed = time.perf_counter() - start
-    answer = tokenizer.decode(out[0, ids.shape[1]:], skip=(model.config.mask_token_id,))
-    print(answer)
-    print(f"[{type(model).__name__}: {ids.shape[1]} prompt tokens, {out.shape[1] - ids.shape[1]} generated, "
+    prompt, decoded = ids.shape[1], out.shape[1] - ids.shape[1]
+    # SDAR decodes whole blocks, so it may return up to block_size - 1 tokens past --gen-length: --gen-length
+    # is a maximum (as its help says), so the rest is cut here, and the report says it was decoded.
+    new = out[0, prompt:prompt + args.gen_length]
+    print(tokenizer.decode(new, skip=(model.config.mask_token_id,)))
+    rounded = f" of {decoded} decoded in whole blocks of {request.config.block_size}" if decoded > len(new) else ""
+    print(f"[{type(model).__name__}: {prompt} prompt tokens, {len(new)} generated{rounded}, "
           f"{elapsed:.2f} s including compilation]", file=sys.stderr)
 
 
-def load_request(args):
-    """(model, tokenizer, prompt ids, generate options) of the shared --model / --prompt / sampling flags."""
-    from dllm_jax.checkpoint import load_model
+def encode_prompt(args):
+    """(tokenizer, int32 prompt ids [1, P]) of --model / --prompt / --raw: fast, so before the weights load."""
     from dllm_jax.tokenizer import ChatTokenizer
 
     tokenizer = ChatTokenizer(args.model)
-    model = load_model(args.model, dtype=args.dtype)
-    ids = tokenizer.encode(args.prompt, chat=not args.raw)
-    return model, tokenizer, ids, sampling_options(args, model.config)
+    return tokenizer, tokenizer.encode(args.prompt, chat=not args.raw)
 
 
-def sampling_options(args, config) -> dict:
-    """generate's options for the model family of `config` from the shared sampling flags."""
-    from dllm_jax.config import LLaDAConfig
+@dataclasses.dataclass(frozen=True)
+class Request:
+    """The generate / analyze flags, checked against the checkpoint's config.json before any weights load."""
 
-    if isinstance(config, LLaDAConfig):
-        return dict(gen_length=args.gen_length, steps=args.steps or args.gen_length,
-                    block_length=args.block_length or args.gen_length, temperature=args.temperature,
-                    cfg_scale=args.cfg_scale, remasking=args.remasking or "low_confidence")
-    if args.block_length is not None or args.cfg_scale:
-        raise ValueError("--block-length and --cfg-scale are LLaDA options: SDAR's block length comes from its "
-                         "config.json (block_size) and its sampler has no classifier-free guidance")
-    return dict(max_new_tokens=args.gen_length, denoising_steps=args.steps or config.block_size,
-                remasking=args.remasking or "low_confidence_dynamic", confidence_threshold=args.confidence_threshold,
-                temperature=args.temperature if args.temperature > 0 else 1.0, top_k=args.top_k, top_p=args.top_p)
+    config: object  # the checkpoint's LLaDAConfig or SDARConfig
+    family: str  # "LLaDA" or "SDAR"
+    method: object  # the --method attention policy; None for dense
+    options: dict  # generate's options of the family
 
 
-def checked_method(args):
-    """The --method policy, checked against the family named by the checkpoint's config.json."""
+# Sampling flags read by one family's sampler only. Their defaults are None, so a flag given for the
+# other family is refused by name instead of being ignored (even when its value equals a default).
+FAMILY_FLAGS = {"block_length": ("--block-length", "LLaDA"), "cfg_scale": ("--cfg-scale", "LLaDA"),
+                "top_k": ("--top-k", "SDAR"), "top_p": ("--top-p", "SDAR"),
+                "confidence_threshold": ("--confidence-threshold", "SDAR")}
+
+
+def remasking_families() -> dict:
+    """{--remasking value: the family whose sampler has it}."""
+    from dllm_jax.generate import llada, sdar
+
+    return {name: "LLaDA" for name in llada.REMASKING} | {name: "SDAR" for name in sdar.REMASKING}
+
+
+def checked_request(args) -> Request:
+    """The request of the generate / analyze flags; ValueError naming the flag for anything the
+    checkpoint's family would refuse or ignore (reads config.json only)."""
     from dllm_jax.attention.methods import check_family
     from dllm_jax.config import LLaDAConfig, read_hf_config
+    from dllm_jax.generate import LLaDAOptions, SDAROptions
 
     method = method_from_args(args)
     _, config = read_hf_config(args.model)
-    check_family(method, "LLaDA" if isinstance(config, LLaDAConfig) else "SDAR")
-    return method
+    family = "LLaDA" if isinstance(config, LLaDAConfig) else "SDAR"
+    check_family_flags(args, family)
+    check_family(method, family)
+    if family == "LLaDA":
+        options = llada_options(args)
+        LLaDAOptions(**options)  # generate's own checks (e.g. block divisibility), before loading
+    else:
+        options = sdar_options(args, config)
+        SDAROptions(**options)
+    return Request(config=config, family=family, method=method, options=options)
+
+
+def check_family_flags(args, family: str) -> None:
+    """Refuses, by name, sampling flags and --remasking values of the other family."""
+    stray = [flag for dest, (flag, owner) in FAMILY_FLAGS.items() if owner != family and getattr(args, dest) is not None]
+    if args.remasking is not None and remasking_families()[args.remasking] != family:
+        stray.append(f"--remasking {args.remasking}")
+    if stray:
+        other = "SDAR" if family == "LLaDA" else "LLaDA"
+        own = [flag for flag, owner in FAMILY_FLAGS.values() if owner == family]
+        own += [f"--remasking {name}" for name, owner in remasking_families().items() if owner == family]
+        raise ValueError(f"{', '.join(stray)} {'applies' if len(stray) == 1 else 'apply'} to {other} models; this "
+                         f"checkpoint is {family} (its own sampling flags: {', '.join(own)})")
+
+
+def llada_options(args) -> dict:
+    """generate's LLaDA options from the flags; unset flags take the official sampler's defaults."""
+    length = args.gen_length
+    return dict(gen_length=length, steps=length if args.steps is None else args.steps,
+                block_length=length if args.block_length is None else args.block_length,
+                temperature=0.0 if args.temperature is None else args.temperature,
+                cfg_scale=0.0 if args.cfg_scale is None else args.cfg_scale,
+                remasking=args.remasking or "low_confidence")
+
+
+def sdar_options(args, config) -> dict:
+    """generate's SDAR options from the flags; unset flags take the official sampler's defaults."""
+    remasking = args.remasking or "low_confidence_dynamic"
+    if args.temperature == 0:
+        raise ValueError("--temperature 0: SDAR's sampler divides the logits by the temperature (default 1); "
+                         "for greedy decoding pass --top-k 1")
+    if args.confidence_threshold is not None and remasking != "low_confidence_dynamic":
+        raise ValueError(f"--confidence-threshold applies to --remasking low_confidence_dynamic only, not {remasking}")
+    return dict(max_new_tokens=args.gen_length,
+                denoising_steps=config.block_size if args.steps is None else args.steps, remasking=remasking,
+                confidence_threshold=0.85 if args.confidence_threshold is None else args.confidence_threshold,
+                temperature=1.0 if args.temperature is None else args.temperature,
+                top_k=0 if args.top_k is None else args.top_k, top_p=1.0 if args.top_p is None else args.top_p)
+
+
+def number(kind, requirement: str, ok):
+    """argparse type: a `kind` (int or float) value for which `ok(value)` holds. A float must also be
+    finite: nan passes no comparison and would slip through a range check as "not refused"."""
+    def parse(text: str):
+        value = kind(text)  # a ValueError here reads "invalid int value: 'x'" (argparse) or none_or's message
+        if not ((kind is int or math.isfinite(value)) and ok(value)):
+            raise argparse.ArgumentTypeError(f"must be {requirement}, got {text}")
+        return value
+    parse.__name__ = kind.__name__
+    return parse
+
+
+positive_int = number(int, "a positive integer", lambda v: v > 0)
+non_negative_int = number(int, "a non-negative integer", lambda v: v >= 0)
+seed_int = number(int, "a 32-bit integer", lambda v: -2**31 <= v < 2**31)
+finite_float = number(float, "a finite number", lambda v: True)
+non_negative_float = number(float, "a finite number >= 0", lambda v: v >= 0)
+probability = number(float, "a number in [0, 1]", lambda v: 0 <= v <= 1)
+fraction = number(float, "a number in (0, 1]", lambda v: 0 < v <= 1)
 
 
 def none_or(kind):
@@ -90,23 +176,23 @@ def none_or(kind):
 # method parameter -> (flag, argparse type, help). One table for generate and analyze; which flags a
 # method takes comes from dllm_jax.attention.methods.parameters.
 METHOD_FLAGS = {
-    "skip": ("--skip", float, "SparseD (0.2) / SpargeAttn (0): fraction of the steps run dense first"),
-    "select": ("--select", float, "SparseD: fraction of key blocks kept per query block (0.3)"),
-    "block_size": ("--sparse-block", int, "SparseD: pattern block size (128)"),
-    "sparsity": ("--sparsity", float, "PulseCol: fraction of keys dropped per query group (0.8)"),
-    "group_size": ("--group-size", int, "PulseCol: queries sharing one column set (32)"),
-    "eta": ("--eta", float, "PulseCol: refresh-window ratio (0.3)"),
-    "refreshes": ("--refreshes", int, "PulseCol: refresh budget (16)"),
-    "k": ("--mage-k", int, "MAGE: prefix keys kept per KV head (512)"),
-    "exact_layers": ("--exact-layers", int, "MAGE: first layers kept exact (2)"),
-    "tau": ("--tau", none_or(int), "FlashBlock: refresh after this many unmasked tokens (2); 0 = always "
-            "refresh, none = only at each block's first step"),
-    "simthreshd1": ("--simthreshd1", float, "SpargeAttn: block self-similarity threshold (-0.1)"),
-    "cdfthreshd": ("--cdfthreshd", float, "SpargeAttn: TopCdf threshold (instead of --topk)"),
-    "topk": ("--topk", float, "SpargeAttn: fraction of key blocks kept (0.5 when no --cdfthreshd)"),
-    "pvthreshd": ("--pvthreshd", none_or(float), "SpargeAttn: PV-skip threshold (50); none = no filter"),
+    "skip": ("--skip", probability, "SparseD (0.2) / SpargeAttn (0): fraction of the steps run dense first"),
+    "select": ("--select", fraction, "SparseD: fraction of key blocks kept per query block (0.3)"),
+    "block_size": ("--sparse-block", positive_int, "SparseD: pattern block size (128)"),
+    "sparsity": ("--sparsity", finite_float, "PulseCol: fraction of keys dropped per query group (0.8)"),
+    "group_size": ("--group-size", positive_int, "PulseCol: queries sharing one column set (32)"),
+    "eta": ("--eta", finite_float, "PulseCol: refresh-window ratio (0.3)"),
+    "refreshes": ("--refreshes", non_negative_int, "PulseCol: refresh budget (16)"),
+    "k": ("--mage-k", positive_int, "MAGE: prefix keys kept per KV head (512)"),
+    "exact_layers": ("--exact-layers", non_negative_int, "MAGE: first layers kept exact (2)"),
+    "tau": ("--tau", none_or(non_negative_int), "FlashBlock: refresh after this many unmasked tokens (2); 0 = "
+            "always refresh, none = only at each block's first step"),
+    "simthreshd1": ("--simthreshd1", finite_float, "SpargeAttn: block self-similarity threshold (-0.1)"),
+    "cdfthreshd": ("--cdfthreshd", finite_float, "SpargeAttn: TopCdf threshold (instead of --topk)"),
+    "topk": ("--topk", finite_float, "SpargeAttn: fraction of key blocks kept (0.5 when no --cdfthreshd)"),
+    "pvthreshd": ("--pvthreshd", none_or(finite_float), "SpargeAttn: PV-skip threshold (50); none = no filter"),
     "calibration": ("--calibration", str, "SpargeAttn: per-layer, per-head values (JSON from "
-                    "dllm_jax.attention.sparge.save_calibration)"),
+                    "dllm_jax.analysis.calibration.save_calibration)"),
 }
 
 
@@ -135,42 +221,85 @@ def cmd_analyze(args) -> None:
     import matplotlib
 
     matplotlib.use("Agg")  # files only: no display needed
-    import matplotlib.pyplot as plt
 
     from dllm_jax.analysis import analyze, analyze_blocks, plot_error, plot_head_patterns, plot_jaccard, plot_recall
-    from dllm_jax.models import LLaDA
+    from dllm_jax.checkpoint import load_model
 
-    method = checked_method(args)
-    if method is None:
+    request = checked_request(args)
+    if request.method is None:
         raise ValueError("analyze compares a sparse --method with dense attention: pass one")
-    model, tokenizer, ids, options = load_request(args)
+    layer = checked_layer(args.layer, request)
+    out = checked_out_dir(Path(args.out))  # all checked before the run, which may take minutes
+    tokenizer, ids = encode_prompt(args)
+    model = load_model(args.model, dtype=args.dtype)
     start = time.perf_counter()
-    if isinstance(model, LLaDA):
-        report = analyze(model, ids, method, seed=args.seed, **options)
+    if request.family == "LLaDA":
+        report = analyze(model, ids, request.method, seed=args.seed, **request.options)
         plots = {"recall": plot_recall, "jaccard": plot_jaccard, "error": plot_error}
     else:
-        report = analyze_blocks(model, ids, method, seed=args.seed, **options)
+        report = analyze_blocks(model, ids, request.method, seed=args.seed, **request.options)
         plots = {"recall": plot_recall, "error": plot_error}
-    out = Path(args.out)
-    out.mkdir(parents=True, exist_ok=True)
-    written = []
-    for name, plot in plots.items():
-        ax = plot(report)
-        ax.figure.savefig(out / f"{name}.png", dpi=120, bbox_inches="tight")
-        plt.close(ax.figure)
-        written.append(out / f"{name}.png")
-    if isinstance(model, LLaDA):
-        layer = model.config.num_layers - 1 if args.layer is None else args.layer
-        fig = plot_head_patterns(report, layer=layer)
-        fig.savefig(out / "head_patterns.png", dpi=120, bbox_inches="tight")
-        plt.close(fig)
-        written.append(out / "head_patterns.png")
-    summary = dict(method=repr(method), prompt_tokens=int(ids.shape[1]), options=options,
+    figures = {f"{name}.png": plot(report).figure for name, plot in plots.items()}
+    if layer is not None:
+        figures["head_patterns.png"] = plot_head_patterns(report, layer=layer)
+    files = {name: png_bytes(fig) for name, fig in figures.items()}  # rendered before anything is written
+    summary = dict(method=repr(request.method), prompt_tokens=int(ids.shape[1]), options=request.options,
                    **{k: None if v != v else v for k, v in report.summary().items()})  # NaN -> null (valid JSON)
-    (out / "summary.json").write_text(json.dumps(summary, indent=2) + "\n")
+    files["summary.json"] = (json.dumps(summary, indent=2) + "\n").encode()
+    write_files(out, files)
     print(json.dumps(summary))
-    print(f"wrote {', '.join(str(p) for p in written)} and {out / 'summary.json'} "
-          f"({time.perf_counter() - start:.1f} s)", file=sys.stderr)
+    print(f"wrote {', '.join(str(out / name) for name in files)} ({time.perf_counter() - start:.1f} s)",
+          file=sys.stderr)
+
+
+def checked_layer(layer: int | None, request: Request) -> int | None:
+    """The layer of LLaDA's per-head heat maps (default the last; None for SDAR, which has no such plot)."""
+    if request.family != "LLaDA":
+        if layer is not None:
+            raise ValueError("--layer applies to LLaDA models (the per-head heat maps); this checkpoint is SDAR")
+        return None
+    count = request.config.num_layers
+    if layer is None:
+        return count - 1
+    if not 0 <= layer < count:
+        raise ValueError(f"--layer {layer} is not a layer of this model: it has {count} (0..{count - 1}, "
+                         "from config.json)")
+    return layer
+
+
+def checked_out_dir(path: Path) -> Path:
+    """`path` if it is a directory that exists or can be created, and can be written into (not created here:
+    a failed run leaves nothing behind)."""
+    if path.exists() and not path.is_dir():
+        raise ValueError(f"--out {path} is an existing file, not a directory")
+    nearest = next(p for p in (path, *path.parents) if p.exists())
+    if not nearest.is_dir():
+        raise ValueError(f"--out {path} cannot be created: {nearest} is a file")
+    if not os.access(nearest, os.W_OK | os.X_OK):
+        raise ValueError(f"--out {path} is not writable: no write permission in {nearest}")
+    return path
+
+
+def png_bytes(figure) -> bytes:
+    import matplotlib.pyplot as plt
+
+    buffer = io.BytesIO()
+    figure.savefig(buffer, format="png", dpi=120, bbox_inches="tight")
+    plt.close(figure)
+    return buffer.getvalue()
+
+
+def write_files(directory: Path, files: dict[str, bytes]) -> None:
+    """Writes {name: content} into `directory` (created), each file through a temporary name and a
+    rename, so no reader ever sees a half-written file."""
+    directory.mkdir(parents=True, exist_ok=True)
+    for name, content in files.items():
+        tmp = directory / f".{name}.tmp-{os.getpid()}"  # plain open(): the umask's mode, as any output file
+        try:
+            tmp.write_bytes(content)
+            os.replace(tmp, directory / name)
+        finally:
+            tmp.unlink(missing_ok=True)
 
 
 def cmd_bench(args) -> None:
@@ -182,20 +311,12 @@ def cmd_bench(args) -> None:
     print(f"wrote {path} and {path.with_suffix('.json')}", file=sys.stderr)
 
 
-def median_time(fn, repeats: int) -> float:
-    times = []
-    for _ in range(repeats):
-        start = time.perf_counter()
-        fn().block_until_ready()
-        times.append(time.perf_counter() - start)
-    return float(np.median(times))
-
-
 def cmd_demo(args) -> None:
     """Tiny random LLaDA checkpoint in HF format -> convert -> load -> jitted forward, timed; then SDAR."""
     import jax
     from flax import nnx
 
+    from dllm_jax.bench import time_calls
     from dllm_jax.checkpoint import convert_hf_checkpoint, load_model
     from dllm_jax.testing import tiny_llada_config, write_hf_checkpoint
 
@@ -221,7 +342,7 @@ def cmd_demo(args) -> None:
     start = time.perf_counter()
     logits = forward(model, ids).block_until_ready()
     compile_s = time.perf_counter() - start
-    step_s = median_time(lambda: forward(model, ids), args.repeats)
+    step_s = time_calls(lambda: forward(model, ids), repeats=args.repeats, warmup=0, burst_s=0)
     predicted = np.asarray(logits.argmax(-1))
     print(f"forward [batch {args.batch}, length {args.seq_len}] -> logits {tuple(logits.shape)} {logits.dtype}")
     print(f"first call (compile + run): {compile_s:.2f} s; median of {args.repeats}: {step_s * 1e3:.1f} ms")
@@ -231,6 +352,7 @@ def cmd_demo(args) -> None:
 
 def demo_sdar(args) -> None:
     """Tiny random SDAR checkpoint -> load -> prefill a prompt into the KV cache -> timed block steps."""
+    from dllm_jax.bench import time_calls
     from dllm_jax.checkpoint import load_model
     from dllm_jax.testing import tiny_sdar_config, write_hf_checkpoint
 
@@ -246,7 +368,7 @@ def demo_sdar(args) -> None:
     cache = model.prefill(prompt, model.init_cache(1, prompt_len + 2 * bs))
     block = np.full((1, bs), config.mask_token_id, np.int32)
     logits, _ = model.block_step(block, cache)  # compile
-    step_s = median_time(lambda: model.block_step(block, cache)[0], args.repeats)
+    step_s = time_calls(lambda: model.block_step(block, cache)[0], repeats=args.repeats, warmup=0, burst_s=0)
     _, cache = model.block_step(block, cache, commit=True)
     print(f"SDAR (block {bs}): prefilled {prompt_len} prompt tokens into a static KV cache of "
           f"{cache.max_length}; one {bs}-token block step: {step_s * 1e3:.2f} ms (median of {args.repeats}); "
@@ -268,30 +390,44 @@ def build_parser() -> argparse.ArgumentParser:
     sampling.add_argument("--model", required=True, help="converted or HF checkpoint directory (with tokenizer.json)")
     sampling.add_argument("--prompt", required=True)
     sampling.add_argument("--raw", action="store_true", help="encode the prompt as is, without the chat template")
-    sampling.add_argument("--gen-length", type=int, default=128, help="LLaDA gen_length / SDAR max_new_tokens (128)")
-    sampling.add_argument("--steps", type=int, default=None,
-                          help="LLaDA steps (default gen-length) / SDAR denoising_steps (default block size)")
-    sampling.add_argument("--block-length", type=int, default=None, help="LLaDA block_length (default gen-length)")
-    sampling.add_argument("--temperature", type=float, default=0.0, help="LLaDA default 0; SDAR uses 1 when 0")
-    sampling.add_argument("--cfg-scale", type=float, default=0.0, help="LLaDA classifier-free guidance (0)")
-    sampling.add_argument("--remasking", default=None, help="LLaDA: low_confidence|random; SDAR: "
-                          "low_confidence_dynamic|low_confidence_static|sequential")
-    sampling.add_argument("--confidence-threshold", type=float, default=0.85, help="SDAR dynamic remasking (0.85)")
-    sampling.add_argument("--top-k", type=int, default=0, help="SDAR top-k (0: off)")
-    sampling.add_argument("--top-p", type=float, default=1.0, help="SDAR top-p (1: off)")
-    sampling.add_argument("--seed", type=int, default=0)
+    # Family-specific flags default to None ("not given"): given for the other family they are refused by name.
+    sampling.add_argument("--gen-length", type=positive_int, default=128, metavar="N",
+                          help="new tokens (128). LLaDA: gen_length, exactly this many. SDAR: max_new_tokens; "
+                               "SDAR decodes whole blocks of its block_size, and at most this many are printed "
+                               "(fewer after a stop token)")
+    sampling.add_argument("--steps", type=positive_int, default=None, metavar="N",
+                          help="LLaDA steps in all (default gen-length) / SDAR denoising_steps per block (default "
+                               "block_size)")
+    sampling.add_argument("--block-length", type=positive_int, default=None, metavar="N",
+                          help="LLaDA only: block_length (default gen-length)")
+    sampling.add_argument("--temperature", type=non_negative_float, default=None, metavar="T",
+                          help="sampling temperature: LLaDA default 0 (greedy); SDAR default 1, must be > 0 "
+                               "(--top-k 1 is greedy)")
+    sampling.add_argument("--cfg-scale", type=non_negative_float, default=None, metavar="S",
+                          help="LLaDA only: classifier-free guidance (0: off)")
+    sampling.add_argument("--remasking", default=None, choices=list(remasking_families()), metavar="NAME",
+                          help="LLaDA: low_confidence (default) | random; SDAR: low_confidence_dynamic (default) | "
+                               "low_confidence_static | sequential")
+    sampling.add_argument("--confidence-threshold", type=probability, default=None, metavar="X",
+                          help="SDAR only, low_confidence_dynamic remasking (0.85)")
+    sampling.add_argument("--top-k", type=non_negative_int, default=None, metavar="N", help="SDAR only: top-k (0: off)")
+    sampling.add_argument("--top-p", type=fraction, default=None, metavar="X", help="SDAR only: top-p (1: off)")
+    sampling.add_argument("--seed", type=seed_int, default=0, metavar="N", help="random seed, 32-bit (0)")
 
     methods = argparse.ArgumentParser(add_help=False)
     group = methods.add_argument_group("sparse attention (unset parameters keep the method's defaults)")
     group.add_argument("--method", default="dense", choices=["dense", *METHODS],
                        help="sparsed, pulsecol, sparge: LLaDA; mage, flashblock, flashblock+mage: SDAR (default dense)")
     for param, (flag, kind, text) in METHOD_FLAGS.items():
-        metavar = {int: "N", float: "X", str: "FILE"}.get(kind, "N|none" if param == "tau" else "X|none")
+        metavar = {"int": "N", "float": "X", "str": "FILE"}[kind.__name__.split()[0]]
+        metavar += "|none" if kind.__name__.endswith("'none'") else ""
         group.add_argument(flag, dest=param, type=kind, default=argparse.SUPPRESS, metavar=metavar, help=text)
 
-    convert = sub.add_parser("convert", parents=[dtype], help="convert an HF safetensors checkpoint to Orbax",
+    convert = sub.add_parser("convert", help="convert an HF safetensors checkpoint to Orbax",
                              description="Validates every tensor of an HF checkpoint against its config.json, then "
                                          "streams it into an Orbax checkpoint (tokenizer files travel along).")
+    convert.add_argument("--dtype", default=None, choices=["bfloat16", "float32"],
+                         help="stored parameter dtype (default: the source checkpoint's)")
     convert.add_argument("hf_dir", help="directory with config.json and *.safetensors")
     convert.add_argument("out_dir", help="output directory (created; must not exist)")
     convert.add_argument("--overwrite", action="store_true", help="replace an existing out_dir")
@@ -313,7 +449,8 @@ def build_parser() -> argparse.ArgumentParser:
                                          "stability over steps) and head_patterns.png (per-head heat maps), and "
                                          "summary.json. Builds [B, H, N, N] arrays: for short prompts.")
     analyze.add_argument("--out", default="analysis", help="output directory (default ./analysis)")
-    analyze.add_argument("--layer", type=int, default=None, help="layer of the per-head heat maps (default last)")
+    analyze.add_argument("--layer", type=non_negative_int, default=None, metavar="N",
+                         help="LLaDA: layer of the per-head heat maps (default the last)")
     analyze.set_defaults(fn=cmd_analyze)
 
     bench = sub.add_parser("bench", parents=[dtype], help="time attention kernels and generation on this device",
@@ -322,18 +459,18 @@ def build_parser() -> argparse.ArgumentParser:
                                        "bench_<device>_<date>.json and .md to --out. Defaults fit the device: "
                                        "LLaDA-8B / SDAR-8B dims on a GPU, tiny models on a CPU.")
     bench.add_argument("--sections", nargs="+", default=["attention", "generate"], choices=["attention", "generate"])
-    bench.add_argument("--lengths", type=int, nargs="+", default=None,
+    bench.add_argument("--lengths", type=positive_int, nargs="+", default=None,
                        help="attention sequence lengths (GPU 4096 16384; CPU 256 512)")
-    bench.add_argument("--densities", type=float, nargs="+", default=[0.5, 0.3, 0.1],
+    bench.add_argument("--densities", type=fraction, nargs="+", default=[0.5, 0.3, 0.1],
                        help="fractions of key blocks / columns kept by the sparse kernels")
-    bench.add_argument("--heads", type=int, default=32, help="attention heads (head_dim 128; at most 4 on a CPU)")
+    bench.add_argument("--heads", type=positive_int, default=32, help="attention heads (head_dim 128; at most 4 on a CPU)")
     bench.add_argument("--models", nargs="+", default=None,
                        help="shipped config names or tiny-llada / tiny-sdar (GPU llada-8b-instruct sdar-8b-chat; "
                             "CPU tiny-llada tiny-sdar)")
-    bench.add_argument("--context", type=int, default=None, help="prompt + new tokens (GPU 8192; CPU 256)")
-    bench.add_argument("--new-tokens", type=int, default=None, help="generated tokens (GPU 128; CPU 32)")
-    bench.add_argument("--layers", type=int, default=None, help="use only this many layers (faster, same per-layer shapes)")
-    bench.add_argument("--repeats", type=int, default=5, help="timing repeats of the attention section")
+    bench.add_argument("--context", type=positive_int, default=None, help="prompt + new tokens (GPU 8192; CPU 256)")
+    bench.add_argument("--new-tokens", type=positive_int, default=None, help="generated tokens (GPU 128; CPU 32)")
+    bench.add_argument("--layers", type=positive_int, default=None, help="use only this many layers (faster, same per-layer shapes)")
+    bench.add_argument("--repeats", type=positive_int, default=5, help="timing repeats of the attention section")
     bench.add_argument("--out", default="bench_results", help="output directory (default ./bench_results)")
     bench.add_argument("--progress", action="store_true", help="progress bars of the generate loops")
     bench.set_defaults(fn=cmd_bench)
@@ -341,24 +478,39 @@ def build_parser() -> argparse.ArgumentParser:
     demo = sub.add_parser("demo", parents=[dtype], help="build, convert, load and time tiny random LLaDA and SDAR models",
                           description="The embedded default job: a random HF-format checkpoint is written, converted, "
                                       "loaded and timed (no weights needed).")
-    demo.add_argument("--hidden", type=int, default=256)
-    demo.add_argument("--layers", type=int, default=4)
-    demo.add_argument("--heads", type=int, default=4)
-    demo.add_argument("--batch", type=int, default=2)
-    demo.add_argument("--seq-len", type=int, default=256)
-    demo.add_argument("--repeats", type=int, default=5)
+    demo.add_argument("--hidden", type=positive_int, default=256)
+    demo.add_argument("--layers", type=positive_int, default=4)
+    demo.add_argument("--heads", type=positive_int, default=4)
+    demo.add_argument("--batch", type=positive_int, default=2)
+    demo.add_argument("--seq-len", type=positive_int, default=256)
+    demo.add_argument("--repeats", type=positive_int, default=5)
     demo.set_defaults(fn=cmd_demo)
     return parser
 
 
 def main(argv: list[str] | None = None) -> int:
+    """Runs a subcommand; 0 on success, 2 on a bad flag (argparse: usage line + message, by SystemExit) or a
+    refused input or unusable path (ValueError, OSError: one line on stderr, no traceback)."""
     args = build_parser().parse_args(argv)
     try:
         args.fn(args)
-    except ValueError as e:
-        print(f"error: {e}", file=sys.stderr)
+    except (ValueError, OSError) as e:
+        print(f"dllm-jax {args.command}: error: {one_line(e)}", file=sys.stderr)
         return 2
     return 0
+
+
+def one_line(error: Exception) -> str:
+    """The error's message on one line (a multi-line list of problems joined by '; ')."""
+    if isinstance(error, OSError) and error.strerror and error.filename:
+        text = f"{error.strerror}: {error.filename}"  # without the "[Errno 13]" prefix
+    else:
+        text = str(error) or type(error).__name__
+    lines = [line.strip() for line in text.splitlines() if line.strip()] or [type(error).__name__]
+    joined = lines[0]
+    for line in lines[1:]:
+        joined += (" " if joined.endswith(":") else "; ") + line
+    return joined
 
 
 if __name__ == "__main__":

@@ -7,11 +7,15 @@ layers in `dllm_jax.models.layers` read any config; `from_hf_config` maps each f
 from __future__ import annotations
 
 import dataclasses
+import importlib.resources
 import json
 from pathlib import Path
 from typing import Any
 
-SHIPPED_CONFIG_DIR = Path(__file__).resolve().parent.parent / "checkpoints"
+from dllm_jax.validation import flag, integer, real
+
+# <name>/config.json per supported public model: package data (pyproject.toml), so an installed wheel has them
+SHIPPED_CONFIG_DIR = importlib.resources.files("dllm_jax") / "configs"
 
 
 @dataclasses.dataclass(frozen=True, kw_only=True)
@@ -39,15 +43,21 @@ class LLaDAConfig:
     eot_token_id: int = 126348  # <|eot_id|>; not in LLaDA's config.json (generate.py hard-codes it)
 
     family = "llada"
+    MODEL_TYPES = ("llada",)
+    ARCHITECTURES = ("LLaDAModelLM",)  # LLaDA-8B-Base/Instruct, LLaDA-1.5 (LLaDA-MoE, LLaDA2 differ)
     # LLaDA rotates q/k in fp32 (rope_full_precision) and has no per-head q/k RMSNorm.
     rope_in_fp32 = True
     qk_norm = False
 
+    # config.json key of each field whose name differs (error messages name both)
+    HF_KEYS = {"hidden_size": "d_model", "num_layers": "n_layers", "num_heads": "n_heads",
+               "num_kv_heads": "n_kv_heads", "intermediate_size": "mlp_hidden_size", "vocab_size": "embedding_size",
+               "tokenizer_vocab_size": "vocab_size", "max_position_embeddings": "max_sequence_length",
+               "tie_word_embeddings": "weight_tying"}
+
     def __post_init__(self):
-        for name in ("hidden_size", "num_layers", "num_heads", "num_kv_heads", "intermediate_size",
-                     "vocab_size", "tokenizer_vocab_size"):
-            if getattr(self, name) <= 0:
-                raise ValueError(f"LLaDAConfig.{name} must be positive, got {getattr(self, name)}")
+        check_fields(self, sizes=("hidden_size", "num_layers", "num_heads", "num_kv_heads", "intermediate_size",
+                                  "vocab_size", "tokenizer_vocab_size", "max_position_embeddings"))
         if self.hidden_size % self.num_heads:
             raise ValueError(f"{self.hidden_size=} must be a multiple of {self.num_heads=}")
         if self.num_heads % self.num_kv_heads:
@@ -56,6 +66,8 @@ class LLaDAConfig:
             raise ValueError(f"head_dim={self.head_dim} must be even for rotary embeddings")
         if self.tokenizer_vocab_size > self.vocab_size:
             raise ValueError(f"{self.tokenizer_vocab_size=} exceeds the embedding size {self.vocab_size=}")
+        check_token_ids(self, ("mask_token_id", "eos_token_id", "pad_token_id", "eot_token_id"))
+        check_mask_distinct(self, (self.eos_token_id, self.pad_token_id, self.eot_token_id))
 
     @property
     def head_dim(self) -> int:
@@ -66,8 +78,12 @@ class LLaDAConfig:
         """Builds the config from the keys of LLaDA's HF `config.json` (OLMo-style names).
 
         Features the original model never uses (ALiBi, biases, QK layer norm, other block or norm
-        types, logit scaling, qkv clipping) are rejected with a ValueError rather than ignored.
+        types, logit scaling, qkv clipping) are rejected with a ValueError rather than ignored, and so
+        are another model's `model_type` / `architectures`, numbers written as strings, bools or
+        fractions, and a missing `rope_theta` (the published configs give 500000; OLMo's code
+        default, 10000, would silently change every rotation).
         """
+        check_family(hf, "LLaDA", cls.MODEL_TYPES, cls.ARCHITECTURES)
         unsupported = {
             "alibi": (False, None), "rope": (True, None), "include_bias": (False, None),
             "include_qkv_bias": (False, None), "attention_layer_norm": (False, None),
@@ -79,29 +95,23 @@ class LLaDAConfig:
                for key, allowed in unsupported.items() if key in hf and hf[key] not in allowed]
         if bad:
             raise ValueError("unsupported LLaDA config: " + ", ".join(bad))
-        missing = [k for k in ("d_model", "n_heads", "n_layers", "vocab_size") if k not in hf]
-        if missing:
-            raise ValueError(f"LLaDA config.json lacks required keys {missing}")
-        n_heads = int(hf["n_heads"])
-        n_kv_heads = hf.get("n_kv_heads")
+        check_required(hf, "LLaDA", ("d_model", "n_heads", "n_layers", "vocab_size", "rope_theta"))
+        d_model, n_heads = hf_int(hf, "d_model"), hf_int(hf, "n_heads")
+        n_kv_heads = hf_int(hf, "n_kv_heads", None)
         if n_kv_heads is None:
-            n_kv_heads = 1 if hf.get("multi_query_attention") else n_heads
-        mlp = hf.get("mlp_hidden_size")
+            n_kv_heads = 1 if hf_flag(hf, "multi_query_attention", False) else n_heads
+        mlp = hf_int(hf, "mlp_hidden_size", None)
         if mlp is None:
-            mlp = int(hf.get("mlp_ratio", 4)) * int(hf["d_model"])
-        vocab = int(hf["vocab_size"])
-        embedding = hf.get("embedding_size") or vocab
+            mlp = hf_int(hf, "mlp_ratio", 4) * d_model
+        vocab = hf_int(hf, "vocab_size")
         return cls(
-            hidden_size=int(hf["d_model"]), num_layers=int(hf["n_layers"]), num_heads=n_heads,
-            num_kv_heads=int(n_kv_heads), intermediate_size=int(mlp), vocab_size=int(embedding),
-            tokenizer_vocab_size=vocab, rope_theta=float(hf.get("rope_theta", 10000.0)),
-            rms_norm_eps=float(hf.get("rms_norm_eps", 1e-5)),
-            max_position_embeddings=int(hf.get("max_sequence_length", 4096)),
-            tie_word_embeddings=bool(hf.get("weight_tying", False)),
-            mask_token_id=int(hf.get("mask_token_id", 126336)),
-            eos_token_id=int(hf.get("eos_token_id", 126081)),
-            pad_token_id=int(hf.get("pad_token_id", 126081)),
-            eot_token_id=int(hf.get("eot_token_id", 126348)),
+            hidden_size=d_model, num_layers=hf_int(hf, "n_layers"), num_heads=n_heads, num_kv_heads=n_kv_heads,
+            intermediate_size=mlp, vocab_size=hf_int(hf, "embedding_size", vocab), tokenizer_vocab_size=vocab,
+            rope_theta=hf_real(hf, "rope_theta"), rms_norm_eps=hf_real(hf, "rms_norm_eps", 1e-5),
+            max_position_embeddings=hf_int(hf, "max_sequence_length", 4096),
+            tie_word_embeddings=hf_flag(hf, "weight_tying", False),
+            mask_token_id=hf_int(hf, "mask_token_id", 126336), eos_token_id=hf_int(hf, "eos_token_id", 126081),
+            pad_token_id=hf_int(hf, "pad_token_id", 126081), eot_token_id=hf_int(hf, "eot_token_id", 126348),
         )
 
     def to_hf_config(self) -> dict[str, Any]:
@@ -148,64 +158,83 @@ class SDARConfig:
     pad_token_id: int = 151643
 
     family = "sdar"
+    # TraDo checkpoints use SDAR's code; a plain Qwen3 layout loads as SDAR too (same weights)
+    MODEL_TYPES = ("sdar", "trado", "qwen3")
+    ARCHITECTURES = ("SDARForCausalLM", "Qwen3ForCausalLM")
     # Qwen3: per-head q/k RMSNorm before RoPE; cos/sin are cast to the activation dtype before
     # rotating (HF Qwen3), unlike LLaDA's fp32 rotation.
     rope_in_fp32 = False
     qk_norm = True
 
+    HF_KEYS = {"num_layers": "num_hidden_layers", "num_heads": "num_attention_heads",
+               "num_kv_heads": "num_key_value_heads", "eos_token_ids": "eos_token_id"}
+
     def __post_init__(self):
-        for name in ("hidden_size", "num_layers", "num_heads", "num_kv_heads", "head_dim",
-                     "intermediate_size", "vocab_size", "block_size"):
-            if getattr(self, name) <= 0:
-                raise ValueError(f"SDARConfig.{name} must be positive, got {getattr(self, name)}")
+        if isinstance(self.eos_token_ids, (list, tuple)):
+            # a tuple keeps the config hashable (it is a static jit argument)
+            object.__setattr__(self, "eos_token_ids", tuple(self.eos_token_ids))
+        else:
+            raise ValueError(f"SDARConfig.eos_token_ids must be a tuple of token ids, got {self.eos_token_ids!r}")
+        check_fields(self, sizes=("hidden_size", "num_layers", "num_heads", "num_kv_heads", "head_dim",
+                                  "intermediate_size", "vocab_size", "block_size", "max_position_embeddings"))
         if self.num_heads % self.num_kv_heads:
             raise ValueError(f"{self.num_heads=} must be a multiple of {self.num_kv_heads=} (GQA)")
         if self.head_dim % 2:
             raise ValueError(f"head_dim={self.head_dim} must be even for rotary embeddings")
+        check_token_ids(self, ("mask_token_id", "pad_token_id"))
+        object.__setattr__(self, "eos_token_ids", tuple(
+            token_id(f"SDARConfig.eos_token_ids[{i}] (config.json key 'eos_token_id')", e, self.vocab_size,
+                     hint="; eos_token_ids=() never stops early")
+            for i, e in enumerate(self.eos_token_ids)))
+        check_mask_distinct(self, (self.pad_token_id, *self.eos_token_ids))
 
     @classmethod
     def from_hf_config(cls, hf: dict[str, Any]) -> SDARConfig:
         """Builds the config from SDAR's HF `config.json` (Qwen3 keys plus block_size, mask_token_id).
 
-        Mixture-of-experts, attention biases, sliding windows and RoPE scaling are rejected.
+        Mixture-of-experts, attention biases, sliding windows and RoPE scaling are rejected, and so
+        are another model's `model_type` / `architectures`, numbers written as strings, bools or
+        fractions, and a missing `rope_theta` (top level, or in transformers 5's `rope_parameters`):
+        the published configs give 1e6, while copies of SDAR's configuration code default to 1e6 or 1e4.
         """
+        check_family(hf, "SDAR", cls.MODEL_TYPES, cls.ARCHITECTURES)
+        rope, params = hf_dict(hf, "rope_scaling"), hf_dict(hf, "rope_parameters")
         bad = []
-        if hf.get("attention_bias"):
+        if hf_flag(hf, "attention_bias", False):
             bad.append("attention_bias=True")
         if hf.get("hidden_act", "silu") != "silu":
             bad.append(f"hidden_act={hf['hidden_act']!r} (supported: 'silu')")
         if hf.get("num_experts") or hf.get("moe_intermediate_size"):
             bad.append("mixture-of-experts layers (num_experts)")
-        if hf.get("use_sliding_window"):
+        if hf_flag(hf, "use_sliding_window", False):
             bad.append("use_sliding_window=True")
-        rope = hf.get("rope_scaling") or {}
-        params = hf.get("rope_parameters") or {}
         rope_type = rope.get("rope_type", rope.get("type")) or params.get("rope_type", "default")
         if rope_type != "default":
             bad.append(f"rope scaling {rope_type!r}")
         if bad:
             raise ValueError("unsupported SDAR config: " + ", ".join(bad))
-        missing = [k for k in ("hidden_size", "num_hidden_layers", "num_attention_heads", "intermediate_size",
-                               "vocab_size") if k not in hf]
-        if missing:
-            raise ValueError(f"SDAR config.json lacks required keys {missing}")
-        heads = int(hf["num_attention_heads"])
-        eos = hf.get("eos_token_id", [151645, 151643])
-        eos = tuple(int(e) for e in (eos if isinstance(eos, list) else [eos]))
+        if hf.get("rope_theta") is None and params.get("rope_theta") is not None:
+            hf = hf | {"rope_theta": params["rope_theta"]}  # transformers 5 moved it into rope_parameters
+        check_required(hf, "SDAR", ("hidden_size", "num_hidden_layers", "num_attention_heads", "intermediate_size",
+                                    "vocab_size", "rope_theta"))
+        hidden, heads = hf_int(hf, "hidden_size"), hf_int(hf, "num_attention_heads")
+        eos = hf.get("eos_token_id")  # one id or a list of them
+        eos = [151645, 151643] if eos is None else eos
+        eos = tuple(hf_int({"eos_token_id": e}, "eos_token_id") for e in (eos if isinstance(eos, list) else [eos]))
         if 151643 in eos and 151645 not in eos:
             # Qwen3 tokenizer: the chat models also stop at <|im_end|> (their generation_config.json)
             eos = (151645,) + eos
+        head_dim = hf_int(hf, "head_dim", None)
         return cls(
-            hidden_size=int(hf["hidden_size"]), num_layers=int(hf["num_hidden_layers"]), num_heads=heads,
-            num_kv_heads=int(hf.get("num_key_value_heads") or heads),
-            head_dim=int(hf.get("head_dim") or int(hf["hidden_size"]) // heads),
-            intermediate_size=int(hf["intermediate_size"]), vocab_size=int(hf["vocab_size"]),
-            rope_theta=float(hf.get("rope_theta", params.get("rope_theta", 1000000.0))),
-            rms_norm_eps=float(hf.get("rms_norm_eps", 1e-6)),
-            max_position_embeddings=int(hf.get("max_position_embeddings", 32768)),
-            tie_word_embeddings=bool(hf.get("tie_word_embeddings", False)),
-            block_size=int(hf.get("block_size", 4)), mask_token_id=int(hf.get("mask_token_id", 151669)),
-            eos_token_ids=eos, pad_token_id=int(hf.get("pad_token_id") or 151643),
+            hidden_size=hidden, num_layers=hf_int(hf, "num_hidden_layers"), num_heads=heads,
+            num_kv_heads=hf_int(hf, "num_key_value_heads", heads),
+            head_dim=hidden // heads if head_dim is None else head_dim,
+            intermediate_size=hf_int(hf, "intermediate_size"), vocab_size=hf_int(hf, "vocab_size"),
+            rope_theta=hf_real(hf, "rope_theta"), rms_norm_eps=hf_real(hf, "rms_norm_eps", 1e-6),
+            max_position_embeddings=hf_int(hf, "max_position_embeddings", 32768),
+            tie_word_embeddings=hf_flag(hf, "tie_word_embeddings", False),
+            block_size=hf_int(hf, "block_size", 4), mask_token_id=hf_int(hf, "mask_token_id", 151669),
+            eos_token_ids=eos, pad_token_id=hf_int(hf, "pad_token_id", 151643),
         )
 
     def to_hf_config(self) -> dict[str, Any]:
@@ -224,18 +253,129 @@ class SDARConfig:
         }
 
 
+def field_label(config, name: str) -> str:
+    """`LLaDAConfig.hidden_size (config.json key 'd_model')`: the field and where it comes from."""
+    key = config.HF_KEYS.get(name, name)
+    return f"{type(config).__name__}.{name}" + (f" (config.json key {key!r})" if key != name else "")
+
+
+def token_id(label: str, value, vocab_size: int, hint: str = "") -> int:
+    value = integer(label, value, minimum=0, hint=hint)
+    if value >= vocab_size:
+        # the id indexes the embedding and the logits: beyond them it would be clamped silently
+        raise ValueError(f"{label}={value} lies beyond the vocabulary (vocab_size={vocab_size}: ids "
+                         f"0..{vocab_size - 1}){hint}")
+    return value
+
+
+def check_fields(config, *, sizes: tuple[str, ...]) -> None:
+    """Checks the sizes and numbers shared by the families, storing them as canonical int / float /
+    bool (frozen dataclass: object.__setattr__), so that a numpy scalar does not make equal configs
+    differ as static jit arguments."""
+    for name in sizes:
+        object.__setattr__(config, name, integer(field_label(config, name), getattr(config, name)))
+    for name in ("rope_theta", "rms_norm_eps"):  # zero or negative: NaN or inf activations
+        object.__setattr__(config, name, real(field_label(config, name), getattr(config, name), low=0, low_open=True))
+    object.__setattr__(config, "tie_word_embeddings",
+                       flag(field_label(config, "tie_word_embeddings"), config.tie_word_embeddings))
+
+
+def check_token_ids(config, names: tuple[str, ...]) -> None:
+    for name in names:
+        object.__setattr__(config, name, token_id(field_label(config, name), getattr(config, name), config.vocab_size))
+
+
+def check_mask_distinct(config, special_ids: tuple[int, ...]) -> None:
+    """The mask id must not double as a stop or padding token: generated masks would read as stops,
+    padding as positions to fill in."""
+    if config.mask_token_id in special_ids:
+        raise ValueError(f"{type(config).__name__}.mask_token_id={config.mask_token_id} is also a stop or padding "
+                         f"token id ({special_ids}); the mask token must be its own id")
+
+
 ModelConfig = LLaDAConfig | SDARConfig
 
 
+REQUIRED = object()  # hf_* default: the key must be present
+
+
+def hf_default(key: str, default):
+    """The value of an absent or null key (HF writes null for "the default")."""
+    if default is REQUIRED:
+        raise ValueError(f"config.json lacks the required key {key!r}")
+    return default
+
+
+def hf_int(hf: dict, key: str, default=REQUIRED):
+    """An integer key. JSON writers may print 64 as 64.0, which is accepted; "64", 64.5 and true are not."""
+    value = hf.get(key)
+    if value is None:
+        return hf_default(key, default)
+    if isinstance(value, float) and value.is_integer():
+        value = int(value)
+    return integer(f"config.json key {key!r}", value, minimum=None)
+
+
+def hf_real(hf: dict, key: str, default=REQUIRED) -> float:
+    value = hf.get(key)
+    return hf_default(key, default) if value is None else real(f"config.json key {key!r}", value)
+
+
+def hf_flag(hf: dict, key: str, default=REQUIRED) -> bool:
+    value = hf.get(key)
+    return hf_default(key, default) if value is None else flag(f"config.json key {key!r}", value)
+
+
+def hf_dict(hf: dict, key: str) -> dict:
+    value = {} if hf.get(key) is None else hf[key]
+    if not isinstance(value, dict):
+        raise ValueError(f"config.json key {key!r} must be an object or null, got {value!r}")
+    return value
+
+
+def check_required(hf: dict, family: str, keys: tuple[str, ...]) -> None:
+    missing = [k for k in keys if hf.get(k) is None]
+    if missing:
+        raise ValueError(f"{family} config.json lacks required keys {missing}")
+
+
+def hf_architectures(hf: dict) -> list[str]:
+    names = [] if hf.get("architectures") is None else hf["architectures"]
+    if not isinstance(names, list) or not all(isinstance(a, str) for a in names):
+        raise ValueError(f"config.json key 'architectures' must be a list of class names, got {names!r}")
+    return names
+
+
+def check_object(hf) -> None:
+    if not isinstance(hf, dict):
+        kinds = {list: "an array", str: "a string", int: "a number", float: "a number", bool: "a boolean"}
+        kind = kinds.get(type(hf), type(hf).__name__)
+        raise ValueError(f"a config.json must hold a JSON object of keys, got {kind}: {hf!r:.80}")
+
+
+def check_family(hf, family: str, model_types: tuple[str, ...], architectures: tuple[str, ...]) -> None:
+    """Refuses a config.json that is not a JSON object, or whose model_type or architectures name
+    another model than `family`: its weights would load under the wrong layer definitions."""
+    check_object(hf)
+    model_type = hf.get("model_type")
+    if model_type and str(model_type).lower() not in model_types:
+        raise ValueError(f"config.json model_type={model_type!r} is not a {family} model (accepted: {model_types})")
+    names = hf_architectures(hf)
+    foreign = [a for a in names if a not in architectures]
+    if foreign:
+        raise ValueError(f"config.json architectures={names!r}: {foreign} is not a {family} architecture "
+                         f"(accepted: {list(architectures)})")
+
+
 def config_from_hf(hf: dict[str, Any]) -> ModelConfig:
-    """Detects the model family of an HF `config.json` dict and builds its config."""
-    model_type = str(hf.get("model_type", "")).lower()
-    architectures = [str(a).lower() for a in hf.get("architectures") or []]
-    if model_type == "llada" or any("llada" in a for a in architectures):
-        return LLaDAConfig.from_hf_config(hf)
-    # TraDo checkpoints use SDAR's code; a plain Qwen3 layout loads as SDAR too (same weights).
-    if model_type in ("sdar", "trado", "qwen3") or any("sdar" in a or "trado" in a for a in architectures):
-        return SDARConfig.from_hf_config(hf)
+    """Detects the model family of an HF `config.json` dict (model_type, else architectures) and
+    builds its config; the family's own checks then refuse anything the other key contradicts."""
+    check_object(hf)
+    model_type = str(hf.get("model_type") or "").lower()
+    architectures = hf_architectures(hf)
+    for cls in (LLaDAConfig, SDARConfig):
+        if model_type in cls.MODEL_TYPES or (not model_type and set(architectures) & set(cls.ARCHITECTURES)):
+            return cls.from_hf_config(hf)
     raise ValueError(
         f"unsupported model: model_type={hf.get('model_type')!r}, "
         f"architectures={hf.get('architectures')!r} (supported: LLaDA, SDAR/TraDo)")
@@ -248,15 +388,19 @@ def read_hf_config(directory: str | Path) -> tuple[dict[str, Any], ModelConfig]:
         raise ValueError(f"{path} not found: a checkpoint directory needs its config.json")
     try:
         raw = json.loads(path.read_text())
-    except json.JSONDecodeError as e:
+    except ValueError as e:  # JSONDecodeError, or UnicodeDecodeError for a binary file
         raise ValueError(f"{path} is not valid JSON: {e}") from e
-    return raw, config_from_hf(raw)
+    try:
+        return raw, config_from_hf(raw)
+    except ValueError as e:
+        raise ValueError(f"{path}: {e}") from None  # which file: a checkpoint may be one of several
 
 
 def shipped_config(name: str) -> ModelConfig:
-    """The config of a supported public model, e.g. `shipped_config("llada-8b-instruct")`."""
-    directory = SHIPPED_CONFIG_DIR / name
-    if not (directory / "config.json").is_file():
-        names = sorted(p.parent.name for p in SHIPPED_CONFIG_DIR.glob("*/config.json"))
+    """The config of a supported public model, e.g. `shipped_config("llada-8b-instruct")`: its Hub
+    config.json, shipped in the package (dllm_jax/configs/<name>/config.json)."""
+    names = sorted(p.name for p in SHIPPED_CONFIG_DIR.iterdir() if (p / "config.json").is_file())
+    if name not in names:
         raise ValueError(f"no shipped config named {name!r}; available: {names}")
-    return read_hf_config(directory)[1]
+    with importlib.resources.as_file(SHIPPED_CONFIG_DIR / name) as directory:  # a real directory, even from a zip
+        return read_hf_config(directory)[1]

@@ -1,14 +1,19 @@
-"""Tiny random checkpoints in a model's own HF format, for tests, the demo and benchmarks."""
+"""Random models for tests, the demo, the notebooks and the benchmarks: tiny configs, random weights
+(one scheme, `random_weight`: as HF-format tensors on the host for checkpoints, or drawn on the device
+for full-size models) and tiny checkpoints in a model's own HF format."""
 
 from __future__ import annotations
 
+import functools
 import json
 from pathlib import Path
 
+import jax
+import jax.numpy as jnp
 import numpy as np
 from safetensors.numpy import save_file
 
-from dllm_jax.checkpoint.hf import TARGET_DTYPES, hf_name, hf_shape, param_shapes_for, rules_for, tree_get
+from dllm_jax.checkpoint.hf import TARGET_DTYPES, Rule, hf_name, hf_shape, param_shapes_for, rules_for, tree_get
 from dllm_jax.config import LLaDAConfig, SDARConfig
 
 
@@ -30,12 +35,21 @@ def tiny_sdar_config(**overrides) -> SDARConfig:
     return SDARConfig(**(values | overrides))
 
 
-def random_hf_tensors(config, *, seed: int = 0, dtype: str = "float32") -> dict[str, np.ndarray]:
-    """{HF name: random tensor} for every weight of `config`, in the HF (torch) layout.
+def random_weight(z, rule: Rule, hf_tensor_shape: tuple[int, ...]):
+    """The random-weight scheme of every random model here: a standard-normal draw z (numpy or JAX) for
+    the tensor of `rule` made into its weight. Projections are N(0, 1/fan_in) (fan_in: the last axis
+    of the HF tensor), embeddings N(0, 1), norm weights 1 + N(0, 0.1²): logits of order one, so
+    numerical differences are visible."""
+    if rule.path[-1].endswith("norm"):
+        return 1.0 + 0.1 * z
+    if rule.path == ("embed",):
+        return z
+    return z / np.sqrt(hf_tensor_shape[-1])
 
-    Projections are N(0, 1/fan_in), embeddings N(0, 1), norm weights 1 + N(0, 0.1²): logits of
-    order one, so numerical differences are visible.
-    """
+
+def random_hf_tensors(config, *, seed: int = 0, dtype: str = "float32") -> dict[str, np.ndarray]:
+    """{HF name: random tensor} for every weight of `config`, in the HF (torch) layout, drawn on the
+    host with numpy (`random_weight`)."""
     rng = np.random.default_rng(seed)
     shapes = param_shapes_for(config)
     tensors = {}
@@ -44,14 +58,33 @@ def random_hf_tensors(config, *, seed: int = 0, dtype: str = "float32") -> dict[
         target = target[1:] if rule.per_layer else target
         shape = hf_shape(rule.transform, target)
         for layer in (range(config.num_layers) if rule.per_layer else [None]):
-            if rule.path[-1].endswith("norm"):
-                value = 1.0 + 0.1 * rng.standard_normal(shape)
-            elif rule.path == ("embed",):
-                value = rng.standard_normal(shape)
-            else:
-                value = rng.standard_normal(shape) / np.sqrt(shape[-1])
+            value = random_weight(rng.standard_normal(shape), rule, shape)
             tensors[hf_name(rule, layer)] = value.astype(TARGET_DTYPES[dtype])
     return tensors
+
+
+def random_params(config, key, dtype=jnp.bfloat16) -> dict:
+    """The parameter tree of `config` (the layout of `param_shapes`) with random weights drawn on the
+    device, leaf by leaf, with the scheme of `random_weight`: full-size models (8B benchmarks) never
+    pass through host memory. The values differ from `random_hf_tensors`' (another generator)."""
+    shapes = param_shapes_for(config)
+    rules = rules_for(config)
+    params: dict = {}
+    for rule, k in zip(rules, jax.random.split(key, len(rules))):
+        shape = tree_get(shapes, rule.path)
+        hf = hf_shape(rule.transform, shape[1:] if rule.per_layer else shape)
+        node = params
+        for name in rule.path[:-1]:
+            node = node.setdefault(name, {})
+        node[rule.path[-1]] = random_leaf(k, rule=rule, shape=shape, hf_tensor_shape=hf, dtype=jnp.dtype(dtype))
+    return params
+
+
+@functools.partial(jax.jit, static_argnames=("rule", "shape", "hf_tensor_shape", "dtype"))
+def random_leaf(key, *, rule: Rule, shape: tuple[int, ...], hf_tensor_shape: tuple[int, ...], dtype):
+    """One weight of `random_params`, jitted on its own: the float32 draw of a full-size tensor never
+    coexists with the others."""
+    return random_weight(jax.random.normal(key, shape, jnp.float32), rule, hf_tensor_shape).astype(dtype)
 
 
 def write_hf_checkpoint(directory, config, *, seed: int = 0, dtype: str = "float32", shards: int = 1,

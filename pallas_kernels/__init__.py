@@ -5,12 +5,12 @@ Layouts: q [B, Nq, Hq, D], k/v [B, Nk, Hkv, D] (GQA: Hq % Hkv == 0); every LSE i
 log-sum-exp of the scaled logits, float32 [B, Hq, Nq], -inf for rows that saw no key.
 """
 
-from pallas_kernels.block_pool import block_scores, block_scores_reference
+from pallas_kernels.block_scores import block_scores, block_scores_reference
 from pallas_kernels.block_sparse import block_sparse_attention, block_sparse_attention_reference
-from pallas_kernels.column_mass import column_scores, column_scores_reference
+from pallas_kernels.column_scores import column_scores, column_scores_reference
 from pallas_kernels.column_sparse import column_sparse_attention, column_sparse_attention_reference
 from pallas_kernels.flash import flash_attention, flash_attention_reference
-from pallas_kernels.kv_mass import kv_scores, kv_scores_reference
+from pallas_kernels.kv_scores import kv_scores, kv_scores_reference
 from pallas_kernels.merge import merge_attention, merge_attention_reference
 from pallas_kernels.sparge import (
     SpargeSparsity,

@@ -1,6 +1,10 @@
 """Pieces shared by the attention kernels: input checks, padding, and the fp32 online-softmax tile
 update (FlashAttention-2, Algorithm 1) that every kernel runs over its own choice of key tiles.
 
+Ignored keys (past kv_len, index padding, unlisted): their logits are -inf and their values are
+zeroed where a tile is loaded (`mask_values`), so whatever they hold, NaN and Inf included, cannot
+reach an output; the jnp references follow the same contract (`dense_reference`).
+
 Units: inside a kernel, logits are kept in base 2 (scaled by scale * log2(e)) so that the softmax
 uses `exp2`; every LSE that leaves a kernel is the natural-log log-sum-exp of the scaled logits, in
 float32, laid out [batch, heads, queries].
@@ -8,6 +12,7 @@ float32, laid out [batch, heads, queries].
 
 from __future__ import annotations
 
+import functools
 import math
 from collections.abc import Sequence
 
@@ -189,11 +194,19 @@ def init_carry(rows: int, head_dim: int):
 
 
 def tile_update(carry, q, k, v, scale_log2: float, valid=None):
-    """One online-softmax step over a key tile; `valid` (broadcastable to [m, n]) masks keys."""
+    """One online-softmax step over a key tile; `valid` bool [n] marks the keys to use (None: all)."""
     s = logits(q, k, scale_log2)
     if valid is not None:
-        s = jnp.where(valid, s, -jnp.inf)
+        s = jnp.where(valid[None, :], s, -jnp.inf)
+        v = mask_values(v, valid)
     return logits_update(carry, s, v)
+
+
+def mask_values(v, valid):
+    """v [n, D] with the rows of ignored keys (valid bool [n] False) set to 0. Their probabilities are
+    0, but 0 * NaN = NaN: whatever an ignored cache slot or padding entry holds (NaN, Inf) must not
+    reach the output. One select on a loaded tile; a no-op on finite values."""
+    return jnp.where(valid[:, None], v, jnp.zeros_like(v))
 
 
 def rescale(carry, row_max):
@@ -226,9 +239,14 @@ def finalize(carry):
     return o, lse
 
 
+@functools.partial(jax.jit, static_argnames="scale")  # one compiled program: eager op-by-op costs seconds per shape
 def dense_reference(q, k, v, allowed, scale: float):
     """fp32 masked attention: q [B,Nq,Hq,D], k/v [B,Nk,Hkv,D], allowed bool broadcastable to
-    [B,Hq,Nq,Nk]. Returns (o [B,Nq,Hq,D] in q.dtype, lse f32 [B,Hq,Nq]); empty rows give 0 / -inf."""
+    [B,Hq,Nq,Nk]. Returns (o [B,Nq,Hq,D] in q.dtype, lse f32 [B,Hq,Nq]); empty rows give 0 / -inf.
+
+    As in the kernels, a key a row does not attend contributes nothing, whatever K and V hold there
+    (NaN, Inf); a non-finite value at a key it does attend makes that output element non-finite
+    (NaN here; the kernels give NaN or Inf)."""
     hq, hkv = q.shape[2], k.shape[2]
     kf = jnp.repeat(k.astype(jnp.float32), hq // hkv, axis=2)
     vf = jnp.repeat(v.astype(jnp.float32), hq // hkv, axis=2)
@@ -237,5 +255,23 @@ def dense_reference(q, k, v, allowed, scale: float):
     s = jnp.where(allowed, s, -jnp.inf)
     lse = jax.nn.logsumexp(s, axis=-1)
     p = jnp.where(allowed, jnp.exp(s - jnp.where(jnp.isfinite(lse), lse, 0.0)[..., None]), 0.0)
-    o = jnp.einsum("bhqk,bkhd->bqhd", p, vf, precision=jax.lax.Precision.HIGHEST)
+    # p = 0 at ignored keys, but 0 * NaN = NaN: multiply by finite values only, then poison exactly
+    # the elements that attend a non-finite value (a second einsum, run only when V has one)
+    finite = jnp.isfinite(vf)
+    o = jnp.einsum("bhqk,bkhd->bqhd", p, jnp.where(finite, vf, 0.0), precision=jax.lax.Precision.HIGHEST)
+    o = jax.lax.cond(jnp.all(finite), _unchanged, _poison_attended, o, allowed, finite)
     return o.astype(q.dtype), lse
+
+
+# module-level branches: eager calls of dense_reference reuse one traced and compiled cond
+def _unchanged(o, allowed, finite):
+    del allowed, finite
+    return o
+
+
+def _poison_attended(o, allowed, finite):
+    """o [B,Nq,Hq,D] with NaN where the row attends (allowed) a key whose value (finite [B,Nk,Hq,D]) is not finite."""
+    b, nq, hq, _ = o.shape
+    attends = jnp.broadcast_to(allowed, (b, hq, nq, finite.shape[1])).astype(jnp.float32)
+    hit = jnp.einsum("bhqk,bkhd->bqhd", attends, (~finite).astype(jnp.float32), precision=jax.lax.Precision.HIGHEST)
+    return jnp.where(hit > 0, jnp.nan, o)

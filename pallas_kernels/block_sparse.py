@@ -43,7 +43,7 @@ def _kernel(kvlen_ref, cnt_ref, idx_ref, q_ref, k_ref, v_ref, o_ref, lse_ref, *,
         start = pl.multiple_of(block * block_kv, block_kv)
         k = k_ref[pl.ds(start, block_kv), :]
         v = v_ref[pl.ds(start, block_kv), :]
-        valid = (start + jnp.arange(block_kv) < kv_len)[None, :] if masked else None
+        valid = start + jnp.arange(block_kv) < kv_len if masked else None
         return c.tile_update(carry, q, k, v, scale_log2, valid)
 
     carry = jax.lax.fori_loop(0, cnt_ref[0], body, c.init_carry(q.shape[0], q.shape[1]))
@@ -111,7 +111,8 @@ def block_sparse_attention(q, k, v, kv_block_indices, kv_block_counts, *, block_
         of the blocks (tails are padded and masked).
       kv_block_indices, kv_block_counts: see the module docstring.
       block_q, block_kv: the pattern's block sizes, powers of two >= 16 (32, 64, 128 typical).
-      scale: default 1/sqrt(D). kv_len: None, int or int [B]; keys at or beyond it are ignored.
+      scale: default 1/sqrt(D). kv_len: None, int or int [B]; keys at or beyond it are ignored
+        (their values zeroed at tile load: NaN or Inf there cannot leak).
       return_lse: also return the natural-log LSE f32 [B, Hq, Nq].
       num_warps, num_stages: Triton tuning; default 8 warps (4 for D <= 64) and 3 stages.
       preload_indices: read each index row into registers once instead of one index per step

@@ -5,7 +5,8 @@ Index layout (the contract):
   col_indices int32 [B, Hi, ceil(Nq / group_size), max_cols]: key positions in [0, Nk). Hi = Hq
       (per query head) or Hkv (shared by the query-head group). Entries at or beyond the count are
       padding: they are loaded with the last gathered tile (so they must be in range; repeat the
-      last valid entry) but masked out of the softmax. Ascending order helps the gathers hit L2.
+      last valid entry) but masked out of the softmax and their values zeroed (NaN or Inf at the
+      keys they point to cannot leak). Ascending order helps the gathers hit L2.
       A key listed twice counts twice: concrete inputs are checked and raise.
   col_counts int32 [B, Hi, ceil(Nq / group_size)]: valid entries per row, 0..max_cols. Count 0 gives
       o = 0 and lse = -inf.
@@ -40,7 +41,7 @@ def _kernel(cnt_ref, idx_ref, q_ref, k_ref, v_ref, o_ref, lse_ref, *, scale_log2
             upcoming = tile_cols(t + 1)
         k = k_ref[cols, :]
         v = v_ref[cols, :]
-        valid = (t * block_cols + jnp.arange(block_cols) < count)[None, :]
+        valid = t * block_cols + jnp.arange(block_cols) < count  # entries past the count are padding
         carry = c.tile_update(carry, q, k, v, scale_log2, valid)
         return (carry, upcoming) if prefetch else carry
 

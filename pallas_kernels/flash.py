@@ -25,7 +25,7 @@ def _kernel(kvlen_ref, q_ref, k_ref, v_ref, o_ref, lse_ref, *, scale_log2, block
         start = pl.multiple_of(j * block_kv, block_kv)
         k = k_ref[pl.ds(start, block_kv), :]
         v = v_ref[pl.ds(start, block_kv), :]
-        valid = (start + jnp.arange(block_kv) < kv_len)[None, :] if masked else None
+        valid = start + jnp.arange(block_kv) < kv_len if masked else None
         return c.tile_update(carry, q, k, v, scale_log2, valid)
 
     carry = jax.lax.fori_loop(0, n_full, functools.partial(tile, masked=False),
@@ -83,7 +83,8 @@ def flash_attention(q, k, v, *, scale=None, kv_len=None, return_lse=False, inter
       q: [B, Nq, Hq, D]; k, v: [B, Nk, Hkv, D] with Hq % Hkv == 0; bf16, f16 or f32; D a power of
         two in 16..256.
       scale: logit scale, default 1/sqrt(D).
-      kv_len: None, an int or int [B]: keys at or beyond it are ignored. Rows with kv_len 0 give
+      kv_len: None, an int or int [B]: keys at or beyond it are ignored, whatever K and V hold
+        there (values are zeroed at tile load, so NaN or Inf cannot leak). Rows with kv_len 0 give
         o = 0 and lse = -inf.
       return_lse: also return the natural-log LSE, f32 [B, Hq, Nq].
       block_q, block_kv, num_warps, num_stages: tiling (powers of two >= 16); defaults are tuned.

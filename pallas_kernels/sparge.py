@@ -170,7 +170,9 @@ def _kernel(kvlen_ref, thr_ref, cnt_ref, idx_ref, q_ref, k_ref, v_ref, o_ref, ls
         v = v_ref[pl.ds(start, block_kv), :]
         s = c.logits(q, k, scale_log2)
         if masked:
-            s = jnp.where((start + jnp.arange(block_kv) < kv_len)[None, :], s, -jnp.inf)
+            valid = start + jnp.arange(block_kv) < kv_len
+            s = jnp.where(valid[None, :], s, -jnp.inf)
+            v = c.mask_values(v, valid)
         if not skip_pv:
             return c.logits_update(carry, s, v), skipped
         row_max = jnp.max(s, axis=1)
@@ -308,7 +310,9 @@ def pv_skip_attention_reference(q, k, v, kv_block_indices, kv_block_counts, *, p
         vj = jnp.take_along_axis(vt, block[..., None, None], axis=2)
         s = jnp.einsum("bhqrd,bhqcd->bhqrc", qf, kj, precision=jax.lax.Precision.HIGHEST) * scale_log2
         keys = block[..., None] * block_kv + jnp.arange(block_kv)  # [B, Hq, nqb, bk]
-        s = jnp.where((keys < lengths[:, None, None, None])[..., None, :], s, -jnp.inf)
+        in_range = keys < lengths[:, None, None, None]
+        s = jnp.where(in_range[..., None, :], s, -jnp.inf)
+        vj = jnp.where(in_range[..., None], vj, 0.0)  # as the kernel: keys past kv_len carry no value
         row_max = jnp.max(s, axis=-1)
         gain = jnp.where(m == -jnp.inf, jnp.inf, row_max - m)
         skip = jnp.max(jnp.where(real_rows, gain, -jnp.inf), axis=-1) + thr <= 0.0

@@ -11,7 +11,8 @@ runtime length, so a mostly empty cache still spreads its live keys over every s
 Gathered form index layout:
   kv_indices int32 [B, Hkv, max_keys]: cache positions in [0, Nk) per KV head (MAGE: the selected
       prefix keys, plus the current block's own positions if it is to be attended). Entries at or
-      beyond the count are padding: loaded with the last tile (so in range) but masked out. A
+      beyond the count are padding: loaded with the last tile (so in range) but masked out, their
+      logits set to -inf and their values to 0, so NaN or Inf there cannot leak (0 * NaN = NaN). A
       position listed twice counts twice: concrete inputs are checked and raise.
   kv_counts int32 [B, Hkv]: valid entries, 0..max_keys.
 """
@@ -49,7 +50,7 @@ def _dense_kernel(kvlen_ref, layer_ref, q_ref, k_ref, v_ref, o_ref, lse_ref, *, 
         start = pl.multiple_of(lo + j * block_kv, block_kv)
         k = k_ref[layer, pl.ds(start, block_kv), :]
         v = v_ref[layer, pl.ds(start, block_kv), :]
-        valid = (start + jnp.arange(block_kv) < hi)[None, :] if masked else None
+        valid = start + jnp.arange(block_kv) < hi if masked else None
         return c.tile_update(carry, q, k, v, scale_log2, valid)
 
     carry = jax.lax.fori_loop(0, n // block_kv, functools.partial(tile, masked=False),
@@ -70,7 +71,7 @@ def _gather_kernel(cnt_ref, idx_ref, layer_ref, q_ref, k_ref, v_ref, o_ref, lse_
         cols = idx_ref[pl.ds(start, block_kv)]
         k = k_ref[layer, cols, :]
         v = v_ref[layer, cols, :]
-        valid = (start + jnp.arange(block_kv) < hi)[None, :]
+        valid = start + jnp.arange(block_kv) < hi  # entries past the count are padding
         return c.tile_update(carry, q, k, v, scale_log2, valid)
 
     n = jnp.maximum(hi - lo, 0)
@@ -218,7 +219,8 @@ def split_kv_attention(q, k, v, *, kv_len=None, scale=None, return_lse=False, in
       q: [B, Nq, Hq, D] (a block of queries; G * Nq <= 256 with G = Hq / Hkv).
       k, v: [B, Nk, Hkv, D], e.g. a static KV cache of capacity Nk; or, with `layer`, a stacked cache
         [L, B, Nk, Hkv, D] of which layer `layer` is read in place (no per-layer copy).
-      kv_len: None, int or int [B]: the filled length; keys at or beyond it are ignored.
+      kv_len: None, int or int [B]: the filled length; keys at or beyond it are ignored, whatever
+        they hold (the kernel zeroes their values at tile load: NaN or Inf there cannot leak).
       scale: default 1/sqrt(D). return_lse: also return the natural-log LSE f32 [B, Hq, Nq].
       block_kv: key tile (power of two >= 16); a capacity Nk that is not a multiple of it is padded
         (a copy of k and v per call). num_splits: programs per (batch, KV head) along the keys;

@@ -1,9 +1,13 @@
+import functools
 import sys
 import zlib
 from pathlib import Path
 
 import numpy as np
 import pytest
+
+from dllm_jax import load_model
+from dllm_jax.testing import tiny_llada_config, tiny_sdar_config, write_hf_checkpoint, write_tiny_tokenizer
 
 sys.path.insert(0, str(Path(__file__).parent))  # torch_reference.py
 
@@ -12,3 +16,44 @@ sys.path.insert(0, str(Path(__file__).parent))  # torch_reference.py
 def rng(request):
     """A fresh generator per test, seeded from the test's name (reproducible across runs, not shared)."""
     return np.random.default_rng(zlib.crc32(request.node.nodeid.encode()))
+
+
+# Tiny models shared by the test files. Each file asks for its own config and seed (the ones it always
+# used, so what its assertions see is unchanged); a (config, seed) pair is written and loaded once per
+# session, whichever files ask for it.
+
+@pytest.fixture(scope="session")
+def tiny_checkpoint(tmp_path_factory):
+    """checkpoint(config, seed=0) -> the directory of a tiny random HF-format checkpoint of `config`
+    (`write_hf_checkpoint`, float32), written once per session. Read it, do not write into it."""
+
+    @functools.cache
+    def checkpoint(config, seed: int = 0) -> Path:
+        return write_hf_checkpoint(tmp_path_factory.mktemp(f"{config.family}_seed{seed}"), config, seed=seed)
+
+    return checkpoint
+
+
+@pytest.fixture(scope="session")
+def tiny_model(tiny_checkpoint):
+    """model(config, seed=0) -> the float32 model of `tiny_checkpoint(config, seed)`, loaded once per session."""
+
+    @functools.cache
+    def model(config, seed: int = 0):
+        return load_model(tiny_checkpoint(config, seed), dtype="float32", progress=False)
+
+    return model
+
+
+@pytest.fixture(scope="session")
+def checkpoints(tmp_path_factory):
+    """Tiny LLaDA and SDAR checkpoints in HF format with a word-level tokenizer (160 ids: mask 150,
+    EOS 141), for the command line."""
+    root = tmp_path_factory.mktemp("cli")
+    llada = write_hf_checkpoint(root / "llada", tiny_llada_config(mask_token_id=150, eos_token_id=141,
+                                                                  pad_token_id=141))
+    write_tiny_tokenizer(llada, 160, mask_token_id=150, eos_token_id=141)
+    sdar = write_hf_checkpoint(root / "sdar", tiny_sdar_config(vocab_size=160, mask_token_id=150,
+                                                               eos_token_ids=(141,), pad_token_id=141))
+    write_tiny_tokenizer(sdar, 160, mask_token_id=150, eos_token_id=141)
+    return llada, sdar

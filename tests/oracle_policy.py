@@ -12,11 +12,11 @@ import jax
 import jax.numpy as jnp
 
 from dllm_jax.attention.dense import combined_mask, dense_attention
-from dllm_jax.attention.policy import Mode
+from dllm_jax.attention.policy import AttentionPolicy, Mode
 
 
 @dataclasses.dataclass(frozen=True)
-class OracleTopK:
+class OracleTopK(AttentionPolicy):
     block: int = 4
     keep: int = 1
 

@@ -1,5 +1,5 @@
-"""Pieces the SDAR-method tests (MAGE, FlashBlock) share: float64 masked attention, a tiny SDAR model,
-and a check that `dllm-jax generate --method ...` prints what `generate(method=...)` decodes."""
+"""Pieces the SDAR-method tests (MAGE, FlashBlock) share: float64 masked attention and a check that
+`dllm-jax generate --method ...` prints what `generate(method=...)` decodes."""
 
 import math
 
@@ -19,12 +19,6 @@ def masked_attention(q, k, v, allowed):
     s = np.where(allowed, s, -np.inf)
     p = np.exp(s - s.max(-1, keepdims=True))
     return np.einsum("bhqk,bkhd->bqhd", p / p.sum(-1, keepdims=True), v)
-
-
-def tiny_sdar_model(directory, seed: int):
-    """A 3-layer tiny SDAR model in fp32, loaded from an HF checkpoint written to `directory`."""
-    return load_model(write_hf_checkpoint(directory, tiny_sdar_config(num_layers=3), seed=seed), dtype="float32",
-                      progress=False)
 
 
 def check_generate_command(tmp_path, capsys, flags, method):

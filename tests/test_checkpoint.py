@@ -154,8 +154,12 @@ def test_existing_output_is_kept_unless_overwrite(tmp_path, config):
     with pytest.raises(ValueError, match="already exists"):
         convert_hf_checkpoint(hf, out, progress=False)
     assert (out / "keep.txt").read_text() == "mine"
-    convert_hf_checkpoint(hf, out, overwrite=True, progress=False)
-    assert not (out / "keep.txt").exists() and (out / "params").is_dir()
+    with pytest.raises(ValueError, match="refusing to overwrite .*not a committed dllm_jax conversion"):
+        convert_hf_checkpoint(hf, out, overwrite=True, progress=False)  # it never deletes what it did not write
+    assert (out / "keep.txt").read_text() == "mine"
+    convert_hf_checkpoint(hf, tmp_path / "converted", progress=False)
+    convert_hf_checkpoint(hf, tmp_path / "converted", overwrite=True, progress=False)
+    assert (tmp_path / "converted" / "params").is_dir()
 
 
 def test_failure_while_writing_leaves_nothing(tmp_path, config, monkeypatch):

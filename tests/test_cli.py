@@ -6,7 +6,7 @@ import pytest
 
 from dllm_jax import load_model
 from dllm_jax.cli import main
-from dllm_jax.testing import tiny_llada_config, tiny_sdar_config, write_hf_checkpoint, write_tiny_tokenizer
+from dllm_jax.testing import tiny_llada_config, write_hf_checkpoint
 
 
 def test_convert_command_writes_a_loadable_checkpoint(tmp_path, capsys):
@@ -45,19 +45,6 @@ def test_every_subcommand_has_help(command, capsys):
     if command in ("generate", "analyze"):
         assert "--method {dense,sparsed,pulsecol,sparge,mage,flashblock,flashblock+mage}" in text
         assert "--mage-k N" in text and "--tau N|none" in text
-
-
-@pytest.fixture(scope="module")
-def checkpoints(tmp_path_factory):
-    """Tiny LLaDA and SDAR checkpoints in HF format with a word-level tokenizer."""
-    root = tmp_path_factory.mktemp("cli")
-    llada = write_hf_checkpoint(root / "llada", tiny_llada_config(mask_token_id=150, eos_token_id=141,
-                                                                  pad_token_id=141))
-    write_tiny_tokenizer(llada, 160, mask_token_id=150, eos_token_id=141)
-    sdar = write_hf_checkpoint(root / "sdar", tiny_sdar_config(vocab_size=160, mask_token_id=150,
-                                                               eos_token_ids=(141,), pad_token_id=141))
-    write_tiny_tokenizer(sdar, 160, mask_token_id=150, eos_token_id=141)
-    return llada, sdar
 
 
 def test_analyze_writes_the_plots_and_a_summary(checkpoints, tmp_path, capsys):

@@ -33,7 +33,9 @@ def test_hf_round_trip():
 
 
 def test_optional_keys_take_llada_defaults():
-    hf = {"model_type": "llada", "d_model": 64, "n_heads": 4, "n_layers": 2, "vocab_size": 100,
+    # rope_theta is required, and LLaDA's default token ids (126336, ...) lie beyond a 100-token vocabulary
+    hf = {"model_type": "llada", "d_model": 64, "n_heads": 4, "n_layers": 2, "vocab_size": 100, "rope_theta": 5e5,
+          "mask_token_id": 90, "eos_token_id": 91, "pad_token_id": 91, "eot_token_id": 92,
           "n_kv_heads": None, "mlp_ratio": 3}
     c = LLaDAConfig.from_hf_config(hf)
     assert (c.num_kv_heads, c.intermediate_size, c.vocab_size) == (4, 192, 100)

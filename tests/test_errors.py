@@ -12,11 +12,8 @@ from dllm_jax.testing import tiny_llada_config, tiny_sdar_config, write_hf_check
 
 
 @pytest.fixture(scope="module")
-def models(tmp_path_factory):
-    root = tmp_path_factory.mktemp("errors")
-    llada = load_model(write_hf_checkpoint(root / "llada", tiny_llada_config()), dtype="float32", progress=False)
-    sdar = load_model(write_hf_checkpoint(root / "sdar", tiny_sdar_config()), dtype="float32", progress=False)
-    return llada, sdar
+def models(tiny_model):
+    return tiny_model(tiny_llada_config()), tiny_model(tiny_sdar_config())
 
 
 def test_make_method_builds_each_method_and_names_what_is_unknown():

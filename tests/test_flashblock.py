@@ -14,8 +14,8 @@ from dllm_jax.analysis import analyze_blocks
 from dllm_jax.attention.flashblock import FlashBlock, complement_indices
 from dllm_jax.attention.mage import MAGE, select_prefix
 from dllm_jax.attention.policy import Mode
-from dllm_jax.testing import write_hf_checkpoint
-from sdar_methods_testing import OPTIONS, check_generate_command, masked_attention, tiny_sdar_model
+from dllm_jax.testing import tiny_sdar_config, write_hf_checkpoint
+from sdar_methods_testing import OPTIONS, check_generate_command, masked_attention
 
 pytestmark = pytest.mark.filterwarnings("ignore::DeprecationWarning")
 
@@ -91,8 +91,8 @@ def test_bad_configs_are_rejected():
 
 
 @pytest.fixture(scope="module")
-def model(tmp_path_factory):
-    return tiny_sdar_model(tmp_path_factory.mktemp("flashblock"), seed=5)
+def model(tiny_model):
+    return tiny_model(tiny_sdar_config(num_layers=3), seed=5)
 
 
 def test_always_refreshing_generates_the_dense_tokens(model, rng):

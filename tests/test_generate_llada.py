@@ -1,5 +1,6 @@
 """LLaDA generate: token-for-token against a PyTorch port of the official algorithm (tests/torch_generate.py)."""
 
+import dataclasses
 import functools
 
 import jax
@@ -7,21 +8,20 @@ import numpy as np
 import pytest
 import torch
 
-from dllm_jax import load_model
+from dllm_jax.attention.policy import Dense
 from dllm_jax.generate import generate
 from dllm_jax.generate import llada as gen_llada
-from dllm_jax.testing import tiny_llada_config, write_hf_checkpoint
+from dllm_jax.testing import tiny_llada_config
 from torch_generate import llada_generate
 from torch_reference import llama_reference, reference_logits
 
 
 @pytest.fixture(scope="module")
-def setup(tmp_path_factory):
+def setup(tiny_checkpoint, tiny_model):
     # a small vocabulary makes EOS/EoT predictions (and so the eos/eot options) actually matter
     config = tiny_llada_config(vocab_size=48, tokenizer_vocab_size=48, mask_token_id=40, eos_token_id=41,
                                pad_token_id=41, eot_token_id=42)
-    directory = write_hf_checkpoint(tmp_path_factory.mktemp("gen"), config, seed=11)
-    return config, load_model(directory, dtype="float32", progress=False), llama_reference(directory)
+    return config, tiny_model(config, seed=11), llama_reference(tiny_checkpoint(config, seed=11))
 
 
 def torch_logits_fn(reference, padding):
@@ -83,12 +83,14 @@ def test_one_compilation_and_one_trace_of_the_step(setup, rng):
     config, model, _ = setup
     traces = []
 
-    def counting_attention(q, k, v, **kw):
-        traces.append(1)
-        return gen_llada.llada_model.dense_attention(q, k, v, **kw)
+    @dataclasses.dataclass(frozen=True)
+    class CountingDense(Dense):
+        def attend(self, q, k, v, state, mode, **masks):
+            traces.append(1)
+            return super().attend(q, k, v, state, mode, **masks)
 
     opts = gen_llada.LLaDAOptions(gen_length=16, steps=16, block_length=4)
-    run = functools.partial(gen_llada.generate_llada_jit, config=config, options=opts, attention_fn=counting_attention)
+    run = functools.partial(gen_llada.generate_llada_jit, config=config, options=opts, policy=CountingDense())
     before = gen_llada.generate_llada_jit._cache_size()
     for seed in range(3):
         prompt = rng.integers(0, 40, (1, 5)).astype(np.int32)

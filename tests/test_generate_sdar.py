@@ -4,19 +4,17 @@ import jax
 import numpy as np
 import pytest
 
-from dllm_jax import load_model
 from dllm_jax.generate import generate
 from dllm_jax.generate import sdar as gen_sdar
-from dllm_jax.testing import tiny_sdar_config, write_hf_checkpoint
+from dllm_jax.testing import tiny_sdar_config
 from torch_generate import sdar_generate
 from torch_reference import qwen3_reference
 
 
 @pytest.fixture(scope="module")
-def setup(tmp_path_factory):
+def setup(tiny_checkpoint, tiny_model):
     config = tiny_sdar_config(vocab_size=48, mask_token_id=40, eos_token_ids=(41, 42), pad_token_id=42)
-    directory = write_hf_checkpoint(tmp_path_factory.mktemp("sdar_gen"), config, seed=21)
-    return config, load_model(directory, dtype="float32", progress=False), qwen3_reference(directory)
+    return config, tiny_model(config, seed=21), qwen3_reference(tiny_checkpoint(config, seed=21))
 
 
 def uniforms_for(seed, n):

@@ -7,7 +7,7 @@ import pytest
 
 from dllm_jax import load_model
 from dllm_jax.attention.dense import dense_attention
-from dllm_jax.testing import tiny_llada_config, tiny_sdar_config, write_hf_checkpoint
+from dllm_jax.testing import tiny_llada_config, tiny_sdar_config
 from test_llada_numerics import BF16_BOUND, FP32_BOUND, relative_error
 from torch_reference import llama_reference, reference_logits
 
@@ -32,9 +32,9 @@ def test_cudnn_attention_matches_xla(rng, hq, hkv):
     assert err < 1e-2
 
 
-def test_llada_fp32_on_gpu_matches_torch(tmp_path, rng):
+def test_llada_fp32_on_gpu_matches_torch(tiny_checkpoint, rng):
     config = tiny_llada_config(num_heads=4, num_kv_heads=2)
-    hf = write_hf_checkpoint(tmp_path / "hf", config, seed=7)
+    hf = tiny_checkpoint(config, seed=7)
     ids = rng.integers(0, config.tokenizer_vocab_size, (2, 40))
     mask = np.ones_like(ids)
     mask[1, :9] = 0
@@ -42,9 +42,9 @@ def test_llada_fp32_on_gpu_matches_torch(tmp_path, rng):
     assert relative_error(logits, reference_logits(llama_reference(hf), ids, mask)) <= FP32_BOUND
 
 
-def test_llada_bf16_cudnn_close_to_fp32(tmp_path, rng):
+def test_llada_bf16_cudnn_close_to_fp32(tiny_checkpoint, rng):
     config = tiny_llada_config(hidden_size=256, num_heads=2, num_kv_heads=2, intermediate_size=512)  # head_dim 128
-    hf = write_hf_checkpoint(tmp_path / "hf", config, seed=8)
+    hf = tiny_checkpoint(config, seed=8)
     ids = rng.integers(0, config.tokenizer_vocab_size, (2, 64))
     mask = np.ones_like(ids)
     mask[0, :20] = 0
@@ -53,10 +53,10 @@ def test_llada_bf16_cudnn_close_to_fp32(tmp_path, rng):
     assert relative_error(bf16, np.asarray(fp32, np.float64)) <= BF16_BOUND
 
 
-def test_sdar_cached_bf16_cudnn_matches_full_fp32(tmp_path, rng):
+def test_sdar_cached_bf16_cudnn_matches_full_fp32(tiny_checkpoint, rng):
     """cuDNN with a fill length (cached step) and with a block-causal bias (full forward) on the GPU."""
     config = tiny_sdar_config(hidden_size=256, num_heads=4, num_kv_heads=2, head_dim=128, intermediate_size=512)
-    hf = write_hf_checkpoint(tmp_path / "hf", config, seed=9)
+    hf = tiny_checkpoint(config, seed=9)
     bf16 = load_model(hf, dtype="bfloat16", progress=False)
     fp32 = load_model(hf, dtype="float32", progress=False)
     ids = rng.integers(0, config.vocab_size, (1, 44))

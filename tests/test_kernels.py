@@ -356,6 +356,7 @@ def _bad_calls():
         "lse shape": (lambda: pk.column_scores(q, k, lse[:, :2], group_size=32), "lse must be"),
         "merge shapes": (lambda: pk.merge_attention(q, lse, q[:, :10], lse), "same shape"),
         "merge bf16 lse": (lambda: pk.merge_attention(q, lse.astype(BF16), q, lse), "float32"),
+        "merge +inf lse": (lambda: pk.merge_attention(q, lse.at[0, 1, 2].set(jnp.inf), q, lse), "lse1[0, 1, 2] = inf"),
     }
 
 

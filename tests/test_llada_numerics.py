@@ -8,7 +8,7 @@ from flax import nnx
 
 from dllm_jax import load_model, shipped_config
 from dllm_jax.models.llada import LLaDA, forward, param_shapes
-from dllm_jax.testing import tiny_llada_config, write_hf_checkpoint
+from dllm_jax.testing import tiny_llada_config
 from torch_reference import llama_reference, reference_logits
 
 FP32_BOUND = 1e-4  # max |jax - torch| / max |torch| in fp32 (issue 2)
@@ -31,9 +31,9 @@ def relative_error(out, ref):
 
 
 @pytest.fixture(scope="module", params=list(CONFIGS), ids=list(CONFIGS))
-def checkpoint(request, tmp_path_factory):
+def checkpoint(request, tiny_checkpoint):
     config = tiny_llada_config(**CONFIGS[request.param])
-    directory = write_hf_checkpoint(tmp_path_factory.mktemp(request.param), config, seed=len(request.param))
+    directory = tiny_checkpoint(config, seed=len(request.param))
     return config, directory, llama_reference(directory)
 
 
@@ -91,7 +91,7 @@ def test_full_size_forward_shapes(name):
     params = jax.tree.map(lambda s: jax.ShapeDtypeStruct(s, jnp.bfloat16), param_shapes(config),
                           is_leaf=lambda x: isinstance(x, tuple))
     ids = jax.ShapeDtypeStruct((1, 4096), jnp.int32)
-    out = jax.eval_shape(lambda p, i: forward(p, i, config=config), params, ids)
+    out = jax.eval_shape(lambda p, i: forward(p, i, config=config)[0], params, ids)
     assert out.shape == (1, 4096, 126464) and out.dtype == jnp.float32
 
 

@@ -11,17 +11,19 @@ import pytest
 from dllm_jax import generate
 from dllm_jax.attention.mage import MAGE, select_prefix
 from dllm_jax.attention.policy import Mode
-from sdar_methods_testing import OPTIONS, check_generate_command, masked_attention, tiny_sdar_model
+from dllm_jax.testing import tiny_sdar_config
+from sdar_methods_testing import OPTIONS, check_generate_command, masked_attention
 
 pytestmark = pytest.mark.filterwarnings("ignore::DeprecationWarning")
 
 
-def mage_numpy(q, k_cache, prefix_len, k):
+def mage_numpy(q, k_cache, prefix_len, k, softmax_over="prefix"):
     """Eq. 3: mean over the G query heads and the block's queries of softmax(q K^T / sqrt(d)) over the
-    prefix + block keys; top-k prefix positions per KV head, ascending."""
+    N = prefix_len prefix keys (A in R^{G x B x N}); top-k prefix positions per KV head, ascending.
+    softmax_over="prefix+block": the softmax over the prefix + block keys instead (the earlier rule)."""
     q, kc = np.asarray(q, np.float64), np.asarray(k_cache, np.float64)
     b, n, hq, d = q.shape
-    hkv, total = kc.shape[2], prefix_len + n
+    hkv, total = kc.shape[2], prefix_len + (n if softmax_over == "prefix+block" else 0)
     out = np.zeros((b, hkv, min(k, prefix_len)), int)
     for bi in range(b):
         for g in range(hkv):
@@ -47,6 +49,43 @@ def test_select_prefix_matches_eq3(rng, n, hq, hkv, prefix, k):
     assert got.dtype == np.int32 and got.shape == (2, hkv, k)
 
 
+def test_the_policy_selects_by_eq3_and_optionally_by_the_earlier_rule(rng):
+    """MAGE's first step (prefix part + block part merged by LSE, the prefix LSE feeding the scores)
+    selects what Eq. 3 selects; softmax_over="prefix+block" what the earlier rule selects."""
+    n, hq, hkv, prefix, cap, k = 4, 4, 2, 45, 56, 6
+    q = jnp.asarray(rng.standard_normal((2, n, hq, 32)), jnp.float32)
+    kc, vc = (jnp.asarray(rng.standard_normal((2, cap, hkv, 32)), jnp.float32) for _ in range(2))
+    kv_len = jnp.int32(prefix + n)
+    for softmax_over in ("prefix", "prefix+block"):
+        mage = MAGE(k=k, exact_layers=0, softmax_over=softmax_over)
+        state = mage.init_state(batch=2, num_heads=hq, num_kv_heads=hkv, q_len=n, kv_len=cap, head_dim=32)
+        out, (indices, _) = mage.attend(q, kc, vc, state, jnp.int32(Mode.ESTIMATE), kv_len=kv_len)
+        np.testing.assert_array_equal(indices, mage_numpy(q, kc, prefix, k, softmax_over))
+        np.testing.assert_array_equal(mage.select(q, kc, kv_len), indices)  # computes its own LSE
+        np.testing.assert_allclose(out, masked_attention(q, kc, vc, np.arange(cap) < prefix + n), atol=1e-5)
+
+
+def test_eq3_differs_from_the_prefix_plus_block_ranking():
+    """Query 0 looks mostly at the block, and in the prefix at position 0; query 1 looks at the prefix,
+    preferring position 1 less sharply. Eq. 3 normalises each query over the prefix, so query 0's
+    preference counts in full and position 0 wins; over prefix + block, query 0's prefix mass is
+    tiny and position 1 wins."""
+    d, prefix, n = 16, 10, 2
+    q = np.zeros((1, n, 1, d), np.float32)
+    q[0, 0, 0, 0], q[0, 1, 0, 1] = 4.0, 4.0
+    cache = np.zeros((1, prefix + n, 1, d), np.float32)
+    cache[0, 0, 0, 0], cache[0, 1, 0, 1] = 8.0, 6.0  # logits 8 and 6 after the 1/sqrt(16) scale
+    cache[0, prefix, 0, 0] = 16.0  # block key: logit 16 for query 0, 0 for query 1
+    eq3, earlier = mage_numpy(q, cache, prefix, 1), mage_numpy(q, cache, prefix, 1, "prefix+block")
+    assert eq3.ravel().tolist() == [0] and earlier.ravel().tolist() == [1]  # the case separates the rules
+    got = select_prefix(jnp.asarray(q), jnp.asarray(cache), prefix_len=prefix, k=1)
+    np.testing.assert_array_equal(got, eq3)
+    got = select_prefix(jnp.asarray(q), jnp.asarray(cache), prefix_len=prefix, k=1, softmax_over="prefix+block")
+    np.testing.assert_array_equal(got, earlier)
+    with pytest.raises(ValueError, match="softmax_over='block'"):
+        MAGE(softmax_over="block")
+
+
 def test_sparse_step_attends_to_the_selection_and_the_block(rng):
     n, hq, hkv, prefix, cap = 4, 4, 2, 50, 64
     q = jnp.asarray(rng.standard_normal((1, n, hq, 32)), jnp.float32)
@@ -65,8 +104,8 @@ def test_sparse_step_attends_to_the_selection_and_the_block(rng):
 
 
 @pytest.fixture(scope="module")
-def model(tmp_path_factory):
-    return tiny_sdar_model(tmp_path_factory.mktemp("mage"), seed=4)
+def model(tiny_model):
+    return tiny_model(tiny_sdar_config(num_layers=3), seed=4)
 
 
 def test_everything_kept_equals_dense_generation(model, rng):

@@ -6,9 +6,12 @@ notebooks/ keep the outputs of their last GPU run. Execution here writes nothing
 
 from pathlib import Path
 
-import nbformat
 import pytest
-from nbclient import NotebookClient
+
+# nbformat and nbclient come with the test extras (CPU CI); the GPU machine may lack them, and
+# `pytest -m gpu` must still collect there, so this module is skipped rather than failing to import
+nbformat = pytest.importorskip("nbformat")
+NotebookClient = pytest.importorskip("nbclient").NotebookClient
 
 NOTEBOOKS = sorted((Path(__file__).parent.parent / "notebooks").glob("*.ipynb"))
 

@@ -4,11 +4,10 @@ import numpy as np
 import pytest
 import torch
 
-from dllm_jax import load_model
 from dllm_jax.attention.policy import Dense
 from dllm_jax.generate import generate
 from dllm_jax.models import llada
-from dllm_jax.testing import tiny_llada_config, write_hf_checkpoint
+from dllm_jax.testing import tiny_llada_config
 from oracle_policy import OracleTopK
 from torch_generate import llada_generate
 
@@ -16,11 +15,9 @@ OPTIONS = dict(gen_length=16, steps=8, block_length=8)
 
 
 @pytest.fixture(scope="module")
-def model(tmp_path_factory):
-    config = tiny_llada_config(vocab_size=48, tokenizer_vocab_size=48, mask_token_id=40, eos_token_id=41,
-                               pad_token_id=41, eot_token_id=42)
-    return load_model(write_hf_checkpoint(tmp_path_factory.mktemp("policy"), config, seed=5), dtype="float32",
-                      progress=False)
+def model(tiny_model):
+    return tiny_model(tiny_llada_config(vocab_size=48, tokenizer_vocab_size=48, mask_token_id=40, eos_token_id=41,
+                                        pad_token_id=41, eot_token_id=42), seed=5)
 
 
 def prompts(rng, n=4):
@@ -51,8 +48,8 @@ def test_state_threads_through_the_compiled_loop_like_a_python_loop(model, rng):
         step = [0]
 
         def logits_fn(x, mask, state_box=[state]):
-            logits, state_box[0] = llada.forward_with_policy(params, x.numpy(), None, state_box[0], step[0],
-                                                             config=config, policy=policy)
+            logits, state_box[0] = llada.forward(params, x.numpy(), None, state_box[0], step[0], config=config,
+                                                 policy=policy)
             step[0] += 1
             return torch.tensor(np.asarray(logits))
 

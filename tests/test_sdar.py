@@ -23,9 +23,9 @@ CONFIGS = {
 
 
 @pytest.fixture(scope="module", params=list(CONFIGS), ids=list(CONFIGS))
-def checkpoint(request, tmp_path_factory):
+def checkpoint(request, tiny_checkpoint):
     config = tiny_sdar_config(**CONFIGS[request.param])
-    directory = write_hf_checkpoint(tmp_path_factory.mktemp(request.param), config, seed=len(request.param))
+    directory = tiny_checkpoint(config, seed=len(request.param))
     return config, directory, qwen3_reference(directory)
 
 
@@ -101,7 +101,7 @@ def test_block_step_works_inside_jit_loops(rng):
     @jax.jit
     def run(params, cache):
         def body(cache, ids):
-            logits, cache = block_step(params, ids, cache, config=config, commit=True)
+            logits, cache, _ = block_step(params, ids, cache, config=config, commit=True)
             return cache, logits
         return jax.lax.scan(body, cache, blocks)
 
@@ -152,7 +152,7 @@ def test_shipped_sdar_configs(name, dims):
     assert (c.vocab_size, c.block_size, c.mask_token_id, c.eos_token_ids) == (151936, 4, 151669, (151645, 151643))
     params = jax.tree.map(lambda s: jax.ShapeDtypeStruct(s, jnp.bfloat16), param_shapes(c),
                           is_leaf=lambda x: isinstance(x, tuple))
-    out = jax.eval_shape(lambda p, i: forward(p, i, config=c), params, jax.ShapeDtypeStruct((1, 64), jnp.int32))
+    out = jax.eval_shape(lambda p, i: forward(p, i, config=c)[0], params, jax.ShapeDtypeStruct((1, 64), jnp.int32))
     assert out.shape == (1, 64, 151936)
 
 

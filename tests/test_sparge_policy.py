@@ -9,18 +9,24 @@ import pytest
 
 from dllm_jax import SpargeAttn, generate, load_model
 from dllm_jax.attention.policy import Mode
-from dllm_jax.attention.sparge import calibrate, calibrate_llada, layer_inputs, relative_l1, save_calibration
+from dllm_jax.analysis.calibration import calibrate, calibrate_llada, layer_inputs, relative_l1, save_calibration
 from dllm_jax.attention import kernels
-from dllm_jax.models.llada import forward_with_policy, init_policy_state
+from dllm_jax.models.llada import forward, init_policy_state
 import pallas_kernels as pk
-from dllm_jax.testing import tiny_sdar_config, write_hf_checkpoint
+from dllm_jax.testing import tiny_llada_config, tiny_sdar_config, write_hf_checkpoint
 from test_sparge import structured_qkv
-from test_sparse_methods import model  # noqa: F401  (the same tiny LLaDA fixture)
 
 pytestmark = pytest.mark.filterwarnings("ignore::DeprecationWarning")
 
 OPTIONS = dict(gen_length=32, steps=8, block_length=16)
 TILES = dict(block_q=16, block_kv=16)
+
+
+@pytest.fixture(scope="module")
+def model(tiny_model):
+    """test_sparse_methods' model (same config and seed: one copy per session)."""
+    return tiny_model(tiny_llada_config(vocab_size=48, tokenizer_vocab_size=48, mask_token_id=40, eos_token_id=41,
+                                        pad_token_id=41, eot_token_id=42), seed=3)
 
 
 def test_keeping_everything_equals_dense_generation(model, rng):
@@ -50,7 +56,7 @@ def test_calibrated_policy_runs_in_the_jitted_loop_with_the_kernel(model, rng, t
 
     def logits(policy):
         state = init_policy_state(policy, model.config, 1, sample.shape[1])
-        run = jax.jit(lambda p, x, s: forward_with_policy(p, x, None, s, 0, config=model.config, policy=policy)[0])
+        run = jax.jit(lambda p, x, s: forward(p, x, None, s, 0, config=model.config, policy=policy)[0])
         return np.asarray(run(model.params(), jnp.asarray(sample), state))
 
     reference, interpreted = logits(method), logits(dataclasses.replace(method, backend="interpret"))

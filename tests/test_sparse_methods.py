@@ -10,11 +10,11 @@ import numpy as np
 import pytest
 
 import pallas_kernels as pk
-from dllm_jax import PulseCol, SpargeAttn, SparseD, generate, load_model
+from dllm_jax import PulseCol, SpargeAttn, SparseD, generate
 from dllm_jax.attention.policy import Mode
 from dllm_jax.attention.pulsecol import num_keep, refresh_steps, select_columns
 from dllm_jax.attention.sparsed import select_blocks
-from dllm_jax.testing import tiny_llada_config, write_hf_checkpoint
+from dllm_jax.testing import tiny_llada_config
 
 pytestmark = pytest.mark.filterwarnings("ignore::DeprecationWarning")
 
@@ -168,11 +168,9 @@ OPTIONS = dict(gen_length=32, steps=8, block_length=16)
 
 
 @pytest.fixture(scope="module")
-def model(tmp_path_factory):
-    config = tiny_llada_config(vocab_size=48, tokenizer_vocab_size=48, mask_token_id=40, eos_token_id=41,
-                               pad_token_id=41, eot_token_id=42)
-    return load_model(write_hf_checkpoint(tmp_path_factory.mktemp("sparse"), config, seed=3), dtype="float32",
-                      progress=False)
+def model(tiny_model):
+    return tiny_model(tiny_llada_config(vocab_size=48, tokenizer_vocab_size=48, mask_token_id=40, eos_token_id=41,
+                                        pad_token_id=41, eot_token_id=42), seed=3)
 
 
 def test_keeping_everything_equals_dense_generation(model, rng):

@@ -25,7 +25,7 @@ import numpy as np
 
 import pallas_kernels as pk
 from dllm_jax.attention.mage import prefix_counts, select_prefix
-from dllm_jax.attention.policy import Mode, block_mode
+from dllm_jax.attention.policy import AttentionPolicy, Mode, check_policy
 
 TRAJECTORIES = ("dense", "method")
 
@@ -38,10 +38,10 @@ def _recall(selected, oracle, count):
 
 
 @dataclasses.dataclass(frozen=True)
-class BlockProbe:
+class BlockProbe(AttentionPolicy):
     """Wraps an SDAR method and records its metrics for up to `calls` block-step forwards."""
 
-    method: Any
+    method: AttentionPolicy
     calls: int
     trajectory: str = "dense"
 
@@ -55,18 +55,17 @@ class BlockProbe:
 
     def stack_layers(self, states):
         inner, *rest = states
-        adjust = getattr(self.method, "stack_layers", None)
-        return (inner if adjust is None else adjust(inner), *rest)
+        return (self.method.stack_layers(inner), *rest)
 
     @property
     def reads_stacked_cache(self) -> bool:
-        return getattr(self.method, "reads_stacked_cache", False)
+        return self.method.reads_stacked_cache
 
     def mode(self, step):
         return self.method.mode(step)
 
     def block_mode(self, step, *, unmasked, commit):
-        return block_mode(self.method, step, unmasked=unmasked, commit=commit)
+        return self.method.block_mode(step, unmasked=unmasked, commit=commit)
 
     def attend(self, q, k, v, state, mode, *, kv_len, cache_layer=None, **masks):
         inner, call, recall, l1, log = state
@@ -77,7 +76,7 @@ class BlockProbe:
         err = (jnp.abs(out.astype(jnp.float32) - exact).sum(axis=(1, 3))
                / jnp.maximum(jnp.abs(exact).sum(axis=(1, 3)), 1e-30))
         l1 = l1.at[call].set(err)
-        selection = getattr(self.method, "selection", lambda s: None)(inner)
+        selection = self.method.selection(inner)
         if selection is not None:
             indices, exact_layer = selection
             prefix = kv_len - q.shape[1]
@@ -131,6 +130,7 @@ def analyze_blocks(model, prompt_ids, method, *, seed: int = 0, trajectory: str 
 
     if trajectory not in TRAJECTORIES:
         raise ValueError(f"trajectory must be one of {TRAJECTORIES}, got {trajectory!r}")
+    check_policy(method)
     opts, prompt_ids, blocks = prepare_sdar(model, prompt_ids, None, method, options)
     probe = BlockProbe(method, blocks * (opts.denoising_steps + 1), trajectory)
     tokens, _, state = generate_sdar_jit(model.params(), prompt_ids, np.int32(seed), np.int32(0),

@@ -12,7 +12,7 @@ at every call, also computes dense attention and records, per (batch row, head):
 At one step (`snapshot_step`: by default the first sparse step) it also keeps, per layer and head,
 the exact attention probabilities and the kept fraction pooled onto a grid of at most
 SNAPSHOT_GRID x SNAPSHOT_GRID cells: the per-head pattern heat maps of `plot_head_patterns`.
-A method without `pattern_mask` (SpargeAttn: its map is rebuilt inside each call) is measured for
+A method whose `pattern_mask` is None (SpargeAttn: its map is rebuilt inside each call) is measured for
 jaccard and l1 only; its recall and kept fraction are NaN.
 It builds [B, H, N, N] arrays per layer, so it is for analysis sizes, not long contexts.
 """
@@ -28,7 +28,7 @@ import jax.numpy as jnp
 import numpy as np
 
 from dllm_jax.attention.dense import dense_attention
-from dllm_jax.attention.policy import Mode
+from dllm_jax.attention.policy import AttentionPolicy, Mode, check_policy
 
 
 def _probabilities(q, k):
@@ -63,10 +63,10 @@ def _jaccard(a, b):
 
 
 @dataclasses.dataclass(frozen=True)
-class Probe:
-    """Wraps a bound method (one with `pattern_mask`) and records its metrics for `steps` steps."""
+class Probe(AttentionPolicy):
+    """Wraps a bound method and records its metrics for `steps` steps."""
 
-    method: Any
+    method: AttentionPolicy
     steps: int
     snapshot_step: int = 0
 
@@ -79,6 +79,10 @@ class Probe:
         return (inner, jnp.zeros((), jnp.int32), jnp.zeros((batch, num_heads, q_len, kv_len), bool), metrics,
                 snapshot)
 
+    def stack_layers(self, states):
+        inner, *rest = states
+        return (self.method.stack_layers(inner), *rest)
+
     def mode(self, step):
         return self.method.mode(step)
 
@@ -87,10 +91,10 @@ class Probe:
         out, inner = self.method.attend(q, k, v, inner, mode, **masks)
         dense = dense_attention(q, k, v, **masks)
         b, n, h, _ = q.shape
-        known = callable(getattr(self.method, "pattern_mask", None))
+        kept = self.method.pattern_mask(inner, num_queries=n, num_keys=k.shape[1], num_heads=h)
+        known = kept is not None  # a method without a fixed pattern (SpargeAttn) returns None
         sparse = jnp.asarray(mode) == int(Mode.SPARSE)
         if known:
-            kept = self.method.pattern_mask(inner, num_queries=n, num_keys=k.shape[1], num_heads=h)
             kept = jnp.where(sparse, kept, True)
         else:
             kept = jnp.ones((b, h, n, k.shape[1]), bool)
@@ -147,6 +151,7 @@ def analyze(model, prompt_ids, method, *, seed: int = 0, snapshot_step: int | No
     from dllm_jax.generate import prepare_llada
     from dllm_jax.generate.llada import generate_llada_jit
 
+    check_policy(method)
     opts, prompt_ids, method = prepare_llada(model, prompt_ids, None, method, options)
     modes = np.array([int(method.mode(jnp.int32(t))) for t in range(opts.steps)])
     if snapshot_step is None:

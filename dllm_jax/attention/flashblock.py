@@ -37,7 +37,7 @@ import jax.numpy as jnp
 import pallas_kernels as pk
 from dllm_jax.attention import kernels
 from dllm_jax.attention.mage import MAGE, block_keys, prefix_counts, selected_attention
-from dllm_jax.attention.policy import Mode
+from dllm_jax.attention.policy import AttentionPolicy, Mode
 
 
 def complement_indices(indices, prefix_len, capacity: int):
@@ -60,7 +60,7 @@ def complement_indices(indices, prefix_len, capacity: int):
 
 
 @dataclasses.dataclass(frozen=True, kw_only=True)
-class FlashBlock:
+class FlashBlock(AttentionPolicy):
     """FlashBlock's configuration.
 
     tau: refresh once this many block tokens were unmasked since the last refresh (2, the paper's

@@ -23,7 +23,7 @@ import numpy as np
 
 import pallas_kernels as pk
 from dllm_jax.attention import kernels
-from dllm_jax.attention.policy import Mode
+from dllm_jax.attention.policy import AttentionPolicy, Mode
 
 
 def refresh_steps(total_steps: int, eta: float, refreshes: int) -> tuple[int, ...]:
@@ -59,7 +59,7 @@ def select_columns(q, k, *, group_size: int, num_keep: int, scale=None, backend:
 
 
 @dataclasses.dataclass(frozen=True, kw_only=True)
-class PulseCol:
+class PulseCol(AttentionPolicy):
     """PulseCol's configuration; `bind` (called by `generate`) fixes the refresh schedule.
 
     sparsity: fraction of keys dropped per query group (0.8; 0 keeps all).

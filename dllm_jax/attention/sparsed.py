@@ -26,7 +26,7 @@ import jax.numpy as jnp
 import pallas_kernels as pk
 from pallas_kernels._common import mask_to_lists
 from dllm_jax.attention import kernels
-from dllm_jax.attention.policy import Mode
+from dllm_jax.attention.policy import AttentionPolicy, Mode
 
 
 def _keep(blocks: int, select: float) -> int:
@@ -73,7 +73,7 @@ def select_blocks(q, k, *, prefill_len: int, block_size: int, select: float, sca
 
 
 @dataclasses.dataclass(frozen=True, kw_only=True)
-class SparseD:
+class SparseD(AttentionPolicy):
     """SparseD's configuration; `bind` (called by `generate`) fixes the schedule for a generation.
 
     skip: fraction of the total steps run dense before the pattern is built (default 0.2).

@@ -2,10 +2,9 @@
 
 from __future__ import annotations
 
+import contextlib
 import json
-import os
 import shutil
-import tempfile
 from pathlib import Path
 
 import jax
@@ -13,92 +12,200 @@ import jax.numpy as jnp
 from flax import nnx
 
 from dllm_jax.checkpoint import orbax as orbax_io
-from dllm_jax.checkpoint.hf import TARGET_DTYPES, param_shapes_for, plan_conversion, read_hf_params
+from dllm_jax.checkpoint.atomic import (WRITER, check_replaceable, check_separate, clean_stale_siblings,
+                                        make_temp_tree, remove_tree, replace_tree)
+from dllm_jax.checkpoint.hf import (TARGET_DTYPES, param_shapes_for, plan_conversion, read_hf_params,
+                                    source_dtype)
+from dllm_jax.checkpoint.manifest import (FORMAT_VERSION, MANIFEST, Manifest, check_versions, files_under,
+                                          read_manifest, sync_tree, tree_checksums, write_manifest)
 from dllm_jax.config import LLaDAConfig, SDARConfig, read_hf_config
 from dllm_jax.models.llada import LLaDA
 from dllm_jax.models.sdar import SDAR
 
 MODEL_CLASSES = {LLaDAConfig: LLaDA, SDARConfig: SDAR}
 
-FORMAT_VERSION = 1
 # Files of an HF checkpoint directory that travel with a conversion (tokenizer, generation defaults).
 SIDE_FILES = ("tokenizer.json", "tokenizer_config.json", "special_tokens_map.json",
               "generation_config.json", "chat_template.jinja")
 
 
-def convert_hf_checkpoint(hf_dir, out_dir, *, dtype: str = "bfloat16", overwrite: bool = False,
+def convert_hf_checkpoint(hf_dir, out_dir, *, dtype: str | None = None, overwrite: bool = False,
                           progress: bool = True) -> None:
     """Converts an HF safetensors checkpoint (single file or sharded with an index) to Orbax.
 
-    Every tensor is validated (name, shape, dtype) before anything is written. The result is
-    built in a temporary sibling directory and renamed into place, so `out_dir` never holds a
-    partial conversion; on any error it is left as it was (absent, or untouched).
+    Nothing is lost and nothing is half-written:
+    - out_dir may not be, be inside, or contain the source (hf_dir, or a directory that really
+      holds its files: symlinks are resolved); the source is only read.
+    - Every tensor is validated (name, shape, dtype) from the file headers, and out_dir's parent
+      is checked writable, before the long read. Tensors holding NaN or Inf are refused.
+    - The tree is written into a hidden sibling `.<name>.tmp-<pid>@<host>-<token>`, flushed to
+      disk, committed by writing `dllm_jax_manifest.json` last (every file written, a CRC-32 per
+      tensor of the stored values, format_version, param_dtype), then renamed to out_dir.
+    - overwrite=True replaces only a committed conversion that holds nothing but the files its
+      manifest lists (anything else is refused, naming the files); the old tree is renamed aside,
+      the new one renamed into place, and the old one removed last. A kill at any point leaves
+      out_dir as it was or the new complete tree (or absent between the two renames, both
+      complete trees beside it); an error leaves it as it was.
+    - Temp and aside trees left by a killed conversion are removed by the next conversion into the
+      same parent once their process (the pid in the name) is gone; trees of a live or foreign
+      process are reported with a warning, not touched.
+    Permissions follow the umask.
 
     Args:
       hf_dir: directory with config.json and *.safetensors.
       out_dir: directory to create (must not exist unless overwrite=True).
-      dtype: stored parameter dtype, "bfloat16" or "float32".
-      overwrite: replace an existing out_dir.
+      dtype: stored parameter dtype, "bfloat16" or "float32". None (the default) keeps the source
+        exact: bfloat16 if every tensor is BF16, else float32 (F32, F16 and mixed checkpoints;
+        F16 does not fit bfloat16 without rounding). An explicit "bfloat16" rounds F32 and F16.
+      overwrite: replace an existing out_dir (a committed conversion, see above).
       progress: show a tqdm bar over the tensors.
     """
     hf_dir, out_dir = Path(hf_dir), Path(out_dir)
-    if dtype not in TARGET_DTYPES:
-        raise ValueError(f"dtype must be one of {sorted(TARGET_DTYPES)}, got {dtype!r}")
-    if out_dir.exists() and not overwrite:
-        raise ValueError(f"{out_dir} already exists (pass overwrite=True, or --overwrite, to replace it)")
+    dtype = checked_dtype(dtype, "convert_hf_checkpoint")
+    if hf_dir.is_dir():
+        check_separate(hf_dir, out_dir, [p for p in hf_dir.iterdir() if p.is_file()])
+    if out_dir.exists() or out_dir.is_symlink():
+        if not overwrite:
+            raise ValueError(f"{out_dir} already exists (pass overwrite=True, or --overwrite, to replace it)")
+        check_replaceable(out_dir)
     raw, config = read_hf_config(hf_dir)
-    plan_conversion(hf_dir, config)  # fail on a bad checkpoint before creating anything
-    out_dir.parent.mkdir(parents=True, exist_ok=True)
-    tmp = Path(tempfile.mkdtemp(prefix=f".{out_dir.name}.tmp-", dir=out_dir.parent))
+    plan = plan_conversion(hf_dir, config)  # fail on a bad checkpoint before creating anything
+    dtype = dtype or source_dtype(plan)
+    tmp = start_tree(out_dir)
     try:
         params = read_hf_params(hf_dir, config, dtype=dtype, progress=progress)
         orbax_io.save_params(tmp, params)
+        checksums = tree_checksums(params)
         del params
         raw = dict(raw, dllm_jax={"format_version": FORMAT_VERSION, "param_dtype": dtype})
         (tmp / "config.json").write_text(json.dumps(raw, indent=2) + "\n")
         for name in SIDE_FILES:
             if (hf_dir / name).is_file():
-                shutil.copy2(hf_dir / name, tmp / name)
-        if out_dir.exists():
-            shutil.rmtree(out_dir)
-        os.replace(tmp, out_dir)
+                shutil.copyfile(hf_dir / name, tmp / name)  # a new file: umask permissions, not the source's
+        sync_tree(tmp)
+        write_manifest(tmp, Manifest(FORMAT_VERSION, dtype, files_under(tmp, exclude=(WRITER,)), checksums))
+        replace_tree(tmp, out_dir, overwrite=overwrite)
     except BaseException:
-        shutil.rmtree(tmp, ignore_errors=True)
+        if tmp.exists():
+            with contextlib.suppress(OSError):  # keep the original error; the next conversion cleans up
+                remove_tree(tmp)
         raise
 
 
-def is_converted(path: Path) -> bool:
-    return (path / orbax_io.PARAMS_DIR).is_dir() and (path / "config.json").is_file()
+def start_tree(out_dir: Path) -> Path:
+    """Creates out_dir's parent and the temp tree beside out_dir, after removing stale temp trees
+    there; ValueError naming the path if that place cannot be written."""
+    try:
+        out_dir.parent.mkdir(parents=True, exist_ok=True)
+    except OSError as e:
+        raise ValueError(f"cannot create {out_dir.parent}, the parent of out_dir {out_dir}: "
+                         f"{e.strerror or e}") from e
+    clean_stale_siblings(out_dir.parent)
+    try:
+        return make_temp_tree(out_dir)
+    except OSError as e:
+        raise ValueError(f"cannot write out_dir {out_dir}: creating a directory in {out_dir.parent} failed "
+                         f"({e.strerror or e})") from e
 
 
-def load_model(path, *, dtype=None, progress: bool = True):
+def checked_dtype(dtype, function: str) -> str | None:
+    """The name of `dtype` (None stays None); ValueError naming the argument unless it is one of
+    TARGET_DTYPES (numpy's own "data type not understood" would not say which argument)."""
+    if dtype is None:
+        return None
+    try:
+        name = jnp.dtype(dtype).name
+    except (TypeError, ValueError):
+        name = None
+    if name not in TARGET_DTYPES:
+        raise ValueError(f"{function}: dtype must be one of {sorted(TARGET_DTYPES)} or None, got {dtype!r}")
+    return name
+
+
+def is_converted(path: Path, raw: dict) -> bool:
+    """Whether `path` is (or was meant to be) a converted tree, committed or not."""
+    return "dllm_jax" in raw or (path / MANIFEST).exists() or (path / orbax_io.PARAMS_DIR).is_dir()
+
+
+def load_model(path, *, dtype=None, verify: bool = True, progress: bool = True):
     """Loads a model from a converted Orbax directory or directly from an HF directory.
+
+    A converted directory must be committed (hold the manifest its conversion writes last) with a
+    format_version and param_dtype this version knows, in the manifest and in config.json. With
+    verify=True (the default) every tensor's CRC-32 is recomputed from the stored values and
+    compared with the manifest, so a damaged or edited data file raises ValueError instead of
+    giving NaN logits; verify=False skips that pass (see benchmarks/checkpoint_verify.py for its
+    cost). Non-finite weights: an HF directory is checked tensor by tensor while it is read; a
+    converted tree cannot hold them, since conversion refuses them and the checksums prove the
+    values loaded are the values converted (with verify=False nothing re-checks them).
 
     Args:
       path: a directory written by `convert_hf_checkpoint`, or an HF checkpoint directory
         (config.json + *.safetensors, converted in memory).
       dtype: parameter and compute dtype, "bfloat16" (the default when None) or "float32".
+      verify: check the per-tensor checksums of a converted directory.
       progress: show a tqdm bar while converting an HF directory in memory.
     Returns:
       The NNX model (`LLaDA` or `SDAR`, from config.json); `model(input_ids) -> float32 logits
       [B, L, V]` (bidirectional for LLaDA, block-causal for SDAR); `model.config`.
     """
     path = Path(path)
-    dtype = "bfloat16" if dtype is None else jnp.dtype(dtype).name
-    if dtype not in TARGET_DTYPES:
-        raise ValueError(f"dtype must be one of {sorted(TARGET_DTYPES)}, got {dtype!r}")
+    dtype = checked_dtype(dtype, "load_model") or "bfloat16"
     if not path.exists():
         raise ValueError(f"checkpoint directory {path} does not exist")
     if not path.is_dir():
         raise ValueError(f"{path} is not a directory (load_model takes a checkpoint directory)")
-    _, config = read_hf_config(path)
-    if is_converted(path):
-        params = orbax_io.restore_params(path, param_shapes_for(config), jnp.dtype(dtype))
+    raw, config = read_hf_config(path)
+    if is_converted(path, raw):
+        params = load_converted(path, raw, config, dtype, verify=verify)
     elif any(path.glob("*.safetensors")):
         params = to_device_leafwise(read_hf_params(path, config, dtype=dtype, progress=progress))
     else:
         raise ValueError(f"{path} holds neither a converted checkpoint (params/) nor *.safetensors")
     return model_from_params(config, params)
+
+
+def load_converted(path: Path, raw: dict, config, dtype: str, *, verify: bool) -> dict:
+    """The parameter tree of a committed converted directory, as `dtype`, checksums verified."""
+    manifest = read_manifest(path)
+    entry = raw.get("dllm_jax")
+    if not isinstance(entry, dict):
+        raise ValueError(f"{path / 'config.json'} has no dllm_jax entry although {path} holds a conversion; "
+                         "convert the HF checkpoint again")
+    check_versions(path / "config.json", entry.get("format_version"), entry.get("param_dtype"))
+    if (entry["format_version"], entry["param_dtype"]) != (manifest.format_version, manifest.param_dtype):
+        raise ValueError(f"{path}: config.json (format_version {entry['format_version']}, param_dtype "
+                         f"{entry['param_dtype']}) disagrees with {MANIFEST} (format_version "
+                         f"{manifest.format_version}, param_dtype {manifest.param_dtype}); convert again")
+    stored = manifest.param_dtype
+    # Checksums are of the stored values: restore in a dtype that holds them exactly (bfloat16 fits
+    # float32), then cast to `dtype` tensor by tensor.
+    wide = not verify or jnp.dtype(dtype).itemsize >= jnp.dtype(stored).itemsize
+    params = orbax_io.restore_params(path, param_shapes_for(config), jnp.dtype(dtype if wide else stored))
+    if verify:
+        verify_checksums(path, params, manifest)
+    return cast_leafwise(params, jnp.dtype(dtype))
+
+
+def verify_checksums(path: Path, params: dict, manifest: Manifest) -> None:
+    """ValueError naming the checkpoint and every tensor whose stored values changed since conversion."""
+    found = tree_checksums(params, chunk_bytes=manifest.chunk_bytes, cast=TARGET_DTYPES[manifest.param_dtype])
+    bad = [p for p in set(found) | set(manifest.checksums) if found.get(p) != manifest.checksums.get(p)]
+    if bad:
+        raise ValueError(f"converted checkpoint {path} is damaged: the stored values of {len(bad)} tensors do "
+                         f"not match the checksums written at conversion ({sorted(bad)[:20]}); the files were "
+                         "changed after conversion. Convert the HF checkpoint again")
+
+
+def cast_leafwise(tree: dict, dtype) -> dict:
+    """Casts a nested dict of device arrays in place, one leaf at a time (each original is dropped
+    as its cast is stored: peak is the tree plus one leaf)."""
+    for key, value in tree.items():
+        if isinstance(value, dict):
+            tree[key] = cast_leafwise(value, dtype)
+        elif value.dtype != dtype:
+            tree[key] = value.astype(dtype)
+    return tree
 
 
 def to_device_leafwise(tree: dict) -> dict:

@@ -233,7 +233,8 @@ def read_hf_params(hf_dir: str | Path, config, *, dtype: str = "bfloat16", progr
     """Reads and converts a validated HF checkpoint into a tree of numpy arrays of `dtype`.
 
     Streams tensor by tensor into preallocated arrays: peak host memory is the converted model
-    plus one tensor, never two copies of the model.
+    plus one tensor, never two copies of the model. Raises ValueError naming every tensor that
+    holds NaN or Inf (after the cast to `dtype`).
     """
     if dtype not in TARGET_DTYPES:
         raise ValueError(f"dtype must be one of {sorted(TARGET_DTYPES)}, got {dtype!r}")
@@ -243,18 +244,30 @@ def read_hf_params(hf_dir: str | Path, config, *, dtype: str = "bfloat16", progr
     for item in plan:
         by_file.setdefault(item.entry.file, []).append(item)
     bar = tqdm(total=len(plan), desc="converting tensors", unit="tensor", disable=not progress)
+    nonfinite = []
     for file, items in by_file.items():
         try:
             with safe_open(file, framework="np") as f:
                 for item in items:
                     array = apply_transform(item.rule.transform, f.get_tensor(item.entry.name), item.target)
                     dest = tree_get(params, item.rule.path)
-                    if item.layer is None:
-                        dest[...] = array
-                    else:
-                        dest[item.layer] = array
+                    dest = dest if item.layer is None else dest[item.layer]
+                    dest[...] = array
+                    if not np.isfinite(dest).all():  # the stored values: a cast can overflow to Inf
+                        nonfinite.append(f"{item.entry.name}: {int(np.isnan(dest).sum())} NaN, "
+                                         f"{int(np.isinf(dest).sum())} Inf")
                     bar.update()
         except SafetensorError as e:
             raise ValueError(f"{file}: could not read tensor data ({e})") from e
     bar.close()
+    if nonfinite:
+        raise ValueError(f"checkpoint {hf_dir} holds non-finite weights (NaN or Inf, as {dtype}) in "
+                         f"{len(nonfinite)} tensors; they would make every output NaN:\n  "
+                         + "\n  ".join(nonfinite[:MAX_LISTED_PROBLEMS]))
     return params
+
+
+def source_dtype(plan: list[PlannedTensor]) -> str:
+    """The stored dtype that holds every tensor of `plan` exactly: bfloat16 if all are BF16, else
+    float32 (F32, F16 and mixes fit float32 without rounding; F16 does not fit bfloat16)."""
+    return "bfloat16" if all(item.entry.dtype == "BF16" for item in plan) else "float32"

@@ -1,7 +1,8 @@
 """Orbax storage of parameter trees (the converted-checkpoint format).
 
-A converted directory holds `config.json` (the model's HF config plus a `dllm_jax` entry) and
-`params/` (an Orbax StandardCheckpointer tree with the layout of `<model>.param_shapes`).
+A converted directory holds `config.json` (the model's HF config plus a `dllm_jax` entry),
+`params/` (an Orbax StandardCheckpointer tree with the layout of `<model>.param_shapes`), the side
+files of the source (tokenizer...) and, written last, `dllm_jax_manifest.json` (see `manifest`).
 """
 
 from __future__ import annotations

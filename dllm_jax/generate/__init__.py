@@ -6,8 +6,9 @@ import dataclasses
 
 import numpy as np
 
+from dllm_jax import validation
 from dllm_jax.attention.methods import check_family, make_method
-from dllm_jax.attention.policy import check_policy
+from dllm_jax.attention.policy import Dense, check_policy
 
 from dllm_jax.generate import sdar as gen_sdar
 from dllm_jax.generate.llada import LLaDAOptions, check_prompt, generate_llada_jit
@@ -26,29 +27,45 @@ def generate(model, prompt_ids, *, attention_mask=None, seed: int = 0, method=No
       remasking="low_confidence" | "random", logits_eos_inf=False, confidence_eos_eot_inf=False,
       padding="ignore" | "mask". `attention_mask` [B, P] marks real prompt tokens (left padding);
       `seed` is a traced argument (no recompilation). See `dllm_jax.generate.llada`.
+      Infilling: mask ids (config.mask_token_id) inside the prompt are predicted and filled in with
+      the answer, as LLaDA's official generate does. They take commits from the answer's schedule
+      (which counts only each block's own masks, as the official code), so a prompt with k mask
+      ids returns k mask ids, in the answer or the prompt.
     SDAR options (static): max_new_tokens=128, denoising_steps=4,
       remasking="low_confidence_dynamic" | "low_confidence_static" | "sequential",
       confidence_threshold=0.85, temperature=1.0, top_k=0, top_p=1.0; block length from the config.
       Batch 1 without padding, as the official sampler. Returns int32 [1, n]: the prompt and the
       generated tokens, cut after the first stop token (config.eos_token_ids), else after the last
-      decoded block. See `dllm_jax.generate.sdar`.
+      decoded block. denoising_steps <= block_size: a block of block_size tokens is decoded in at
+      most block_size steps (the schedule gives later steps 0 tokens), so more would silently run
+      fewer. See `dllm_jax.generate.sdar`.
+      Infilling: the complete prompt blocks are prefilled into the KV cache and never denoised, so a
+      mask id there is refused (with its positions). Mask ids in the trailing partial prompt block
+      (positions P - P % block_size .. P - 1) are infilled: that block is the first one decoded, and
+      its masks are predicted with the generated ones, as the official sampler does. Like the
+      official sampler, a step commits its n[j] (about block_size / denoising_steps) positions
+      without a mask guard: once fewer masks than n[j] remain, prompt tokens of that block can
+      be replaced (only with denoising_steps < block_size, where n[j] > 1).
     `method=None` is dense attention; a name ("sparsed", "mage", ...) is the method with its
     defaults (`dllm_jax.attention.methods.make_method`); otherwise an attention policy (dllm_jax.attention.policy)
     whose per-layer state rides in the loop carry: `dllm_jax.SparseD(...)`, `dllm_jax.PulseCol(...)` or
     `dllm_jax.SpargeAttn(...)` for LLaDA (generation without padding masks); `dllm_jax.MAGE(...)`, `dllm_jax.FlashBlock(...)` or
     `dllm_jax.FlashBlock(..., inner=dllm_jax.MAGE(...))` for SDAR.
     `progress=True` shows a tqdm bar advanced from inside the compiled loop (per step for LLaDA,
-    per block for SDAR).
+    per block for SDAR). `seed`: an int in [-2**31, 2**31) (`dllm_jax.validation.seed` says why not wider).
+    Every argument is checked on the host before anything is traced: a bad one raises a ValueError
+    that names it.
     """
+    seed = validation.seed(seed)
     if isinstance(method, str):
         method = make_method(method)
-    if method is not None:
-        check_policy(method)
+    method = Dense() if method is None else method
+    check_policy(method)
     if isinstance(model, LLaDA):
         opts, prompt_ids, method = prepare_llada(model, prompt_ids, attention_mask, method, options)
         mask = None if attention_mask is None else np.asarray(attention_mask, np.int32)
         with progress_bar(opts.steps, "LLaDA denoising", progress) as run_id:
-            out = generate_llada_jit(model.params(), prompt_ids, mask, np.int32(seed),
+            out = generate_llada_jit(model.params(), prompt_ids, mask, seed,
                                      np.int32(run_id), config=model.config, options=opts,
                                      prompt_has_masks=bool((prompt_ids == model.config.mask_token_id).any()),
                                      policy=method, on_step=tick if progress else None)
@@ -56,7 +73,7 @@ def generate(model, prompt_ids, *, attention_mask=None, seed: int = 0, method=No
     if isinstance(model, SDAR):
         opts, prompt_ids, blocks = prepare_sdar(model, prompt_ids, attention_mask, method, options)
         with progress_bar(blocks, "SDAR blocks", progress) as run_id:
-            x, end = gen_sdar.generate_sdar_jit(model.params(), prompt_ids, np.int32(seed),
+            x, end = gen_sdar.generate_sdar_jit(model.params(), prompt_ids, seed,
                                                 np.int32(run_id), config=model.config, options=opts,
                                                 policy=method, on_step=tick if progress else None)
             x, end = np.asarray(x), int(end)
@@ -70,11 +87,11 @@ def prepare_llada(model, prompt_ids, attention_mask, method, options: dict):
     returns (LLaDAOptions, int32 prompt_ids, the method bound to this generation's schedule)."""
     check_family(method, "LLaDA")
     opts = make_options(LLaDAOptions, "LLaDA", options)
-    prompt_ids = np.asarray(prompt_ids)
+    prompt_ids = as_array("prompt_ids", prompt_ids)
     check_prompt(model.config, prompt_ids, attention_mask)
     check_context(model.config, prompt_ids.shape[-1], opts.gen_length)
-    if hasattr(method, "bind"):  # methods whose schedule depends on the generation (SparseD, PulseCol)
-        method = method.bind(total_steps=opts.steps, prompt_length=prompt_ids.shape[1], gen_length=opts.gen_length)
+    # methods whose schedule depends on the generation (SparseD, PulseCol, SpargeAttn) fix it here
+    method = method.bind(total_steps=opts.steps, prompt_length=prompt_ids.shape[1], gen_length=opts.gen_length)
     return opts, prompt_ids.astype(np.int32), method
 
 
@@ -85,13 +102,41 @@ def prepare_sdar(model, prompt_ids, attention_mask, method, options: dict):
     opts = make_options(SDAROptions, "SDAR", options)
     if attention_mask is not None:
         raise ValueError("SDAR generation takes unpadded prompts (the official sampler has no padding)")
-    prompt_ids = np.asarray(prompt_ids)
+    prompt_ids = as_array("prompt_ids", prompt_ids)
     if prompt_ids.ndim != 2 or prompt_ids.shape[0] != 1:
         raise ValueError(f"SDAR generation runs one prompt at a time (batch 1), got shape {prompt_ids.shape}")
     check_prompt(model.config, prompt_ids, None)
+    check_sdar_request(model.config, prompt_ids, opts)
     check_context(model.config, prompt_ids.shape[-1], opts.max_new_tokens)
     bs, p = model.config.block_size, prompt_ids.shape[1]
     return opts, prompt_ids.astype(np.int32), -(-(p + opts.max_new_tokens) // bs) - p // bs
+
+
+def as_array(name: str, value) -> np.ndarray:
+    try:
+        return np.asarray(value)
+    except ValueError as e:  # ragged nested lists
+        raise ValueError(f"{name} must be a rectangular [batch, length] array of token ids: {e}") from None
+
+
+def check_sdar_request(config, prompt_ids: np.ndarray, options: SDAROptions) -> None:
+    """What SDAR's sampler needs of options and prompt together (see `generate`'s docstring)."""
+    bs, p = config.block_size, prompt_ids.shape[1]
+    if options.denoising_steps > bs:
+        raise ValueError(f"denoising_steps={options.denoising_steps} exceeds the model's block_size={bs}: a block "
+                         f"is fully decoded within {bs} steps (the schedule gives the steps after that 0 tokens); "
+                         f"pass denoising_steps <= {bs}")
+    if options.top_k > config.vocab_size:
+        raise ValueError(f"top_k={options.top_k} exceeds the vocabulary (vocab_size={config.vocab_size})")
+    committed = p - p % bs
+    positions = np.flatnonzero(prompt_ids[0, :committed] == config.mask_token_id)
+    if positions.size:
+        raise ValueError(
+            f"prompt_ids hold the mask token id {config.mask_token_id} at positions {positions.tolist()[:10]}, inside "
+            f"the complete prompt blocks (positions 0..{committed - 1}, block_size={bs}): those are prefilled into "
+            f"the KV cache and never denoised, so a mask there cannot be filled in. Only the trailing partial "
+            f"block can be infilled" + (f" (positions {committed}..{p - 1})" if committed < p else
+                                        " (this prompt has none: its length is a multiple of block_size)"))
 
 
 def check_context(config, prompt_length: int, new_tokens: int) -> None:

@@ -17,12 +17,16 @@ from __future__ import annotations
 
 import dataclasses
 import functools
+from typing import Any
 
 import jax
 import jax.numpy as jnp
 import numpy as np
+from flax import struct
 
+from dllm_jax.attention.policy import AttentionPolicy, Dense, check_policy
 from dllm_jax.config import LLaDAConfig
+from dllm_jax.generate.sampling import commit_top, gumbel_argmax, transfer_counts
 from dllm_jax.models import llada as llada_model
 
 REMASKING = ("low_confidence", "random")
@@ -43,9 +47,21 @@ class LLaDAOptions:
     padding: str = "ignore"
 
     def __post_init__(self):
+        from dllm_jax import validation as check  # TODO(coordinator): hoist to the module imports
+
+        def store(name, value):  # canonical int / float / bool: equal options hash equal as static jit arguments
+            object.__setattr__(self, name, value)
+
         for name in ("gen_length", "steps", "block_length"):
-            if getattr(self, name) <= 0:
-                raise ValueError(f"{name} must be positive, got {getattr(self, name)}")
+            store(name, check.integer(name, getattr(self, name)))
+        check.choice("remasking", self.remasking, REMASKING)
+        check.choice("padding", self.padding, llada_model.PADDING_MODES)
+        # T scales the Gumbel noise (0: greedy argmax; a negative T inverts it: a draw from no distribution);
+        # the CFG logits are uncond + (cfg_scale + 1)(cond - uncond), computed only when cfg_scale > 0
+        store("temperature", check.real("temperature", self.temperature, low=0))
+        store("cfg_scale", check.real("cfg_scale", self.cfg_scale, low=0, hint=" (0 turns guidance off)"))
+        for name in ("logits_eos_inf", "confidence_eos_eot_inf"):
+            store(name, check.flag(name, getattr(self, name)))
         if self.gen_length % self.block_length:
             raise ValueError(f"gen_length={self.gen_length} must be a multiple of block_length={self.block_length}"
                              + (" (block_length defaults to 128, as in the official generate; pass block_length="
@@ -53,12 +69,6 @@ class LLaDAOptions:
         if self.steps % self.num_blocks:
             raise ValueError(f"steps={self.steps} must be a multiple of the number of blocks "
                              f"(gen_length / block_length = {self.num_blocks})")
-        if self.remasking not in REMASKING:
-            raise ValueError(f"remasking must be one of {REMASKING}, got {self.remasking!r}")
-        if self.padding not in llada_model.PADDING_MODES:
-            raise ValueError(f"padding must be one of {llada_model.PADDING_MODES}, got {self.padding!r}")
-        if self.temperature < 0 or self.cfg_scale < 0:
-            raise ValueError(f"temperature and cfg_scale must be >= 0, got {self.temperature}, {self.cfg_scale}")
 
     @property
     def num_blocks(self) -> int:
@@ -69,46 +79,29 @@ class LLaDAOptions:
         return self.steps // self.num_blocks
 
 
-def transfer_counts(masked, steps: int):
-    """Tokens to commit at each of `steps` steps for rows with `masked` [B] masks: M//S, plus one
-    on the first M%S steps (the official get_num_transfer_tokens). Returns int32 [B, steps]."""
-    base = masked // steps
-    extra = masked % steps
-    return base[:, None] + (jnp.arange(steps)[None, :] < extra[:, None]).astype(jnp.int32)
+@struct.dataclass
+class StepCarry:
+    """The carry of the scan over denoising steps."""
 
-
-def gumbel_argmax(logits, temperature: float, key, total: int):
-    """argmax of exp(l) / (-log u)^T, computed as argmax(l - T log(-log u)) (same argmax, no overflow).
-
-    logits [B, n, V] are the last n of `total` positions; the uniforms are drawn for all `total`
-    positions (so the random stream does not depend on which positions get logits)."""
-    if temperature == 0:
-        return jnp.argmax(logits, axis=-1)
-    b, n, v = logits.shape
-    u = jax.random.uniform(key, (b, total, v), jnp.float32)[:, total - n:]
-    return jnp.argmax(logits - temperature * jnp.log(-jnp.log(u)), axis=-1)
-
-
-def commit_top(confidence, count):
-    """bool [B, L]: in each row, the `count[b]` positions of highest confidence (ties: lowest index)."""
-    order = jnp.argsort(-confidence, axis=-1, stable=True)
-    rank = jnp.argsort(order, axis=-1, stable=True)
-    return rank < count[:, None]
+    x: jax.Array  # int32 [B, P + gen_length]: the sequence being denoised
+    counts: jax.Array  # int32 [B, steps_per_block]: the current block's transfer schedule
+    policy_state: Any  # the attention policy's per-layer state (leading layer axis)
 
 
 def generate_llada(params, prompt_ids, attention_mask, seed, run_id=0, *, config: LLaDAConfig, options: LLaDAOptions,
-                   prompt_has_masks: bool = False, policy=None, attention_fn=llada_model.dense_attention,
-                   on_step=None, return_policy_state: bool = False):
+                   prompt_has_masks: bool = False, policy: AttentionPolicy = Dense(), on_step=None,
+                   return_policy_state: bool = False):
     """The whole generation, traceable as one function. Returns int32 [B, P + gen_length].
 
     prompt_ids int32 [B, P] (left-padded if rows differ); attention_mask [B, P] or None.
     `on_step(run_id, step)` (static), if given, is called on the host after every step.
     Unless `prompt_has_masks` (static), logits are computed for the answer region only: no other
-    position is masked, so no other prediction can be committed. `policy` (static, optional) routes
-    every attention call through an attention policy whose per-layer state rides in the loop carry;
-    without one, attention is `attention_fn` (dense). `return_policy_state` (static) also returns the
-    policy's final per-layer state (for diagnostics: dllm_jax.analysis).
+    position is masked, so no other prediction can be committed. `policy` (static) routes every
+    attention call through an attention policy (Dense() by default) whose per-layer state rides in
+    the loop carry. `return_policy_state` (static) also returns the policy's final per-layer state
+    (for diagnostics: dllm_jax.analysis).
     """
+    check_policy(policy)
     b, p = prompt_ids.shape
     o = options
     mask_id = config.mask_token_id
@@ -121,38 +114,30 @@ def generate_llada(params, prompt_ids, attention_mask, seed, run_id=0, *, config
     key = jax.random.key(seed)
     gumbel_key, random_key = jax.random.fold_in(key, 0), jax.random.fold_in(key, 1)
     logits_from = 0 if prompt_has_masks else p
-    model = functools.partial(llada_model.forward, config=config, padding=o.padding, attention_fn=attention_fn,
+    model = functools.partial(llada_model.forward, config=config, policy=policy, padding=o.padding,
                               logits_from=logits_from)
     positions = positions[logits_from:]
-
     rows = 2 * b if o.cfg_scale > 0 else b
-    if policy is not None:
-        model_with_policy = functools.partial(llada_model.forward_with_policy, config=config, policy=policy,
-                                              padding=o.padding, logits_from=logits_from)
-
-    def run_model(x, mask, policy_state, t):
-        if policy is None:
-            return model(params, x, mask), policy_state
-        return model_with_policy(params, x, mask, policy_state, t)
 
     def logits_of(x, policy_state, t):
         if o.cfg_scale > 0:
             unconditional = jnp.where(prompt_index, mask_id, x)
             mask = None if attention_mask is None else jnp.concatenate([attention_mask, attention_mask])
-            both, policy_state = run_model(jnp.concatenate([x, unconditional]), mask, policy_state, t)
+            both, policy_state = model(params, jnp.concatenate([x, unconditional]), mask, policy_state, t)
             cond, uncond = both[:b], both[b:]
             return uncond + (o.cfg_scale + 1) * (cond - uncond), policy_state
-        return run_model(x, attention_mask, policy_state, t)
+        return model(params, x, attention_mask, policy_state, t)
 
-    def step(carry, t):
-        x, counts, policy_state = carry
+    def step(carry: StepCarry, t):
+        x = carry.x
         block, i = t // o.steps_per_block, t % o.steps_per_block
         block_end = p + (block + 1) * o.block_length
         in_block = (positions >= block_end - o.block_length) & (positions < block_end)
         mask_index = x[:, logits_from:] == mask_id
         # the schedule of a block comes from its mask count at the block's first step
-        counts = jnp.where(i == 0, transfer_counts(jnp.sum(mask_index & in_block, axis=1), o.steps_per_block), counts)
-        logits, policy_state = logits_of(x, policy_state, t)
+        counts = jnp.where(i == 0, transfer_counts(jnp.sum(mask_index & in_block, axis=1), o.steps_per_block),
+                           carry.counts)
+        logits, policy_state = logits_of(x, carry.policy_state, t)
         if o.logits_eos_inf:
             logits = logits.at[..., config.eos_token_id].set(-jnp.inf)
         x0 = gumbel_argmax(logits, o.temperature, jax.random.fold_in(gumbel_key, t), total)
@@ -176,19 +161,40 @@ def generate_llada(params, prompt_ids, attention_mask, seed, run_id=0, *, config
         if on_step is not None:
             # a count needs no ordering, and an unordered callback adds no sync point per step
             jax.debug.callback(on_step, run_id, t, ordered=False)
-        return (x, counts, policy_state), None
+        return StepCarry(x=x, counts=counts, policy_state=policy_state), None
 
-    counts = jnp.zeros((b, o.steps_per_block), jnp.int32)
-    policy_state = () if policy is None else llada_model.init_policy_state(policy, config, rows, total)
-    (x, _, policy_state), _ = jax.lax.scan(step, (x, counts, policy_state), jnp.arange(o.steps, dtype=jnp.int32))
-    return (x, policy_state) if return_policy_state else x
+    carry = StepCarry(x=x, counts=jnp.zeros((b, o.steps_per_block), jnp.int32),
+                      policy_state=llada_model.init_policy_state(policy, config, rows, total))
+    carry, _ = jax.lax.scan(step, carry, jnp.arange(o.steps, dtype=jnp.int32))
+    return (carry.x, carry.policy_state) if return_policy_state else carry.x
 
 
-STATIC = ("config", "options", "prompt_has_masks", "policy", "attention_fn", "on_step", "return_policy_state")
+STATIC = ("config", "options", "prompt_has_masks", "policy", "on_step", "return_policy_state")
 generate_llada_jit = jax.jit(generate_llada, static_argnames=STATIC)
 
 
-def check_prompt(config: LLaDAConfig, prompt_ids: np.ndarray, attention_mask) -> None:
-    if prompt_ids.ndim != 2 or prompt_ids.shape[1] == 0:
-        raise ValueError(f"prompt_ids must be [batch, length>0], got shape {prompt_ids.shape}")
-    llada_model.check_inputs(config, jnp.asarray(prompt_ids), attention_mask)
+def check_prompt(config, prompt_ids: np.ndarray, attention_mask) -> None:
+    """Checks prompt_ids [B, P] (integer ids in [0, vocab_size)) and attention_mask [B, P] (0/1 or
+    bool) on the host with numpy: a refused prompt costs no transfer, tracing or compilation. Inside
+    jit an out-of-range id would be clamped by the embedding gather, and a mask value 2 or -1 would
+    count as a real token."""
+    if prompt_ids.ndim != 2 or 0 in prompt_ids.shape:
+        raise ValueError(f"prompt_ids must be [batch>0, length>0], got shape {prompt_ids.shape}")
+    if not np.issubdtype(prompt_ids.dtype, np.integer):
+        raise ValueError(f"prompt_ids must be integer token ids, got dtype {prompt_ids.dtype}")
+    outside = (prompt_ids < 0) | (prompt_ids >= config.vocab_size)
+    if outside.any():
+        where = [tuple(int(i) for i in w) for w in np.argwhere(outside)[:5]]
+        raise ValueError(f"prompt_ids: token ids must lie in [0, {config.vocab_size}) (vocab_size), got "
+                         f"{[int(prompt_ids[w]) for w in where]} at [batch, position] {where}")
+    if attention_mask is None:
+        return
+    mask = np.asarray(attention_mask)
+    if mask.shape != prompt_ids.shape:
+        raise ValueError(f"attention_mask shape {mask.shape} != prompt_ids shape {prompt_ids.shape}")
+    if mask.dtype != np.bool_ and not np.issubdtype(mask.dtype, np.integer):
+        raise ValueError(f"attention_mask must hold integers or booleans (1 = token, 0 = padding), "
+                         f"got dtype {mask.dtype}")
+    bad = np.unique(mask[(mask != 0) & (mask != 1)])
+    if bad.size:
+        raise ValueError(f"attention_mask must hold only 0 (padding) and 1 (token), got values {bad.tolist()}")

@@ -18,13 +18,15 @@ unspecified.
 from __future__ import annotations
 
 import dataclasses
+from typing import Any
 
 import jax
 import jax.numpy as jnp
+from flax import struct
 
-from dllm_jax.attention.policy import block_mode, unmasked_since_refresh
+from dllm_jax.attention.policy import AttentionPolicy, Dense, check_policy, unmasked_since_refresh
 from dllm_jax.config import SDARConfig
-from dllm_jax.generate.llada import commit_top
+from dllm_jax.generate.sampling import sample_tokens, transfer_counts, transfer_mask
 from dllm_jax.models import sdar as sdar_model
 
 CACHE_TILE = 128
@@ -44,107 +46,96 @@ class SDAROptions:
     top_p: float = 1.0
 
     def __post_init__(self):
-        if self.max_new_tokens <= 0 or self.denoising_steps <= 0:
-            raise ValueError(f"max_new_tokens and denoising_steps must be positive, got "
-                             f"{self.max_new_tokens}, {self.denoising_steps}")
-        if self.remasking not in REMASKING:
-            raise ValueError(f"remasking must be one of {REMASKING}, got {self.remasking!r}")
-        if self.temperature <= 0:
-            raise ValueError(f"temperature must be > 0 (the official sampler divides by it), got {self.temperature}")
-        if self.top_k < 0 or not 0 < self.top_p <= 1:
-            raise ValueError(f"need top_k >= 0 and 0 < top_p <= 1, got {self.top_k}, {self.top_p}")
+        from dllm_jax import validation as check  # TODO(coordinator): hoist to the module imports
+
+        def store(name, value):  # canonical int / float: equal options hash equal as static jit arguments
+            object.__setattr__(self, name, value)
+
+        for name in ("max_new_tokens", "denoising_steps"):
+            store(name, check.integer(name, getattr(self, name)))
+        check.choice("remasking", self.remasking, REMASKING)
+        # the sampler divides the logits by T (T = inf would flatten them to uniform, NaN poisons them);
+        # top_k = 0 and top_p = 1 switch the filters off; the threshold is compared with probabilities
+        store("temperature", check.real("temperature", self.temperature, low=0, low_open=True,
+                                        hint=" (the official sampler divides the logits by it; top_k=1 is greedy)"))
+        store("top_k", check.integer("top_k", self.top_k, minimum=0, hint=" (0 turns the filter off)"))
+        store("top_p", check.real("top_p", self.top_p, low=0, high=1, low_open=True))
+        store("confidence_threshold", check.real("confidence_threshold", self.confidence_threshold, low=0, high=1))
 
 
-def block_schedule(block_length: int, steps: int):
-    """n[j] = block_length // steps, plus one on the first block_length % steps steps."""
-    return block_length // steps + (jnp.arange(steps) < block_length % steps).astype(jnp.int32)
+@struct.dataclass
+class BlockCarry:
+    """The carry of the while loop over one block's forwards."""
+
+    cur: jax.Array  # int32 [B, block_size]: the block being denoised
+    cache: sdar_model.KVCache
+    policy_state: Any  # the attention policy's per-layer state (leading layer axis)
+    draws: jax.Array  # int32 []: random draws so far (the key is folded with it)
+    done: jax.Array  # bool []: the commit forward has run
+    step: jax.Array  # int32 []: forwards of this block so far
+    unmasked: jax.Array  # int32 []: block tokens unmasked since the last forward that was not SPARSE
 
 
-def sample(logits, u, *, temperature: float, top_k: int, top_p: float):
-    """(tokens, probabilities of the drawn tokens after filtering) for logits [..., V], u [...] in [0, 1)."""
-    if temperature != 1.0:
-        logits = logits / temperature
-    if top_k > 0:
-        kth = jax.lax.top_k(logits, top_k)[0][..., -1:]
-        logits = jnp.where(logits < kth, -jnp.inf, logits)
-    if top_p < 1.0:
-        order = jnp.argsort(-logits, axis=-1, stable=True)
-        sorted_logits = jnp.take_along_axis(logits, order, axis=-1)
-        remove = jnp.cumsum(jax.nn.softmax(sorted_logits, axis=-1), axis=-1) > top_p
-        remove = jnp.concatenate([jnp.zeros_like(remove[..., :1]), remove[..., :-1]], axis=-1)
-        removed = jnp.take_along_axis(remove, jnp.argsort(order, axis=-1), axis=-1)  # back to vocab order
-        logits = jnp.where(removed, -jnp.inf, logits)
-    probs = jax.nn.softmax(logits, axis=-1)
-    cdf = jnp.cumsum(probs, axis=-1)
-    tokens = jnp.argmax(cdf >= u[..., None] * cdf[..., -1:], axis=-1)
-    return tokens, jnp.take_along_axis(probs, tokens[..., None], axis=-1)[..., 0]
+@struct.dataclass
+class DecodeCarry:
+    """The carry of the scan over blocks."""
 
-
-def transfer_mask(strategy: str, mask_index, x0_p, count, threshold: float):
-    """bool [B, n]: the positions a step commits."""
-    if strategy == "sequential":
-        n = mask_index.shape[1]
-        first = jnp.argmax(mask_index, axis=1)[:, None]
-        pos = jnp.arange(n)[None, :]
-        return (pos >= first) & (pos < first + count)
-    confidence = jnp.where(mask_index, x0_p, -jnp.inf)
-    top = commit_top(confidence, jnp.broadcast_to(count, confidence.shape[:1]))
-    if strategy == "low_confidence_static":
-        return top
-    high = confidence > threshold
-    return jnp.where(jnp.sum(high, axis=1, keepdims=True) >= count, high, top)
+    x: jax.Array  # int32 [B, total]: prompt, decoded blocks, masks
+    cache: sdar_model.KVCache
+    policy_state: Any
+    draws: jax.Array  # int32 []
+    stopped: jax.Array  # bool []: a stop token has been generated
 
 
 def denoise_block(params, cur, cache, policy_state, key, draws, *, config: SDARConfig, options: SDAROptions,
-                  policy=None, attention_fn=sdar_model.dense_attention):
+                  policy: AttentionPolicy = Dense()):
     """Denoises one block cur int32 [B, bl] against the cache until no mask is left, then commits it.
 
-    Each forward's policy mode comes from `block_mode(policy, step, unmasked=..., commit=...)`, with
+    Each forward's policy mode comes from `policy.block_mode(step, unmasked=..., commit=...)`, with
     `unmasked` the block tokens unmasked since the last forward whose mode was not SPARSE.
     `draws` counts the random draws so far (the key is folded with it). Returns
     (cur, cache, policy_state, draws).
     """
     o = options
     mask_id = config.mask_token_id
-    schedule = block_schedule(config.block_size, o.denoising_steps)
+    schedule = transfer_counts(config.block_size, o.denoising_steps)
 
-    def body(s):
-        cur, cache, policy_state, draws, _, step, unmasked = s
-        mask_index = cur == mask_id
+    def body(s: BlockCarry) -> BlockCarry:
+        mask_index = s.cur == mask_id
         finished = ~jnp.any(mask_index)
         # the official loop runs denoising_steps + 1 forwards at most; the last one must commit
-        commit = finished | (step >= o.denoising_steps)
-        mode = None if policy is None else block_mode(policy, step, unmasked=unmasked, commit=commit)
-        logits, cache, policy_state = sdar_model.block_step_with_policy(
-            params, cur, cache, policy_state, mode, config=config, policy=policy, commit=commit,
-            attention_fn=attention_fn)
-        u = jax.random.uniform(jax.random.fold_in(key, draws), cur.shape, jnp.float32)
-        x0, x0_p = sample(logits, u, temperature=o.temperature, top_k=o.top_k, top_p=o.top_p)
-        count = schedule[jnp.minimum(step, o.denoising_steps - 1)]
+        commit = finished | (s.step >= o.denoising_steps)
+        mode = policy.block_mode(s.step, unmasked=s.unmasked, commit=commit)
+        logits, cache, policy_state = sdar_model.block_step(params, s.cur, s.cache, s.policy_state, mode,
+                                                            config=config, policy=policy, commit=commit)
+        u = jax.random.uniform(jax.random.fold_in(key, s.draws), s.cur.shape, jnp.float32)
+        x0, x0_p = sample_tokens(logits, u, temperature=o.temperature, top_k=o.top_k, top_p=o.top_p)
+        count = schedule[jnp.minimum(s.step, o.denoising_steps - 1)]
         transfer = transfer_mask(o.remasking, mask_index, x0_p, count, o.confidence_threshold) & ~commit
-        if mode is not None:
-            unmasked = unmasked_since_refresh(unmasked, mode, jnp.sum(transfer, dtype=jnp.int32))
-        cur = jnp.where(transfer, x0, cur)
-        return cur, cache, policy_state, draws + (~commit).astype(jnp.int32), commit, step + 1, unmasked
+        unmasked = unmasked_since_refresh(s.unmasked, mode, jnp.sum(transfer, dtype=jnp.int32))
+        return BlockCarry(cur=jnp.where(transfer, x0, s.cur), cache=cache, policy_state=policy_state,
+                          draws=s.draws + (~commit).astype(jnp.int32), done=commit, step=s.step + 1,
+                          unmasked=unmasked)
 
-    cur, cache, policy_state, draws, _, _, _ = jax.lax.while_loop(
-        lambda s: ~s[4], body, (cur, cache, policy_state, draws, jnp.array(False), 0, jnp.int32(0)))
-    return cur, cache, policy_state, draws
+    start = BlockCarry(cur=cur, cache=cache, policy_state=policy_state, draws=draws, done=jnp.array(False),
+                       step=0, unmasked=jnp.int32(0))
+    s = jax.lax.while_loop(lambda s: ~s.done, body, start)
+    return s.cur, s.cache, s.policy_state, s.draws
 
 
 def generate_sdar(params, prompt_ids, seed, run_id=0, *, config: SDARConfig, options: SDAROptions,
-                  policy=None, attention_fn=sdar_model.dense_attention, on_step=None,
-                  return_policy_state: bool = False):
+                  policy: AttentionPolicy = Dense(), on_step=None, return_policy_state: bool = False):
     """The whole generation, traceable as one function.
 
     `on_step(run_id, block)` (static), if given, is called on the host after every decoded block.
-    `policy` (static, optional) routes the block steps' attention through an attention policy; its
-    per-layer state rides in the carry and its mode is chosen per forward by `block_mode` (the
-    prefill stays dense).
+    `policy` (static, Dense() by default) routes the block steps' attention through an attention
+    policy; its per-layer state rides in the carry and its mode is chosen per forward by
+    `policy.block_mode` (the prefill stays dense).
     Returns (x int32 [B, total], end int32 []): total = ceil((P + max_new_tokens) / bl) * bl; the
     blocks after the stop are left as masks, and `end` is the length of the decoded prefix. With
     `return_policy_state`, the final per-layer policy state comes third (for diagnostics).
     """
+    check_policy(policy)
     o, bl = options, config.block_size
     b, p = prompt_ids.shape
     num_blocks = -(-(p + o.max_new_tokens) // bl)
@@ -154,37 +145,35 @@ def generate_sdar(params, prompt_ids, seed, run_id=0, *, config: SDARConfig, opt
     # a capacity in whole 128-key tiles lets the split-KV kernels read the cache without padding it
     cache = sdar_model.init_cache(config, b, -(-total // CACHE_TILE) * CACHE_TILE, params["embed"].dtype)
     if prefill_blocks:
-        cache = sdar_model.prefill(params, x[:, : prefill_blocks * bl], cache, config=config,
-                                   attention_fn=attention_fn)
+        cache = sdar_model.prefill(params, x[:, : prefill_blocks * bl], cache, config=config)
     key = jax.random.key(seed)
     stop_ids = jnp.asarray(config.eos_token_ids, jnp.int32)
 
-    def decode(state):
-        x, cache, policy_state, draws, block = state
-        cur = jax.lax.dynamic_slice_in_dim(x, block * bl, bl, axis=1)
-        cur, cache, policy_state, draws = denoise_block(params, cur, cache, policy_state, key, draws, config=config,
-                                                        options=o, policy=policy, attention_fn=attention_fn)
+    def decode(carry: DecodeCarry, block) -> DecodeCarry:
+        cur = jax.lax.dynamic_slice_in_dim(carry.x, block * bl, bl, axis=1)
+        cur, cache, policy_state, draws = denoise_block(params, cur, carry.cache, carry.policy_state, key, carry.draws,
+                                                        config=config, options=o, policy=policy)
         if on_step is not None:
             # a count needs no ordering, and an unordered callback adds no sync point per step
             jax.debug.callback(on_step, run_id, block, ordered=False)
-        return jax.lax.dynamic_update_slice_in_dim(x, cur, block * bl, axis=1), cache, policy_state, draws
+        return carry.replace(x=jax.lax.dynamic_update_slice_in_dim(carry.x, cur, block * bl, axis=1), cache=cache,
+                             policy_state=policy_state, draws=draws)
 
-    def per_block(carry, block):
-        x, cache, policy_state, draws, stopped = carry
-        x, cache, policy_state, draws = jax.lax.cond(stopped, lambda s: s[:4], decode,
-                                                     (x, cache, policy_state, draws, block))
+    def per_block(carry: DecodeCarry, block):
+        carry = jax.lax.cond(carry.stopped, lambda carry, block: carry, decode, carry, block)
         generated = jnp.arange(total) >= p
-        stopped = stopped | jnp.any(jnp.isin(x, stop_ids) & generated[None, :])
-        return (x, cache, policy_state, draws, stopped), None
+        stopped = carry.stopped | jnp.any(jnp.isin(carry.x, stop_ids) & generated[None, :])
+        return carry.replace(stopped=stopped), None
 
-    policy_state = () if policy is None else sdar_model.init_policy_state(policy, config, b, total)
-    carry = (x, cache, policy_state, jnp.int32(0), jnp.array(False))
-    (x, cache, policy_state, _, _), _ = jax.lax.scan(per_block, carry,
-                                                     jnp.arange(prefill_blocks, num_blocks, dtype=jnp.int32))
-    return (x, cache.length, policy_state) if return_policy_state else (x, cache.length)
+    carry = DecodeCarry(x=x, cache=cache, policy_state=sdar_model.init_policy_state(policy, config, b, total),
+                        draws=jnp.int32(0), stopped=jnp.array(False))
+    carry, _ = jax.lax.scan(per_block, carry, jnp.arange(prefill_blocks, num_blocks, dtype=jnp.int32))
+    if return_policy_state:
+        return carry.x, carry.cache.length, carry.policy_state
+    return carry.x, carry.cache.length
 
 
-STATIC = ("config", "options", "policy", "attention_fn", "on_step", "return_policy_state")
+STATIC = ("config", "options", "policy", "on_step", "return_policy_state")
 generate_sdar_jit = jax.jit(generate_sdar, static_argnames=STATIC)
 
 

@@ -11,15 +11,14 @@ D = head_dim, d = hidden size, I = intermediate size):
 
 from __future__ import annotations
 
-from typing import Callable
+from typing import Any
 
 import jax
 import jax.numpy as jnp
-from flax import nnx
+import numpy as np
+from flax import nnx, struct
 
 from dllm_jax.attention.dense import matmul_precision
-
-AttentionFn = Callable[..., jax.Array]  # (q [B,L,H,D], k, v [B,S,K,D]) -> [B,L,H,D]
 
 
 def rms_norm(x, weight, eps: float):
@@ -55,8 +54,9 @@ def apply_rope(x, cos, sin, *, in_fp32: bool):
 def attention_sublayer(p, x, cos, sin, attend, state, layer, config):
     """x + o_proj(attend(rope(q), rope(k), v)) of the pre-normed x; p holds one layer's params.
 
-    `attend(q, k, v, state, layer) -> (out, state)` is the attention hook: dense attention, a
-    KV-cache read/write, or later a sparse policy, with its per-call state threaded through.
+    `attend(q, k, v, state, layer) -> (out, state)` is the model's per-layer attention step: the
+    attention policy's call on that layer (dllm_jax.attention.policy.attend_layer), plus any KV-cache
+    write, with its state (policy state, cache) threaded through.
     """
     precision = matmul_precision(x.dtype)
     eps = config.rms_norm_eps
@@ -83,25 +83,42 @@ def mlp_sublayer(p, x, *, eps: float):
     return x + jnp.matmul(jax.nn.silu(gate) * up, p["down_proj"], precision=precision)
 
 
-def stateless(attention_fn: AttentionFn):
-    """An `attend` hook from a plain attention function (no state)."""
-    return lambda q, k, v, state, layer: (attention_fn(q, k, v), state)
+@struct.dataclass
+class LayerCarry:
+    """The carry of the scan over decoder layers."""
+
+    x: jax.Array  # [B, L, d] hidden states
+    state: Any  # threaded through every layer's `attend` call
 
 
-def decoder_stack(layers, x, cos, sin, attend, config, state=None):
+def decoder_stack(layers, x, cos, sin, attend, config, state=()):
     """Runs all decoder layers over x [B, L, d] with one `lax.scan` over the stacked params.
 
     Returns (x, state): `state` is threaded through every layer's `attend` call (the scan carry).
     """
-    def layer(carry, xs):
-        h, state = carry
+    def layer(carry: LayerCarry, xs):
         p, index = xs
-        h, state = attention_sublayer(p, h, cos, sin, attend, state, index, config)
-        return (mlp_sublayer(p, h, eps=config.rms_norm_eps), state), None
+        h, state = attention_sublayer(p, carry.x, cos, sin, attend, carry.state, index, config)
+        return LayerCarry(x=mlp_sublayer(p, h, eps=config.rms_norm_eps), state=state), None
 
     indices = jnp.arange(config.num_layers, dtype=jnp.int32)
-    (x, state), _ = jax.lax.scan(layer, (x, state), (layers, indices))
-    return x, state
+    carry, _ = jax.lax.scan(layer, LayerCarry(x=x, state=state), (layers, indices))
+    return carry.x, carry.state
+
+
+def check_inputs(config, input_ids, attention_mask=None) -> None:
+    """Host-side validation of token ids [B, L] (and a mask of their shape) for any model family.
+    Inside jit, out-of-range ids are clamped by the embedding gather."""
+    if input_ids.ndim != 2:
+        raise ValueError(f"input_ids must be [batch, length], got shape {input_ids.shape}")
+    if not jnp.issubdtype(input_ids.dtype, jnp.integer):
+        raise ValueError(f"input_ids must be integer token ids, got dtype {input_ids.dtype}")
+    if attention_mask is not None and tuple(np.shape(attention_mask)) != tuple(input_ids.shape):
+        raise ValueError(f"attention_mask shape {np.shape(attention_mask)} != input_ids shape {input_ids.shape}")
+    if not isinstance(input_ids, jax.core.Tracer) and input_ids.size:
+        low, high = int(input_ids.min()), int(input_ids.max())
+        if low < 0 or high >= config.vocab_size:
+            raise ValueError(f"token ids must lie in [0, {config.vocab_size}), got range [{low}, {high}]")
 
 
 def layer_param_shapes(config) -> dict[str, tuple[int, ...]]:

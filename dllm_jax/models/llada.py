@@ -11,46 +11,36 @@ import functools
 
 import jax
 import jax.numpy as jnp
-import numpy as np
 
-from dllm_jax.attention.dense import dense_attention
-from dllm_jax.attention.policy import attend_layer, stacked_state
+from dllm_jax.attention.policy import AttentionPolicy, Dense, attend_layer, check_policy, stacked_state
 from dllm_jax.config import LLaDAConfig
-from dllm_jax.models.layers import DecoderLM, decoder_stack, lm_head, lm_param_shapes, rope_tables, stateless
+from dllm_jax.models.layers import DecoderLM, check_inputs, decoder_stack, lm_head, lm_param_shapes, rope_tables
 
 PADDING_MODES = ("ignore", "mask")
 param_shapes = lm_param_shapes
 
 
-def forward(params, input_ids, attention_mask=None, *, config: LLaDAConfig, padding: str = "ignore",
-            attention_fn=dense_attention, logits_from: int = 0):
-    """Full-sequence bidirectional forward.
+def forward(params, input_ids, attention_mask=None, policy_state=None, step=0, *, config: LLaDAConfig,
+            policy: AttentionPolicy = Dense(), padding: str = "ignore", logits_from: int = 0):
+    """Full-sequence bidirectional forward, attention through `policy` (dllm_jax.attention.policy).
 
     Args:
       params: the tree of `param_shapes(config)`; its dtype is the compute dtype.
       input_ids: int32 [B, L].
       attention_mask: optional [B, L], 1/True for real tokens, 0/False for padding.
+      policy_state: the policy's per-layer states stacked on a leading layer axis; None starts from
+        `init_policy_state` (nothing, for Dense).
+      step: the denoising step (static or traced int32) the policy's mode is chosen from.
+      policy: static; Dense() (`dense_attention`) by default.
       padding: "ignore" attends to pad tokens like the original HF file (the mask is unused);
         "mask" hides pad keys from every query (the ZHZisZZ/dllm fix).
-      attention_fn: (q, k, v, *, key_mask) -> out, dense by default.
       logits_from: static; only positions >= it get logits (the LM head is the costliest matmul
         at long lengths, and generation only reads the answer region's logits).
     Returns:
-      float32 logits [B, L - logits_from, vocab_size].
+      (float32 logits [B, L - logits_from, vocab_size], new policy_state).
     """
-    masks = padding_masks(attention_mask, padding)
-    attend = stateless(functools.partial(attention_fn, **masks))
-    logits, _ = logits_through(params, input_ids, attend, None, config=config, logits_from=logits_from)
-    return logits
-
-
-def forward_with_policy(params, input_ids, attention_mask, policy_state, step, *, config: LLaDAConfig, policy,
-                        padding: str = "ignore", logits_from: int = 0):
-    """`forward` with attention through `policy` (see dllm_jax.attention.policy).
-
-    policy_state: the per-layer states stacked on a leading layer axis; step: the denoising step
-    the policy's mode is chosen from. Returns (float32 logits, new policy_state).
-    """
+    if policy_state is None:
+        policy_state = init_policy_state(policy, config, *input_ids.shape)
     masks = padding_masks(attention_mask, padding)
     mode = policy.mode(step)
 
@@ -82,37 +72,27 @@ def init_policy_state(policy, config: LLaDAConfig, batch: int, length: int):
                          num_kv_heads=config.num_kv_heads, q_len=length, kv_len=length, head_dim=config.head_dim)
 
 
-_forward_jit = jax.jit(forward, static_argnames=("config", "padding", "attention_fn"))
+@functools.partial(jax.jit, static_argnames=("config", "padding", "policy"))
+def _logits_jit(params, input_ids, attention_mask, *, config: LLaDAConfig, padding: str, policy: AttentionPolicy):
+    return forward(params, input_ids, attention_mask, config=config, padding=padding, policy=policy)[0]
 
 
 class LLaDA(DecoderLM):
     """LLaDA masked-diffusion LM. `model(input_ids) -> float32 logits [B, L, V]`.
 
     `dtype` is both the parameter and the compute dtype (bfloat16 by default, float32 for
-    numerics checks). Attention goes through `dllm_jax.attention.dense.dense_attention`
-    (cuDNN flash attention on GPU for bf16, XLA otherwise) unless another `attention_fn` is given.
+    numerics checks). Attention goes through `policy`: `Dense()` by default, i.e.
+    `dllm_jax.attention.dense.dense_attention` (cuDNN flash attention on GPU for bf16, XLA otherwise).
     """
 
     def __call__(self, input_ids, attention_mask=None, *, padding: str = "ignore",
-                 attention_fn=dense_attention):
-        """Logits [B, L, V] (float32) of int32 input_ids [B, L]; see `forward` for the arguments."""
+                 policy: AttentionPolicy = Dense()):
+        """Logits [B, L, V] (float32) of int32 input_ids [B, L]: one forward of `policy` from its
+        initial state at step 0 (see `forward`)."""
         input_ids = jnp.asarray(input_ids)
         check_inputs(self.config, input_ids, attention_mask)
         if padding not in PADDING_MODES:
             raise ValueError(f"padding must be one of {PADDING_MODES}, got {padding!r}")
-        return _forward_jit(self.params(), input_ids, attention_mask, config=self.config,
-                            padding=padding, attention_fn=attention_fn)
-
-
-def check_inputs(config, input_ids, attention_mask=None) -> None:
-    """Host-side validation. Inside jit, out-of-range ids are clamped by the embedding gather."""
-    if input_ids.ndim != 2:
-        raise ValueError(f"input_ids must be [batch, length], got shape {input_ids.shape}")
-    if not jnp.issubdtype(input_ids.dtype, jnp.integer):
-        raise ValueError(f"input_ids must be integer token ids, got dtype {input_ids.dtype}")
-    if attention_mask is not None and tuple(np.shape(attention_mask)) != tuple(input_ids.shape):
-        raise ValueError(f"attention_mask shape {np.shape(attention_mask)} != input_ids shape {input_ids.shape}")
-    if not isinstance(input_ids, jax.core.Tracer) and input_ids.size:
-        low, high = int(input_ids.min()), int(input_ids.max())
-        if low < 0 or high >= config.vocab_size:
-            raise ValueError(f"token ids must lie in [0, {config.vocab_size}), got range [{low}, {high}]")
+        check_policy(policy)
+        return _logits_jit(self.params(), input_ids, attention_mask, config=self.config, padding=padding,
+                           policy=policy)

@@ -3,7 +3,7 @@
 Attention is bidirectional inside each block of `block_length` tokens and causal across blocks, so
 the keys and values of finished blocks never change: a cache of them is exact, not an approximation.
 
-Two forward paths:
+Two forward paths, both attending through an attention policy (`Dense()` by default):
   * `forward(params, ids)`: the full sequence under the block-causal mask (training-style view);
   * cached inference over a preallocated, static-shaped `KVCache` ([layers, B, max_length, Hkv, D]
     plus a fill length): `prefill` writes the complete prompt blocks, `block_step` runs one block
@@ -20,15 +20,15 @@ inside a jitted loop the update happens in place.
 
 from __future__ import annotations
 
+import functools
+
 import jax
 import jax.numpy as jnp
 from flax import struct
 
-from dllm_jax.attention.dense import dense_attention
-from dllm_jax.attention.policy import attend_layer, stacked_state
+from dllm_jax.attention.policy import AttentionPolicy, Dense, Mode, attend_layer, check_policy, stacked_state
 from dllm_jax.config import SDARConfig
-from dllm_jax.models.layers import DecoderLM, decoder_stack, lm_head, lm_param_shapes, rope_tables, stateless
-from dllm_jax.models.llada import check_inputs
+from dllm_jax.models.layers import DecoderLM, check_inputs, decoder_stack, lm_head, lm_param_shapes, rope_tables
 
 param_shapes = lm_param_shapes
 
@@ -57,72 +57,79 @@ def block_causal_mask(n: int, block_length: int):
     return blocks[None, :] <= blocks[:, None]
 
 
-def forward(params, input_ids, *, config: SDARConfig, block_length: int | None = None,
-            attention_fn=dense_attention):
-    """Full-sequence forward under the block-causal mask: int32 [B, L] -> float32 logits [B, L, V].
+def forward(params, input_ids, policy_state=None, step=0, *, config: SDARConfig, block_length: int | None = None,
+            policy: AttentionPolicy = Dense()):
+    """Full-sequence forward under the block-causal mask: int32 [B, L] -> (float32 logits [B, L, V],
+    new policy_state), attention through `policy` at `step` (its state as in `llada.forward`).
 
     The last block may be partial (L need not be a multiple of the block length).
     """
-    n = input_ids.shape[1]
+    b, n = input_ids.shape
+    if policy_state is None:
+        policy_state = init_policy_state(policy, config, b, n, block_length=n)
     mask = block_causal_mask(n, block_length or config.block_size)
+    mode = policy.mode(step)
     cos, sin = rope_tables(jnp.arange(n), config.head_dim, config.rope_theta)
-    attend = stateless(lambda q, k, v: attention_fn(q, k, v, mask=mask))
-    x, _ = decoder_stack(params["layers"], params["embed"][input_ids], cos, sin, attend, config)
-    return lm_head(params, x, config)
+
+    def attend(q, k, v, states, layer):
+        return attend_layer(policy, mode, q, k, v, states, layer, mask=mask)
+
+    x, policy_state = decoder_stack(params["layers"], params["embed"][input_ids], cos, sin, attend, config,
+                                    policy_state)
+    return lm_head(params, x, config), policy_state
 
 
-def prefill(params, input_ids, cache: KVCache, *, config: SDARConfig, attention_fn=dense_attention) -> KVCache:
+def prefill(params, input_ids, cache: KVCache, *, config: SDARConfig, policy: AttentionPolicy = Dense()) -> KVCache:
     """Writes the K/V of the complete prompt blocks input_ids [B, P] (P % block_size == 0) at
-    positions 0..P-1 and sets the fill length to P."""
-    n = input_ids.shape[1]
+    positions 0..P-1 and sets the fill length to P.
+
+    The cache must hold exact keys and values, so `policy` runs in its DENSE mode, from its initial
+    state (discarded).
+    """
+    b, n = input_ids.shape
     mask = block_causal_mask(n, config.block_size)
     cos, sin = rope_tables(jnp.arange(n), config.head_dim, config.rope_theta)
 
-    def attend(q, k, v, cache, layer):
+    def attend(q, k, v, state, layer):
+        cache, policy_state = state
         cache = cache.replace(
             k=jax.lax.dynamic_update_slice(cache.k, k[None].astype(cache.k.dtype), (layer, 0, 0, 0, 0)),
             v=jax.lax.dynamic_update_slice(cache.v, v[None].astype(cache.v.dtype), (layer, 0, 0, 0, 0)))
-        return attention_fn(q, k, v, mask=mask), cache
+        out, policy_state = attend_layer(policy, Mode.DENSE, q, k, v, policy_state, layer, mask=mask)
+        return out, (cache, policy_state)
 
-    _, cache = decoder_stack(params["layers"], params["embed"][input_ids], cos, sin, attend, config, cache)
+    state = (cache, init_policy_state(policy, config, b, n, block_length=n))
+    _, (cache, _) = decoder_stack(params["layers"], params["embed"][input_ids], cos, sin, attend, config, state)
     return cache.replace(length=jnp.asarray(n, jnp.int32))
 
 
-def block_step(params, block_ids, cache: KVCache, *, config: SDARConfig, commit: bool = False,
-               attention_fn=dense_attention):
+def block_step(params, block_ids, cache: KVCache, policy_state=None, mode=None, *, config: SDARConfig,
+               policy: AttentionPolicy = Dense(), commit=False):
     """One block of tokens block_ids [B, n] at positions length..length+n-1 against the cache.
 
-    Every block token attends to the whole filled prefix and to every token of the block.
-    Returns (float32 logits [B, n, V], cache); with commit=True the block is appended (the fill
-    length advances by n), otherwise the cache's filled prefix and length are unchanged.
-    Requires length + n <= max_length (checked by `SDAR.block_step` on concrete caches; inside
-    jit, `dynamic_update_slice` would clamp the write position).
+    Every block token attends to the whole filled prefix and to every token of the block, through
+    `policy`: it sees the layer's whole cache buffer with `kv_len` = length + n (or, if it sets
+    `reads_stacked_cache`, the stacked cache of all layers and `cache_layer`). `mode` (int32, from
+    `policy.block_mode`) applies to every layer; None is the mode of a block's first forward.
+    `policy_state` (leading layer axis; None: `init_policy_state`) is threaded like the cache.
+    Returns (float32 logits [B, n, V], cache, policy_state); with commit=True (may be traced) the
+    block is appended (the fill length advances by n), otherwise the cache's filled prefix and length
+    are unchanged. Requires length + n <= max_length (checked by `SDAR.block_step` on concrete
+    caches; inside jit, `dynamic_update_slice` would clamp the write position).
     """
-    logits, cache, _ = block_step_with_policy(params, block_ids, cache, (), None, config=config, commit=commit,
-                                              policy=None, attention_fn=attention_fn)
-    return logits, cache
-
-
-def block_step_with_policy(params, block_ids, cache: KVCache, policy_state, mode, *, config: SDARConfig,
-                           policy, commit=False, attention_fn=dense_attention):
-    """`block_step` with attention through `policy` (dllm_jax.attention.policy), if not None.
-
-    The policy sees the layer's whole cache buffer with `kv_len` = length + n (or, if it sets
-    `reads_stacked_cache`, the stacked cache of all layers and `cache_layer`); `mode` (int32, from
-    `policy.block_mode` / `policy.mode`) applies to every layer, and the per-layer state (leading
-    layer axis) is threaded like the cache. Returns (logits, cache, policy_state).
-    """
-    n = block_ids.shape[1]
+    b, n = block_ids.shape
     start = cache.length
+    if policy_state is None:
+        policy_state = init_policy_state(policy, config, b, cache.max_length, block_length=n)
+    if mode is None:
+        mode = policy.block_mode(0, unmasked=0, commit=commit)
     cos, sin = rope_tables(start + jnp.arange(n), config.head_dim, config.rope_theta)
 
     def attend(q, k, v, state, layer):
         cache, policy_state = state
         ck = jax.lax.dynamic_update_slice(cache.k, k[None].astype(cache.k.dtype), (layer, 0, start, 0, 0))
         cv = jax.lax.dynamic_update_slice(cache.v, v[None].astype(cache.v.dtype), (layer, 0, start, 0, 0))
-        if policy is None:
-            out = attention_fn(q, ck[layer], cv[layer], kv_len=start + n)
-        elif getattr(policy, "reads_stacked_cache", False):
+        if policy.reads_stacked_cache:
             # the Pallas kernels read the layer in place; slicing it out would copy it every step
             out, policy_state = attend_layer(policy, mode, q, ck, cv, policy_state, layer, kv_len=start + n,
                                              cache_layer=layer)
@@ -137,33 +144,46 @@ def block_step_with_policy(params, block_ids, cache: KVCache, policy_state, mode
     return lm_head(params, x, config), cache, policy_state
 
 
-def init_policy_state(policy, config: SDARConfig, batch: int, max_length: int):
-    """The policy's state for every layer (one block of queries against `max_length` keys)."""
+def init_policy_state(policy: AttentionPolicy, config: SDARConfig, batch: int, max_length: int, *,
+                      block_length: int | None = None):
+    """The policy's state for every layer: `block_length` queries (the config's block size by
+    default) against `max_length` keys."""
     return stacked_state(policy, config.num_layers, batch=batch, num_heads=config.num_heads,
-                         num_kv_heads=config.num_kv_heads, q_len=config.block_size, kv_len=max_length,
-                         head_dim=config.head_dim)
+                         num_kv_heads=config.num_kv_heads, q_len=block_length or config.block_size,
+                         kv_len=max_length, head_dim=config.head_dim)
 
 
-_forward_jit = jax.jit(forward, static_argnames=("config", "block_length", "attention_fn"))
-_prefill_jit = jax.jit(prefill, static_argnames=("config", "attention_fn"))
-_block_step_jit = jax.jit(block_step, static_argnames=("config", "commit", "attention_fn"))
+@functools.partial(jax.jit, static_argnames=("config", "block_length", "policy"))
+def _logits_jit(params, input_ids, *, config: SDARConfig, block_length: int | None, policy: AttentionPolicy):
+    return forward(params, input_ids, config=config, block_length=block_length, policy=policy)[0]
+
+
+_prefill_jit = jax.jit(prefill, static_argnames=("config", "policy"))
+
+
+@functools.partial(jax.jit, static_argnames=("config", "commit", "policy"))
+def _block_step_jit(params, block_ids, cache: KVCache, *, config: SDARConfig, commit: bool, policy: AttentionPolicy):
+    logits, cache, _ = block_step(params, block_ids, cache, config=config, commit=commit, policy=policy)
+    return logits, cache
 
 
 class SDAR(DecoderLM):
     """SDAR / TraDo block-diffusion LM (Qwen3 architecture).
 
     `model(input_ids)` is the full block-causal forward; `init_cache`, `prefill` and `block_step`
-    are the cached path the block-diffusion loop runs.
+    are the cached path the block-diffusion loop runs. Each method takes an attention `policy`
+    (`Dense()` by default) and runs it from its initial state (the pure functions of this module
+    thread the state).
     """
 
-    def __call__(self, input_ids, *, block_length: int | None = None, attention_fn=dense_attention):
+    def __call__(self, input_ids, *, block_length: int | None = None, policy: AttentionPolicy = Dense()):
         """float32 logits [B, L, V] under the block-causal mask (block length from the config)."""
         input_ids = jnp.asarray(input_ids)
         check_inputs(self.config, input_ids)
         if block_length is not None and block_length <= 0:
             raise ValueError(f"block_length must be positive, got {block_length}")
-        return _forward_jit(self.params(), input_ids, config=self.config, block_length=block_length,
-                            attention_fn=attention_fn)
+        check_policy(policy)
+        return _logits_jit(self.params(), input_ids, config=self.config, block_length=block_length, policy=policy)
 
     def init_cache(self, batch: int, max_length: int) -> KVCache:
         """An empty cache for `batch` rows and up to `max_length` positions, in the model's dtype."""
@@ -171,7 +191,7 @@ class SDAR(DecoderLM):
             raise ValueError(f"batch and max_length must be positive, got {batch=}, {max_length=}")
         return init_cache(self.config, batch, max_length, self.dtype)
 
-    def prefill(self, input_ids, cache: KVCache, *, attention_fn=dense_attention) -> KVCache:
+    def prefill(self, input_ids, cache: KVCache, *, policy: AttentionPolicy = Dense()) -> KVCache:
         """Fills an empty cache with the complete prompt blocks input_ids [B, P]."""
         input_ids = jnp.asarray(input_ids)
         check_inputs(self.config, input_ids)
@@ -180,15 +200,16 @@ class SDAR(DecoderLM):
             raise ValueError(f"prefill takes complete blocks: prompt length {n} is not a multiple of "
                              f"block_size={bs} (run the trailing {n % bs} tokens as the first block)")
         check_cache(cache, input_ids.shape[0], 0, n, self.config)
-        return _prefill_jit(self.params(), input_ids, cache, config=self.config, attention_fn=attention_fn)
+        check_policy(policy)
+        return _prefill_jit(self.params(), input_ids, cache, config=self.config, policy=policy)
 
-    def block_step(self, block_ids, cache: KVCache, *, commit: bool = False, attention_fn=dense_attention):
+    def block_step(self, block_ids, cache: KVCache, *, commit: bool = False, policy: AttentionPolicy = Dense()):
         """(logits [B, n, V], cache) of one block against the cache; see `block_step`."""
         block_ids = jnp.asarray(block_ids)
         check_inputs(self.config, block_ids)
         check_cache(cache, block_ids.shape[0], None, block_ids.shape[1], self.config)
-        return _block_step_jit(self.params(), block_ids, cache, config=self.config, commit=commit,
-                               attention_fn=attention_fn)
+        check_policy(policy)
+        return _block_step_jit(self.params(), block_ids, cache, config=self.config, commit=commit, policy=policy)
 
 
 def check_cache(cache: KVCache, batch: int, expected_length: int | None, n: int, config: SDARConfig) -> None:

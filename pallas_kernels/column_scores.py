@@ -20,7 +20,7 @@ import jax.numpy as jnp
 from jax.experimental import pallas as pl
 
 from pallas_kernels import _common as c
-from pallas_kernels.block_pool import probabilities
+from pallas_kernels.block_scores import probabilities
 
 
 def _kernel(kvlen_ref, q_ref, lse_ref, k_ref, out_ref, *, scale_log2, block_kv, group_size, num_queries):

@@ -20,7 +20,7 @@ import jax.numpy as jnp
 from jax.experimental import pallas as pl
 
 from pallas_kernels import _common as c
-from pallas_kernels.block_pool import probabilities
+from pallas_kernels.block_scores import probabilities
 from pallas_kernels.split_kv import _fold_queries
 
 TILES_PER_PROGRAM = 8

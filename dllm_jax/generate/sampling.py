@@ -1,0 +1,75 @@
+"""Sampling helpers of the denoising loops: how many tokens a step commits, which ones, and the
+token draws. Pure functions of arrays; the loops (generate/llada.py, generate/sdar.py) hold the
+schedules and random keys.
+"""
+
+from __future__ import annotations
+
+import jax
+import jax.numpy as jnp
+
+
+def transfer_counts(masked, steps: int):
+    """Tokens to commit at each of `steps` steps when `masked` (int, or int32 [B]) tokens are masked:
+    masked // steps, plus one on the first masked % steps steps (both official
+    get_num_transfer_tokens). Returns int32 [..., steps]."""
+    masked = jnp.asarray(masked)
+    base = masked // steps
+    extra = masked % steps
+    return base[..., None] + (jnp.arange(steps) < extra[..., None]).astype(jnp.int32)
+
+
+def commit_top(confidence, count):
+    """bool [B, L]: in each row, the `count[b]` positions of highest confidence (ties: lowest index)."""
+    order = jnp.argsort(-confidence, axis=-1, stable=True)
+    rank = jnp.argsort(order, axis=-1, stable=True)
+    return rank < count[:, None]
+
+
+def gumbel_argmax(logits, temperature: float, key, total: int):
+    """argmax of exp(l) / (-log u)^T, computed as argmax(l - T log(-log u)) (same argmax, no overflow).
+
+    logits [B, n, V] are the last n of `total` positions; the uniforms are drawn for all `total`
+    positions (so the random stream does not depend on which positions get logits)."""
+    if temperature == 0:
+        return jnp.argmax(logits, axis=-1)
+    b, n, v = logits.shape
+    u = jax.random.uniform(key, (b, total, v), jnp.float32)[:, total - n:]
+    return jnp.argmax(logits - temperature * jnp.log(-jnp.log(u)), axis=-1)
+
+
+def sample_tokens(logits, u, *, temperature: float, top_k: int, top_p: float):
+    """(tokens, probabilities of the drawn tokens after filtering) for logits [..., V], u [...] in [0, 1):
+    logits / T (if T != 1), top-k, top-p (the first token always kept), softmax, inverse-CDF draw."""
+    if temperature != 1.0:
+        logits = logits / temperature
+    if top_k > 0:
+        kth = jax.lax.top_k(logits, top_k)[0][..., -1:]
+        logits = jnp.where(logits < kth, -jnp.inf, logits)
+    if top_p < 1.0:
+        order = jnp.argsort(-logits, axis=-1, stable=True)
+        sorted_logits = jnp.take_along_axis(logits, order, axis=-1)
+        remove = jnp.cumsum(jax.nn.softmax(sorted_logits, axis=-1), axis=-1) > top_p
+        remove = jnp.concatenate([jnp.zeros_like(remove[..., :1]), remove[..., :-1]], axis=-1)
+        removed = jnp.take_along_axis(remove, jnp.argsort(order, axis=-1), axis=-1)  # back to vocab order
+        logits = jnp.where(removed, -jnp.inf, logits)
+    probs = jax.nn.softmax(logits, axis=-1)
+    cdf = jnp.cumsum(probs, axis=-1)
+    tokens = jnp.argmax(cdf >= u[..., None] * cdf[..., -1:], axis=-1)
+    return tokens, jnp.take_along_axis(probs, tokens[..., None], axis=-1)[..., 0]
+
+
+def transfer_mask(strategy: str, mask_index, x0_p, count, threshold: float):
+    """bool [B, n]: the positions an SDAR step commits under remasking `strategy` ("sequential",
+    "low_confidence_static" or "low_confidence_dynamic")."""
+    if strategy == "sequential":
+        n = mask_index.shape[1]
+        first = jnp.argmax(mask_index, axis=1)[:, None]
+        pos = jnp.arange(n)[None, :]
+        return (pos >= first) & (pos < first + count)
+    confidence = jnp.where(mask_index, x0_p, -jnp.inf)
+    top = commit_top(confidence, jnp.broadcast_to(count, confidence.shape[:1]))
+    if strategy == "low_confidence_static":
+        return top
+    high = confidence > threshold
+    return jnp.where(jnp.sum(high, axis=1, keepdims=True) >= count, high, top)

@@ -1,0 +1,91 @@
+"""The benchmark harness (one timer, one results writer) and the one random-weight scheme."""
+
+import json
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+import pytest
+
+from dllm_jax.bench import call_times, time_calls, time_carried, write_results
+from dllm_jax.checkpoint.hf import hf_name, rules_for, tree_get
+from dllm_jax.models.layers import lm_param_shapes
+from dllm_jax.testing import random_hf_tensors, random_params, tiny_sdar_config
+
+
+def counting(result=0.0):
+    """fn() -> result, and the list its calls are recorded in."""
+    calls = []
+
+    def fn():
+        calls.append(1)
+        return jnp.float32(result)
+
+    return fn, calls
+
+
+def test_synchronised_timing_makes_warmup_plus_repeats_calls():
+    fn, calls = counting()
+    times = call_times(fn, repeats=3, warmup=2, burst_s=0)
+    assert len(times) == 3 and all(t >= 0 for t in times)
+    assert len(calls) == 5
+
+
+def test_bad_timer_settings_are_refused_before_any_call():
+    fn, calls = counting()
+    for bad in (dict(repeats=0), dict(warmup=-1), dict(burst_s=float("nan"))):
+        with pytest.raises(ValueError, match=next(iter(bad))):
+            call_times(fn, **bad)
+    assert not calls
+
+
+def test_burst_timing_sizes_its_bursts_with_one_extra_call():
+    fn, calls = counting()
+    times = call_times(fn, repeats=2, warmup=1, burst_s=1e-9)  # far below one call: bursts of one
+    assert len(times) == 2 and len(calls) == 1 + 1 + 2
+    assert time_calls(fn, repeats=3) == pytest.approx(time_calls(fn, repeats=3), abs=1.0)  # a float, not a list
+
+
+def test_carried_timing_threads_the_carry_through_every_call():
+    seen = []
+
+    def step(carry):
+        seen.append(carry)
+        return jnp.float32(carry), carry + 1
+
+    seconds, last = time_carried(step, 0, repeats=4, warmup=1)
+    assert seen == [0, 1, 2, 3, 4] and last == 5 and seconds >= 0
+
+
+def test_write_results_writes_json_and_markdown(tmp_path, capsys):
+    meta = dict(benchmark="unit", device="CPU test", date="2026-01-01")
+    path = write_results(tmp_path / "out", meta, [dict(n=1)], ["| n |", "|---|", "| 1 |"])
+    assert path == tmp_path / "out" / "unit_CPU_test_2026-01-01.md"
+    assert path.read_text() == "| n |\n|---|\n| 1 |\n" and "| 1 |" in capsys.readouterr().out
+    assert json.loads(path.with_suffix(".json").read_text()) == dict(meta, rows=[dict(n=1)])
+
+
+def test_device_and_host_random_weights_follow_one_scheme():
+    """random_params (drawn on the device, tree layout) and random_hf_tensors (numpy, HF layout) have
+    the same tree, and per weight the same distribution: norms 1 + N(0, 0.1²), embeddings N(0, 1),
+    projections N(0, 1/fan_in). SDAR has every kind of weight (q/k norms, untied head)."""
+    config = tiny_sdar_config(hidden_size=128, intermediate_size=256)
+    params = random_params(config, jax.random.key(0), jnp.float32)
+    assert jax.tree.map(lambda x: x.shape, params) == lm_param_shapes(config)  # same tree, same shapes
+    hf = random_hf_tensors(config, seed=0)
+    for rule in rules_for(config):
+        device = np.asarray(tree_get(params, rule.path), np.float64)
+        layers = range(config.num_layers) if rule.per_layer else [None]
+        host = np.concatenate([hf[hf_name(rule, layer)].ravel() for layer in layers]).astype(np.float64)
+        assert device.size == host.size, rule.path
+        if rule.path[-1].endswith("norm"):
+            expected_mean, expected_std = 1.0, 0.1
+        elif rule.path == ("embed",):
+            expected_mean, expected_std = 0.0, 1.0
+        else:
+            fan_in = hf[hf_name(rule, layers[0])].shape[-1]
+            expected_mean, expected_std = 0.0, 1 / np.sqrt(fan_in)
+        for values in (device, host):
+            tolerance = 6 / np.sqrt(values.size)  # six standard errors
+            assert abs(values.mean() - expected_mean) < tolerance * expected_std * 2, rule.path
+            assert abs(values.std() / expected_std - 1) < tolerance + 0.02, rule.path
