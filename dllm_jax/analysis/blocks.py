@@ -24,6 +24,7 @@ import jax.numpy as jnp
 import numpy as np
 
 import pallas_kernels as pk
+from dllm_jax import validation
 from dllm_jax.attention.mage import prefix_counts, select_prefix
 from dllm_jax.attention.policy import AttentionPolicy, Mode, check_policy
 
@@ -133,7 +134,7 @@ def analyze_blocks(model, prompt_ids, method, *, seed: int = 0, trajectory: str 
     check_policy(method)
     opts, prompt_ids, blocks = prepare_sdar(model, prompt_ids, None, method, options)
     probe = BlockProbe(method, blocks * (opts.denoising_steps + 1), trajectory)
-    tokens, _, state = generate_sdar_jit(model.params(), prompt_ids, np.int32(seed), np.int32(0),
+    tokens, _, state = generate_sdar_jit(model.params(), prompt_ids, validation.seed(seed), np.int32(0),
                                          config=model.config, options=opts, policy=probe, return_policy_state=True)
     recall, l1, log = (np.asarray(x) for x in state[2:])
     used = log[0, 1] >= 0  # every layer logs the same calls

@@ -27,6 +27,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
+from dllm_jax import validation
 from dllm_jax.attention.dense import dense_attention
 from dllm_jax.attention.policy import AttentionPolicy, Mode, check_policy
 
@@ -159,7 +160,7 @@ def analyze(model, prompt_ids, method, *, seed: int = 0, snapshot_step: int | No
         snapshot_step = int(sparse_steps[0]) if len(sparse_steps) else opts.steps - 1
     if not 0 <= snapshot_step < opts.steps:
         raise ValueError(f"snapshot_step={snapshot_step} is not a step of this generation (0..{opts.steps - 1})")
-    tokens, state = generate_llada_jit(model.params(), prompt_ids, None, np.int32(seed), np.int32(0),
+    tokens, state = generate_llada_jit(model.params(), prompt_ids, None, validation.seed(seed), np.int32(0),
                                        config=model.config, options=opts,
                                        prompt_has_masks=bool((prompt_ids == model.config.mask_token_id).any()),
                                        policy=Probe(method, opts.steps, snapshot_step), return_policy_state=True)

@@ -36,7 +36,7 @@ import jax.numpy as jnp
 
 import pallas_kernels as pk
 from dllm_jax.attention import kernels
-from dllm_jax.attention.mage import MAGE, block_keys, prefix_counts, selected_attention
+from dllm_jax.attention.mage import MAGE, block_keys, prefix_counts, selected_attention, split_exact_attention
 from dllm_jax.attention.policy import AttentionPolicy, Mode
 
 
@@ -146,8 +146,9 @@ class FlashBlock(AttentionPolicy):
             return kernels.split_kv_gather(q, k, v, left_out, counts, self.backend, layer=layer)
 
         def estimate(inner):
-            out, lse = kernels.split_kv(q, k, v, kv_len, self.backend, layer=layer)
-            indices = mage.select(q, k, kv_len, lse, layer)
+            out, lse, prefix_lse = split_exact_attention(q, k, v, kv_len, self.backend, layer)
+            indices = mage.select(q, k, kv_len, lse, layer, prefix_lse=prefix_lse)
+            out = out.astype(q.dtype)
             o_res, lse_res = residual(indices)
             return out, (indices, exact_layer), o_res.astype(jnp.float32), lse_res
 

@@ -24,6 +24,7 @@ import jax.numpy as jnp
 import numpy as np
 from flax import struct
 
+from dllm_jax import validation as check
 from dllm_jax.attention.policy import AttentionPolicy, Dense, check_policy
 from dllm_jax.config import LLaDAConfig
 from dllm_jax.generate.sampling import commit_top, gumbel_argmax, transfer_counts
@@ -47,8 +48,6 @@ class LLaDAOptions:
     padding: str = "ignore"
 
     def __post_init__(self):
-        from dllm_jax import validation as check  # TODO(coordinator): hoist to the module imports
-
         def store(name, value):  # canonical int / float / bool: equal options hash equal as static jit arguments
             object.__setattr__(self, name, value)
 

@@ -24,6 +24,7 @@ import jax
 import jax.numpy as jnp
 from flax import struct
 
+from dllm_jax import validation as check
 from dllm_jax.attention.policy import AttentionPolicy, Dense, check_policy, unmasked_since_refresh
 from dllm_jax.config import SDARConfig
 from dllm_jax.generate.sampling import sample_tokens, transfer_counts, transfer_mask
@@ -46,8 +47,6 @@ class SDAROptions:
     top_p: float = 1.0
 
     def __post_init__(self):
-        from dllm_jax import validation as check  # TODO(coordinator): hoist to the module imports
-
         def store(name, value):  # canonical int / float: equal options hash equal as static jit arguments
             object.__setattr__(self, name, value)
 

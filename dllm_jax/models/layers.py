@@ -119,6 +119,10 @@ def check_inputs(config, input_ids, attention_mask=None) -> None:
         low, high = int(input_ids.min()), int(input_ids.max())
         if low < 0 or high >= config.vocab_size:
             raise ValueError(f"token ids must lie in [0, {config.vocab_size}), got range [{low}, {high}]")
+    if attention_mask is not None and not isinstance(attention_mask, jax.core.Tracer):
+        values = np.unique(np.asarray(attention_mask))
+        if not np.isin(values, (0, 1)).all():
+            raise ValueError(f"attention_mask must hold only 0 (pad) and 1 (token), got values {values.tolist()}")
 
 
 def layer_param_shapes(config) -> dict[str, tuple[int, ...]]:
