@@ -9,7 +9,7 @@ demo: $(VENV)/.installed-core
 	$(PY) -m dllm_jax.cli demo
 
 test: $(VENV)/.installed-test
-	$(PY) -m pytest -m "not gpu" -q
+	$(PY) -m pytest -m "not gpu" -q -n 2  # two workers: CI has 2 cores (each worker is a JAX process of 2-4 GB)
 
 $(PY):
 	"$$(scripts/find-python)" -m venv $(VENV)
