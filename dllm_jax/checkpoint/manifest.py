@@ -25,8 +25,9 @@ import zlib
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
-import jax
 import numpy as np
+
+from dllm_jax.checkpoint.orbax import tree_paths
 
 MANIFEST = "dllm_jax_manifest.json"
 FORMAT_VERSION = 2
@@ -55,12 +56,6 @@ def tensor_checksum(array, *, chunk_bytes: int = CHUNK_BYTES, pool: ThreadPoolEx
     data = np.ascontiguousarray(np.asarray(array)).reshape(-1).view(np.uint8)
     pieces = [data[start:start + chunk_bytes] for start in range(0, max(data.size, 1), chunk_bytes)]
     return list(pool.map(zlib.crc32, pieces) if pool is not None else map(zlib.crc32, pieces))
-
-
-def tree_paths(tree) -> dict[str, object]:
-    """{"layers/q_proj": leaf} of a nested dict (the paths `orbax.stored_shapes` uses)."""
-    return {"/".join(str(getattr(k, "key", k)) for k in path): leaf
-            for path, leaf in jax.tree_util.tree_flatten_with_path(tree)[0]}
 
 
 def tree_checksums(tree, *, chunk_bytes: int = CHUNK_BYTES, cast=None) -> dict[str, list[int]]:

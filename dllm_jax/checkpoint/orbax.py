@@ -16,6 +16,17 @@ import orbax.checkpoint as ocp
 PARAMS_DIR = "params"
 
 
+def tree_paths(tree, *, is_leaf=None) -> dict:
+    """{"layers/q_proj": leaf} of a nested dict: the names of stored tensors (shape checks, checksums)."""
+    return {"/".join(str(getattr(k, "key", k)) for k in path): leaf
+            for path, leaf in jax.tree_util.tree_flatten_with_path(tree, is_leaf=is_leaf)[0]}
+
+
+def is_shape(x) -> bool:
+    """Leaves of a shape tree (`<model>.param_shapes`) are tuples."""
+    return isinstance(x, tuple)
+
+
 def save_params(directory: Path, params: dict) -> None:
     """Writes the tree under `directory/params` and waits until it is committed."""
     with ocp.StandardCheckpointer() as checkpointer:
@@ -31,8 +42,7 @@ def stored_shapes(directory: Path) -> dict:
         raise damaged(directory, e) from e
     if tree is None:
         raise damaged(directory, "no tree metadata")
-    return {"/".join(str(getattr(k, "key", k)) for k in path): (tuple(m.shape), np.dtype(m.dtype))
-            for path, m in jax.tree_util.tree_flatten_with_path(tree)[0]}
+    return {path: (tuple(m.shape), np.dtype(m.dtype)) for path, m in tree_paths(tree).items()}
 
 
 def restore_params(directory: Path, shapes: dict, dtype) -> dict:
@@ -41,9 +51,7 @@ def restore_params(directory: Path, shapes: dict, dtype) -> dict:
     Raises ValueError naming every stored tensor whose path or shape differs from `shapes`.
     """
     directory = Path(directory).absolute()
-    expected = {"/".join(str(getattr(k, "key", k)) for k in path): tuple(shape)
-                for path, shape in jax.tree_util.tree_flatten_with_path(
-                    shapes, is_leaf=lambda x: isinstance(x, tuple))[0]}
+    expected = {path: tuple(shape) for path, shape in tree_paths(shapes, is_leaf=is_shape).items()}
     stored = stored_shapes(directory)
     problems = [f"{p}: missing" for p in expected if p not in stored]
     problems += [f"{p}: unexpected" for p in stored if p not in expected]
@@ -53,8 +61,7 @@ def restore_params(directory: Path, shapes: dict, dtype) -> dict:
         raise ValueError(f"converted checkpoint {directory} does not match its config.json:\n  "
                          + "\n  ".join(problems))
     sharding = jax.sharding.SingleDeviceSharding(jax.devices()[0])
-    target = jax.tree.map(lambda s: jax.ShapeDtypeStruct(s, dtype, sharding=sharding), shapes,
-                          is_leaf=lambda x: isinstance(x, tuple))
+    target = jax.tree.map(lambda s: jax.ShapeDtypeStruct(s, dtype, sharding=sharding), shapes, is_leaf=is_shape)
     try:
         with ocp.StandardCheckpointer() as checkpointer:
             return checkpointer.restore(directory / PARAMS_DIR, target)
