@@ -29,6 +29,7 @@ from dllm_jax.attention.policy import AttentionPolicy, Dense, check_policy
 from dllm_jax.config import LLaDAConfig
 from dllm_jax.generate.sampling import commit_top, gumbel_argmax, transfer_counts
 from dllm_jax.models import llada as llada_model
+from dllm_jax.models.layers import check_inputs
 
 REMASKING = ("low_confidence", "random")
 
@@ -173,27 +174,9 @@ generate_llada_jit = jax.jit(generate_llada, static_argnames=STATIC)
 
 
 def check_prompt(config, prompt_ids: np.ndarray, attention_mask) -> None:
-    """Checks prompt_ids [B, P] (integer ids in [0, vocab_size)) and attention_mask [B, P] (0/1 or
-    bool) on the host with numpy: a refused prompt costs no transfer, tracing or compilation. Inside
-    jit an out-of-range id would be clamped by the embedding gather, and a mask value 2 or -1 would
-    count as a real token."""
+    """Checks prompt_ids [B, P] (non-empty; integer ids in [0, vocab_size)) and attention_mask [B, P]
+    (0/1 or bool) on the host with numpy (`check_inputs`): a refused prompt costs no transfer,
+    tracing or compilation."""
     if prompt_ids.ndim != 2 or 0 in prompt_ids.shape:
         raise ValueError(f"prompt_ids must be [batch>0, length>0], got shape {prompt_ids.shape}")
-    if not np.issubdtype(prompt_ids.dtype, np.integer):
-        raise ValueError(f"prompt_ids must be integer token ids, got dtype {prompt_ids.dtype}")
-    outside = (prompt_ids < 0) | (prompt_ids >= config.vocab_size)
-    if outside.any():
-        where = [tuple(int(i) for i in w) for w in np.argwhere(outside)[:5]]
-        raise ValueError(f"prompt_ids: token ids must lie in [0, {config.vocab_size}) (vocab_size), got "
-                         f"{[int(prompt_ids[w]) for w in where]} at [batch, position] {where}")
-    if attention_mask is None:
-        return
-    mask = np.asarray(attention_mask)
-    if mask.shape != prompt_ids.shape:
-        raise ValueError(f"attention_mask shape {mask.shape} != prompt_ids shape {prompt_ids.shape}")
-    if mask.dtype != np.bool_ and not np.issubdtype(mask.dtype, np.integer):
-        raise ValueError(f"attention_mask must hold integers or booleans (1 = token, 0 = padding), "
-                         f"got dtype {mask.dtype}")
-    bad = np.unique(mask[(mask != 0) & (mask != 1)])
-    if bad.size:
-        raise ValueError(f"attention_mask must hold only 0 (padding) and 1 (token), got values {bad.tolist()}")
+    check_inputs(config, prompt_ids, attention_mask, name="prompt_ids")

@@ -106,23 +106,35 @@ def decoder_stack(layers, x, cos, sin, attend, config, state=()):
     return carry.x, carry.state
 
 
-def check_inputs(config, input_ids, attention_mask=None) -> None:
-    """Host-side validation of token ids [B, L] (and a mask of their shape) for any model family.
-    Inside jit, out-of-range ids are clamped by the embedding gather."""
+def check_inputs(config, input_ids, attention_mask=None, *, name: str = "input_ids") -> None:
+    """Host-side validation of token ids [B, L] (integers in [0, vocab_size)) and a mask of their shape
+    (0/1, integer or bool) for any model family. Values are checked with numpy where the arrays are
+    concrete; inside jit an out-of-range id would be clamped by the embedding gather, and a mask value
+    2 or -1 would count as a real token."""
     if input_ids.ndim != 2:
-        raise ValueError(f"input_ids must be [batch, length], got shape {input_ids.shape}")
-    if not jnp.issubdtype(input_ids.dtype, jnp.integer):
-        raise ValueError(f"input_ids must be integer token ids, got dtype {input_ids.dtype}")
-    if attention_mask is not None and tuple(np.shape(attention_mask)) != tuple(input_ids.shape):
-        raise ValueError(f"attention_mask shape {np.shape(attention_mask)} != input_ids shape {input_ids.shape}")
-    if not isinstance(input_ids, jax.core.Tracer) and input_ids.size:
-        low, high = int(input_ids.min()), int(input_ids.max())
-        if low < 0 or high >= config.vocab_size:
-            raise ValueError(f"token ids must lie in [0, {config.vocab_size}), got range [{low}, {high}]")
-    if attention_mask is not None and not isinstance(attention_mask, jax.core.Tracer):
-        values = np.unique(np.asarray(attention_mask))
-        if not np.isin(values, (0, 1)).all():
-            raise ValueError(f"attention_mask must hold only 0 (pad) and 1 (token), got values {values.tolist()}")
+        raise ValueError(f"{name} must be [batch, length], got shape {input_ids.shape}")
+    if not np.issubdtype(input_ids.dtype, np.integer):
+        raise ValueError(f"{name} must be integer token ids, got dtype {input_ids.dtype}")
+    if not isinstance(input_ids, jax.core.Tracer):
+        ids = np.asarray(input_ids)
+        outside = (ids < 0) | (ids >= config.vocab_size)
+        if outside.any():
+            where = [tuple(int(i) for i in w) for w in np.argwhere(outside)[:5]]
+            raise ValueError(f"{name}: token ids must lie in [0, {config.vocab_size}) (vocab_size), got "
+                             f"{[int(ids[w]) for w in where]} at [batch, position] {where}")
+    if attention_mask is None:
+        return
+    if tuple(np.shape(attention_mask)) != tuple(input_ids.shape):
+        raise ValueError(f"attention_mask shape {tuple(np.shape(attention_mask))} != {name} shape {input_ids.shape}")
+    traced = isinstance(attention_mask, jax.core.Tracer)
+    mask = attention_mask if traced else np.asarray(attention_mask)
+    if mask.dtype != np.bool_ and not np.issubdtype(mask.dtype, np.integer):
+        raise ValueError(f"attention_mask must hold integers or booleans (1 = token, 0 = padding), "
+                         f"got dtype {mask.dtype}")
+    if not traced:
+        bad = np.unique(mask[(mask != 0) & (mask != 1)])
+        if bad.size:
+            raise ValueError(f"attention_mask must hold only 0 (padding) and 1 (token), got values {bad.tolist()}")
 
 
 def layer_param_shapes(config) -> dict[str, tuple[int, ...]]:
