@@ -83,7 +83,7 @@ def sdar_rows(repeats):
     for progress in (False, True):
         def run(seed):
             with progress_bar(blocks, "SDAR", progress) as run_id:
-                out = generate_sdar_jit(params, prompt, seed, run_id, config=config, options=opts,
+                out = generate_sdar_jit(params, prompt, None, seed, run_id, config=config, options=opts,
                                         on_step=tick if progress else None)
                 return jax.block_until_ready(out)
         x, end = run(np.int32(0))

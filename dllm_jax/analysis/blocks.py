@@ -132,9 +132,9 @@ def analyze_blocks(model, prompt_ids, method, *, seed: int = 0, trajectory: str 
     if trajectory not in TRAJECTORIES:
         raise ValueError(f"trajectory must be one of {TRAJECTORIES}, got {trajectory!r}")
     check_policy(method)
-    opts, prompt_ids, blocks = prepare_sdar(model, prompt_ids, None, method, options)
+    opts, prompt_ids, _, blocks = prepare_sdar(model, prompt_ids, None, method, options)
     probe = BlockProbe(method, blocks * (opts.denoising_steps + 1), trajectory)
-    tokens, _, state = generate_sdar_jit(model.params(), prompt_ids, validation.seed(seed), np.int32(0),
+    tokens, _, state = generate_sdar_jit(model.params(), prompt_ids, None, validation.seed(seed), np.int32(0),
                                          config=model.config, options=opts, policy=probe, return_policy_state=True)
     recall, l1, log = (np.asarray(x) for x in state[2:])
     used = log[0, 1] >= 0  # every layer logs the same calls

@@ -19,6 +19,7 @@ from dllm_jax.checkpoint.hf import (TARGET_DTYPES, param_shapes_for, plan_conver
 from dllm_jax.checkpoint.manifest import (FORMAT_VERSION, MANIFEST, Manifest, check_versions, files_under,
                                           read_manifest, sync_tree, tree_checksums, write_manifest)
 from dllm_jax.config import LLaDAConfig, SDARConfig, read_hf_config
+from dllm_jax.models.layers import check_execution, prepare_params, to_module_tree
 from dllm_jax.models.llada import LLaDA
 from dllm_jax.models.sdar import SDAR
 
@@ -127,7 +128,7 @@ def is_converted(path: Path, raw: dict) -> bool:
     return "dllm_jax" in raw or (path / MANIFEST).exists() or (path / orbax_io.PARAMS_DIR).is_dir()
 
 
-def load_model(path, *, dtype=None, verify: bool = True, progress: bool = True):
+def load_model(path, *, dtype=None, verify: bool = True, progress: bool = True, execution: str = "unrolled"):
     """Loads a model from a converted Orbax directory or directly from an HF directory.
 
     A converted directory must be committed (hold the manifest its conversion writes last) with a
@@ -145,12 +146,16 @@ def load_model(path, *, dtype=None, verify: bool = True, progress: bool = True):
       dtype: parameter and compute dtype, "bfloat16" (the default when None) or "float32".
       verify: check the per-tensor checksums of a converted directory.
       progress: show a tqdm bar while converting an HF directory in memory.
+      execution: "unrolled" (the default: every layer traced separately, weights read in place at
+        near memory bandwidth) or "scan" (one `lax.scan` body over stacked layers: faster to
+        compile, slower to run; see dllm_jax.models.layers and the README's compile-time table).
     Returns:
       The NNX model (`LLaDA` or `SDAR`, from config.json); `model(input_ids) -> float32 logits
       [B, L, V]` (bidirectional for LLaDA, block-causal for SDAR); `model.config`.
     """
     path = Path(path)
     dtype = checked_dtype(dtype, "load_model") or "bfloat16"
+    check_execution(execution)
     if not path.exists():
         raise ValueError(f"checkpoint directory {path} does not exist")
     if not path.is_dir():
@@ -162,7 +167,7 @@ def load_model(path, *, dtype=None, verify: bool = True, progress: bool = True):
         params = to_device_leafwise(read_hf_params(path, config, dtype=dtype, progress=progress))
     else:
         raise ValueError(f"{path} holds neither a converted checkpoint (params/) nor *.safetensors")
-    return model_from_params(config, params)
+    return model_from_params(config, params, execution=execution)
 
 
 def load_converted(path: Path, raw: dict, config, dtype: str, *, verify: bool) -> dict:
@@ -216,13 +221,18 @@ def to_device_leafwise(tree: dict) -> dict:
     return tree
 
 
-def model_from_params(config, params: dict):
-    """Builds the model of `config` around an existing parameter tree (no random init)."""
+def model_from_params(config, params: dict, *, execution: str = "unrolled"):
+    """Builds the model of `config` around an existing parameter tree (checkpoint or inference
+    layout; no random init), prepared for inference as `execution` says ("unrolled", the default,
+    or "scan": see dllm_jax.models.layers). Takes ownership of `params`: its tensors move into the
+    model (the tree is emptied), so a device tree is not held twice."""
     model_class = MODEL_CLASSES.get(type(config))
     if model_class is None:
         raise ValueError(f"unsupported config type {type(config).__name__}")
+    check_execution(execution)
     dtype = params["embed"].dtype
-    abstract = nnx.eval_shape(lambda: model_class(config, dtype=dtype, rngs=nnx.Rngs(0)))
+    params = prepare_params(params, config, execution=execution)
+    abstract = nnx.eval_shape(lambda: model_class(config, dtype=dtype, rngs=nnx.Rngs(0), execution=execution))
     graphdef, state = nnx.split(abstract)
-    nnx.replace_by_pure_dict(state, params)
+    nnx.replace_by_pure_dict(state, to_module_tree(params))
     return nnx.merge(graphdef, state)

@@ -34,9 +34,14 @@ def generate(model, prompt_ids, *, attention_mask=None, seed: int = 0, method=No
     SDAR options (static): max_new_tokens=128, denoising_steps=4,
       remasking="low_confidence_dynamic" | "low_confidence_static" | "sequential",
       confidence_threshold=0.85, temperature=1.0, top_k=0, top_p=1.0; block length from the config.
-      Batch 1 without padding, as the official sampler. Returns int32 [1, n]: the prompt and the
-      generated tokens, cut after the first stop token (config.eos_token_ids), else after the last
-      decoded block. denoising_steps <= block_size: a block of block_size tokens is decoded in at
+      One prompt [1, P] without attention_mask (the official sampler's case) returns int32 [1, n]:
+      the prompt and the generated tokens, cut after the first stop token (config.eos_token_ids),
+      else after the last decoded block. A batch [B, P], left-padded as `attention_mask` [B, P]
+      says (1 = token, 0 = padding), runs in the same compiled loop and returns int32
+      [B, P + max_new_tokens] in the same layout: row b's padding, prompt and generated tokens,
+      then config.pad_token_id after its stop token or its last decoded block. Each row keeps its
+      own block alignment (positions count from its first token), progress and stop, and equals the
+      one-prompt call on that row (same options and seed) as far as both reach. denoising_steps <= block_size: a block of block_size tokens is decoded in at
       most block_size steps (the schedule gives later steps 0 tokens), so more would silently run
       fewer. See `dllm_jax.generate.sdar`.
       Infilling: the complete prompt blocks are prefilled into the KV cache and never denoised, so a
@@ -71,14 +76,18 @@ def generate(model, prompt_ids, *, attention_mask=None, seed: int = 0, method=No
                                      policy=method, on_step=tick if progress else None)
             return np.asarray(out)
     if isinstance(model, SDAR):
-        opts, prompt_ids, blocks = prepare_sdar(model, prompt_ids, attention_mask, method, options)
+        opts, prompt_ids, mask, blocks = prepare_sdar(model, prompt_ids, attention_mask, method, options)
         with progress_bar(blocks, "SDAR blocks", progress) as run_id:
-            x, end = gen_sdar.generate_sdar_jit(model.params(), prompt_ids, seed,
+            x, end = gen_sdar.generate_sdar_jit(model.params(), prompt_ids, mask, seed,
                                                 np.int32(run_id), config=model.config, options=opts,
                                                 policy=method, on_step=tick if progress else None)
-            x, end = np.asarray(x), int(end)
-        rows = gen_sdar.trim(x, end, prompt_ids.shape[1], set(model.config.eos_token_ids))
-        return np.stack(rows)
+            x, end = np.asarray(x), np.asarray(end)
+        lengths = np.full(len(x), prompt_ids.shape[1]) if mask is None else mask.sum(axis=1)
+        rows = gen_sdar.trim(x, end, lengths, set(model.config.eos_token_ids))
+        if mask is None and len(rows) == 1:
+            return np.stack(rows)
+        return gen_sdar.left_padded(rows, prompt_ids, np.ones_like(prompt_ids) if mask is None else mask,
+                                    prompt_ids.shape[1] + opts.max_new_tokens, model.config.pad_token_id)
     raise ValueError(f"generate supports LLaDA and SDAR models, got {type(model).__name__}")
 
 
@@ -96,20 +105,35 @@ def prepare_llada(model, prompt_ids, attention_mask, method, options: dict):
 
 
 def prepare_sdar(model, prompt_ids, attention_mask, method, options: dict):
-    """Checks an SDAR request (method family, options, one unpadded prompt, context) before anything
-    compiles; returns (SDAROptions, int32 prompt_ids, the number of blocks to decode)."""
+    """Checks an SDAR request (method family, options, left-padded prompts, context) before anything
+    compiles; returns (SDAROptions, int32 prompt_ids, int32 attention_mask or None, the number of
+    decoding iterations)."""
     check_family(method, "SDAR")
     opts = make_options(SDAROptions, "SDAR", options)
-    if attention_mask is not None:
-        raise ValueError("SDAR generation takes unpadded prompts (the official sampler has no padding)")
     prompt_ids = as_array("prompt_ids", prompt_ids)
-    if prompt_ids.ndim != 2 or prompt_ids.shape[0] != 1:
-        raise ValueError(f"SDAR generation runs one prompt at a time (batch 1), got shape {prompt_ids.shape}")
-    check_prompt(model.config, prompt_ids, None)
-    check_sdar_request(model.config, prompt_ids, opts)
-    check_context(model.config, prompt_ids.shape[-1], opts.max_new_tokens)
-    bs, p = model.config.block_size, prompt_ids.shape[1]
-    return opts, prompt_ids.astype(np.int32), -(-(p + opts.max_new_tokens) // bs) - p // bs
+    check_prompt(model.config, prompt_ids, attention_mask)
+    mask = None if attention_mask is None else np.asarray(attention_mask).astype(np.int32)
+    lengths = check_left_padding(mask) if mask is not None else np.full(prompt_ids.shape[0], prompt_ids.shape[1])
+    check_sdar_request(model.config, prompt_ids, lengths, opts)
+    for row, length in enumerate(lengths):
+        check_context(model.config, int(length), opts.max_new_tokens, row=None if mask is None else row)
+    bs = model.config.block_size
+    blocks = max(-(-(int(n) + opts.max_new_tokens) // bs) - int(n) // bs for n in lengths)
+    return opts, prompt_ids.astype(np.int32), mask, blocks
+
+
+def check_left_padding(mask: np.ndarray) -> np.ndarray:
+    """The real prompt length of each row of a 0/1 attention_mask [B, P] that must be left padding
+    (0...0 1...1) with at least one token; ValueError naming the first bad row otherwise."""
+    lengths = mask.sum(axis=1)
+    for row, (values, length) in enumerate(zip(mask, lengths)):
+        if length == 0:
+            raise ValueError(f"attention_mask row {row} is all padding: every prompt needs at least one token")
+        if values[mask.shape[1] - length:].min() == 0:
+            raise ValueError(f"attention_mask row {row} is not left padding (zeros, then ones): "
+                             f"{values.tolist()[:40]}{' ...' if mask.shape[1] > 40 else ''}; SDAR prompts are "
+                             "left-padded, each row's tokens contiguous at the end")
+    return lengths
 
 
 def as_array(name: str, value) -> np.ndarray:
@@ -119,28 +143,34 @@ def as_array(name: str, value) -> np.ndarray:
         raise ValueError(f"{name} must be a rectangular [batch, length] array of token ids: {e}") from None
 
 
-def check_sdar_request(config, prompt_ids: np.ndarray, options: SDAROptions) -> None:
-    """What SDAR's sampler needs of options and prompt together (see `generate`'s docstring)."""
-    bs, p = config.block_size, prompt_ids.shape[1]
+def check_sdar_request(config, prompt_ids: np.ndarray, lengths, options: SDAROptions) -> None:
+    """What SDAR's sampler needs of options and prompts together (see `generate`'s docstring);
+    `lengths` are the rows' real prompt lengths (their tokens at the end of each row)."""
+    bs = config.block_size
     if options.denoising_steps > bs:
         raise ValueError(f"denoising_steps={options.denoising_steps} exceeds the model's block_size={bs}: a block "
                          f"is fully decoded within {bs} steps (the schedule gives the steps after that 0 tokens); "
                          f"pass denoising_steps <= {bs}")
     if options.top_k > config.vocab_size:
         raise ValueError(f"top_k={options.top_k} exceeds the vocabulary (vocab_size={config.vocab_size})")
-    committed = p - p % bs
-    positions = np.flatnonzero(prompt_ids[0, :committed] == config.mask_token_id)
-    if positions.size:
-        raise ValueError(
-            f"prompt_ids hold the mask token id {config.mask_token_id} at positions {positions.tolist()[:10]}, inside "
-            f"the complete prompt blocks (positions 0..{committed - 1}, block_size={bs}): those are prefilled into "
-            f"the KV cache and never denoised, so a mask there cannot be filled in. Only the trailing partial "
-            f"block can be infilled" + (f" (positions {committed}..{p - 1})" if committed < p else
-                                        " (this prompt has none: its length is a multiple of block_size)"))
+    width = prompt_ids.shape[1]
+    for row, p in enumerate(int(n) for n in lengths):
+        tokens = prompt_ids[row, width - p:]
+        committed = p - p % bs
+        positions = np.flatnonzero(tokens[:committed] == config.mask_token_id)
+        if positions.size:
+            where = "prompt_ids" if len(lengths) == 1 and p == width else f"prompt row {row} (counting from its first token)"
+            raise ValueError(
+                f"{where} holds the mask token id {config.mask_token_id} at positions {positions.tolist()[:10]}, inside "
+                f"the complete prompt blocks (positions 0..{committed - 1}, block_size={bs}): those are prefilled into "
+                f"the KV cache and never denoised, so a mask there cannot be filled in. Only the trailing partial "
+                f"block can be infilled" + (f" (positions {committed}..{p - 1})" if committed < p else
+                                            " (this prompt has none: its length is a multiple of block_size)"))
 
 
-def check_context(config, prompt_length: int, new_tokens: int) -> None:
-    """Prompt + generated tokens must fit the positions the model was trained on.
+def check_context(config, prompt_length: int, new_tokens: int, *, row: int | None = None) -> None:
+    """Prompt + generated tokens must fit the positions the model was trained on (`row`: the batch
+    row the prompt is, named in the error).
 
     RoPE itself would run past them, but the model has never seen such positions, so the answer
     quality is undefined; long-context experiments (the sparse-attention papers run LLaDA at 64k)
@@ -148,11 +178,12 @@ def check_context(config, prompt_length: int, new_tokens: int) -> None:
     whose config.json says so, or call the compiled loops in dllm_jax.generate.* directly.
     """
     limit = config.max_position_embeddings
+    which = "the prompt" if row is None else f"prompt row {row}"
     if prompt_length > limit:
-        raise ValueError(f"the prompt has {prompt_length} tokens, longer than the model's context of {limit} "
+        raise ValueError(f"{which} has {prompt_length} tokens, longer than the model's context of {limit} "
                          "positions (config max_position_embeddings)")
     if prompt_length + new_tokens > limit:
-        raise ValueError(f"prompt ({prompt_length} tokens) + {new_tokens} new tokens = {prompt_length + new_tokens} "
+        raise ValueError(f"{which} ({prompt_length} tokens) + {new_tokens} new tokens = {prompt_length + new_tokens} "
                          f"exceeds the model's context of {limit} positions (config max_position_embeddings): "
                          "shorten the prompt or generate fewer tokens")
 

@@ -61,15 +61,16 @@ def sample_tokens(logits, u, *, temperature: float, top_k: int, top_p: float):
 
 def transfer_mask(strategy: str, mask_index, x0_p, count, threshold: float):
     """bool [B, n]: the positions an SDAR step commits under remasking `strategy` ("sequential",
-    "low_confidence_static" or "low_confidence_dynamic")."""
+    "low_confidence_static" or "low_confidence_dynamic"); `count` int32 scalar or [B] per row."""
+    count = jnp.broadcast_to(count, mask_index.shape[:1])
     if strategy == "sequential":
         n = mask_index.shape[1]
         first = jnp.argmax(mask_index, axis=1)[:, None]
         pos = jnp.arange(n)[None, :]
-        return (pos >= first) & (pos < first + count)
+        return (pos >= first) & (pos < first + count[:, None])
     confidence = jnp.where(mask_index, x0_p, -jnp.inf)
-    top = commit_top(confidence, jnp.broadcast_to(count, confidence.shape[:1]))
+    top = commit_top(confidence, count)
     if strategy == "low_confidence_static":
         return top
     high = confidence > threshold
-    return jnp.where(jnp.sum(high, axis=1, keepdims=True) >= count, high, top)
+    return jnp.where(jnp.sum(high, axis=1, keepdims=True) >= count[:, None], high, top)

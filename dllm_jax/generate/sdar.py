@@ -4,13 +4,25 @@ The complete prompt blocks are prefilled into the KV cache; then each block (the
 hold the prompt's trailing tokens) is denoised by repeated block steps against the cache, a step
 committing n[j] tokens by the remasking strategy, until no mask is left; one more forward then
 appends the block to the cache (the commit). Generation stops after the block in which a stop
-token appears. Blocks run in a `lax.scan` (finished blocks after a stop are skipped by `lax.cond`),
-steps in a `lax.while_loop` (their number per block is dynamic).
+token appears. Blocks run in a `lax.scan` (iterations after every row stopped are skipped by
+`lax.cond`), steps in a `lax.while_loop` (their number per block is dynamic).
+
+Batches: rows are left-padded prompts ([B, P] with an attention mask). Each row keeps its own
+block alignment, so the loop works in row-local coordinates: row b's tokens are shifted left by its
+padding (position j = its j-th real token), its cache fills from position 0, and its blocks start at
+multiples of the block size from its first real token. Iteration i of the scan decodes each row's
+i-th block (rows whose prompts end in different blocks sit at different positions: the block steps
+take per-row positions and cache lengths). Within a block all rows step together; a row whose
+block is finished waits (its forwards are discarded, its policy state kept: it runs the SPARSE
+mode) until every row is finished or the step limit is reached, and then all rows commit in one
+forward. A row commits with the mode its own step count gives, and draws its random numbers from
+its own counter, so every row computes exactly what generating it alone computes. A row that has
+decoded its last block or stopped idles until the batch ends.
 
 Sampling follows generate.py: logits / T (if T != 1), top-k, top-p (the first token always kept),
 softmax, one draw per position; the confidence is the drawn token's probability after filtering.
-The draw is by inverse CDF from uniforms `uniform(fold_in(key(seed), t), [B, n])`, t counting the
-denoising forwards from 0 (commit forwards draw nothing). Ties in confidence (e.g. top_k=1, where
+The draw is by inverse CDF from uniforms `uniform(fold_in(key(seed), t), [1, n])` per row, t counting
+that row's denoising forwards from 0 (commit forwards draw nothing). Ties in confidence (e.g. top_k=1, where
 every probability is 1) are broken towards the lower position; torch.topk leaves that order
 unspecified.
 """
@@ -22,10 +34,11 @@ from typing import Any
 
 import jax
 import jax.numpy as jnp
+import numpy as np
 from flax import struct
 
 from dllm_jax import validation as check
-from dllm_jax.attention.policy import AttentionPolicy, Dense, check_policy, unmasked_since_refresh
+from dllm_jax.attention.policy import AttentionPolicy, Dense, Mode, check_policy, unmasked_since_refresh
 from dllm_jax.config import SDARConfig
 from dllm_jax.generate.sampling import sample_tokens, transfer_counts, transfer_mask
 from dllm_jax.models import sdar as sdar_model
@@ -64,109 +77,139 @@ class SDAROptions:
 
 @struct.dataclass
 class BlockCarry:
-    """The carry of the while loop over one block's forwards."""
+    """The carry of the while loop over one block's forwards (per-row fields [B])."""
 
     cur: jax.Array  # int32 [B, block_size]: the block being denoised
     cache: sdar_model.KVCache
     policy_state: Any  # the attention policy's per-layer state (leading layer axis)
-    draws: jax.Array  # int32 []: random draws so far (the key is folded with it)
+    draws: jax.Array  # int32 [B]: random draws of each row so far (its key is folded with it)
     done: jax.Array  # bool []: the commit forward has run
     step: jax.Array  # int32 []: forwards of this block so far
-    unmasked: jax.Array  # int32 []: block tokens unmasked since the last forward that was not SPARSE
+    row_step: jax.Array  # int32 [B]: denoising forwards of each row in this block
+    unmasked: jax.Array  # int32 [B]: block tokens unmasked since the row's last forward that was not SPARSE
 
 
 @struct.dataclass
 class DecodeCarry:
-    """The carry of the scan over blocks."""
+    """The carry of the scan over blocks (row-local coordinates, see the module docstring)."""
 
-    x: jax.Array  # int32 [B, total]: prompt, decoded blocks, masks
+    x: jax.Array  # int32 [B, width]: prompt, decoded blocks, masks
     cache: sdar_model.KVCache
     policy_state: Any
-    draws: jax.Array  # int32 []
-    stopped: jax.Array  # bool []: a stop token has been generated
+    draws: jax.Array  # int32 [B]
+    stopped: jax.Array  # bool [B]: a stop token has been generated
 
 
-def denoise_block(params, cur, cache, policy_state, key, draws, *, config: SDARConfig, options: SDAROptions,
-                  policy: AttentionPolicy = Dense()):
-    """Denoises one block cur int32 [B, bl] against the cache until no mask is left, then commits it.
+def denoise_block(params, cur, cache, policy_state, key, draws, active, *, config: SDARConfig,
+                  options: SDAROptions, policy: AttentionPolicy = Dense()):
+    """Denoises one block per row, cur int32 [B, bl], against the cache until no row has a mask left
+    (or the step limit), then commits the active rows' blocks (bool [B] `active`).
 
-    Each forward's policy mode comes from `policy.block_mode(step, unmasked=..., commit=...)`, with
-    `unmasked` the block tokens unmasked since the last forward whose mode was not SPARSE.
-    `draws` counts the random draws so far (the key is folded with it). Returns
-    (cur, cache, policy_state, draws).
+    Each forward's policy mode comes from `policy.block_mode(row_step, unmasked=..., commit=...)`,
+    with `unmasked` the block tokens unmasked since the row's last forward whose mode was not SPARSE;
+    rows that wait (finished or inactive) run SPARSE. `draws` int32 [B] counts each row's random
+    draws so far. Returns (cur, cache, policy_state, draws).
     """
     o = options
     mask_id = config.mask_token_id
     schedule = transfer_counts(config.block_size, o.denoising_steps)
+    b, n = cur.shape
 
     def body(s: BlockCarry) -> BlockCarry:
         mask_index = s.cur == mask_id
-        finished = ~jnp.any(mask_index)
+        waiting = ~jnp.any(mask_index, axis=1) | ~active
         # the official loop runs denoising_steps + 1 forwards at most; the last one must commit
-        commit = finished | (s.step >= o.denoising_steps)
-        mode = policy.block_mode(s.step, unmasked=s.unmasked, commit=commit)
+        commit = jnp.all(waiting) | (s.step >= o.denoising_steps)
+        denoising = ~waiting & ~commit
+        mode = policy.block_mode(s.row_step, unmasked=s.unmasked, commit=commit)
+        mode = jnp.where(denoising | commit, mode, int(Mode.SPARSE))
         logits, cache, policy_state = sdar_model.block_step(params, s.cur, s.cache, s.policy_state, mode,
-                                                            config=config, policy=policy, commit=commit)
-        u = jax.random.uniform(jax.random.fold_in(key, s.draws), s.cur.shape, jnp.float32)
+                                                            config=config, policy=policy, commit=commit & active)
+        u = jax.vmap(lambda t: jax.random.uniform(jax.random.fold_in(key, t), (1, n), jnp.float32)[0])(s.draws)
         x0, x0_p = sample_tokens(logits, u, temperature=o.temperature, top_k=o.top_k, top_p=o.top_p)
-        count = schedule[jnp.minimum(s.step, o.denoising_steps - 1)]
-        transfer = transfer_mask(o.remasking, mask_index, x0_p, count, o.confidence_threshold) & ~commit
-        unmasked = unmasked_since_refresh(s.unmasked, mode, jnp.sum(transfer, dtype=jnp.int32))
+        count = schedule[jnp.minimum(s.row_step, o.denoising_steps - 1)]
+        transfer = transfer_mask(o.remasking, mask_index, x0_p, count, o.confidence_threshold) & denoising[:, None]
+        unmasked = unmasked_since_refresh(s.unmasked, mode, jnp.sum(transfer, axis=1, dtype=jnp.int32))
+        step = denoising.astype(jnp.int32)
         return BlockCarry(cur=jnp.where(transfer, x0, s.cur), cache=cache, policy_state=policy_state,
-                          draws=s.draws + (~commit).astype(jnp.int32), done=commit, step=s.step + 1,
-                          unmasked=unmasked)
+                          draws=s.draws + step, done=commit, step=s.step + 1, row_step=s.row_step + step,
+                          unmasked=jnp.where(denoising | commit, unmasked, s.unmasked))
 
+    zeros = jnp.zeros((b,), jnp.int32)
     start = BlockCarry(cur=cur, cache=cache, policy_state=policy_state, draws=draws, done=jnp.array(False),
-                       step=0, unmasked=jnp.int32(0))
+                       step=0, row_step=zeros, unmasked=zeros)
     s = jax.lax.while_loop(lambda s: ~s.done, body, start)
     return s.cur, s.cache, s.policy_state, s.draws
 
 
-def generate_sdar(params, prompt_ids, seed, run_id=0, *, config: SDARConfig, options: SDAROptions,
+def row_slices(x, starts, width: int):
+    """int32 [B, width]: row b of x from column starts[b] (clamped inside x)."""
+    return jax.vmap(lambda row, s: jax.lax.dynamic_slice_in_dim(row, s, width))(x, starts)
+
+
+def generate_sdar(params, prompt_ids, attention_mask, seed, run_id=0, *, config: SDARConfig, options: SDAROptions,
                   policy: AttentionPolicy = Dense(), on_step=None, return_policy_state: bool = False):
     """The whole generation, traceable as one function.
 
-    `on_step(run_id, block)` (static), if given, is called on the host after every decoded block.
-    `policy` (static, Dense() by default) routes the block steps' attention through an attention
-    policy; its per-layer state rides in the carry and its mode is chosen per forward by
-    `policy.block_mode` (the prefill stays dense).
-    Returns (x int32 [B, total], end int32 []): total = ceil((P + max_new_tokens) / bl) * bl; the
-    blocks after the stop are left as masks, and `end` is the length of the decoded prefix. With
-    `return_policy_state`, the final per-layer policy state comes third (for diagnostics).
+    prompt_ids int32 [B, P], left-padded as `attention_mask` [B, P] (1 = token, 0 = padding; None:
+    no padding) says. `on_step(run_id, block)` (static), if given, is called on the host after every
+    decoding iteration. `policy` (static, Dense() by default) routes the block steps' attention
+    through an attention policy; its per-layer state rides in the carry and its mode is chosen per
+    forward by `policy.block_mode` (the prefill stays dense).
+    Returns (x int32 [B, width], end int32 [B]) in row-local coordinates (module docstring): row b's
+    prompt (without its padding) and its decoded blocks in x[b, :end[b]]; after a stop the rest is
+    left as masks. width = ceil((P + max_new_tokens) / bl) * bl. With `return_policy_state`, the
+    final per-layer policy state comes third (for diagnostics).
     """
     check_policy(policy)
     o, bl = options, config.block_size
     b, p = prompt_ids.shape
-    num_blocks = -(-(p + o.max_new_tokens) // bl)
-    total = num_blocks * bl
-    prefill_blocks = p // bl
-    x = jnp.full((b, total), config.mask_token_id, jnp.int32).at[:, :p].set(prompt_ids.astype(jnp.int32))
-    # a capacity in whole 128-key tiles lets the split-KV kernels read the cache without padding it
-    cache = sdar_model.init_cache(config, b, -(-total // CACHE_TILE) * CACHE_TILE, params["embed"].dtype)
-    if prefill_blocks:
-        cache = sdar_model.prefill(params, x[:, : prefill_blocks * bl], cache, config=config)
+    if attention_mask is None:
+        lengths = jnp.full((b,), p, jnp.int32)
+        iterations = -(-(p + o.max_new_tokens) // bl) - p // bl
+    else:
+        lengths = jnp.sum(attention_mask != 0, axis=1, dtype=jnp.int32)
+        # a row whose prompt ends just past a block boundary needs one block more than its share
+        iterations = -(-(bl - 1 + o.max_new_tokens) // bl)
+    width = -(-(p + o.max_new_tokens) // bl) * bl
+    columns = jnp.arange(width)[None, :] + (p - lengths)[:, None]  # row-local j -> padded column
+    shifted = jnp.take_along_axis(prompt_ids.astype(jnp.int32), jnp.minimum(columns, p - 1), axis=1)
+    x = jnp.where(columns < p, shifted, config.mask_token_id)
+    first = lengths // bl  # each row's first decoded block (its trailing prompt tokens, if any)
+    last = -(-(lengths + o.max_new_tokens) // bl)  # one past its last block
+    # capacity: the longest row plus one block of scratch for idle rows' writes, in whole 128-key
+    # tiles so that the split-KV kernels read the cache without padding it
+    cache = sdar_model.init_cache(config, b, -(-(width + bl) // CACHE_TILE) * CACHE_TILE, params["embed"].dtype)
+    params = sdar_model.unrolled(params, config)
+    prefill_width = p // bl * bl
+    if prefill_width:
+        cache = sdar_model.prefill(params, x[:, :prefill_width], cache, first * bl, config=config)
     key = jax.random.key(seed)
     stop_ids = jnp.asarray(config.eos_token_ids, jnp.int32)
 
-    def decode(carry: DecodeCarry, block) -> DecodeCarry:
-        cur = jax.lax.dynamic_slice_in_dim(carry.x, block * bl, bl, axis=1)
-        cur, cache, policy_state, draws = denoise_block(params, cur, carry.cache, carry.policy_state, key, carry.draws,
-                                                        config=config, options=o, policy=policy)
+    def decode(carry: DecodeCarry, i) -> DecodeCarry:
+        block = first + i
+        active = (block < last) & ~carry.stopped
+        starts = jnp.minimum(block * bl, width - bl)
+        cur = row_slices(carry.x, starts, bl)
+        cur, cache, policy_state, draws = denoise_block(params, cur, carry.cache, carry.policy_state, key,
+                                                        carry.draws, active, config=config, options=o, policy=policy)
         if on_step is not None:
             # a count needs no ordering, and an unordered callback adds no sync point per step
-            jax.debug.callback(on_step, run_id, block, ordered=False)
-        return carry.replace(x=jax.lax.dynamic_update_slice_in_dim(carry.x, cur, block * bl, axis=1), cache=cache,
-                             policy_state=policy_state, draws=draws)
+            jax.debug.callback(on_step, run_id, i, ordered=False)
+        generated = starts[:, None] + jnp.arange(bl) >= lengths[:, None]
+        stopped = carry.stopped | (active & jnp.any(jnp.isin(cur, stop_ids) & generated, axis=1))
+        x = jax.vmap(lambda row, new, s, a: jnp.where(a, jax.lax.dynamic_update_slice_in_dim(row, new, s, 0), row))(
+            carry.x, cur, starts, active)
+        return carry.replace(x=x, cache=cache, policy_state=policy_state, draws=draws, stopped=stopped)
 
-    def per_block(carry: DecodeCarry, block):
-        carry = jax.lax.cond(carry.stopped, lambda carry, block: carry, decode, carry, block)
-        generated = jnp.arange(total) >= p
-        stopped = carry.stopped | jnp.any(jnp.isin(carry.x, stop_ids) & generated[None, :])
-        return carry.replace(stopped=stopped), None
+    def per_block(carry: DecodeCarry, i):
+        idle = jnp.all(carry.stopped | (first + i >= last))
+        return jax.lax.cond(idle, lambda carry, i: carry, decode, carry, i), None
 
-    carry = DecodeCarry(x=x, cache=cache, policy_state=sdar_model.init_policy_state(policy, config, b, total),
-                        draws=jnp.int32(0), stopped=jnp.array(False))
-    carry, _ = jax.lax.scan(per_block, carry, jnp.arange(prefill_blocks, num_blocks, dtype=jnp.int32))
+    carry = DecodeCarry(x=x, cache=cache, policy_state=sdar_model.init_policy_state(policy, config, b, width),
+                        draws=jnp.zeros((b,), jnp.int32), stopped=jnp.zeros((b,), bool))
+    carry, _ = jax.lax.scan(per_block, carry, jnp.arange(iterations, dtype=jnp.int32))
     if return_policy_state:
         return carry.x, carry.cache.length, carry.policy_state
     return carry.x, carry.cache.length
@@ -176,11 +219,23 @@ STATIC = ("config", "options", "policy", "on_step", "return_policy_state")
 generate_sdar_jit = jax.jit(generate_sdar, static_argnames=STATIC)
 
 
-def trim(x, end: int, prompt_length: int, stop_ids) -> list:
-    """Host-side: each row cut after its first stop token in the generated part (kept), else at `end`."""
+def trim(x, end, prompt_lengths, stop_ids) -> list:
+    """Host-side: each row of x (row-local) cut after its first stop token in the generated part
+    (kept), else at its end."""
     rows = []
-    for row in x:
-        row = row[:end]
-        hits = [i for i in range(prompt_length, len(row)) if int(row[i]) in stop_ids]
+    for row, e, p in zip(x, end, prompt_lengths):
+        row = row[: int(e)]
+        hits = [i for i in range(int(p), len(row)) if int(row[i]) in stop_ids]
         rows.append(row[: hits[0] + 1] if hits else row)
     return rows
+
+
+def left_padded(rows, prompt_ids, attention_mask, width: int, pad_id: int):
+    """Host-side: int32 [B, width], row b = its prompt's padding as given, then rows[b], then pad_id."""
+    out = np.full((len(rows), width), pad_id, np.int32)
+    for b, row in enumerate(rows):
+        pad = int(prompt_ids.shape[1] - np.sum(attention_mask[b] != 0))
+        out[b, :pad] = prompt_ids[b, :pad]
+        kept = row[: width - pad]
+        out[b, pad: pad + len(kept)] = kept
+    return out

@@ -1,12 +1,21 @@
-"""Transformer pieces shared by the model families: pure functions for the math, one NNX module
-holding the decoder layers' parameters stacked on a leading layer axis (run with `lax.scan`, so a
-32-layer model compiles one layer body).
+"""Transformer pieces shared by the model families: pure functions for the math, and the NNX module
+holding a decoder LM's parameters in the layout inference runs on.
 
-Parameter layout (the tree the checkpoint converter writes; L = layers, H/K = query/kv heads,
-D = head_dim, d = hidden size, I = intermediate size):
-  attn_norm [L, d]; q_proj [L, d, H, D]; k_proj, v_proj [L, d, K, D]; o_proj [L, H, D, d];
-  q_norm, k_norm [L, D] (only with qk_norm); mlp_norm [L, d];
-  gate_proj, up_proj [L, d, I]; down_proj [L, I, d].
+Two parameter layouts (L = layers, H/K = query/kv heads, D = head_dim, d = hidden size,
+I = intermediate size):
+  * checkpoint layout (what the converter writes, `lm_param_shapes`): layers stacked on a leading
+    axis, one tensor per projection: attn_norm [L, d]; q_proj [L, d, H, D]; k_proj, v_proj
+    [L, d, K, D]; o_proj [L, H, D, d]; q_norm, k_norm [L, D] (only with qk_norm); mlp_norm [L, d];
+    gate_proj, up_proj [L, d, I]; down_proj [L, I, d].
+  * inference layout (`prepare_params`, done once at load): the projections a sublayer applies to
+    the same input fused into one matrix, qkv_proj [d, (H + 2K) * D] and gate_up_proj [d, 2I]
+    (one GEMM reads each weight once instead of three or two launches), o_proj [H * D, d]; and
+    either one dict per layer in a tuple ("unrolled", the default: the layers are traced one after
+    the other under jit, every GEMM reads its weights in place) or the same names stacked on a
+    leading layer axis ("scan": one `lax.scan` body, compiles faster, but XLA copies each layer's
+    slice out of the stacked arrays before its GEMMs: the weights are read about twice).
+`decoder_stack` takes either inference layout, and the checkpoint layout too (then fused inside
+the traced function at every call: what tests of the pure functions use).
 """
 
 from __future__ import annotations
@@ -51,19 +60,25 @@ def apply_rope(x, cos, sin, *, in_fp32: bool):
     return (xc * cos + rotated * sin).astype(x.dtype)
 
 
+EXECUTIONS = ("unrolled", "scan")
+
+
 def attention_sublayer(p, x, cos, sin, attend, state, layer, config):
-    """x + o_proj(attend(rope(q), rope(k), v)) of the pre-normed x; p holds one layer's params.
+    """x + o_proj(attend(rope(q), rope(k), v)) of the pre-normed x; p holds one layer's inference
+    weights (fused qkv_proj).
 
     `attend(q, k, v, state, layer) -> (out, state)` is the model's per-layer attention step: the
     attention policy's call on that layer (dllm_jax.attention.policy.attend_layer), plus any KV-cache
-    write, with its state (policy state, cache) threaded through.
+    write, with its state (policy state, cache) threaded through. `layer` is a Python int when the
+    layers are unrolled, an int32 tracer under `lax.scan`.
     """
     precision = matmul_precision(x.dtype)
     eps = config.rms_norm_eps
-    h = rms_norm(x, p["attn_norm"], eps)
-    q = jnp.einsum("bld,dhk->blhk", h, p["q_proj"], precision=precision)
-    k = jnp.einsum("bld,dhk->blhk", h, p["k_proj"], precision=precision)
-    v = jnp.einsum("bld,dhk->blhk", h, p["v_proj"], precision=precision)
+    b, n, _ = x.shape
+    h, kv, hd = config.num_heads, config.num_kv_heads, config.head_dim
+    qkv = jnp.matmul(rms_norm(x, p["attn_norm"], eps), p["qkv_proj"], precision=precision)
+    q, k, v = jnp.split(qkv, [h * hd, (h + kv) * hd], axis=-1)
+    q, k, v = q.reshape(b, n, h, hd), k.reshape(b, n, kv, hd), v.reshape(b, n, kv, hd)
     if config.qk_norm:
         q = rms_norm(q, p["q_norm"], eps)
         k = rms_norm(k, p["k_norm"], eps)
@@ -71,15 +86,14 @@ def attention_sublayer(p, x, cos, sin, attend, state, layer, config):
     k = apply_rope(k, cos, sin, in_fp32=config.rope_in_fp32)
     with jax.named_scope("attention"):
         out, state = attend(q, k, v, state, layer)
-    return x + jnp.einsum("blhk,hkd->bld", out, p["o_proj"], precision=precision), state
+    return x + jnp.matmul(out.reshape(b, n, h * hd), p["o_proj"], precision=precision), state
 
 
 def mlp_sublayer(p, x, *, eps: float):
-    """x + down(silu(gate(h)) * up(h)) with h = mlp_norm(x) (SwiGLU)."""
+    """x + down(silu(gate(h)) * up(h)) with h = mlp_norm(x) (SwiGLU; gate and up as one GEMM)."""
     precision = matmul_precision(x.dtype)
-    h = rms_norm(x, p["mlp_norm"], eps)
-    gate = jnp.matmul(h, p["gate_proj"], precision=precision)
-    up = jnp.matmul(h, p["up_proj"], precision=precision)
+    gate, up = jnp.split(jnp.matmul(rms_norm(x, p["mlp_norm"], eps), p["gate_up_proj"], precision=precision), 2,
+                         axis=-1)
     return x + jnp.matmul(jax.nn.silu(gate) * up, p["down_proj"], precision=precision)
 
 
@@ -92,10 +106,20 @@ class LayerCarry:
 
 
 def decoder_stack(layers, x, cos, sin, attend, config, state=()):
-    """Runs all decoder layers over x [B, L, d] with one `lax.scan` over the stacked params.
+    """Runs all decoder layers over x [B, L, d]; returns (x, state), `state` threaded through every
+    layer's `attend` call.
 
-    Returns (x, state): `state` is threaded through every layer's `attend` call (the scan carry).
+    `layers` in the unrolled inference layout (a tuple of per-layer dicts) runs the layers one after
+    the other with static layer indices; the scan layout (stacked) runs one `lax.scan`; the
+    checkpoint layout is fused first (see the module docstring).
     """
+    layers = inference_layers(layers, config, execution=None)
+    if isinstance(layers, tuple):
+        for index, p in enumerate(layers):
+            x, state = attention_sublayer(p, x, cos, sin, attend, state, index, config)
+            x = mlp_sublayer(p, x, eps=config.rms_norm_eps)
+        return x, state
+
     def layer(carry: LayerCarry, xs):
         p, index = xs
         h, state = attention_sublayer(p, carry.x, cos, sin, attend, carry.state, index, config)
@@ -104,6 +128,70 @@ def decoder_stack(layers, x, cos, sin, attend, config, state=()):
     indices = jnp.arange(config.num_layers, dtype=jnp.int32)
     carry, _ = jax.lax.scan(layer, LayerCarry(x=x, state=state), (layers, indices))
     return carry.x, carry.state
+
+
+def check_execution(execution: str) -> None:
+    if execution not in EXECUTIONS:
+        raise ValueError(f"execution={execution!r} is not one of {EXECUTIONS} (unrolled: fastest, the default; "
+                         "scan: faster to compile)")
+
+
+def fuse_layers(stacked: dict, config) -> dict:
+    """Checkpoint layout (stacked) -> the scan inference layout. Pops each source tensor from
+    `stacked` as soon as its fused form exists, so that on device the peak is the model plus one
+    group of projections, not two models."""
+    n, d = config.num_layers, config.hidden_size
+    fused = {name: stacked.pop(name) for name in ("attn_norm", "mlp_norm", "q_norm", "k_norm") if name in stacked}
+    fused["qkv_proj"] = jnp.concatenate(
+        [stacked.pop(name).reshape(n, d, -1) for name in ("q_proj", "k_proj", "v_proj")], axis=-1)
+    fused["o_proj"] = stacked.pop("o_proj").reshape(n, -1, d)
+    fused["gate_up_proj"] = jnp.concatenate([stacked.pop("gate_proj"), stacked.pop("up_proj")], axis=-1)
+    fused["down_proj"] = stacked.pop("down_proj")
+    return fused
+
+
+def unstack_layers(stacked: dict, num_layers: int) -> tuple:
+    """The scan layout -> the unrolled one (a tuple of per-layer dicts), popping each stacked tensor
+    from `stacked` once its slices exist (peak: the model plus one tensor's slices)."""
+    layers = [{} for _ in range(num_layers)]
+    for name in list(stacked):
+        weight = stacked.pop(name)
+        for i, layer in enumerate(layers):
+            layer[name] = weight[i]
+        del weight
+    return tuple(layers)
+
+
+def inference_layers(layers, config, *, execution: str | None = "unrolled"):
+    """`layers` (any of the three layouts) in the inference layout of `execution`; None keeps the
+    inference layout it is already in (fusing a checkpoint layout into the scan layout). A dict
+    given is not modified."""
+    if isinstance(layers, (tuple, list)):
+        layers = tuple(layers)
+        if execution == "scan":
+            return jax.tree.map(lambda *xs: jnp.stack(xs), *layers)
+        return layers
+    layers = dict(layers)
+    if "qkv_proj" not in layers:
+        layers = fuse_layers(layers, config)
+    return unstack_layers(layers, config.num_layers) if execution == "unrolled" else layers
+
+
+def prepare_params(params: dict, config, *, execution: str = "unrolled") -> dict:
+    """A whole parameter tree (checkpoint or inference layout) in the inference layout of
+    `execution`. Takes ownership: `params` is emptied as its tensors move into the result, so a
+    model converted on device peaks at about one model plus one group of projections."""
+    check_execution(execution)
+    layers = params.pop("layers")
+    if isinstance(layers, dict):
+        if "qkv_proj" not in layers:
+            layers = fuse_layers(layers, config)
+        if execution == "unrolled":
+            layers = unstack_layers(layers, config.num_layers)
+    else:
+        layers = inference_layers(layers, config, execution=execution)
+    prepared = {name: params.pop(name) for name in list(params)}
+    return dict(prepared, layers=layers)
 
 
 def check_inputs(config, input_ids, attention_mask=None, *, name: str = "input_ids") -> None:
@@ -138,7 +226,7 @@ def check_inputs(config, input_ids, attention_mask=None, *, name: str = "input_i
 
 
 def layer_param_shapes(config) -> dict[str, tuple[int, ...]]:
-    """Shape of every stacked decoder-layer parameter for `config` (see the module docstring)."""
+    """Shape of every stacked decoder-layer parameter of the checkpoint layout (module docstring)."""
     n, d, i = config.num_layers, config.hidden_size, config.intermediate_size
     h, kv, hd = config.num_heads, config.num_kv_heads, config.head_dim
     shapes = {
@@ -148,6 +236,17 @@ def layer_param_shapes(config) -> dict[str, tuple[int, ...]]:
     }
     if config.qk_norm:
         shapes |= {"q_norm": (n, hd), "k_norm": (n, hd)}
+    return shapes
+
+
+def inference_layer_shapes(config) -> dict[str, tuple[int, ...]]:
+    """Shape of one layer's parameters in the inference layout (module docstring)."""
+    d, i, hd = config.hidden_size, config.intermediate_size, config.head_dim
+    h, kv = config.num_heads, config.num_kv_heads
+    shapes = {"attn_norm": (d,), "qkv_proj": (d, (h + 2 * kv) * hd), "o_proj": (h * hd, d), "mlp_norm": (d,),
+              "gate_up_proj": (d, 2 * i), "down_proj": (i, d)}
+    if config.qk_norm:
+        shapes |= {"q_norm": (hd,), "k_norm": (hd,)}
     return shapes
 
 
@@ -170,30 +269,42 @@ def lm_head(params, x, config):
     return jnp.matmul(x, head, precision=matmul_precision(x.dtype)).astype(jnp.float32)
 
 
-class DecoderLayers(nnx.Module):
-    """The stacked parameters of all decoder layers (one `nnx.Param` per weight, layer axis first)."""
+def layer_params(shapes: dict, *, dtype, rngs: nnx.Rngs) -> dict:
+    """Random parameters of `shapes` (norms 1, weights normal(0.02)), as nnx.Params."""
+    init = nnx.initializers.normal(stddev=0.02)
+    return {name: nnx.Param(jnp.ones(shape, dtype) if name.endswith("norm") else init(rngs.params(), shape, dtype))
+            for name, shape in shapes.items()}
 
-    def __init__(self, config, *, dtype, rngs: nnx.Rngs):
-        init = nnx.initializers.normal(stddev=0.02)
-        for name, shape in layer_param_shapes(config).items():
-            if name.endswith("norm"):
-                value = jnp.ones(shape, dtype)
-            else:
-                value = init(rngs.params(), shape, dtype)
-            setattr(self, name, nnx.Param(value))
+
+class DecoderLayer(nnx.Module):
+    """One decoder layer's parameters in the inference layout (one `nnx.Param` per weight); with
+    `num_layers`, all layers' stacked on a leading axis (the scan execution)."""
+
+    def __init__(self, config, *, dtype, rngs: nnx.Rngs, num_layers: int | None = None):
+        lead = () if num_layers is None else (num_layers,)
+        shapes = {name: lead + shape for name, shape in inference_layer_shapes(config).items()}
+        for name, param in layer_params(shapes, dtype=dtype, rngs=rngs).items():
+            setattr(self, name, param)
 
 
 class DecoderLM(nnx.Module):
-    """Parameters of a decoder LM: embedding, stacked layers, final norm, LM head (absent if tied).
+    """Parameters of a decoder LM: embedding, layers, final norm, LM head (absent if tied), in the
+    inference layout of `execution` ("unrolled": one `DecoderLayer` per layer; "scan": one stacked).
 
     `dtype` is both the parameter and the compute dtype. Subclasses add the forward passes.
+    Built from a checkpoint by `dllm_jax.load_model` (random init here only for tests and demos).
     """
 
-    def __init__(self, config, *, dtype=jnp.bfloat16, rngs: nnx.Rngs):
+    def __init__(self, config, *, dtype=jnp.bfloat16, rngs: nnx.Rngs, execution: str = "unrolled"):
+        check_execution(execution)
         self.config = config
+        self.execution = execution
         init = nnx.initializers.normal(stddev=0.02)
         self.embed = nnx.Param(init(rngs.params(), (config.vocab_size, config.hidden_size), dtype))
-        self.layers = DecoderLayers(config, dtype=dtype, rngs=rngs)
+        if execution == "unrolled":
+            self.layers = nnx.List([DecoderLayer(config, dtype=dtype, rngs=rngs) for _ in range(config.num_layers)])
+        else:
+            self.layers = DecoderLayer(config, dtype=dtype, rngs=rngs, num_layers=config.num_layers)
         self.final_norm = nnx.Param(jnp.ones((config.hidden_size,), dtype))
         if not config.tie_word_embeddings:
             self.lm_head = nnx.Param(init(rngs.params(), (config.hidden_size, config.vocab_size), dtype))
@@ -203,5 +314,21 @@ class DecoderLM(nnx.Module):
         return self.embed[...].dtype
 
     def params(self) -> dict:
-        """The parameter tree as a plain nested dict of arrays (the layout of `lm_param_shapes`)."""
-        return nnx.to_pure_dict(nnx.state(self, nnx.Param))
+        """The parameter tree as plain arrays in the inference layout (a tuple of per-layer dicts when
+        unrolled, see the module docstring)."""
+        return from_module_tree(nnx.to_pure_dict(nnx.state(self, nnx.Param)), self.execution)
+
+
+def from_module_tree(tree: dict, execution: str) -> dict:
+    """nnx's pure dict (layers keyed 0..L-1 when unrolled) -> the inference tree."""
+    if execution == "unrolled":
+        return dict(tree, layers=tuple(tree["layers"][i] for i in range(len(tree["layers"]))))
+    return tree
+
+
+def to_module_tree(params: dict) -> dict:
+    """The inference tree -> nnx's pure dict (what `nnx.replace_by_pure_dict` takes)."""
+    layers = params["layers"]
+    if isinstance(layers, tuple):
+        return dict(params, layers=dict(enumerate(layers)))
+    return params

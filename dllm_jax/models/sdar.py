@@ -5,17 +5,20 @@ the keys and values of finished blocks never change: a cache of them is exact, n
 
 Two forward paths, both attending through an attention policy (`Dense()` by default):
   * `forward(params, ids)`: the full sequence under the block-causal mask (training-style view);
-  * cached inference over a preallocated, static-shaped `KVCache` ([layers, B, max_length, Hkv, D]
-    plus a fill length): `prefill` writes the complete prompt blocks, `block_step` runs one block
-    against the cache (a denoising step), and `block_step(..., commit=True)` appends the finished
-    block by advancing the fill length.
+  * cached inference over a preallocated, static-shaped `KVCache` (one [B, max_length, Hkv, D]
+    buffer per layer, plus a fill length per row): `prefill` writes the complete prompt blocks,
+    `block_step` runs one block against the cache (a denoising step), and
+    `block_step(..., commit=True)` appends the finished block by advancing the fill lengths.
 
-`block_step` writes the block's own K/V into the cache slots just past the fill length, then attends
-over one contiguous buffer of `length + n` keys. The filled prefix is never written, and a
+`block_step` writes the block's own K/V into the cache slots just past each row's fill length, then
+attends over one contiguous buffer of `length + n` keys. The filled prefix is never written, and a
 non-committing step leaves the fill length unchanged, so the cache's contents (positions below the
 fill length) are exactly those before the step; the slots beyond are scratch. This avoids copying
 the whole cache to concatenate the block to it (what SDAR's torch code does with `store_kv=False`);
-inside a jitted loop the update happens in place.
+inside a jitted loop the update happens in place. Rows of a batch may sit at different positions
+(batched generation keeps each row's own block alignment): positions, writes and `kv_len` are per
+row. The cached path runs the layers unrolled (each layer's cache is its own buffer, indexed by a
+static layer number); parameters in the scan layout are sliced into layers first.
 """
 
 from __future__ import annotations
@@ -28,27 +31,49 @@ from flax import struct
 
 from dllm_jax.attention.policy import AttentionPolicy, Dense, Mode, attend_layer, check_policy, stacked_state
 from dllm_jax.config import SDARConfig
-from dllm_jax.models.layers import DecoderLM, check_inputs, decoder_stack, lm_head, lm_param_shapes, rope_tables
+from dllm_jax.models.layers import (DecoderLM, check_inputs, decoder_stack, inference_layers, lm_head,
+                                    lm_param_shapes, rope_tables)
 
 param_shapes = lm_param_shapes
 
 
 @struct.dataclass
 class KVCache:
-    """Keys/values of the finished prefix, static-shaped; positions >= `length` are scratch."""
+    """Keys/values of the finished prefix, static-shaped; positions >= a row's `length` are scratch."""
 
-    k: jax.Array  # [num_layers, B, max_length, Hkv, D]
-    v: jax.Array  # [num_layers, B, max_length, Hkv, D]
-    length: jax.Array  # int32 []: number of filled positions
+    k: tuple  # per layer: [B, max_length, Hkv, D]
+    v: tuple  # per layer: [B, max_length, Hkv, D]
+    length: jax.Array  # int32 [B]: filled positions per row
 
     @property
     def max_length(self) -> int:
-        return self.k.shape[2]
+        return self.k[0].shape[1]
+
+    @property
+    def batch(self) -> int:
+        return self.k[0].shape[0]
 
 
 def init_cache(config: SDARConfig, batch: int, max_length: int, dtype=jnp.bfloat16) -> KVCache:
-    shape = (config.num_layers, batch, max_length, config.num_kv_heads, config.head_dim)
-    return KVCache(jnp.zeros(shape, dtype), jnp.zeros(shape, dtype), jnp.zeros((), jnp.int32))
+    shape = (batch, max_length, config.num_kv_heads, config.head_dim)
+    layers = range(config.num_layers)
+    return KVCache(tuple(jnp.zeros(shape, dtype) for _ in layers), tuple(jnp.zeros(shape, dtype) for _ in layers),
+                   jnp.zeros((batch,), jnp.int32))
+
+
+def write_rows(buffer, new, start):
+    """buffer [B, S, ...] with new [B, n, ...] written at rows start[b]..start[b]+n-1 of each row b."""
+    return jax.vmap(lambda row, x, s: jax.lax.dynamic_update_slice_in_dim(row, x, s, axis=0))(
+        buffer, new.astype(buffer.dtype), start)
+
+
+def replace_layer(layers: tuple, index: int, value) -> tuple:
+    return layers[:index] + (value,) + layers[index + 1:]
+
+
+def unrolled(params, config: SDARConfig) -> dict:
+    """params with its layers as a tuple of per-layer dicts (the cached path indexes layers statically)."""
+    return dict(params, layers=inference_layers(params["layers"], config, execution="unrolled"))
 
 
 def block_causal_mask(n: int, block_length: int):
@@ -79,9 +104,12 @@ def forward(params, input_ids, policy_state=None, step=0, *, config: SDARConfig,
     return lm_head(params, x, config), policy_state
 
 
-def prefill(params, input_ids, cache: KVCache, *, config: SDARConfig, policy: AttentionPolicy = Dense()) -> KVCache:
+def prefill(params, input_ids, cache: KVCache, lengths=None, *, config: SDARConfig,
+            policy: AttentionPolicy = Dense()) -> KVCache:
     """Writes the K/V of the complete prompt blocks input_ids [B, P] (P % block_size == 0) at
-    positions 0..P-1 and sets the fill length to P.
+    positions 0..P-1 and sets the fill lengths to `lengths` (int32 [B], multiples of the block size,
+    <= P; default P): a row with fewer complete blocks than P has junk past its length, which is
+    scratch (the block-causal mask keeps it out of the earlier positions' K/V).
 
     The cache must hold exact keys and values, so `policy` runs in its DENSE mode, from its initial
     state (discarded).
@@ -93,54 +121,52 @@ def prefill(params, input_ids, cache: KVCache, *, config: SDARConfig, policy: At
     def attend(q, k, v, state, layer):
         cache, policy_state = state
         cache = cache.replace(
-            k=jax.lax.dynamic_update_slice(cache.k, k[None].astype(cache.k.dtype), (layer, 0, 0, 0, 0)),
-            v=jax.lax.dynamic_update_slice(cache.v, v[None].astype(cache.v.dtype), (layer, 0, 0, 0, 0)))
+            k=replace_layer(cache.k, layer, jax.lax.dynamic_update_slice_in_dim(cache.k[layer], k.astype(cache.k[layer].dtype), 0, axis=1)),
+            v=replace_layer(cache.v, layer, jax.lax.dynamic_update_slice_in_dim(cache.v[layer], v.astype(cache.v[layer].dtype), 0, axis=1)))
         out, policy_state = attend_layer(policy, Mode.DENSE, q, k, v, policy_state, layer, mask=mask)
         return out, (cache, policy_state)
 
+    params = unrolled(params, config)
     state = (cache, init_policy_state(policy, config, b, n, block_length=n))
     _, (cache, _) = decoder_stack(params["layers"], params["embed"][input_ids], cos, sin, attend, config, state)
-    return cache.replace(length=jnp.asarray(n, jnp.int32))
+    lengths = jnp.full((b,), n, jnp.int32) if lengths is None else jnp.asarray(lengths, jnp.int32)
+    return cache.replace(length=lengths)
 
 
 def block_step(params, block_ids, cache: KVCache, policy_state=None, mode=None, *, config: SDARConfig,
                policy: AttentionPolicy = Dense(), commit=False):
-    """One block of tokens block_ids [B, n] at positions length..length+n-1 against the cache.
+    """One block of tokens block_ids [B, n], row b at positions length[b]..length[b]+n-1, against the cache.
 
-    Every block token attends to the whole filled prefix and to every token of the block, through
-    `policy`: it sees the layer's whole cache buffer with `kv_len` = length + n (or, if it sets
-    `reads_stacked_cache`, the stacked cache of all layers and `cache_layer`). `mode` (int32, from
-    `policy.block_mode`) applies to every layer; None is the mode of a block's first forward.
-    `policy_state` (leading layer axis; None: `init_policy_state`) is threaded like the cache.
-    Returns (float32 logits [B, n, V], cache, policy_state); with commit=True (may be traced) the
-    block is appended (the fill length advances by n), otherwise the cache's filled prefix and length
-    are unchanged. Requires length + n <= max_length (checked by `SDAR.block_step` on concrete
-    caches; inside jit, `dynamic_update_slice` would clamp the write position).
+    Every block token attends to its row's whole filled prefix and to every token of the block,
+    through `policy`: it sees the layer's cache buffer with `kv_len` = length + n (int32 [B]).
+    `mode` (int32 scalar or [B], from `policy.block_mode`) applies to every layer; None is the mode
+    of a block's first forward. `policy_state` (leading layer axis; None: `init_policy_state`) is
+    threaded like the cache. Returns (float32 logits [B, n, V], cache, policy_state); with
+    commit=True (may be traced, scalar or bool [B]) the block is appended (the fill length
+    advances by n), otherwise the cache's filled prefix and length are unchanged. Requires
+    length + n <= max_length (checked by `SDAR.block_step` on concrete caches; inside jit,
+    `dynamic_update_slice` would clamp the write position).
     """
     b, n = block_ids.shape
     start = cache.length
     if policy_state is None:
         policy_state = init_policy_state(policy, config, b, cache.max_length, block_length=n)
     if mode is None:
-        mode = policy.block_mode(0, unmasked=0, commit=commit)
-    cos, sin = rope_tables(start + jnp.arange(n), config.head_dim, config.rope_theta)
+        mode = policy.block_mode(0, unmasked=jnp.zeros((b,), jnp.int32), commit=commit)
+    cos, sin = rope_tables(start[:, None] + jnp.arange(n), config.head_dim, config.rope_theta)
+    kv_len = start + n
 
     def attend(q, k, v, state, layer):
         cache, policy_state = state
-        ck = jax.lax.dynamic_update_slice(cache.k, k[None].astype(cache.k.dtype), (layer, 0, start, 0, 0))
-        cv = jax.lax.dynamic_update_slice(cache.v, v[None].astype(cache.v.dtype), (layer, 0, start, 0, 0))
-        if policy.reads_stacked_cache:
-            # the Pallas kernels read the layer in place; slicing it out would copy it every step
-            out, policy_state = attend_layer(policy, mode, q, ck, cv, policy_state, layer, kv_len=start + n,
-                                             cache_layer=layer)
-        else:
-            out, policy_state = attend_layer(policy, mode, q, ck[layer], cv[layer], policy_state, layer,
-                                             kv_len=start + n)
-        return out, (cache.replace(k=ck, v=cv), policy_state)
+        ck, cv = write_rows(cache.k[layer], k, start), write_rows(cache.v[layer], v, start)
+        out, policy_state = attend_layer(policy, mode, q, ck, cv, policy_state, layer, kv_len=kv_len)
+        return out, (cache.replace(k=replace_layer(cache.k, layer, ck), v=replace_layer(cache.v, layer, cv)),
+                     policy_state)
 
+    params = unrolled(params, config)
     x, (cache, policy_state) = decoder_stack(params["layers"], params["embed"][block_ids], cos, sin, attend,
                                              config, (cache, policy_state))
-    cache = cache.replace(length=jnp.where(commit, start + n, start))  # commit may be traced (generate loop)
+    cache = cache.replace(length=jnp.where(commit, kv_len, start))  # commit may be traced (generate loop)
     return lm_head(params, x, config), cache, policy_state
 
 
@@ -214,13 +240,17 @@ class SDAR(DecoderLM):
 
 def check_cache(cache: KVCache, batch: int, expected_length: int | None, n: int, config: SDARConfig) -> None:
     """Host-side checks that a concrete cache fits this model, batch and write of n positions."""
-    want = (config.num_layers, batch, cache.max_length, config.num_kv_heads, config.head_dim)
-    if cache.k.shape != want or cache.v.shape != want:
-        raise ValueError(f"cache shape {cache.k.shape} does not fit this model and batch (expected {want})")
+    want = (batch, cache.max_length, config.num_kv_heads, config.head_dim)
+    shapes = {tuple(x.shape) for x in (*cache.k, *cache.v)}
+    if len(cache.k) != config.num_layers or len(cache.v) != config.num_layers or shapes != {want}:
+        raise ValueError(f"cache of {len(cache.k)} layers shaped {sorted(shapes)} does not fit this model and batch "
+                         f"(expected {config.num_layers} layers of {want})")
+    if tuple(jnp.shape(cache.length)) != (batch,):
+        raise ValueError(f"cache length must be int32 [batch] = [{batch}], got shape {jnp.shape(cache.length)}")
     if isinstance(cache.length, jax.core.Tracer):
         return
-    length = int(cache.length)
-    if expected_length is not None and length != expected_length:
-        raise ValueError(f"prefill needs an empty cache, this one holds {length} positions")
-    if length + n > cache.max_length:
-        raise ValueError(f"cache full: {length} filled + {n} new positions > max_length {cache.max_length}")
+    lengths = [int(x) for x in cache.length]
+    if expected_length is not None and any(length != expected_length for length in lengths):
+        raise ValueError(f"prefill needs an empty cache, this one holds {lengths} positions")
+    if max(lengths) + n > cache.max_length:
+        raise ValueError(f"cache full: {max(lengths)} filled + {n} new positions > max_length {cache.max_length}")
