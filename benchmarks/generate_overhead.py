@@ -29,12 +29,13 @@ from dllm_jax.generate.llada import LLaDAOptions, generate_llada_jit
 from dllm_jax.generate.progress import progress_bar, tick
 from dllm_jax.generate.sdar import SDAROptions, generate_sdar_jit
 from dllm_jax.models import llada, sdar
+from dllm_jax.models.layers import prepare_params
 from dllm_jax.testing import random_params
 
 
 def llada_rows(repeats):
     config = shipped_config("llada-8b-instruct")
-    params = random_params(config, jax.random.key(0))
+    params = prepare_params(random_params(config, jax.random.key(0)), config)
     p, gen, steps = 3968, 128, 16
     prompt = jax.random.randint(jax.random.key(1), (1, p), 0, config.mask_token_id)
     x = jnp.concatenate([prompt, jnp.full((1, gen), config.mask_token_id, jnp.int32)], axis=1)
@@ -58,7 +59,7 @@ def llada_rows(repeats):
 
 def sdar_rows(repeats):
     config = dataclasses.replace(shipped_config("sdar-8b-chat"), eos_token_ids=())  # never stop early
-    params = random_params(config, jax.random.key(0))
+    params = prepare_params(random_params(config, jax.random.key(0)), config)
     p, new, steps = 16384, 32, 4
     prompt = jax.random.randint(jax.random.key(1), (1, p), 0, config.mask_token_id)
     total = p + new

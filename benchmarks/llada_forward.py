@@ -24,6 +24,7 @@ from dllm_jax import shipped_config
 from dllm_jax.attention.dense import dense_attention, dense_implementation
 from dllm_jax.attention.policy import Dense
 from dllm_jax.models.llada import forward
+from dllm_jax.models.layers import prepare_params
 from dllm_jax.testing import random_params
 
 
@@ -46,7 +47,7 @@ def main():
     config = shipped_config("llada-8b-instruct")
     if args.layers is not None:
         config = dataclasses.replace(config, num_layers=args.layers)
-    params = random_params(config, jax.random.key(0))
+    params = prepare_params(random_params(config, jax.random.key(0)), config)
     n_params = sum(x.size for x in jax.tree.leaves(params))
     device = jax.devices()[0].device_kind
     print(f"{device}, jax {jax.__version__}, {n_params / 1e9:.2f}B params (bf16)", flush=True)

@@ -24,15 +24,17 @@ import jax.numpy as jnp
 from dllm_jax.bench import call_times, fmt, median_min_max, profiled_attention_share, time_calls, write_results
 from dllm_jax import shipped_config
 from dllm_jax.attention.dense import dense_attention, dense_implementation
+from dllm_jax.models.layers import prepare_params
 from dllm_jax.testing import random_params
 from dllm_jax.models.sdar import KVCache, block_step
 
 
 def random_cache(config, batch, max_length, length, key):
-    shape = (config.num_layers, batch, max_length, config.num_kv_heads, config.head_dim)
-    kk, kv = jax.random.split(key)
+    shape = (batch, max_length, config.num_kv_heads, config.head_dim)
     make = jax.jit(lambda k: jax.random.normal(k, shape, jnp.bfloat16))
-    return KVCache(make(kk), make(kv), jnp.asarray(length, jnp.int32))
+    keys = jax.random.split(key, 2 * config.num_layers)
+    return KVCache(tuple(make(k) for k in keys[::2]), tuple(make(k) for k in keys[1::2]),
+                   jnp.full((batch,), length, jnp.int32))
 
 
 def main():
@@ -45,7 +47,7 @@ def main():
     args = parser.parse_args()
 
     config = shipped_config(args.config)
-    params = random_params(config, jax.random.key(0))
+    params = prepare_params(random_params(config, jax.random.key(0)), config)
     param_bytes = sum(x.nbytes for x in jax.tree.leaves(params))
     # an untied embedding table is only gathered (n rows); a tied one is read whole as the LM head
     embed_bytes = 0 if config.tie_word_embeddings else params["embed"].nbytes

@@ -39,6 +39,7 @@ from dllm_jax.bench import time_carried, traced_kernels, write_results
 from dllm_jax.generate.sampling import transfer_counts
 from dllm_jax.generate.sdar import CACHE_TILE, SDAROptions, denoise_block
 from dllm_jax.models.sdar import block_step, init_policy_state
+from dllm_jax.models.layers import prepare_params
 from dllm_jax.testing import random_params
 
 warnings.filterwarnings("ignore", category=DeprecationWarning)  # the Pallas Triton backend warns on use
@@ -110,7 +111,8 @@ def measure(config, params, s: int, args) -> dict:
                            donate_argnames=("cache", "policy_state"))
 
             def block(st):
-                cur, c, p, _ = loop(params, masks, st[0].replace(length=jnp.int32(s)), st[1], key, jnp.int32(0))
+                cur, c, p, _ = loop(params, masks, st[0].replace(length=jnp.full((1,), s, jnp.int32)), st[1], key,
+                                    jnp.zeros((1,), jnp.int32), jnp.ones((1,), bool))
                 return cur, (c, p)
             t, (cache, state) = time_carried(block, (cache, state), repeats=args.block_repeats, warmup=1)
             row[f"{name}_block_ms"] = t * 1e3
@@ -177,7 +179,7 @@ def main():
     config = dataclasses.replace(shipped_config(args.config), block_size=args.block)
     if args.layers is not None:
         config = dataclasses.replace(config, num_layers=args.layers)
-    params = random_params(config, jax.random.key(0))
+    params = prepare_params(random_params(config, jax.random.key(0)), config)
     device = jax.devices()[0].device_kind
     print(f"{device}, jax {jax.__version__}", flush=True)
     rows = [measure(config, params, s, args) for s in args.cache_lengths]

@@ -28,6 +28,7 @@ from dllm_jax.bench import time_calls, time_carried, write_results
 from dllm_jax import PulseCol, SparseD, shipped_config
 from dllm_jax.attention.policy import Mode
 from dllm_jax.models.llada import forward, init_policy_state
+from dllm_jax.models.layers import prepare_params
 from dllm_jax.testing import random_params
 
 warnings.filterwarnings("ignore", category=DeprecationWarning)  # the Pallas Triton backend warns on use
@@ -81,7 +82,7 @@ def main():
     config = shipped_config("llada-8b-instruct")
     if args.layers is not None:
         config = dataclasses.replace(config, num_layers=args.layers)
-    params = random_params(config, jax.random.key(0))
+    params = prepare_params(random_params(config, jax.random.key(0)), config)
     device = jax.devices()[0].device_kind
     print(f"{device}, jax {jax.__version__}", flush=True)
     sparsed = SparseD(select=args.select, block_size=args.sparse_block)
