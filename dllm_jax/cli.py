@@ -27,33 +27,141 @@ def cmd_convert(args) -> None:
 
 
 def cmd_generate(args) -> None:
-    """Loads a model and its tokenizer, generates an answer to --prompt, prints it with timings."""
+    """Loads a model and its tokenizer, generates an answer to every prompt in one batch (one compiled
+    loop), prints the answers and one line of timings."""
     from dllm_jax.checkpoint import load_model
     from dllm_jax.generate import generate
 
     request = checked_request(args)  # every flag error before the slow loading
-    tokenizer, ids = encode_prompt(args)
+    tokenizer, batch = encode_prompts(args, request.config)
+    options = batch_options(args, request, batch)
     model = load_model(args.model, dtype=args.dtype)
     start = time.perf_counter()
-    out = np.asarray(generate(model, ids, seed=args.seed, progress=args.progress, method=request.method,
-                              **request.options))
+    out = np.asarray(generate(model, batch.ids, attention_mask=batch.mask, seed=args.seed, progress=args.progress,
+                              method=request.method, **options))
     elapsed = time.perf_counter() - start
-    prompt, decoded = ids.shape[1], out.shape[1] - ids.shape[1]
+    prompt, decoded = batch.ids.shape[1], out.shape[1] - batch.ids.shape[1]
+    stops = stop_ids(request.config)
     # SDAR decodes whole blocks, so it may return up to block_size - 1 tokens past --gen-length: --gen-length
     # is a maximum (as its help says), so the rest is cut here, and the report says it was decoded.
-    new = out[0, prompt:prompt + args.gen_length]
-    print(tokenizer.decode(new, skip=(model.config.mask_token_id,)))
-    rounded = f" of {decoded} decoded in whole blocks of {request.config.block_size}" if decoded > len(new) else ""
-    print(f"[{type(model).__name__}: {prompt} prompt tokens, {len(new)} generated{rounded}, "
-          f"{elapsed:.2f} s including compilation]", file=sys.stderr)
+    new = out[:, prompt:prompt + args.gen_length]
+    answers = [answer_ids(row, stops, request.config.pad_token_id, padded=batch.mask is not None) for row in new]
+    texts = [tokenizer.decode(ids, skip=(request.config.mask_token_id,)) for ids in answers]
+    # LLaDA denoises every position of the answer region; SDAR stops a row at its stop token
+    counts = [len(row) if request.family == "LLaDA" else len(ids) for row, ids in zip(new, answers)]
+    if len(texts) == 1:
+        print(texts[0])
+    else:
+        for number, text in enumerate(texts, 1):
+            print(f"[{number}] {text}")
+    rounded = f" of {decoded} decoded in whole blocks of {request.config.block_size}" if decoded > new.shape[1] else ""
+    print(f"[{type(model).__name__}: {summary(batch, counts, rounded)}, {elapsed:.2f} s including compilation, "
+          f"{sum(counts) / elapsed:.1f} tok/s]", file=sys.stderr)
+
+
+@dataclasses.dataclass(frozen=True, eq=False)
+class PromptBatch:
+    """The encoded prompts of one generate call."""
+
+    ids: np.ndarray  # int32 [B, P], left-padded to the longest prompt
+    mask: np.ndarray | None  # int32 [B, P] (1 token, 0 pad); None for one prompt (generate's unbatched call)
+    lengths: tuple[int, ...]  # each prompt's own token count
+
+
+def summary(batch: PromptBatch, counts: list[int], rounded: str) -> str:
+    """The token counts of the timing line: one prompt as before; several as a batch, with the total generated."""
+    if len(counts) == 1:
+        return f"{batch.lengths[0]} prompt tokens, {counts[0]} generated{rounded}"
+    shortest, longest = min(batch.lengths), max(batch.lengths)
+    sizes = f"{longest} tokens each" if shortest == longest else \
+        f"{shortest}..{longest} tokens, left-padded to {batch.ids.shape[1]}"
+    rows = f" ({' + '.join(map(str, counts))})" if len(counts) <= 8 else ""  # one line, also for large batches
+    return f"{len(counts)} prompts ({sizes}) in one batch, {sum(counts)} generated in all{rows}{rounded}"
+
+
+def stop_ids(config) -> tuple[int, ...]:
+    """The ids that end an answer: SDAR's stop tokens (config eos_token_ids), LLaDA's EOS."""
+    return tuple(config.eos_token_ids) if hasattr(config, "eos_token_ids") else (config.eos_token_id,)
+
+
+def answer_ids(new: np.ndarray, stops: tuple[int, ...], pad_id: int, *, padded: bool) -> np.ndarray:
+    """A row's new tokens cut after its first stop token; in a padded batch also without the pad ids that
+    batched SDAR writes after a row's end (trailing only: inside an answer the pad id may be a real token)."""
+    hits = np.flatnonzero(np.isin(new, stops))
+    if hits.size:
+        return new[:hits[0] + 1]
+    kept = np.flatnonzero(new != pad_id) if padded else np.arange(len(new))
+    return new[:kept[-1] + 1] if kept.size else new[:0]
+
+
+def prompt_texts(args) -> list[str]:
+    """The prompts of --prompt (repeatable) or --prompts-file (one per line, blank lines skipped)."""
+    if args.prompts_file is None:
+        return list(args.prompt)
+    return read_prompts_file(Path(args.prompts_file))
+
+
+def read_prompts_file(path: Path) -> list[str]:
+    """The non-blank lines of `path` (UTF-8; \\n or \\r\\n line ends), each a prompt as written."""
+    try:
+        text = path.read_text(encoding="utf-8")
+    except UnicodeDecodeError as e:
+        raise ValueError(f"--prompts-file {path} is not UTF-8 text ({e.reason} at byte {e.start})") from None
+    prompts = [line.removesuffix("\r") for line in text.split("\n") if line.strip()]
+    if not prompts:
+        raise ValueError(f"--prompts-file {path} holds no prompt ({'it is empty' if not text else 'only blank lines'}"
+                         "): write one prompt per line")
+    return prompts
+
+
+def encode_prompts(args, config) -> tuple[object, PromptBatch]:
+    """(tokenizer, the prompts encoded and left-padded with config.pad_token_id) of --model / --prompt or
+    --prompts-file / --raw: fast, so before the weights load."""
+    from dllm_jax.tokenizer import ChatTokenizer, left_pad
+
+    texts = prompt_texts(args)
+    tokenizer = ChatTokenizer(args.model)
+    rows = [encode_one(tokenizer, text, number, len(texts), raw=args.raw) for number, text in enumerate(texts, 1)]
+    if len(rows) == 1:  # generate's unbatched call, exactly as with one prompt before batching
+        return tokenizer, PromptBatch(ids=rows[0], mask=None, lengths=(rows[0].shape[1],))
+    ids, mask = left_pad([row[0] for row in rows], config.pad_token_id)
+    return tokenizer, PromptBatch(ids=ids, mask=mask, lengths=tuple(row.shape[1] for row in rows))
+
+
+def encode_one(tokenizer, text: str, number: int, count: int, *, raw: bool) -> np.ndarray:
+    """int32 [1, P] of one prompt; an error names the prompt when there are several."""
+    try:
+        return tokenizer.encode(text, chat=not raw)
+    except ValueError as e:
+        if count == 1:
+            raise
+        raise ValueError(f"prompt {number} of {count} ({text[:40]!r}): {e}") from None
+
+
+def batch_options(args, request, batch: PromptBatch) -> dict:
+    """generate's options for this batch. Left-padded LLaDA rows hide their pad keys (padding="mask"), so
+    each row's answer is the one it gets alone; the default "ignore" (the official file) lets every token
+    attend to the pads. The LLaDA sparse methods take no padding mask: refused before any loading."""
+    if request.family != "LLaDA" or batch.mask is None or batch.mask.all():
+        return request.options
+    if request.method is not None:
+        raise ValueError(f"--method {args.method} runs on unpadded prompts only (its kernels take no padding "
+                         f"mask), and these {len(batch.lengths)} prompts differ in length ({batch.lengths} tokens): "
+                         "give prompts of one length, run them one at a time, or use --method dense")
+    return request.options | dict(padding="mask")
 
 
 def encode_prompt(args):
-    """(tokenizer, int32 prompt ids [1, P]) of --model / --prompt / --raw: fast, so before the weights load."""
+    """(tokenizer, int32 prompt ids [1, P]) of --model and the one prompt of --prompt / --prompts-file
+    (analyze takes one), --raw: fast, so before the weights load."""
     from dllm_jax.tokenizer import ChatTokenizer
 
+    texts = prompt_texts(args)
+    if len(texts) != 1:
+        source = f"--prompts-file {args.prompts_file} holds" if args.prompts_file is not None else "--prompt given"
+        raise ValueError(f"{args.command} takes one prompt, but {source} {len(texts)}: run it once per prompt")
     tokenizer = ChatTokenizer(args.model)
-    return tokenizer, tokenizer.encode(args.prompt, chat=not args.raw)
+    return tokenizer, tokenizer.encode(texts[0], chat=not args.raw)
 
 
 @dataclasses.dataclass(frozen=True)
@@ -372,7 +480,7 @@ def demo_sdar(args) -> None:
     _, cache = model.block_step(block, cache, commit=True)
     print(f"SDAR (block {bs}): prefilled {prompt_len} prompt tokens into a static KV cache of "
           f"{cache.max_length}; one {bs}-token block step: {step_s * 1e3:.2f} ms (median of {args.repeats}); "
-          f"after commit the cache holds {int(cache.length)} positions")
+          f"after commit the cache holds {int(cache.length[0])} positions")
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -388,8 +496,12 @@ def build_parser() -> argparse.ArgumentParser:
 
     sampling = argparse.ArgumentParser(add_help=False)
     sampling.add_argument("--model", required=True, help="converted or HF checkpoint directory (with tokenizer.json)")
-    sampling.add_argument("--prompt", required=True)
-    sampling.add_argument("--raw", action="store_true", help="encode the prompt as is, without the chat template")
+    prompts = sampling.add_mutually_exclusive_group(required=True)
+    prompts.add_argument("--prompt", action="append", metavar="TEXT",
+                         help="a prompt; repeat it for several, generated as one batch (analyze: one)")
+    prompts.add_argument("--prompts-file", metavar="FILE",
+                         help="a UTF-8 file of prompts, one per line (blank lines skipped), generated as one batch")
+    sampling.add_argument("--raw", action="store_true", help="encode the prompts as they are, without the chat template")
     # Family-specific flags default to None ("not given"): given for the other family they are refused by name.
     sampling.add_argument("--gen-length", type=positive_int, default=128, metavar="N",
                           help="new tokens (128). LLaDA: gen_length, exactly this many. SDAR: max_new_tokens; "
@@ -435,9 +547,11 @@ def build_parser() -> argparse.ArgumentParser:
     convert.set_defaults(fn=cmd_convert)
 
     gen = sub.add_parser("generate", parents=[sampling, dtype, methods],
-                         help="generate an answer with a checkpoint's model and tokenizer",
-                         description="Encodes --prompt with the checkpoint's chat template, generates with the "
-                                     "official sampler of its family (one compiled loop) and prints the answer.")
+                         help="generate answers with a checkpoint's model and tokenizer",
+                         description="Encodes each prompt (--prompt, repeatable, or --prompts-file) with the "
+                                     "checkpoint's chat template, left-pads them to the longest, generates all of "
+                                     "them in one batch with the official sampler of its family (one compiled "
+                                     "loop) and prints the answers, numbered when there are several.")
     gen.add_argument("--progress", action="store_true", help="progress bar from inside the compiled loop")
     gen.set_defaults(fn=cmd_generate)
 

@@ -57,3 +57,19 @@ class ChatTokenizer:
     def decode(self, ids, *, skip: tuple[int, ...] = ()) -> str:
         """Text of `ids`, without special tokens and without the ids in `skip` (e.g. the mask)."""
         return self.tokenizer.decode([int(i) for i in ids if int(i) not in skip], skip_special_tokens=True)
+
+
+def left_pad(rows, pad_id: int) -> tuple[np.ndarray, np.ndarray]:
+    """(int32 ids [B, P], int32 attention_mask [B, P]) of token-id sequences of different lengths,
+    left-padded with `pad_id` to the longest (P): every row's last prompt token sits at P - 1, where
+    generation starts for all rows. The mask is 1 for a token, 0 for padding."""
+    rows = [np.asarray(row, np.int32).reshape(-1) for row in rows]
+    if not rows or not all(row.size for row in rows):
+        raise ValueError(f"left_pad needs one or more non-empty rows, got lengths {[row.size for row in rows]}")
+    longest = max(row.size for row in rows)
+    ids = np.full((len(rows), longest), pad_id, np.int32)
+    mask = np.zeros((len(rows), longest), np.int32)
+    for b, row in enumerate(rows):
+        ids[b, longest - row.size:] = row
+        mask[b, longest - row.size:] = 1
+    return ids, mask

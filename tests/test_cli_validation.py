@@ -210,3 +210,50 @@ def test_sdar_prints_at_most_gen_length_tokens(tmp_path, capsys):
     assert ids.shape[1] == 7 and len(full) == 9  # no stop token: the whole last block is decoded
     assert out.strip() == tok.decode(full[:6], skip=(150,)).strip()
     assert "7 prompt tokens, 6 generated of 9 decoded in whole blocks of 4" in err
+
+
+def test_prompt_sources_are_one_of_two(capsys):
+    both = flag_refusal(capsys, ["generate", "--model", "m", "--prompt", "w1", "--prompts-file", "p.txt"])
+    assert "argument --prompts-file: not allowed with argument --prompt" in both
+    neither = flag_refusal(capsys, ["generate", "--model", "m"])
+    assert "one of the arguments --prompt --prompts-file is required" in neither
+
+
+@pytest.mark.parametrize("content,expected", [
+    (b"", "holds no prompt (it is empty): write one prompt per line"),
+    (b"\n  \n\t\r\n", "holds no prompt (only blank lines): write one prompt per line"),
+    (b"w1\n\xff\xfe w2\n", "is not UTF-8 text (invalid start byte at byte 3)"),
+])
+def test_a_prompts_file_without_prompts_is_refused_by_name(tmp_path, capsys, content, expected):
+    model = config_only(tmp_path / "llada", tiny_llada_config())  # refused before the tokenizer is needed
+    path = tmp_path / "prompts.txt"
+    path.write_bytes(content)
+    line = refusal(capsys, ["generate", "--model", model, "--prompts-file", str(path)])
+    assert line == f"dllm-jax generate: error: --prompts-file {path} {expected}"
+    missing = tmp_path / "missing.txt"
+    line = refusal(capsys, ["generate", "--model", model, "--prompts-file", str(missing)])
+    assert line == f"dllm-jax generate: error: No such file or directory: {missing}"
+
+
+def test_analyze_takes_one_prompt(tmp_path, capsys):
+    model = config_only(tmp_path / "llada", tiny_llada_config())
+    run = ["analyze", "--model", model, "--method", "sparsed", "--out", str(tmp_path / "plots")]
+    assert refusal(capsys, [*run, "--prompt", "w1", "--prompt", "w2"]) == \
+        "dllm-jax analyze: error: analyze takes one prompt, but --prompt given 2: run it once per prompt"
+    path = tmp_path / "prompts.txt"
+    path.write_text("w1\nw2\nw3\n")
+    assert refusal(capsys, [*run, "--prompts-file", str(path)]) == \
+        f"dllm-jax analyze: error: analyze takes one prompt, but --prompts-file {path} holds 3: run it once per prompt"
+    assert not (tmp_path / "plots").exists()
+
+
+def test_bad_prompts_of_a_batch_are_refused_before_loading(tmp_path, capsys):
+    """Needs the tokenizer (prompt lengths) but no weights: the directory has none."""
+    model = config_only(tmp_path / "llada", tiny_llada_config(mask_token_id=150, eos_token_id=141, pad_token_id=141))
+    write_tiny_tokenizer(model, 160, mask_token_id=150, eos_token_id=141)
+    # the LLaDA sparse kernels take no padding mask: left-padded rows would attend to the pads
+    line = refusal(capsys, ["generate", "--model", model, "--prompt", "w1 w2", "--prompt", "w3", "--method", "sparsed"])
+    assert line.startswith("dllm-jax generate: error: --method sparsed runs on unpadded prompts only") and \
+        "(7, 6) tokens" in line
+    line = refusal(capsys, ["generate", "--model", model, "--raw", "--prompt", "w1", "--prompt", ""])
+    assert line == "dllm-jax generate: error: prompt 2 of 2 (''): the prompt encodes to no tokens"

@@ -32,9 +32,10 @@ TRAJECTORIES = ("dense", "method")
 
 
 def _recall(selected, oracle, count):
-    """|selected ∩ oracle| / count per (B, Hkv) for sorted-or-not lists whose first `count` are live."""
-    live = jnp.arange(selected.shape[-1]) < count
-    hit = jnp.any((selected[..., :, None] == oracle[..., None, :]) & live[None, None, None, :], axis=-1)
+    """|selected ∩ oracle| / count per (B, Hkv) for sorted-or-not lists whose first `count` ([B, 1])
+    are live."""
+    live = jnp.arange(selected.shape[-1]) < count[..., None]  # [B, 1, k]
+    hit = jnp.any((selected[..., :, None] == oracle[..., None, :]) & live[..., None, :], axis=-1)
     return jnp.sum(hit & live, axis=-1) / jnp.maximum(count, 1)
 
 
@@ -58,34 +59,30 @@ class BlockProbe(AttentionPolicy):
         inner, *rest = states
         return (self.method.stack_layers(inner), *rest)
 
-    @property
-    def reads_stacked_cache(self) -> bool:
-        return self.method.reads_stacked_cache
-
     def mode(self, step):
         return self.method.mode(step)
 
     def block_mode(self, step, *, unmasked, commit):
         return self.method.block_mode(step, unmasked=unmasked, commit=commit)
 
-    def attend(self, q, k, v, state, mode, *, kv_len, cache_layer=None, **masks):
+    def attend(self, q, k, v, state, mode, *, kv_len, **masks):
         inner, call, recall, l1, log = state
-        if cache_layer is not None:
-            masks["cache_layer"] = cache_layer
         out, inner = self.method.attend(q, k, v, inner, mode, kv_len=kv_len, **masks)
-        exact = pk.split_kv_attention_reference(q, k, v, kv_len=kv_len, layer=cache_layer)
+        exact = pk.split_kv_attention_reference(q, k, v, kv_len=kv_len)
         err = (jnp.abs(out.astype(jnp.float32) - exact).sum(axis=(1, 3))
                / jnp.maximum(jnp.abs(exact).sum(axis=(1, 3)), 1e-30))
         l1 = l1.at[call].set(err)
+        prefix = jnp.broadcast_to(jnp.asarray(kv_len, jnp.int32) - q.shape[1], (q.shape[0],))
         selection = self.method.selection(inner)
         if selection is not None:
             indices, exact_layer = selection
-            prefix = kv_len - q.shape[1]
-            count = prefix_counts(prefix, indices.shape[-1])
-            oracle = select_prefix(q, k, prefix_len=prefix, k=indices.shape[-1], backend="reference", layer=cache_layer)
+            count = prefix_counts(prefix, indices.shape[-1])[:, None]  # [B, 1]: per row
+            oracle = select_prefix(q, k, prefix_len=prefix, k=indices.shape[-1], backend="reference")
             r = jnp.where(exact_layer | (count == 0), jnp.nan, _recall(indices, oracle, count))
             recall = recall.at[call].set(r)
-        log = log.at[:, call].set(jnp.stack([jnp.asarray(mode, jnp.int32), kv_len - q.shape[1]]))
+        # the report covers one prompt: row 0's mode and prefix
+        log = log.at[:, call].set(jnp.stack([jnp.broadcast_to(jnp.asarray(mode, jnp.int32), prefix.shape)[0],
+                                             prefix[0]]))
         if self.trajectory == "dense":
             out = exact.astype(out.dtype)
         return out, (inner, call + 1, recall, l1, log)
