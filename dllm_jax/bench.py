@@ -198,8 +198,9 @@ def family_methods(family: str, small: bool) -> dict:
     return {"dense": None} | {name: make_method(name, **(params.get(name, {}) if small else {})) for name in names}
 
 
-def model_for(name: str, *, layers: int | None, context: int, dtype):
-    """(model, config) with random weights: a shipped config name, or "tiny-llada" / "tiny-sdar"."""
+def model_for(name: str, *, layers: int | None, context: int, dtype, execution: str | None = None):
+    """(model, config) with random weights: a shipped config name, or "tiny-llada" / "tiny-sdar";
+    `execution` as `load_model` takes it (None: its default)."""
     from dllm_jax.checkpoint.api import model_from_params
     from dllm_jax.config import shipped_config
     from dllm_jax.testing import random_params, tiny_llada_config, tiny_sdar_config
@@ -211,7 +212,8 @@ def model_for(name: str, *, layers: int | None, context: int, dtype):
     if hasattr(config, "eos_token_ids"):
         changes["eos_token_ids"] = ()  # no stop token: random weights would stop at a random EOS
     config = dataclasses.replace(config, **changes)
-    return model_from_params(config, random_params(config, jax.random.key(0), dtype)), config
+    layout = {} if execution is None else dict(execution=execution)
+    return model_from_params(config, random_params(config, jax.random.key(0), dtype), **layout), config
 
 
 def generate_rows(model_names, *, context: int, new_tokens: int, layers, dtype, progress: bool):

@@ -89,3 +89,69 @@ def test_device_and_host_random_weights_follow_one_scheme():
             tolerance = 6 / np.sqrt(values.size)  # six standard errors
             assert abs(values.mean() - expected_mean) < tolerance * expected_std * 2, rule.path
             assert abs(values.std() / expected_std - 1) < tolerance + 0.02, rule.path
+
+
+def throughput_module():
+    """benchmarks/throughput.py, imported from its file (the benchmarks are scripts, not installed)."""
+    import importlib.util
+    import sys
+    from pathlib import Path
+
+    path = Path(__file__).resolve().parents[1] / "benchmarks" / "throughput.py"
+    if "throughput_under_test" not in sys.modules:  # its dataclasses resolve annotations through sys.modules
+        spec = importlib.util.spec_from_file_location("throughput_under_test", path)
+        module = importlib.util.module_from_spec(spec)
+        sys.modules[spec.name] = module
+        spec.loader.exec_module(module)
+    return sys.modules["throughput_under_test"], path
+
+
+def test_throughput_tiny_weights_section_writes_rows_against_the_copy_bandwidth(tmp_path):
+    """The script's tiny path end to end (as the device runs it: a file, in its own process): asking
+    for `weights` also measures the copy bandwidth; the weight bytes are every weight a forward reads
+    (layers, final norm, LM head; not the embedding table), counted here from the config's dimensions."""
+    import subprocess
+    import sys
+
+    _, path = throughput_module()
+    done = subprocess.run([sys.executable, str(path), "--tiny", "--sections", "weights", "--out", str(tmp_path)],
+                          capture_output=True, text=True, timeout=300, cwd=path.parents[1])
+    assert done.returncode == 0, done.stderr[-2000:]
+    (result,) = tmp_path.glob("throughput_*.json")
+    data = json.loads(result.read_text())
+    assert data["sections"] == ["copy", "weights"] and data["tiny"] and not data["baseline"]
+    copy, *weights = data["rows"]
+    assert copy["section"] == "copy" and copy["copy_tb_s"] > 0
+    c = tiny_sdar_config()
+    d, q, kv = c.hidden_size, c.num_heads * c.head_dim, c.num_kv_heads * c.head_dim
+    per_layer = 2 * d + d * (q + 2 * kv) + q * d + 3 * d * c.intermediate_size + 2 * c.head_dim  # + q/k norms
+    expected = 2 * (c.num_layers * per_layer + d + d * c.vocab_size)  # bf16
+    assert [r["tokens"] for r in weights] == [4, 32]
+    for r in weights:
+        assert r["section"] == "weights" and r["weight_bytes"] == expected
+        assert r["fraction_of_copy"] == pytest.approx(r["tb_s"] / copy["copy_tb_s"])
+        assert r["tb_s"] == pytest.approx(expected / (r["step_ms"] / 1e3) / 1e12)
+    assert "Weight-reading part" in result.with_suffix(".md").read_text()
+    assert done.stdout.rstrip().splitlines()[-1].startswith("| weights, 32 tokens |")  # the summary is last
+
+
+def test_throughput_forwards_per_block_follow_each_policy_schedule():
+    """4 steps + the commit per block of 4: all exact for dense; MAGE estimates at a block's first
+    forward and reuses the selection for the other four."""
+    from dllm_jax import MAGE, Dense
+    from dllm_jax.attention.policy import Mode
+
+    throughput, _ = throughput_module()
+    assert throughput.forwards_per_mode(Dense(), block=4, steps=4, batch=2, baseline=False) == {int(Mode.DENSE): 5}
+    assert throughput.forwards_per_mode(MAGE(), block=4, steps=4, batch=2, baseline=False) == {
+        int(Mode.ESTIMATE): 1, int(Mode.SPARSE): 4}
+
+
+def test_throughput_refuses_bad_sections_and_points_before_running():
+    throughput, _ = throughput_module()
+    with pytest.raises(ValueError, match="--sections.*'sdar,bogus'"):
+        throughput.parse_sections("sdar,bogus")
+    assert throughput.parse_sections("llada,sdar") == ["copy", "sdar", "llada"]  # bandwidth rows need the copy
+    with pytest.raises(ValueError, match="--llada-runs.*'8:256'"):
+        throughput.parse_points(["8:256"], "--llada-runs", 3)
+    assert throughput.parse_points(["1024:1,8"], "--method-points", 2) == ((1024, (1, 8)),)

@@ -2,9 +2,15 @@
 
 The complete prompt blocks are prefilled into the KV cache; then each block (the first one may
 hold the prompt's trailing tokens) is denoised by repeated block steps against the cache, a step
-committing n[j] tokens by the remasking strategy, until no mask is left; one more forward then
-appends the block to the cache (the commit). Generation stops after the block in which a stop
-token appears. Blocks run in a `lax.scan` (iterations after every row stopped are skipped by
+committing n[j] tokens by the remasking strategy, until no mask is left; the block is then
+appended to the cache (the commit). Generation stops after the block in which a stop token appears.
+
+The commit is a forward of the finished block (its K/V for the cache). It rides on the next block's
+first step: one forward over both blocks, the finished one attending as its own commit forward
+would (the block-causal mask keeps the next block out of its view), the next one as its first
+step would (`sdar_model.commit_and_step`). That reads the weights once instead of twice per block
+(4 forwards per block of 4 steps instead of 5) with the same results; the last block's commit, which
+nothing reads, is not run. Blocks run in a `lax.scan` (iterations after every row stopped are skipped by
 `lax.cond`), steps in a `lax.while_loop` (their number per block is dynamic).
 
 Batches: rows are left-padded prompts ([B, P] with an attention mask). Each row keeps its own
@@ -77,16 +83,24 @@ class SDAROptions:
 
 @struct.dataclass
 class BlockCarry:
-    """The carry of the while loop over one block's forwards (per-row fields [B])."""
+    """The carry of the while loop over one block's denoising forwards (per-row fields [B])."""
 
     cur: jax.Array  # int32 [B, block_size]: the block being denoised
     cache: sdar_model.KVCache
     policy_state: Any  # the attention policy's per-layer state (leading layer axis)
     draws: jax.Array  # int32 [B]: random draws of each row so far (its key is folded with it)
-    done: jax.Array  # bool []: the commit forward has run
     step: jax.Array  # int32 []: forwards of this block so far
     row_step: jax.Array  # int32 [B]: denoising forwards of each row in this block
     unmasked: jax.Array  # int32 [B]: block tokens unmasked since the row's last forward that was not SPARSE
+
+
+@struct.dataclass
+class Finished:
+    """A decoded block whose commit rides on the next block's first forward."""
+
+    ids: jax.Array  # int32 [B, block_size]
+    pending: jax.Array  # bool [B]: the row has a block to commit
+    mode: jax.Array  # int32 [B]: the policy mode of its commit (`block_mode(..., commit=True)`)
 
 
 @struct.dataclass
@@ -96,50 +110,70 @@ class DecodeCarry:
     x: jax.Array  # int32 [B, width]: prompt, decoded blocks, masks
     cache: sdar_model.KVCache
     policy_state: Any
+    finished: Finished
     draws: jax.Array  # int32 [B]
+    decoded: jax.Array  # int32 [B]: length of each row's decoded prefix
     stopped: jax.Array  # bool [B]: a stop token has been generated
 
 
-def denoise_block(params, cur, cache, policy_state, key, draws, active, *, config: SDARConfig,
+def denoise_block(params, cur, cache, policy_state, key, draws, active, finished: Finished, *, config: SDARConfig,
                   options: SDAROptions, policy: AttentionPolicy = Dense()):
-    """Denoises one block per row, cur int32 [B, bl], against the cache until no row has a mask left
-    (or the step limit), then commits the active rows' blocks (bool [B] `active`).
+    """Denoises one block per row, cur int32 [B, bl], against the cache until no active row (bool [B]
+    `active`) has a mask left or the step limit is reached.
 
-    Each forward's policy mode comes from `policy.block_mode(row_step, unmasked=..., commit=...)`,
-    with `unmasked` the block tokens unmasked since the row's last forward whose mode was not SPARSE;
-    rows that wait (finished or inactive) run SPARSE. `draws` int32 [B] counts each row's random
-    draws so far. Returns (cur, cache, policy_state, draws).
+    The first forward also commits `finished` (the previous block of each row that has one pending:
+    `sdar_model.commit_and_step`). Each forward's policy mode comes from
+    `policy.block_mode(row_step, unmasked=..., commit=False)`, with `unmasked` the block tokens
+    unmasked since the row's last forward whose mode was not SPARSE; rows that wait (finished or
+    inactive) run SPARSE. `draws` int32 [B] counts each row's random draws so far. Returns
+    (cur, cache, policy_state, draws, Finished of this block: pending where active, with the
+    commit mode each row's own progress gives).
     """
     o = options
     mask_id = config.mask_token_id
     schedule = transfer_counts(config.block_size, o.denoising_steps)
     b, n = cur.shape
 
-    def body(s: BlockCarry) -> BlockCarry:
+    def denoising_rows(s: BlockCarry):
+        return jnp.any(s.cur == mask_id, axis=1) & active
+
+    def sample(s: BlockCarry, logits, mode, denoising) -> BlockCarry:
         mask_index = s.cur == mask_id
-        waiting = ~jnp.any(mask_index, axis=1) | ~active
-        # the official loop runs denoising_steps + 1 forwards at most; the last one must commit
-        commit = jnp.all(waiting) | (s.step >= o.denoising_steps)
-        denoising = ~waiting & ~commit
-        mode = policy.block_mode(s.row_step, unmasked=s.unmasked, commit=commit)
-        mode = jnp.where(denoising | commit, mode, int(Mode.SPARSE))
-        logits, cache, policy_state = sdar_model.block_step(params, s.cur, s.cache, s.policy_state, mode,
-                                                            config=config, policy=policy, commit=commit & active)
         u = jax.vmap(lambda t: jax.random.uniform(jax.random.fold_in(key, t), (1, n), jnp.float32)[0])(s.draws)
         x0, x0_p = sample_tokens(logits, u, temperature=o.temperature, top_k=o.top_k, top_p=o.top_p)
         count = schedule[jnp.minimum(s.row_step, o.denoising_steps - 1)]
         transfer = transfer_mask(o.remasking, mask_index, x0_p, count, o.confidence_threshold) & denoising[:, None]
         unmasked = unmasked_since_refresh(s.unmasked, mode, jnp.sum(transfer, axis=1, dtype=jnp.int32))
         step = denoising.astype(jnp.int32)
-        return BlockCarry(cur=jnp.where(transfer, x0, s.cur), cache=cache, policy_state=policy_state,
-                          draws=s.draws + step, done=commit, step=s.step + 1, row_step=s.row_step + step,
-                          unmasked=jnp.where(denoising | commit, unmasked, s.unmasked))
+        return s.replace(cur=jnp.where(transfer, x0, s.cur), draws=s.draws + step, step=s.step + 1,
+                         row_step=s.row_step + step, unmasked=jnp.where(denoising, unmasked, s.unmasked))
+
+    def mode_of(s: BlockCarry, denoising):
+        return jnp.where(denoising, policy.block_mode(s.row_step, unmasked=s.unmasked, commit=False),
+                         int(Mode.SPARSE))
 
     zeros = jnp.zeros((b,), jnp.int32)
-    start = BlockCarry(cur=cur, cache=cache, policy_state=policy_state, draws=draws, done=jnp.array(False),
-                       step=0, row_step=zeros, unmasked=zeros)
-    s = jax.lax.while_loop(lambda s: ~s.done, body, start)
-    return s.cur, s.cache, s.policy_state, s.draws
+    s = BlockCarry(cur=cur, cache=cache, policy_state=policy_state, draws=draws, step=jnp.int32(0), row_step=zeros,
+                   unmasked=zeros)
+    denoising = denoising_rows(s)
+    mode = mode_of(s, denoising)
+    logits, cache, policy_state = sdar_model.commit_and_step(params, finished.ids, finished.pending & active, s.cur,
+                                                             s.cache, s.policy_state, finished.mode, mode,
+                                                             config=config, policy=policy)
+    s = sample(s.replace(cache=cache, policy_state=policy_state), logits, mode, denoising)
+
+    def body(s: BlockCarry) -> BlockCarry:
+        denoising = denoising_rows(s)
+        mode = mode_of(s, denoising)
+        logits, cache, policy_state = sdar_model.block_step(params, s.cur, s.cache, s.policy_state, mode,
+                                                            config=config, policy=policy)
+        return sample(s.replace(cache=cache, policy_state=policy_state), logits, mode, denoising)
+
+    # the official loop denoises for at most denoising_steps forwards, then commits
+    s = jax.lax.while_loop(lambda s: jnp.any(denoising_rows(s)) & (s.step < o.denoising_steps), body, s)
+    commit_mode = jnp.broadcast_to(policy.block_mode(s.row_step, unmasked=s.unmasked, commit=True), (b,))
+    return s.cur, s.cache, s.policy_state, s.draws, Finished(ids=s.cur, pending=active,
+                                                            mode=commit_mode.astype(jnp.int32))
 
 
 def row_slices(x, starts, width: int):
@@ -192,8 +226,9 @@ def generate_sdar(params, prompt_ids, attention_mask, seed, run_id=0, *, config:
         active = (block < last) & ~carry.stopped
         starts = jnp.minimum(block * bl, width - bl)
         cur = row_slices(carry.x, starts, bl)
-        cur, cache, policy_state, draws = denoise_block(params, cur, carry.cache, carry.policy_state, key,
-                                                        carry.draws, active, config=config, options=o, policy=policy)
+        cur, cache, policy_state, draws, finished = denoise_block(
+            params, cur, carry.cache, carry.policy_state, key, carry.draws, active, carry.finished, config=config,
+            options=o, policy=policy)
         if on_step is not None:
             # a count needs no ordering, and an unordered callback adds no sync point per step
             jax.debug.callback(on_step, run_id, i, ordered=False)
@@ -201,18 +236,22 @@ def generate_sdar(params, prompt_ids, attention_mask, seed, run_id=0, *, config:
         stopped = carry.stopped | (active & jnp.any(jnp.isin(cur, stop_ids) & generated, axis=1))
         x = jax.vmap(lambda row, new, s, a: jnp.where(a, jax.lax.dynamic_update_slice_in_dim(row, new, s, 0), row))(
             carry.x, cur, starts, active)
-        return carry.replace(x=x, cache=cache, policy_state=policy_state, draws=draws, stopped=stopped)
+        return carry.replace(x=x, cache=cache, policy_state=policy_state, finished=finished, draws=draws,
+                             decoded=jnp.where(active, (block + 1) * bl, carry.decoded), stopped=stopped)
 
     def per_block(carry: DecodeCarry, i):
         idle = jnp.all(carry.stopped | (first + i >= last))
         return jax.lax.cond(idle, lambda carry, i: carry, decode, carry, i), None
 
+    nothing = Finished(ids=jnp.zeros((b, bl), jnp.int32), pending=jnp.zeros((b,), bool),
+                       mode=jnp.full((b,), int(Mode.SPARSE), jnp.int32))
     carry = DecodeCarry(x=x, cache=cache, policy_state=sdar_model.init_policy_state(policy, config, b, width),
-                        draws=jnp.zeros((b,), jnp.int32), stopped=jnp.zeros((b,), bool))
+                        finished=nothing, draws=jnp.zeros((b,), jnp.int32), decoded=first * bl,
+                        stopped=jnp.zeros((b,), bool))
     carry, _ = jax.lax.scan(per_block, carry, jnp.arange(iterations, dtype=jnp.int32))
     if return_policy_state:
-        return carry.x, carry.cache.length, carry.policy_state
-    return carry.x, carry.cache.length
+        return carry.x, carry.decoded, carry.policy_state
+    return carry.x, carry.decoded
 
 
 STATIC = ("config", "options", "policy", "on_step", "return_policy_state")

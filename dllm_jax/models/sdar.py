@@ -24,6 +24,7 @@ static layer number); parameters in the scan layout are sliced into layers first
 from __future__ import annotations
 
 import functools
+from typing import Any
 
 import jax
 import jax.numpy as jnp
@@ -133,6 +134,49 @@ def prefill(params, input_ids, cache: KVCache, lengths=None, *, config: SDARConf
     return cache.replace(length=lengths)
 
 
+@struct.dataclass
+class Segment:
+    """A run of block tokens in a cached forward: ids [B, n] at positions start[b].. of each row,
+    attending through the policy in `mode` to the row's keys below start + n."""
+
+    ids: jax.Array  # int32 [B, n]
+    start: jax.Array  # int32 [B]
+    mode: Any  # int32 scalar or [B]
+
+
+def cached_forward(params, segments: tuple, cache: KVCache, policy_state, *, config: SDARConfig,
+                   policy: AttentionPolicy):
+    """One forward over the concatenated segments against the cache: per layer, every segment's K/V
+    is written at its positions (in order: a later segment overwrites an earlier one at the same
+    positions), then each segment attends (in order, the policy state threaded through). Returns
+    (float32 logits of the last segment [B, n, V], cache with the writes, policy_state); fill
+    lengths unchanged."""
+    sizes = [seg.ids.shape[1] for seg in segments]
+    bounds = [sum(sizes[:i]) for i in range(1, len(sizes))]
+    positions = jnp.concatenate([seg.start[:, None] + jnp.arange(n) for seg, n in zip(segments, sizes)], axis=1)
+    cos, sin = rope_tables(positions, config.head_dim, config.rope_theta)
+
+    def attend(q, k, v, state, layer):
+        cache, policy_state = state
+        ck, cv = cache.k[layer], cache.v[layer]
+        parts = [jnp.split(x, bounds, axis=1) for x in (q, k, v)]
+        for seg, k_seg, v_seg in zip(segments, parts[1], parts[2]):
+            ck, cv = write_rows(ck, k_seg, seg.start), write_rows(cv, v_seg, seg.start)
+        outs = []
+        for seg, q_seg, n in zip(segments, parts[0], sizes):
+            out, policy_state = attend_layer(policy, seg.mode, q_seg, ck, cv, policy_state, layer,
+                                             kv_len=seg.start + n)
+            outs.append(out)
+        cache = cache.replace(k=replace_layer(cache.k, layer, ck), v=replace_layer(cache.v, layer, cv))
+        return jnp.concatenate(outs, axis=1), (cache, policy_state)
+
+    params = unrolled(params, config)
+    ids = jnp.concatenate([seg.ids for seg in segments], axis=1)
+    x, (cache, policy_state) = decoder_stack(params["layers"], params["embed"][ids], cos, sin, attend, config,
+                                             (cache, policy_state))
+    return lm_head(params, x[:, -sizes[-1]:], config), cache, policy_state
+
+
 def block_step(params, block_ids, cache: KVCache, policy_state=None, mode=None, *, config: SDARConfig,
                policy: AttentionPolicy = Dense(), commit=False):
     """One block of tokens block_ids [B, n], row b at positions length[b]..length[b]+n-1, against the cache.
@@ -148,26 +192,35 @@ def block_step(params, block_ids, cache: KVCache, policy_state=None, mode=None, 
     `dynamic_update_slice` would clamp the write position).
     """
     b, n = block_ids.shape
-    start = cache.length
     if policy_state is None:
         policy_state = init_policy_state(policy, config, b, cache.max_length, block_length=n)
     if mode is None:
         mode = policy.block_mode(0, unmasked=jnp.zeros((b,), jnp.int32), commit=commit)
-    cos, sin = rope_tables(start[:, None] + jnp.arange(n), config.head_dim, config.rope_theta)
-    kv_len = start + n
+    segment = Segment(ids=block_ids, start=cache.length, mode=mode)
+    logits, new_cache, policy_state = cached_forward(params, (segment,), cache, policy_state, config=config,
+                                                     policy=policy)
+    return logits, new_cache.replace(length=jnp.where(commit, cache.length + n, cache.length)), policy_state
 
-    def attend(q, k, v, state, layer):
-        cache, policy_state = state
-        ck, cv = write_rows(cache.k[layer], k, start), write_rows(cache.v[layer], v, start)
-        out, policy_state = attend_layer(policy, mode, q, ck, cv, policy_state, layer, kv_len=kv_len)
-        return out, (cache.replace(k=replace_layer(cache.k, layer, ck), v=replace_layer(cache.v, layer, cv)),
-                     policy_state)
 
-    params = unrolled(params, config)
-    x, (cache, policy_state) = decoder_stack(params["layers"], params["embed"][block_ids], cos, sin, attend,
-                                             config, (cache, policy_state))
-    cache = cache.replace(length=jnp.where(commit, kv_len, start))  # commit may be traced (generate loop)
-    return lm_head(params, x, config), cache, policy_state
+def commit_and_step(params, finished_ids, pending, block_ids, cache: KVCache, policy_state, finished_mode, mode, *,
+                    config: SDARConfig, policy: AttentionPolicy = Dense()):
+    """The commit of a finished block and the first step of the next one in one forward (the weights
+    are read once for both): in rows where `pending` (bool [B]), finished_ids [B, n] are appended at
+    length..length+n-1 (attending as a commit forward would, in `finished_mode`) and block_ids
+    [B, n] step at the positions after them; in the other rows block_ids step at length.. as
+    `block_step` would (their finished_ids are ignored). Returns (logits of block_ids [B, n, V],
+    cache with the pending rows' lengths advanced by n, policy_state).
+
+    Exact: under the block-causal mask the finished block never sees the next one, so its K/V are
+    those of a separate commit forward, and the next block sees everything a separate step would.
+    """
+    n = block_ids.shape[1]
+    start = cache.length + jnp.where(pending, n, 0)
+    finished = Segment(ids=finished_ids, start=cache.length, mode=jnp.where(pending, finished_mode, int(Mode.SPARSE)))
+    # a row without a pending block writes its block's K/V over the ignored segment's (same positions)
+    logits, cache, policy_state = cached_forward(params, (finished, Segment(ids=block_ids, start=start, mode=mode)),
+                                                 cache, policy_state, config=config, policy=policy)
+    return logits, cache.replace(length=start), policy_state
 
 
 def init_policy_state(policy: AttentionPolicy, config: SDARConfig, batch: int, max_length: int, *,
