@@ -30,6 +30,7 @@ from pallas_kernels.merge import combine_partials
 
 TARGET_PROGRAMS = 264  # two waves on a 132-SM H100/H200
 MIN_TILES_PER_SPLIT = 8  # fewer makes the fp32 partials and their merge cost more than they save
+MAX_BLOCK_ROWS = 256  # G * Nq query rows folded into one tile: the most the kernels take
 NUM_STAGES = 3  # measured on H200 (benchmarks/results/attention_*): 3 stages beat 2 by ~30% here
 
 
@@ -40,16 +41,15 @@ def _share(total, num_splits: int, block_kv: int):
     return lo, jnp.minimum(lo + span, total)
 
 
-def _dense_kernel(kvlen_ref, layer_ref, q_ref, k_ref, v_ref, o_ref, lse_ref, *, scale_log2, block_kv, num_splits):
+def _dense_kernel(kvlen_ref, q_ref, k_ref, v_ref, o_ref, lse_ref, *, scale_log2, block_kv, num_splits):
     q = q_ref[...]
-    layer = layer_ref[0]
     lo, hi = _share(kvlen_ref[0], num_splits, block_kv)
     n = jnp.maximum(hi - lo, 0)
 
     def tile(j, carry, masked):
         start = pl.multiple_of(lo + j * block_kv, block_kv)
-        k = k_ref[layer, pl.ds(start, block_kv), :]
-        v = v_ref[layer, pl.ds(start, block_kv), :]
+        k = k_ref[pl.ds(start, block_kv), :]
+        v = v_ref[pl.ds(start, block_kv), :]
         valid = start + jnp.arange(block_kv) < hi if masked else None
         return c.tile_update(carry, q, k, v, scale_log2, valid)
 
@@ -60,17 +60,15 @@ def _dense_kernel(kvlen_ref, layer_ref, q_ref, k_ref, v_ref, o_ref, lse_ref, *, 
     o_ref[...], lse_ref[...] = c.finalize(carry)
 
 
-def _gather_kernel(cnt_ref, idx_ref, layer_ref, q_ref, k_ref, v_ref, o_ref, lse_ref, *, scale_log2, block_kv,
-                   num_splits):
+def _gather_kernel(cnt_ref, idx_ref, q_ref, k_ref, v_ref, o_ref, lse_ref, *, scale_log2, block_kv, num_splits):
     q = q_ref[...]
-    layer = layer_ref[0]
     lo, hi = _share(cnt_ref[0], num_splits, block_kv)
 
     def tile(j, carry):
         start = pl.multiple_of(lo + j * block_kv, block_kv)
         cols = idx_ref[pl.ds(start, block_kv)]
-        k = k_ref[layer, cols, :]
-        v = v_ref[layer, cols, :]
+        k = k_ref[cols, :]
+        v = v_ref[cols, :]
         valid = start + jnp.arange(block_kv) < hi  # entries past the count are padding
         return c.tile_update(carry, q, k, v, scale_log2, valid)
 
@@ -97,10 +95,11 @@ def _unfold(o, lse, shape):
 def _launch(kernel, lead, q, k, v, *, num_splits, num_warps, num_stages, interpret, name):
     """Runs `kernel` on (lead inputs..., folded q, k, v); `lead` is a list of (BlockSpec, array).
 
-    k, v are stacked [L, B, Nk, Hkv, D]; the kernel reads the layer its layer input names, in place.
+    Each program sees its (batch, KV head)'s whole cache row [Nk, D] of k and v and reads its share
+    of it in place.
     """
     b, nq, hq, d = q.shape
-    num_layers, nk, hkv = k.shape[0], k.shape[2], k.shape[3]
+    nk, hkv = k.shape[1], k.shape[2]
     rows = max(16, c.next_pow2(nq * hq // hkv))
     folded = _fold_queries(q, hkv, rows)
     o, lse = pl.pallas_call(
@@ -109,8 +108,8 @@ def _launch(kernel, lead, q, k, v, *, num_splits, num_warps, num_stages, interpr
         in_specs=[
             *(spec for spec, _ in lead),
             pl.BlockSpec((None, None, rows, d), lambda s, bi, h: (bi, h, 0, 0)),
-            pl.BlockSpec((num_layers, None, nk, None, d), lambda s, bi, h: (0, bi, 0, h, 0)),
-            pl.BlockSpec((num_layers, None, nk, None, d), lambda s, bi, h: (0, bi, 0, h, 0)),
+            pl.BlockSpec((None, nk, None, d), lambda s, bi, h: (bi, 0, h, 0)),
+            pl.BlockSpec((None, nk, None, d), lambda s, bi, h: (bi, 0, h, 0)),
         ],
         out_specs=[
             pl.BlockSpec((None, None, None, rows, d), lambda s, bi, h: (bi, h, s, 0, 0)),
@@ -129,70 +128,28 @@ def _launch(kernel, lead, q, k, v, *, num_splits, num_warps, num_stages, interpr
 
 @functools.partial(jax.jit, static_argnames=("scale", "block_kv", "num_splits", "num_warps", "num_stages",
                                              "interpret"))
-def _split_kv(q, k, v, kv_len, layer, *, scale, block_kv, num_splits, num_warps, num_stages, interpret):
+def _split_kv(q, k, v, kv_len, *, scale, block_kv, num_splits, num_warps, num_stages, interpret):
     # a capacity that is a multiple of block_kv is read in place; padding copies the whole cache
-    nk_pad = c.cdiv(k.shape[2], block_kv) * block_kv
-    k, v = c.pad_axis(k, 2, nk_pad), c.pad_axis(v, 2, nk_pad)
+    nk_pad = c.cdiv(k.shape[1], block_kv) * block_kv
+    k, v = c.pad_axis(k, 1, nk_pad), c.pad_axis(v, 1, nk_pad)
     kernel = functools.partial(_dense_kernel, scale_log2=scale * c.LOG2E, block_kv=block_kv,
                                num_splits=num_splits)
-    lead = [(pl.BlockSpec((None, 1), lambda s, bi, h: (bi, 0)), kv_len[:, None]), _layer_input(layer)]
+    lead = [(pl.BlockSpec((None, 1), lambda s, bi, h: (bi, 0)), kv_len[:, None])]
     return _launch(kernel, lead, q, k, v, num_splits=num_splits, num_warps=num_warps, num_stages=num_stages,
                    interpret=interpret, name="split_kv_attention")
 
 
 @functools.partial(jax.jit, static_argnames=("scale", "block_kv", "num_splits", "num_warps", "num_stages",
                                              "interpret"))
-def _split_kv_gather(q, k, v, indices, counts, layer, *, scale, block_kv, num_splits, num_warps, num_stages,
-                     interpret):
+def _split_kv_gather(q, k, v, indices, counts, *, scale, block_kv, num_splits, num_warps, num_stages, interpret):
     width = c.cdiv(indices.shape[-1], block_kv) * block_kv
     indices = c.pad_last_repeat(indices, width)
     kernel = functools.partial(_gather_kernel, scale_log2=scale * c.LOG2E, block_kv=block_kv,
                                num_splits=num_splits)
     lead = [(pl.BlockSpec((None, None, 1), lambda s, bi, h: (bi, h, 0)), counts[..., None]),
-            (pl.BlockSpec((None, None, width), lambda s, bi, h: (bi, h, 0)), indices), _layer_input(layer)]
+            (pl.BlockSpec((None, None, width), lambda s, bi, h: (bi, h, 0)), indices)]
     return _launch(kernel, lead, q, k, v, num_splits=num_splits, num_warps=num_warps, num_stages=num_stages,
                    interpret=interpret, name="split_kv_gather_attention")
-
-
-def _layer_input(layer):
-    return pl.BlockSpec((1,), lambda s, bi, h: (0,)), jnp.reshape(layer, (1,)).astype(jnp.int32)
-
-
-def _check_layer(k, v, layer):
-    """(k, v as one layer's [B, Nk, Hkv, D] shapes, for the shape checks; no data is touched).
-
-    With layer=None, k and v are one layer. Otherwise they must be a stacked cache [L, B, Nk, Hkv, D]
-    and `layer` an int scalar; a concrete one is range-checked (a traced one is clamped later).
-    """
-    if layer is None:
-        return k, v
-    if k.ndim != 5:
-        raise ValueError(f"with layer=..., k and v must be a stacked cache [L, B, Nk, Hkv, D], got shape {k.shape}")
-    if jnp.ndim(layer) != 0 or not jnp.issubdtype(jnp.asarray(layer).dtype, jnp.integer):
-        raise ValueError(f"layer must be an integer scalar, got {layer!r}")
-    if c.is_concrete(layer) and not 0 <= int(layer) < k.shape[0]:
-        raise ValueError(f"layer={int(layer)} is out of range for a cache of {k.shape[0]} layers")
-    return (jax.ShapeDtypeStruct(k.shape[1:], k.dtype), jax.ShapeDtypeStruct(v.shape[1:], v.dtype))
-
-
-def _layer_index(k, layer):
-    """The layer as int32 [], clamped into [0, L) so that a traced index reads inside the cache."""
-    return jnp.clip(jnp.asarray(layer, jnp.int32), 0, k.shape[0] - 1)
-
-
-def _stacked(k, v, layer):
-    """(k, v as [L, B, Nk, Hkv, D], the layer index): a free reshape adds the axis to one layer."""
-    if layer is None:
-        return k[None], v[None], jnp.zeros((), jnp.int32)
-    return k, v, _layer_index(k, layer)
-
-
-def _layer_slice(k, v, layer):
-    """The layer's data (a copy when traced): what the references compute on."""
-    if layer is None:
-        return k, v
-    index = _layer_index(k, layer)
-    return tuple(jax.lax.dynamic_index_in_dim(x, index, 0, keepdims=False) for x in (k, v))
 
 
 def default_num_splits(batch: int, kv_heads: int, keys: int, block_kv: int) -> int:
@@ -200,54 +157,54 @@ def default_num_splits(batch: int, kv_heads: int, keys: int, block_kv: int) -> i
     return max(1, min(c.cdiv(TARGET_PROGRAMS, batch * kv_heads), c.cdiv(keys, block_kv) // MIN_TILES_PER_SPLIT))
 
 
+def supported_block(num_queries: int, num_heads: int, num_kv_heads: int, head_dim: int) -> bool:
+    """Whether the split-KV kernels take a block of num_queries queries with these head counts and
+    head_dim: G * Nq <= MAX_BLOCK_ROWS (G = num_heads / num_kv_heads) and a supported head_dim."""
+    return num_queries * num_heads // num_kv_heads <= MAX_BLOCK_ROWS and head_dim in c.HEAD_DIMS
+
+
 def _check_block_queries(q, k, block_kv, num_splits):
     b, nq, hq, d = q.shape
     hkv = k.shape[2]
     c.check_block("block_kv", block_kv)
-    if nq * hq // hkv > 256:
+    if nq * hq // hkv > MAX_BLOCK_ROWS:
         raise ValueError(f"split-KV attention folds G * Nq = {hq // hkv} * {nq} query rows into one tile; "
-                         "at most 256 are supported (use flash_attention for long query blocks)")
+                         f"at most {MAX_BLOCK_ROWS} are supported (use flash_attention for long query blocks)")
     if num_splits is not None and (not isinstance(num_splits, int) or num_splits < 1):
         raise ValueError(f"num_splits={num_splits!r} must be a positive int")
 
 
 def split_kv_attention(q, k, v, *, kv_len=None, scale=None, return_lse=False, interpret=False, block_kv=128,
-                       num_splits=None, num_warps=None, num_stages=None, layer=None):
+                       num_splits=None, num_warps=None, num_stages=None):
     """Dense attention of a short query block over a long KV cache, split along the keys.
 
     Args:
       q: [B, Nq, Hq, D] (a block of queries; G * Nq <= 256 with G = Hq / Hkv).
-      k, v: [B, Nk, Hkv, D], e.g. a static KV cache of capacity Nk; or, with `layer`, a stacked cache
-        [L, B, Nk, Hkv, D] of which layer `layer` is read in place (no per-layer copy).
+      k, v: [B, Nk, Hkv, D], e.g. one layer's static KV cache of capacity Nk (read in place).
       kv_len: None, int or int [B]: the filled length; keys at or beyond it are ignored, whatever
         they hold (the kernel zeroes their values at tile load: NaN or Inf there cannot leak).
       scale: default 1/sqrt(D). return_lse: also return the natural-log LSE f32 [B, Hq, Nq].
       block_kv: key tile (power of two >= 16); a capacity Nk that is not a multiple of it is padded
         (a copy of k and v per call). num_splits: programs per (batch, KV head) along the keys;
         default `default_num_splits`.
-      layer: None, or an int scalar (may be traced; then clamped into [0, L)).
 
     Returns o [B, Nq, Hq, D] in q.dtype, or (o, lse).
     """
-    one_k, one_v = _check_layer(k, v, layer)
-    b, nq, nk, hq, hkv, d = c.check_qkv(q, one_k, one_v)
-    _check_block_queries(q, one_k, block_kv, num_splits)
-    stacked_k, stacked_v, index = _stacked(k, v, layer)
+    b, nq, nk, hq, hkv, d = c.check_qkv(q, k, v)
+    _check_block_queries(q, k, block_kv, num_splits)
     lengths = c.kv_lengths(kv_len, b, nk)
     splits = num_splits or default_num_splits(b, hkv, nk, block_kv)
-    o, lse = _split_kv(q, stacked_k, stacked_v, lengths, index, scale=c.resolve_scale(scale, d), block_kv=block_kv,
-                       num_splits=splits, num_warps=num_warps, num_stages=num_stages, interpret=interpret)
+    o, lse = _split_kv(q, k, v, lengths, scale=c.resolve_scale(scale, d), block_kv=block_kv, num_splits=splits,
+                       num_warps=num_warps, num_stages=num_stages, interpret=interpret)
     return (o, lse) if return_lse else o
 
 
 def split_kv_attention_reference(q, k, v, *, kv_len=None, scale=None, return_lse=False, interpret=False,
-                                 block_kv=128, num_splits=None, num_warps=None, num_stages=None, layer=None):
+                                 block_kv=128, num_splits=None, num_warps=None, num_stages=None):
     """The same function as `split_kv_attention`, computed densely in fp32 jnp."""
     del interpret, num_warps, num_stages
-    one_k, one_v = _check_layer(k, v, layer)
-    b, nq, nk, hq, hkv, d = c.check_qkv(q, one_k, one_v)
-    _check_block_queries(q, one_k, block_kv, num_splits)
-    k, v = _layer_slice(k, v, layer)
+    b, nq, nk, hq, hkv, d = c.check_qkv(q, k, v)
+    _check_block_queries(q, k, block_kv, num_splits)
     lengths = c.kv_lengths(kv_len, b, nk)
     allowed = (jnp.arange(nk)[None, :] < lengths[:, None])[:, None, None, :]
     o, lse = c.dense_reference(q, k, v, allowed, c.resolve_scale(scale, d))
@@ -269,25 +226,21 @@ def _check_gather(q, k, v, kv_indices, kv_counts, block_kv, num_splits):
 
 
 def split_kv_gather_attention(q, k, v, kv_indices, kv_counts, *, scale=None, return_lse=False,
-                              interpret=False, block_kv=128, num_splits=None, num_warps=None, num_stages=None,
-                              layer=None):
+                              interpret=False, block_kv=128, num_splits=None, num_warps=None, num_stages=None):
     """Attention of a short query block over the cache rows listed per KV head (MAGE's sparse step).
 
     Args:
-      q: [B, Nq, Hq, D]; k, v: [B, Nk, Hkv, D], or a stacked cache [L, B, Nk, Hkv, D] with `layer`
-        (read in place, as in `split_kv_attention`).
+      q: [B, Nq, Hq, D]; k, v: [B, Nk, Hkv, D] (one layer's cache, read in place).
       kv_indices, kv_counts: see the module docstring (one list per batch element and KV head,
         shared by the G query heads of the group and all Nq queries).
-      scale, return_lse, block_kv, num_splits, layer: as in `split_kv_attention`; the index list is split.
+      scale, return_lse, block_kv, num_splits: as in `split_kv_attention`; the index list is split.
 
     Returns o [B, Nq, Hq, D] in q.dtype, or (o, lse).
     """
-    indices, counts, d = _check_gather(q, *_check_layer(k, v, layer), kv_indices, kv_counts, block_kv, num_splits)
-    stacked_k, stacked_v, index = _stacked(k, v, layer)
-    splits = num_splits or default_num_splits(q.shape[0], stacked_k.shape[3], indices.shape[-1], block_kv)
-    o, lse = _split_kv_gather(q, stacked_k, stacked_v, indices, counts, index, scale=c.resolve_scale(scale, d),
-                              block_kv=block_kv, num_splits=splits, num_warps=num_warps, num_stages=num_stages,
-                              interpret=interpret)
+    indices, counts, d = _check_gather(q, k, v, kv_indices, kv_counts, block_kv, num_splits)
+    splits = num_splits or default_num_splits(q.shape[0], k.shape[2], indices.shape[-1], block_kv)
+    o, lse = _split_kv_gather(q, k, v, indices, counts, scale=c.resolve_scale(scale, d), block_kv=block_kv,
+                              num_splits=splits, num_warps=num_warps, num_stages=num_stages, interpret=interpret)
     return (o, lse) if return_lse else o
 
 
@@ -301,11 +254,10 @@ def gather_mask(kv_indices, kv_counts, *, num_queries, num_keys, num_heads):
 
 def split_kv_gather_attention_reference(q, k, v, kv_indices, kv_counts, *, scale=None, return_lse=False,
                                         interpret=False, block_kv=128, num_splits=None, num_warps=None,
-                                        num_stages=None, layer=None):
+                                        num_stages=None):
     """The same function as `split_kv_gather_attention`, computed densely in fp32 jnp."""
     del interpret, num_warps, num_stages
-    indices, counts, d = _check_gather(q, *_check_layer(k, v, layer), kv_indices, kv_counts, block_kv, num_splits)
-    k, v = _layer_slice(k, v, layer)
+    indices, counts, d = _check_gather(q, k, v, kv_indices, kv_counts, block_kv, num_splits)
     allowed = gather_mask(indices, counts, num_queries=q.shape[1], num_keys=k.shape[1], num_heads=q.shape[2])
     o, lse = c.dense_reference(q, k, v, allowed, c.resolve_scale(scale, d))
     return (o, lse) if return_lse else o

@@ -184,33 +184,6 @@ class KernelChecks:
                              cnt, block_kv=16, num_splits=splits)
         assert_attention_close(out, ref, dtype)
 
-    @pytest.mark.parametrize("dtype", [F32, BF16])
-    @pytest.mark.parametrize("layer", [0, 2])
-    def test_split_kv_reads_one_layer_of_a_stacked_cache(self, rng, dtype, layer):
-        """layer=... reads that layer of [L, B, Nk, Hkv, D] in place: equal to passing the layer alone,
-        also with the layer traced; a capacity off the tile grid goes through the padded path."""
-        for nk in (256, 250):
-            stacked = [qkv(rng, 2, 4, nk, 8, 2, 64, dtype)[1:] for _ in range(3)]
-            k, v = (jnp.stack([kv[i] for kv in stacked]) for i in (0, 1))
-            q = qkv(rng, 2, 4, nk, 8, 2, 64, dtype)[0]
-            lengths = jnp.asarray([nk, 97])
-            run = jax.jit(lambda q, k, v, layer: pk.split_kv_attention(
-                q, k, v, kv_len=lengths, layer=layer, return_lse=True, block_kv=32, interpret=self.INTERPRET))
-            ref = pk.split_kv_attention_reference(q, k[layer], v[layer], kv_len=lengths, return_lse=True)
-            assert_attention_close(run(q, k, v, jnp.int32(layer)), ref, dtype)
-            idx, cnt = index_lists(rng, (2, 2), nk, 40)
-            out = pk.split_kv_gather_attention(q, k, v, idx, cnt, layer=layer, return_lse=True, block_kv=16,
-                                               interpret=self.INTERPRET)
-            ref = pk.split_kv_gather_attention_reference(q, k[layer], v[layer], idx, cnt, return_lse=True)
-            assert_attention_close(out, ref, dtype)
-
-    def test_stacked_cache_errors(self, rng):
-        q, k, v = qkv(rng, 1, 4, 64, 2, 2, 32, F32)
-        with pytest.raises(ValueError, match="out of range"):
-            pk.split_kv_attention(q, k[None], v[None], layer=1, interpret=self.INTERPRET)
-        with pytest.raises(ValueError, match="stacked cache"):
-            pk.split_kv_attention(q, k, v, layer=0, interpret=self.INTERPRET)
-
     # ---- merge ----
     def test_merge_equals_attention_over_the_union(self, rng):
         q, k, v = qkv(rng, 2, 20, 90, 4, 2, 64, F32)

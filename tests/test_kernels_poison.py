@@ -1,8 +1,8 @@
 """NaN and Inf stored where a kernel's contract says "ignored" never reach its output.
 
 For every attention kernel with ignored positions (keys at or beyond kv_len, keys no row lists,
-index-list padding past the count, the other layers of a stacked cache), K and V are filled with
-NaN, +Inf and -Inf at exactly those positions, and index padding is pointed at them. The kernel and
+index-list padding past the count), K and V are filled with NaN, +Inf and -Inf at exactly those
+positions, and index padding is pointed at them. The kernel and
 its jnp reference must then both match a float64 numpy attention computed here from the clean
 inputs over the valid positions only. `PoisonChecks` is written once: `TestPoisonInterpret` runs it in
 Pallas interpret mode on CPU, where every output buffer starts as NaN (checked in test_kernels.py),
@@ -107,7 +107,7 @@ class PoisonChecks:
                    allowed, dtype, kv_len=jnp.asarray(kv_len), block_q=16, block_kv=16)
 
     @pytest.mark.parametrize("dtype", [F32, BF16])
-    def test_split_kv_keys_beyond_kv_len_and_other_layers(self, rng, dtype):
+    def test_split_kv_keys_beyond_kv_len(self, rng, dtype):
         q, k, v = qkv(rng, 2, 4, 60, 2, 1, 32, dtype)
         kv_len = np.asarray([0, 37])
         allowed = np.broadcast_to(lengths_mask(kv_len, 60), (2, 2, 4, 60))
@@ -115,13 +115,6 @@ class PoisonChecks:
         run = dict(kv_len=jnp.asarray(kv_len), block_kv=16, num_splits=2)
         self.check(pk.split_kv_attention, pk.split_kv_attention_reference, (q, k, v),
                    (poisoned(k, bad), poisoned(v, bad)), allowed, dtype, **run)
-        if dtype != F32:
-            return
-        # a stacked cache: layer 1 is read; layers 0 and 2 hold nothing but poison
-        everything = np.ones_like(bad)
-        stack = [jnp.stack([poisoned(x, everything), poisoned(x, bad), poisoned(x, everything)]) for x in (k, v)]
-        self.check(pk.split_kv_attention, pk.split_kv_attention_reference, (q, k, v), stack, allowed, dtype,
-                   layer=1, **run)
 
     @pytest.mark.parametrize("dtype,per_kv_head", [(F32, False), (BF16, True)])
     def test_block_sparse_unlisted_blocks_and_keys_beyond_kv_len(self, rng, dtype, per_kv_head):
@@ -180,12 +173,6 @@ class PoisonChecks:
         kv = (poisoned(k, bad), poisoned(v, bad))
         self.check(pk.split_kv_gather_attention, pk.split_kv_gather_attention_reference, (q, k, v), kv, allowed,
                    dtype, idx, cnt, **run)
-        if dtype != F32:
-            return
-        everything = np.ones_like(bad)  # a stacked cache whose other layer holds nothing but poison
-        stack = [jnp.stack([poisoned(x, everything), x]) for x in kv]
-        self.check(pk.split_kv_gather_attention, pk.split_kv_gather_attention_reference, (q, k, v), stack, allowed,
-                   dtype, idx, cnt, layer=1, **run)
 
     def test_poison_at_an_attended_key_still_shows(self, rng):
         """Zeroing applies to ignored keys only: a NaN value a row attends still makes it non-finite."""

@@ -36,7 +36,6 @@ def test_optional_hooks_have_defaults():
     assert policy.bind(total_steps=8, prompt_length=3, gen_length=5) is policy
     assert policy.stack_layers({"a": 1}) == {"a": 1}
     assert policy.block_mode(3, unmasked=2, commit=True) == Mode.SPARSE  # falls back to mode(step)
-    assert policy.reads_stacked_cache is False
     assert policy.pattern_mask((), num_queries=4, num_keys=4, num_heads=2) is None
     assert policy.selection(()) is None
 
@@ -45,7 +44,6 @@ def test_every_method_is_a_policy():
     for method in (Dense(), SparseD(), PulseCol(), SpargeAttn(), MAGE(), FlashBlock(), FlashBlock(inner=MAGE())):
         assert isinstance(method, AttentionPolicy)
         check_policy(method)
-    assert MAGE().reads_stacked_cache and FlashBlock().reads_stacked_cache and not SparseD().reads_stacked_cache
 
 
 def test_required_hooks_and_the_type_check():
@@ -91,7 +89,7 @@ def test_model_calls_attend_through_the_policy(tiny_model):
     cache = sdar.prefill(ids[:, :4], sdar.init_cache(1, 16))
     zero_cache = sdar.prefill(ids[:, :4], sdar.init_cache(1, 16), policy=ZeroAttention())
     # layer 0's keys come from the embeddings alone; layer 1's from layer 0's attention output
-    np.testing.assert_allclose(np.asarray(zero_cache.k[0]), np.asarray(cache.k[0]), atol=1e-5)
+    np.testing.assert_allclose(np.asarray(zero_cache.k[0]), np.asarray(cache.k[0]), atol=1e-5)  # layer 0
     assert np.abs(np.asarray(zero_cache.k[1]) - np.asarray(cache.k[1])).max() > 1e-3
     block = ids[:, 4:]  # tokens 5, 11, 5, 3
     logits, _ = sdar.block_step(block, cache)

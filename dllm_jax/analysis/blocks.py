@@ -103,8 +103,9 @@ class BlockReport:
     tokens: np.ndarray
 
     def commit(self) -> np.ndarray:
-        """bool [calls]: the commit forward of each block (its last)."""
-        return np.append(self.step[1:] == 0, True)
+        """bool [calls]: the commit of each block (its last call; the last block's commit is not run:
+        the loop commits a block in the next block's first forward)."""
+        return np.append(self.step[1:] == 0, False)
 
     def later(self) -> np.ndarray:
         """bool [calls]: denoising forwards after a block's first step (the commit forward excluded)."""
@@ -135,6 +136,8 @@ def analyze_blocks(model, prompt_ids, method, *, seed: int = 0, trajectory: str 
                                          config=model.config, options=opts, policy=probe, return_policy_state=True)
     recall, l1, log = (np.asarray(x) for x in state[2:])
     used = log[0, 1] >= 0  # every layer logs the same calls
+    # the first forward's commit part has no block to commit (its output is discarded): not a call
+    used &= np.arange(used.size) > 0
     modes, prefix = log[0, 0, used], log[0, 1, used]
     step = np.zeros_like(prefix)
     for i in range(1, len(prefix)):

@@ -24,30 +24,34 @@ With `inner=MAGE(...)` (the paper's residual reuse, §4.3 and Fig. 6; not in the
 keys MAGE selects at step 0 plus the block are attended exactly at every step, and the prefix keys
 it did not select form the cached part: computed at step 0 and at refreshes, merged in at the
 other steps. MAGE's exact first layers stay exact at every step.
+
+Batched rows may sit at different positions (`kv_len` int32 [B]) and be in different modes: with
+`unmasked` per row, `block_mode` gives int32 [B] (tau applies per row), and `attend` runs each mode's
+branch only if some row needs it (`policy.switch_rows`). Rows that wait for the others get SPARSE,
+which leaves their cached part unchanged.
 """
 
 from __future__ import annotations
 
 import dataclasses
-from typing import ClassVar
-
-import jax
 import jax.numpy as jnp
 
 import pallas_kernels as pk
 from dllm_jax.attention import kernels
-from dllm_jax.attention.mage import MAGE, block_keys, prefix_counts, selected_attention, split_exact_attention
-from dllm_jax.attention.policy import AttentionPolicy, Mode
+from dllm_jax.attention.mage import (MAGE, block_keys, prefix_counts, row_lengths, selected_attention,
+                                     split_exact_attention)
+from dllm_jax.attention.policy import AttentionPolicy, Mode, switch_rows
 
 
 def complement_indices(indices, prefix_len, capacity: int):
     """The prefix positions a selection leaves out, per KV head: (int32 [B, Hkv, capacity] ascending,
     padded with zeros, int32 counts [B, Hkv]).
 
-    indices [B, Hkv, k]: `select_prefix`'s output (its first min(k, prefix_len) entries are distinct
-    prefix positions; the rest repeat the last one).
+    indices [B, Hkv, k]: `select_prefix`'s output (its first min(k, prefix_len[b]) entries are
+    distinct prefix positions; the rest repeat the last one); prefix_len: int scalar or int32 [B].
     """
     b, h, k = indices.shape
+    prefix_len = row_lengths(prefix_len, b)[:, None, None]
     live = jnp.arange(k) < prefix_counts(prefix_len, k)
     rows = jnp.arange(b)[:, None, None], jnp.arange(h)[None, :, None]
     chosen = jnp.zeros((b, h, capacity), bool).at[(*rows, jnp.where(live, indices, capacity))].set(True, mode="drop")
@@ -72,7 +76,6 @@ class FlashBlock(AttentionPolicy):
     tau: int | None = 2
     inner: MAGE | None = None
     backend: str = "auto"
-    reads_stacked_cache: ClassVar[bool] = True  # SDAR passes the whole cache and cache_layer
 
     def __post_init__(self):
         if self.tau is not None and (not isinstance(self.tau, int) or self.tau < 0):
@@ -100,41 +103,45 @@ class FlashBlock(AttentionPolicy):
                          "SDAR block-diffusion generation, not on LLaDA")
 
     def block_mode(self, step, *, unmasked, commit):
-        reuse = step > 0
-        if self.tau is not None:
-            reuse = reuse & (unmasked < self.tau)
-        return jnp.where(commit, int(Mode.DENSE), jnp.where(step == 0, int(Mode.ESTIMATE),
+        """int32 [B] when `unmasked` (or step, or commit) is per row (tau applies per row), else a scalar."""
+        reuse = (step > 0) & (jnp.asarray(unmasked) < self.tau if self.tau is not None else True)
+        mode = jnp.where(commit, int(Mode.DENSE), jnp.where(step == 0, int(Mode.ESTIMATE),
                                                              jnp.where(reuse, int(Mode.SPARSE), int(Mode.REFRESH))))
+        return jnp.broadcast_to(mode, jnp.broadcast_shapes(mode.shape, jnp.shape(unmasked))).astype(jnp.int32)
 
-    def attend(self, q, k, v, state, mode, *, kv_len=None, cache_layer=None, **masks):
-        """k, v: one layer's cache [B, S, Hkv, D], or the stacked cache [L, B, S, Hkv, D] with
-        `cache_layer` (read in place by the kernels)."""
+    def attend(self, q, k, v, state, mode, *, kv_len=None, **masks):
+        """k, v: one layer's cache [B, S, Hkv, D]; kv_len: int scalar or int32 [B]; mode: int32 scalar
+        or [B] (per row: each branch runs only if some row needs it, see `switch_rows`; SPARSE leaves
+        a row's state unchanged)."""
         kernels.check_masks("FlashBlock", masks)
         if kv_len is None:
             raise ValueError("FlashBlock attends a query block against a KV cache: it needs kv_len (SDAR block steps)")
         inner, cached_o, cached_lse = state
-        n, layer = q.shape[1], cache_layer
+        n = q.shape[1]
+        kv_len = row_lengths(kv_len, q.shape[0])
+        prefix = kv_len - n
         mode = jnp.asarray(mode)
 
-        def exact(inner):
-            return kernels.split_kv(q, k, v, kv_len, self.backend, layer=layer)[0], inner, cached_o, cached_lse
-
         if self.inner is None:
+            # branches return (out, cached_o, cached_lse): every leaf batch-first, as switch_rows needs
+            def exact(_):
+                return kernels.split_kv(q, k, v, kv_len, self.backend)[0], cached_o, cached_lse
+
             def internal():
-                k_block, v_block = block_keys(k, v, kv_len, n, layer)
+                k_block, v_block = block_keys(k, v, kv_len, n)
                 return kernels.flash(q, k_block, v_block, self.backend)
 
-            def refresh(inner):
-                o_out, lse_out = kernels.split_kv(q, k, v, kv_len - n, self.backend, layer=layer)
+            def refresh(_):
+                o_out, lse_out = kernels.split_kv(q, k, v, prefix, self.backend)
                 out, _ = pk.merge_attention(o_out, lse_out, *internal())
-                return out.astype(q.dtype), inner, o_out.astype(jnp.float32), lse_out
+                return out.astype(q.dtype), o_out.astype(jnp.float32), lse_out
 
-            def reuse(inner):
+            def reuse(_):
                 out, _ = pk.merge_attention(cached_o, cached_lse, *internal())
-                return out.astype(q.dtype), inner, cached_o, cached_lse
+                return out.astype(q.dtype), cached_o, cached_lse
 
             branch = jnp.where(mode == int(Mode.DENSE), 0, jnp.where(mode == int(Mode.SPARSE), 2, 1))
-            out, inner, cached_o, cached_lse = jax.lax.switch(branch, [exact, refresh, reuse], inner)
+            out, cached_o, cached_lse = switch_rows(branch, [exact, refresh, reuse], None)
             return out, (inner, cached_o, cached_lse)
 
         mage = self.inner
@@ -142,32 +149,34 @@ class FlashBlock(AttentionPolicy):
 
         def residual(indices):
             """(o, lse) over the prefix keys the selection leaves out."""
-            left_out, counts = complement_indices(indices, kv_len - n, k.shape[-3])
-            return kernels.split_kv_gather(q, k, v, left_out, counts, self.backend, layer=layer)
+            left_out, counts = complement_indices(indices, prefix, k.shape[-3])
+            return kernels.split_kv_gather(q, k, v, left_out, counts, self.backend)
 
-        def estimate(inner):
-            out, lse, prefix_lse = split_exact_attention(q, k, v, kv_len, self.backend, layer)
-            indices = mage.select(q, k, kv_len, lse, layer, prefix_lse=prefix_lse)
-            out = out.astype(q.dtype)
+        # branches return (out, indices, cached_o, cached_lse): every leaf batch-first
+        def exact(_):
+            return kernels.split_kv(q, k, v, kv_len, self.backend)[0], indices, cached_o, cached_lse
+
+        def estimate(_):
+            out, lse, prefix_lse = split_exact_attention(q, k, v, kv_len, self.backend)
+            selected = mage.select(q, k, kv_len, lse, prefix_lse=prefix_lse)
+            o_res, lse_res = residual(selected)
+            return out.astype(q.dtype), selected, o_res.astype(jnp.float32), lse_res
+
+        def refresh(_):
             o_res, lse_res = residual(indices)
-            return out, (indices, exact_layer), o_res.astype(jnp.float32), lse_res
+            out, _ = pk.merge_attention(*selected_attention(q, k, v, indices, kv_len, self.backend), o_res, lse_res)
+            return out.astype(q.dtype), indices, o_res.astype(jnp.float32), lse_res
 
-        def refresh(inner):
-            o_res, lse_res = residual(indices)
-            out, _ = pk.merge_attention(*selected_attention(q, k, v, indices, kv_len, self.backend, layer), o_res,
-                                        lse_res)
-            return out.astype(q.dtype), inner, o_res.astype(jnp.float32), lse_res
-
-        def reuse(inner):
-            out, _ = pk.merge_attention(*selected_attention(q, k, v, indices, kv_len, self.backend, layer),
-                                        cached_o, cached_lse)
-            return out.astype(q.dtype), inner, cached_o, cached_lse
+        def reuse(_):
+            out, _ = pk.merge_attention(*selected_attention(q, k, v, indices, kv_len, self.backend), cached_o,
+                                        cached_lse)
+            return out.astype(q.dtype), indices, cached_o, cached_lse
 
         branch = jnp.select([mode == int(Mode.ESTIMATE), mode == int(Mode.REFRESH), mode == int(Mode.SPARSE)],
                             [1, 2, 3], 0)
-        out, inner, cached_o, cached_lse = jax.lax.switch(jnp.where(exact_layer, 0, branch),
-                                                          [exact, estimate, refresh, reuse], inner)
-        return out, (inner, cached_o, cached_lse)
+        out, indices, cached_o, cached_lse = switch_rows(jnp.where(exact_layer, 0, branch),
+                                                         [exact, estimate, refresh, reuse], None)
+        return out, ((indices, exact_layer), cached_o, cached_lse)
 
     def selection(self, state):
         """MAGE's (indices, exact) when combined; None for FlashBlock alone (it selects nothing)."""

@@ -59,22 +59,16 @@ def column_scores(q, k, group: int, scale, backend: str):
     return call(pk.column_scores, pk.column_scores_reference, backend, q, k, lse, group_size=group, scale=scale)
 
 
-def split_kv(q, k, v, kv_len, backend: str, scale=None, layer=None):
-    """Dense attention of a query block over a KV cache below kv_len: (o, lse). With `layer`, k and v
-    are the stacked cache [L, B, S, Hkv, D] and that layer is read in place."""
+def split_kv(q, k, v, kv_len, backend: str, scale=None):
+    """Dense attention of a query block over one layer's KV cache [B, S, Hkv, D] below kv_len: (o, lse)."""
     return call(pk.split_kv_attention, pk.split_kv_attention_reference, backend, q, k, v, kv_len=kv_len,
-                scale=scale, return_lse=True, layer=layer)
+                scale=scale, return_lse=True)
 
 
-def split_kv_gather(q, k, v, indices, counts, backend: str, layer=None):
-    """Attention of a query block over per-KV-head listed cache rows: (o, lse); `layer` as in split_kv."""
+def split_kv_gather(q, k, v, indices, counts, backend: str):
+    """Attention of a query block over per-KV-head listed cache rows: (o, lse)."""
     return call(pk.split_kv_gather_attention, pk.split_kv_gather_attention_reference, backend, q, k, v, indices,
-                counts, return_lse=True, layer=layer)
-
-
-def cache_layer_of(x, layer):
-    """One layer [B, S, Hkv, D] of a stacked cache (a copy), or x itself when layer is None."""
-    return x if layer is None else jax.lax.dynamic_index_in_dim(x, layer, 0, keepdims=False)
+                counts, return_lse=True)
 
 
 def kv_scores(q, k, lse, kv_len, backend: str, scale=None):

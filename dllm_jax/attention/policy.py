@@ -3,11 +3,15 @@
 A policy is a frozen dataclass deriving from `AttentionPolicy` (hashable: it is a static argument of
 the jitted functions), with static configuration and pure functions:
   init_state(*, batch, num_heads, num_kv_heads, q_len, kv_len, head_dim) -> one layer's state,
-      a pytree of fixed-shape arrays (e.g. int32 index arrays padded to a maximum, plus counts);
+      a pytree of fixed-shape arrays (e.g. int32 index arrays padded to a maximum, plus counts),
+      batch axis first where a leaf has one;
   mode(step) -> Mode, from the denoising step (static int or traced int32);
-  attend(q, k, v, state, mode, **masks) -> (out, state), masks as `dense_attention` takes them.
-The generate loop keeps a state per layer (a leading layer axis) in its carry and threads it
-through the layer scan, so a method can estimate a pattern at one step and reuse it at later ones.
+  attend(q, k, v, state, mode, **masks) -> (out, state), masks as `dense_attention` takes them;
+      k, v are always one layer's keys and values [B, S, Hkv, D]. In SDAR block steps, `kv_len` is
+      int32 [B] (each row's filled length + n: batched rows sit at different positions) and `mode`
+      an int32 scalar or [B] (per-row modes; see `switch_rows`).
+The generate loop keeps a state per layer in its carry and threads it through the layers, so a
+method can estimate a pattern at one step and reuse it at later ones.
 
 `mode` and `attend` are required; every other hook has a default in `AttentionPolicy`, so the
 models, loops and diagnostics call them unconditionally:
@@ -16,12 +20,11 @@ models, loops and diagnostics call them unconditionally:
                                 schedule (SparseD, PulseCol, SpargeAttn); default: itself;
   stack_layers(states)       -> the stacked per-layer states adjusted where layers differ (MAGE's
                                 exact first layers, per-layer SpargeAttn values); default: unchanged;
-  block_mode(step, *, unmasked, commit) -> the mode of an SDAR block step, from the step within the
-                                block, the block tokens unmasked since the last forward that was not
-                                SPARSE (FlashBlock's "dirty" count) and whether this forward commits
-                                the block to the cache; default: mode(step);
-  reads_stacked_cache        -> True: SDAR block steps pass the whole stacked cache [L, B, S, Hkv, D]
-                                and `cache_layer` (the kernels read the layer in place); default False;
+  block_mode(step, *, unmasked, commit) -> the mode of an SDAR block step (int32 scalar or [B]), from
+                                the step within the block (int32 scalar or [B]), the block tokens
+                                unmasked since the last forward that was not SPARSE (FlashBlock's
+                                "dirty" count, int32 [B]) and whether this forward commits the block
+                                to the cache (bool scalar); default: mode(step);
   pattern_mask(state, *, num_queries, num_keys, num_heads) -> the keys the sparse steps attend to,
                                 bool [B, Hq, Nq, Nk], or None where no fixed pattern exists (default);
   selection(state)           -> (indices [B, Hkv, k], exact) of a prefix selection (MAGE), or None.
@@ -32,12 +35,14 @@ from __future__ import annotations
 import abc
 import dataclasses
 import enum
-from typing import Any, ClassVar
+from typing import Any
 
 import jax
 import jax.numpy as jnp
 
+from dllm_jax.attention import kernels
 from dllm_jax.attention.dense import dense_attention
+from pallas_kernels import split_kv as split_kv_kernels
 
 
 class Mode(enum.IntEnum):
@@ -51,8 +56,6 @@ class Mode(enum.IntEnum):
 class AttentionPolicy(abc.ABC):
     """Base of every attention policy: the required `mode` and `attend`, a default for each optional
     hook (see the module docstring). Subclasses are frozen dataclasses (static, hashable)."""
-
-    reads_stacked_cache: ClassVar[bool] = False
 
     def init_state(self, *, batch: int, num_heads: int, num_kv_heads: int, q_len: int, kv_len: int,
                    head_dim: int) -> Any:
@@ -83,15 +86,85 @@ class AttentionPolicy(abc.ABC):
         return None
 
 
+DENSE_IMPLEMENTATIONS = ("auto", "split_kv", "cudnn", "xla")
+HALF_DTYPES = (jnp.dtype(jnp.bfloat16), jnp.dtype(jnp.float16))
+
+
+def uses_split_kv(implementation: str, q, k, *, kv_len=None, key_mask=None, mask=None) -> bool:
+    """Whether `Dense(implementation)` attends this call through the split-KV kernel: only calls
+    hidden by a fill length alone (SDAR block steps against the cache) qualify. "split_kv" takes
+    every such call; "auto" those on a GPU in a half dtype whose block fits the kernel's tile."""
+    if kv_len is None or key_mask is not None or mask is not None or implementation not in ("auto", "split_kv"):
+        return False
+    if implementation == "split_kv":
+        return True
+    fits = split_kv_kernels.supported_block(q.shape[1], q.shape[2], k.shape[2], q.shape[3])
+    return jax.default_backend() == "gpu" and jnp.dtype(q.dtype) in HALF_DTYPES and fits
+
+
 @dataclasses.dataclass(frozen=True)
 class Dense(AttentionPolicy):
-    """The default policy: `dense_attention` (cuDNN flash attention on GPU for bf16, XLA otherwise), no state."""
+    """The default policy: exact attention, no state.
+
+    implementation: "auto" (default): a block against a KV cache (`kv_len` and no other mask) on a GPU
+      in bf16/fp16 runs the split-KV Pallas kernel (it reads the cache near copy bandwidth; cuDNN
+      reads it at a fraction of that); every other call `dense_attention` (cuDNN flash attention on
+      GPU for bf16, XLA otherwise). "split_kv": every kv_len-only call through the split-KV kernel
+      (its jnp reference off-GPU), the rest as "auto"; "cudnn" / "xla": `dense_attention` with that
+      implementation for every call.
+    """
+
+    implementation: str = "auto"
+
+    def __post_init__(self):
+        if self.implementation not in DENSE_IMPLEMENTATIONS:
+            raise ValueError(f"Dense(implementation={self.implementation!r}) is not one of {DENSE_IMPLEMENTATIONS}")
 
     def mode(self, step):
         return Mode.DENSE
 
-    def attend(self, q, k, v, state, mode, **masks):
-        return dense_attention(q, k, v, **masks), state
+    def attend(self, q, k, v, state, mode, *, key_mask=None, mask=None, kv_len=None, scale=None):
+        if uses_split_kv(self.implementation, q, k, kv_len=kv_len, key_mask=key_mask, mask=mask):
+            # "auto" gets here only on a GPU, where the backend switch picks the Pallas kernel
+            return kernels.split_kv(q, k, v, kv_len, "auto", scale)[0], state
+        implementation = self.implementation if self.implementation in ("cudnn", "xla") else None
+        return dense_attention(q, k, v, key_mask=key_mask, mask=mask, kv_len=kv_len, scale=scale,
+                               implementation=implementation), state
+
+
+def switch_rows(index, branches, operand):
+    """`jax.lax.switch(index, branches, operand)` with one branch index per batch row.
+
+    index: int32 scalar or [1] (a plain switch, exactly today's behaviour) or int32 [B]. Every branch
+    returns a pytree whose leaves all have the batch axis first; row b of the result is row b of
+    branches[index[b]](operand). When all rows agree, one switch runs their branch alone (the common
+    case costs what the scalar switch costs: one conditional). Otherwise each branch runs only if
+    some row needs it (`lax.cond` on `any(index == m)`; a skipped branch gives zeros that no row
+    takes) and every row takes its own branch's rows. Indices out of range are clamped, as
+    `lax.switch` does. The branches appear twice in the program (alone and in the mixed path): more
+    to compile, so that the uniform case has no extra conditionals.
+    """
+    index = jnp.asarray(index, jnp.int32)
+    if index.ndim == 0 or index.shape[0] == 1:  # one row: nothing to mix (and nothing more to compile)
+        return jax.lax.switch(jnp.reshape(index, ()), branches, operand)
+    index = jnp.clip(index, 0, len(branches) - 1)
+
+    def mixed(operand):
+        result = None
+        for m, branch in enumerate(branches):
+            shapes = jax.eval_shape(branch, operand)
+
+            def skip(_, shapes=shapes):
+                return jax.tree.map(lambda s: jnp.zeros(s.shape, s.dtype), shapes)
+
+            taken = index == m
+            out = jax.lax.cond(jnp.any(taken), branch, skip, operand)
+            result = out if result is None else jax.tree.map(
+                lambda new, old: jnp.where(jnp.reshape(taken, (-1,) + (1,) * (new.ndim - 1)), new, old), out, result)
+        return result
+
+    uniform = jnp.all(index == index[0])
+    return jax.lax.switch(jnp.where(uniform, index[0], len(branches)), [*branches, mixed], operand)
 
 
 def unmasked_since_refresh(unmasked, mode, newly_unmasked):
