@@ -22,7 +22,8 @@ Sections (`--sections`, comma-separated; every result is written as soon as it i
             attention_mask all ones, none in --baseline). Tokens/s = generated
             tokens / wall time of the second (warm) call; the first call is timed separately
             (compile + run). The prefill is timed alone (`model.prefill`, warm) and subtracted to
-            give the decode time, per forward (blocks x (steps + 1) forwards), the bytes a dense
+            give the decode time, per forward (blocks x steps forwards: the commit rides on the next
+            block's first step; blocks x (steps + 1) with --baseline), the bytes a dense
             forward must read (weights + the KV rows of the batch, averaged over the blocks) and the
             achieved bandwidth.
   llada     `dllm_jax.generate` on LLaDA-8B, prompt 1024, block 32, the (batch, gen_length, steps)
@@ -290,7 +291,9 @@ def sdar_rows(model, config, plan: Plan, *, baseline: bool, copy: dict | None, p
     w = weight_bytes(model.params(), config)
     bs, steps, new = config.block_size, plan.sdar_steps, plan.sdar_new_tokens
     blocks = -(-new // bs)
-    forwards = blocks * (steps + 1)
+    # the pre-issue-17 loop ran a forward per commit; the current one commits a block in the next
+    # block's first forward (one weight read for both), and the last block's commit not at all
+    forwards = blocks * (steps + 1) if baseline else blocks * steps
     methods = family_methods("SDAR", small=plan.small_methods)
     methods = {name: methods[name] for name in ("dense", *plan.methods)}
     method_batches = dict(plan.method_points)
@@ -436,18 +439,20 @@ def block_loop(gen, params, masks, policy, options, config, batch: int, baseline
     jitted with the cache and state donated. The pre-issue-17 loop committed each block in a forward
     of its own; the current one commits the previous block in the first step (here: one pending)."""
     key = jax.random.key(0)
+    # params go in as an argument: captured by the closure they would be compiled in as constants
     if baseline:
-        fn = jax.jit(lambda c, st: gen.denoise_block(params, masks, c, st, key, jnp.int32(0), config=config,
-                                                     options=options, policy=policy)[:3], donate_argnums=(0, 1))
-        return fn
+        fn = jax.jit(lambda p, c, st: gen.denoise_block(p, masks, c, st, key, jnp.int32(0), config=config,
+                                                        options=options, policy=policy)[:3], donate_argnums=(1, 2))
+        return lambda c, st: fn(params, c, st)
     steps = jnp.full((batch,), options.denoising_steps, jnp.int32)
     finished = gen.Finished(ids=jnp.zeros_like(masks), pending=jnp.ones((batch,), bool),
                             mode=jnp.broadcast_to(policy.block_mode(steps, unmasked=jnp.zeros_like(steps), commit=True),
                                                   (batch,)).astype(jnp.int32))
     active = jnp.ones((batch,), bool)
     draws = jnp.zeros((batch,), jnp.int32)
-    return jax.jit(lambda c, st: gen.denoise_block(params, masks, c, st, key, draws, active, finished, config=config,
-                                                   options=options, policy=policy)[:3], donate_argnums=(0, 1))
+    fn = jax.jit(lambda p, c, st: gen.denoise_block(p, masks, c, st, key, draws, active, finished, config=config,
+                                                    options=options, policy=policy)[:3], donate_argnums=(1, 2))
+    return lambda c, st: fn(params, c, st)
 
 
 def has_compile_source(rows: list[dict], section: str, match: dict) -> bool:

@@ -135,18 +135,6 @@ def test_throughput_tiny_weights_section_writes_rows_against_the_copy_bandwidth(
     assert done.stdout.rstrip().splitlines()[-1].startswith("| weights, 32 tokens |")  # the summary is last
 
 
-def test_throughput_forwards_per_block_follow_each_policy_schedule():
-    """4 steps + the commit per block of 4: all exact for dense; MAGE estimates at a block's first
-    forward and reuses the selection for the other four."""
-    from dllm_jax import MAGE, Dense
-    from dllm_jax.attention.policy import Mode
-
-    throughput, _ = throughput_module()
-    assert throughput.forwards_per_mode(Dense(), block=4, steps=4, batch=2, baseline=False) == {int(Mode.DENSE): 5}
-    assert throughput.forwards_per_mode(MAGE(), block=4, steps=4, batch=2, baseline=False) == {
-        int(Mode.ESTIMATE): 1, int(Mode.SPARSE): 4}
-
-
 def test_throughput_refuses_bad_sections_and_points_before_running():
     throughput, _ = throughput_module()
     with pytest.raises(ValueError, match="--sections.*'sdar,bogus'"):

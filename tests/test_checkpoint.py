@@ -54,13 +54,12 @@ def test_converted_params_are_the_hf_tensors_in_flax_layout(tmp_path, config):
     write_hf_checkpoint(tmp_path / "hf", config, tensors=tensors)
     convert_hf_checkpoint(tmp_path / "hf", tmp_path / "out", dtype="float32", progress=False)
     params = load_model(tmp_path / "out", dtype="float32").params()
-    h, d = config.num_heads, config.head_dim
-    np.testing.assert_array_equal(params["layers"]["q_proj"][1].reshape(-1, h * d),
-                                  tensors["model.transformer.blocks.1.q_proj.weight"].T)
-    np.testing.assert_array_equal(params["layers"]["o_proj"][0].reshape(h * d, -1),
-                                  tensors["model.transformer.blocks.0.attn_out.weight"].T)
-    np.testing.assert_array_equal(params["layers"]["gate_proj"][1], tensors["model.transformer.blocks.1.ff_proj.weight"].T)
-    np.testing.assert_array_equal(params["layers"]["down_proj"][0], tensors["model.transformer.blocks.0.ff_out.weight"].T)
+    h, d, i = config.num_heads, config.head_dim, config.intermediate_size
+    layers = params["layers"]  # the inference layout: per layer, q/k/v and gate/up fused column-wise
+    np.testing.assert_array_equal(layers[1]["qkv_proj"][:, :h * d], tensors["model.transformer.blocks.1.q_proj.weight"].T)
+    np.testing.assert_array_equal(layers[0]["o_proj"], tensors["model.transformer.blocks.0.attn_out.weight"].T)
+    np.testing.assert_array_equal(layers[1]["gate_up_proj"][:, :i], tensors["model.transformer.blocks.1.ff_proj.weight"].T)
+    np.testing.assert_array_equal(layers[0]["down_proj"], tensors["model.transformer.blocks.0.ff_out.weight"].T)
     np.testing.assert_array_equal(params["lm_head"], tensors["model.transformer.ff_out.weight"].T)
     np.testing.assert_array_equal(params["embed"], tensors["model.transformer.wte.weight"])
 

@@ -96,7 +96,7 @@ def test_one_compilation_and_one_trace_of_the_step(setup, rng):
         prompt = rng.integers(0, 40, (1, 5)).astype(np.int32)
         np.asarray(run(model.params(), prompt, None, np.int32(seed)))
     assert gen_llada.generate_llada_jit._cache_size() == before + 1
-    assert len(traces) == 1  # 16 steps, one trace of the scanned step
+    assert len(traces) == config.num_layers  # 16 steps, one trace of the step (its layers unrolled)
 
 
 def test_invalid_options_raise(setup):

@@ -144,8 +144,6 @@ def test_bad_prompts_are_refused_before_compiling(models, case, family):
     prompt, message = BAD_PROMPTS[case]
     if family == "sdar" and case == "id_at_vocabulary":
         prompt, message = np.array([[1, 2, 192]]), "token ids must lie in [0, 192) (vocab_size), got [192]"
-    if family == "sdar" and case == "empty_batch":
-        message = "batch 1"  # SDAR's one-prompt rule speaks first
     options = LLADA if family == "llada" else dict(max_new_tokens=8)
     with no_compilation(), refused(message):
         generate(llada if family == "llada" else sdar, prompt, **options)

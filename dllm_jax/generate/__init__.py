@@ -159,9 +159,10 @@ def check_sdar_request(config, prompt_ids: np.ndarray, lengths, options: SDAROpt
         committed = p - p % bs
         positions = np.flatnonzero(tokens[:committed] == config.mask_token_id)
         if positions.size:
-            where = "prompt_ids" if len(lengths) == 1 and p == width else f"prompt row {row} (counting from its first token)"
+            where = ("prompt_ids hold" if len(lengths) == 1 and p == width else
+                     f"prompt row {row} holds (positions counted from its first token)")
             raise ValueError(
-                f"{where} holds the mask token id {config.mask_token_id} at positions {positions.tolist()[:10]}, inside "
+                f"{where} the mask token id {config.mask_token_id} at positions {positions.tolist()[:10]}, inside "
                 f"the complete prompt blocks (positions 0..{committed - 1}, block_size={bs}): those are prefilled into "
                 f"the KV cache and never denoised, so a mask there cannot be filled in. Only the trailing partial "
                 f"block can be infilled" + (f" (positions {committed}..{p - 1})" if committed < p else
