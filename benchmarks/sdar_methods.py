@@ -37,7 +37,7 @@ from dllm_jax import MAGE, FlashBlock, shipped_config
 from dllm_jax.attention.policy import Dense, Mode, unmasked_since_refresh
 from dllm_jax.bench import time_carried, traced_kernels, write_results
 from dllm_jax.generate.sampling import transfer_counts
-from dllm_jax.generate.sdar import CACHE_TILE, SDAROptions, denoise_block
+from dllm_jax.generate.sdar import CACHE_TILE, Finished, SDAROptions, denoise_block
 from dllm_jax.models.sdar import block_step, init_policy_state
 from dllm_jax.models.layers import prepare_params
 from dllm_jax.testing import random_params
@@ -110,9 +110,12 @@ def measure(config, params, s: int, args) -> dict:
             loop = jax.jit(functools.partial(denoise_block, config=config, options=options, policy=policy),
                            donate_argnames=("cache", "policy_state"))
 
+            # one block as the loop runs it after the first: the previous block's commit (exact) in its first step
+            finished = Finished(ids=masks, pending=jnp.ones((1,), bool), mode=jnp.full((1,), int(Mode.DENSE), jnp.int32))
+
             def block(st):
-                cur, c, p, _ = loop(params, masks, st[0].replace(length=jnp.full((1,), s, jnp.int32)), st[1], key,
-                                    jnp.zeros((1,), jnp.int32), jnp.ones((1,), bool))
+                cur, c, p, _, _ = loop(params, masks, st[0].replace(length=jnp.full((1,), s, jnp.int32)), st[1], key,
+                                       jnp.zeros((1,), jnp.int32), jnp.ones((1,), bool), finished)
                 return cur, (c, p)
             t, (cache, state) = time_carried(block, (cache, state), repeats=args.block_repeats, warmup=1)
             row[f"{name}_block_ms"] = t * 1e3
