@@ -69,41 +69,17 @@ def select_prefix(q_block, k_cache, *, prefix_len, k: int, scale=None, backend: 
         _, lse = kernels.split_kv(q_block, k_cache, k_cache, kv_len, backend, scale)
     scores = kernels.kv_scores(q_block, k_cache, lse, kv_len, backend, scale)
     in_prefix = jnp.arange(scores.shape[-1]) < prefix_len[:, None, None]
-    ordered = top_k_ascending(scores, in_prefix, k)
+    ranked_scores = jnp.where(in_prefix, scores, -jnp.inf)
+    if k > ranked_scores.shape[-1]:  # k beyond the cache capacity: every prefix position is kept
+        ranked_scores = jnp.pad(ranked_scores, ((0, 0), (0, 0), (0, k - ranked_scores.shape[-1])),
+                                constant_values=-jnp.inf)
+    _, idx = jax.lax.top_k(ranked_scores, k)
     count = prefix_counts(prefix_len, k)[:, None, None]
-    # the first `count` picks are prefix positions; repeat the last one after them
+    # the first `count` picks are prefix positions; order them and repeat the last one after them
+    ranked = jnp.where(jnp.arange(k) < count, idx, jnp.iinfo(jnp.int32).max)
+    ordered = jnp.sort(ranked, axis=-1)
     last = jnp.take_along_axis(ordered, jnp.maximum(count - 1, 0) * jnp.ones_like(ordered[..., :1]), axis=-1)
     return jnp.where(jnp.arange(k) < count, ordered, jnp.where(count > 0, last, 0)).astype(jnp.int32)
-
-
-def top_k_ascending(scores, valid, k: int):
-    """The positions of the k largest valid scores (float >= 0, [..., S]) per row, in ascending
-    position order: the set `lax.top_k` picks (ties to the lower position), without its sort.
-
-    `lax.top_k` with k = 512 of 128k keys sorts every row (about 1 ms per layer for 32 rows on an
-    H200, a fifth of MAGE's block at 128k). Here the k-th largest score is found by a radix search
-    on the scores' bit patterns (non-negative floats order as their int32 bits): 8 passes, each
-    counting the keys at or above 15 candidates per row; then everything above it and the first of
-    its ties are kept, in position order. Rows with fewer than k valid positions keep them all,
-    followed by the lowest invalid positions (and the last position repeated where k > S)."""
-    lead, s = scores.shape[:-1], scores.shape[-1]
-    bits = jax.lax.bitcast_convert_type(scores.astype(jnp.float32), jnp.int32)
-    # -1: invalid; negative bit patterns (-0.0, negative scores) as 0; the comparison is on the bits, so
-    # subnormal scores rank above 0 as in lax.top_k even where float compares flush them
-    keys = jnp.where(valid, jnp.maximum(bits, 0), -1).reshape(-1, s)
-    threshold = jnp.zeros(keys.shape[:1], jnp.int32)
-    for shift, width in ((28, 3), (24, 4), (20, 4), (16, 4), (12, 4), (8, 4), (4, 4), (0, 4)):
-        candidates = threshold[:, None] + (jnp.arange(1, 2 ** width, dtype=jnp.int32) << shift)
-        at_least = jnp.sum(keys[:, :, None] >= candidates[:, None, :], axis=1, dtype=jnp.int32)
-        threshold = threshold + (jnp.sum(at_least >= k, axis=-1, dtype=jnp.int32) << shift)
-    # fewer than k valid keys: all of them, then invalid ones (key -1) fill up as ties
-    threshold = jnp.where(jnp.sum(keys >= 0, axis=-1) >= k, threshold, -1)[:, None]
-    above = keys > threshold
-    ties = keys == threshold
-    need = k - jnp.sum(above, axis=-1, keepdims=True, dtype=jnp.int32)
-    keep = above | (ties & (jnp.cumsum(ties, axis=-1, dtype=jnp.int32) <= need))
-    picked = jax.vmap(lambda row: jnp.nonzero(row, size=k, fill_value=s - 1)[0])(keep)
-    return picked.reshape(*lead, k).astype(jnp.int32)
 
 
 def prefix_counts(prefix_len, k: int):
