@@ -25,7 +25,7 @@ import numpy as np
 
 import pallas_kernels as pk
 from dllm_jax import validation
-from dllm_jax.attention.mage import prefix_counts, select_prefix
+from dllm_jax.attention.mage import prefix_counts, row_lengths, select_prefix
 from dllm_jax.attention.policy import AttentionPolicy, Mode, check_policy
 
 TRAJECTORIES = ("dense", "method")
@@ -72,7 +72,7 @@ class BlockProbe(AttentionPolicy):
         err = (jnp.abs(out.astype(jnp.float32) - exact).sum(axis=(1, 3))
                / jnp.maximum(jnp.abs(exact).sum(axis=(1, 3)), 1e-30))
         l1 = l1.at[call].set(err)
-        prefix = jnp.broadcast_to(jnp.asarray(kv_len, jnp.int32) - q.shape[1], (q.shape[0],))
+        prefix = row_lengths(kv_len, q.shape[0]) - q.shape[1]
         selection = self.method.selection(inner)
         if selection is not None:
             indices, exact_layer = selection

@@ -50,10 +50,6 @@ class KVCache:
     def max_length(self) -> int:
         return self.k[0].shape[1]
 
-    @property
-    def batch(self) -> int:
-        return self.k[0].shape[0]
-
 
 def init_cache(config: SDARConfig, batch: int, max_length: int, dtype=jnp.bfloat16) -> KVCache:
     shape = (batch, max_length, config.num_kv_heads, config.head_dim)
