@@ -1,10 +1,19 @@
-"""Pallas GPU attention kernels (Triton backend), one per module, each with a pure-JAX
-`<name>_reference` of the same signature computing the same function densely.
+"""Pallas GPU attention kernels, one per module, each with a pure-JAX `<name>_reference` of the
+same signature computing the same function densely. Triton-lowered kernels run on any CUDA GPU
+(and in interpret mode on CPU); on Hopper (sm90+) `flash_attention`, `block_sparse_attention` and
+`flash_block_mass` run a warp-specialised Mosaic GPU kernel (`pallas_kernels.mosaic`; their
+`backend` argument picks: "auto", "mosaic" or "triton").
 
 Layouts: q [B, Nq, Hq, D], k/v [B, Nk, Hkv, D] (GQA: Hq % Hkv == 0); every LSE is the natural-log
 log-sum-exp of the scaled logits, float32 [B, Hq, Nq], -inf for rows that saw no key.
 """
 
+from pallas_kernels.block_mass import (
+    flash_block_mass,
+    flash_block_mass_reference,
+    pooled_block_scores,
+    suffix_lse,
+)
 from pallas_kernels.block_scores import block_scores, block_scores_reference
 from pallas_kernels.block_sparse import block_sparse_attention, block_sparse_attention_reference
 from pallas_kernels.column_scores import column_scores, column_scores_reference
@@ -29,6 +38,7 @@ from pallas_kernels.split_kv import (
 
 __all__ = [
     "block_scores", "block_scores_reference",
+    "flash_block_mass", "flash_block_mass_reference", "pooled_block_scores", "suffix_lse",
     "block_sparse_attention", "block_sparse_attention_reference",
     "column_scores", "column_scores_reference",
     "column_sparse_attention", "column_sparse_attention_reference",

@@ -23,6 +23,7 @@ import jax.numpy as jnp
 from jax.experimental import pallas as pl
 
 from pallas_kernels import _common as c
+from pallas_kernels import mosaic
 
 PRELOAD_MAX_WIDTH = 512
 NUM_STAGES = 3  # measured on H200: 3 stages beat 2 by 5-25% (benchmarks/results/attention_*)
@@ -103,7 +104,7 @@ def _check(q, k, v, kv_block_indices, kv_block_counts, block_q, block_kv, kv_len
 
 def block_sparse_attention(q, k, v, kv_block_indices, kv_block_counts, *, block_q, block_kv, scale=None,
                            kv_len=None, return_lse=False, interpret=False, num_warps=None, num_stages=None,
-                           preload_indices=None):
+                           preload_indices=None, backend="auto", stages=None):
     """Attention of each query block over its listed key blocks only.
 
     Args:
@@ -118,15 +119,28 @@ def block_sparse_attention(q, k, v, kv_block_indices, kv_block_counts, *, block_
       preload_indices: read each index row into registers once instead of one index per step
         (measured 5-20% faster at 128-blocks on H200); default: when the padded row has at most
         PRELOAD_MAX_WIDTH entries, since picking an entry costs a reduction over the row.
+      backend: "auto" (the Mosaic GPU kernel on Hopper for bf16/f16, head_dim a multiple of 64,
+        block_q = 128 and block_kv in 64/128/256, unless a Triton knob or interpret is given; Triton
+        otherwise), "mosaic" or "triton". The Mosaic loader reads the index row one entry per step
+        and TMA-loads exactly the listed tiles.
+      stages: the Mosaic kernel's K/V ring depth (default `mosaic.default_tiling`).
 
     Returns o [B, Nq, Hq, D] in q.dtype, or (o, lse).
     """
     indices, counts, lengths, d = _check(q, k, v, kv_block_indices, kv_block_counts, block_q, block_kv,
                                          kv_len)
+    scale = c.resolve_scale(scale, d)
+    knobs = any(x is not None for x in (num_warps, num_stages, preload_indices))
+    which = mosaic.choose(backend, q, scale=scale, interpret=interpret, triton_knobs=knobs,
+                          name="block_sparse_attention", block_q=block_q, block_kv=block_kv)
+    if which == "mosaic":
+        o, lse = mosaic.block_sparse(q, k, v, indices, counts, lengths, scale=scale, block_q=block_q,
+                                     block_kv=block_kv, has_kv_len=kv_len is not None, stages=stages)
+        return (o, lse) if return_lse else o
     masked = kv_len is not None or k.shape[1] % block_kv != 0
     if preload_indices is None:
         preload_indices = c.next_pow2(indices.shape[-1]) <= PRELOAD_MAX_WIDTH
-    o, lse = _block_sparse(q, k, v, indices, counts, lengths, scale=c.resolve_scale(scale, d),
+    o, lse = _block_sparse(q, k, v, indices, counts, lengths, scale=scale,
                            block_q=block_q, block_kv=block_kv, masked=masked, preload=preload_indices, num_warps=num_warps,
                            num_stages=num_stages, interpret=interpret)
     return (o, lse) if return_lse else o
@@ -145,9 +159,10 @@ def block_mask(kv_block_indices, kv_block_counts, *, block_q, block_kv, num_quer
 
 def block_sparse_attention_reference(q, k, v, kv_block_indices, kv_block_counts, *, block_q, block_kv,
                                      scale=None, kv_len=None, return_lse=False, interpret=False,
-                                     num_warps=None, num_stages=None, preload_indices=False):
+                                     num_warps=None, num_stages=None, preload_indices=False, backend="auto",
+                                     stages=None):
     """The same function as `block_sparse_attention`, computed densely in fp32 jnp."""
-    del interpret, num_warps, num_stages, preload_indices
+    del interpret, num_warps, num_stages, preload_indices, backend, stages
     indices, counts, lengths, d = _check(q, k, v, kv_block_indices, kv_block_counts, block_q, block_kv,
                                          kv_len)
     nq, nk, hq = q.shape[1], k.shape[1], q.shape[2]

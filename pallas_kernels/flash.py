@@ -14,6 +14,7 @@ import jax.numpy as jnp
 from jax.experimental import pallas as pl
 
 from pallas_kernels import _common as c
+from pallas_kernels import mosaic
 
 
 def _kernel(kvlen_ref, q_ref, k_ref, v_ref, o_ref, lse_ref, *, scale_log2, block_kv):
@@ -76,7 +77,7 @@ def default_blocks(nq: int, nk: int) -> tuple[int, int]:
 
 
 def flash_attention(q, k, v, *, scale=None, kv_len=None, return_lse=False, interpret=False,
-                    block_q=None, block_kv=None, num_warps=None, num_stages=None):
+                    block_q=None, block_kv=None, num_warps=None, num_stages=None, backend="auto", tiling=None):
     """Dense bidirectional attention.
 
     Args:
@@ -87,25 +88,38 @@ def flash_attention(q, k, v, *, scale=None, kv_len=None, return_lse=False, inter
         there (values are zeroed at tile load, so NaN or Inf cannot leak). Rows with kv_len 0 give
         o = 0 and lse = -inf.
       return_lse: also return the natural-log LSE, f32 [B, Hq, Nq].
-      block_q, block_kv, num_warps, num_stages: tiling (powers of two >= 16); defaults are tuned.
+      block_q, block_kv, num_warps, num_stages: Triton tiling (powers of two >= 16); defaults are tuned.
+      backend: "auto" (the Mosaic GPU kernel on Hopper for bf16/f16, head_dim a multiple of 64 and at
+        least 128 queries, unless a Triton knob or interpret is given; Triton otherwise), "mosaic"
+        or "triton".
+      tiling: `mosaic.Tiling` for the Mosaic kernel (default `mosaic.default_tiling`).
 
     Returns o [B, Nq, Hq, D] in q.dtype, or (o, lse).
     """
     b, nq, nk, hq, hkv, d = c.check_qkv(q, k, v)
+    scale = c.resolve_scale(scale, d)
+    knobs = any(x is not None for x in (block_q, block_kv, num_warps, num_stages))
+    which = mosaic.choose(backend if tiling is None else ("mosaic" if backend == "auto" else backend), q,
+                          scale=scale, interpret=interpret, triton_knobs=knobs, name="flash_attention")
+    if which == "mosaic":
+        o, lse, _ = mosaic.attention(q, k, v, c.kv_lengths(kv_len, b, nk), scale=scale,
+                                     has_kv_len=kv_len is not None, tiling=tiling)
+        return (o, lse) if return_lse else o
     dq, dk = default_blocks(nq, nk)
     block_q, block_kv = block_q or dq, block_kv or dk
     c.check_block("block_q", block_q)
     c.check_block("block_kv", block_kv)
     lengths = c.kv_lengths(kv_len, b, nk)
-    o, lse = _flash(q, k, v, lengths, scale=c.resolve_scale(scale, d), block_q=block_q,
+    o, lse = _flash(q, k, v, lengths, scale=scale, block_q=block_q,
                     block_kv=block_kv, num_warps=num_warps, num_stages=num_stages, interpret=interpret)
     return (o, lse) if return_lse else o
 
 
 def flash_attention_reference(q, k, v, *, scale=None, kv_len=None, return_lse=False, interpret=False,
-                              block_q=None, block_kv=None, num_warps=None, num_stages=None):
+                              block_q=None, block_kv=None, num_warps=None, num_stages=None, backend="auto",
+                              tiling=None):
     """The same function as `flash_attention`, computed densely in fp32 jnp."""
-    del interpret, block_q, block_kv, num_warps, num_stages
+    del interpret, block_q, block_kv, num_warps, num_stages, backend, tiling
     b, nq, nk, hq, hkv, d = c.check_qkv(q, k, v)
     lengths = c.kv_lengths(kv_len, b, nk)
     allowed = (jnp.arange(nk)[None, :] < lengths[:, None])[:, None, None, :]

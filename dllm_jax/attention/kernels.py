@@ -1,8 +1,10 @@
 """How attention policies reach the Pallas kernels: one backend switch shared by every method.
 
 backend "auto" runs the Pallas kernels on a GPU and their pure-jnp references (same signatures,
-same results) elsewhere; "pallas" forces the kernels, "interpret" runs them in Pallas interpret
-mode (slow; for tests on CPU), "reference" forces the references.
+same results) elsewhere; "pallas" forces the kernels (each picks Mosaic GPU on Hopper where it has a
+Mosaic version, Triton otherwise), "mosaic" insists on the Mosaic kernels where they exist (an error
+where the inputs don't fit them), "triton" forces the Triton kernels, "interpret" runs the Triton
+kernels in Pallas interpret mode (slow; for tests on CPU), "reference" forces the references.
 """
 
 from __future__ import annotations
@@ -10,9 +12,12 @@ from __future__ import annotations
 import jax
 
 import pallas_kernels as pk
+from pallas_kernels import mosaic
 from dllm_jax.attention.dense import dense_attention
 
-BACKENDS = ("auto", "pallas", "interpret", "reference")
+BACKENDS = ("auto", "pallas", "mosaic", "triton", "interpret", "reference")
+# the kernels that have a Mosaic GPU version and so take a `backend` argument of their own
+_MOSAIC_KERNELS = (pk.flash_attention, pk.block_sparse_attention)
 
 
 def check_backend(backend: str) -> None:
@@ -31,7 +36,26 @@ def call(kernel, reference, backend: str, *args, **kwargs):
     which = resolve(backend)
     if which == "reference":
         return reference(*args, **kwargs)
+    if which in ("mosaic", "triton") and kernel in _MOSAIC_KERNELS:
+        kwargs["backend"] = which
     return kernel(*args, interpret=which == "interpret", **kwargs)
+
+
+def runs_block_mass(q, block: int, scale, backend: str) -> bool:
+    """Whether SparseD's estimation can run fused (`block_mass`): the Mosaic kernel is what the
+    backend runs here and it takes these inputs with key tiles of `block`."""
+    which = resolve(backend)
+    if which not in ("pallas", "mosaic"):
+        return False
+    scale = scale if scale is not None else q.shape[-1] ** -0.5
+    return mosaic.choose("mosaic" if which == "mosaic" else "auto", q, scale=scale, interpret=False,
+                            triton_knobs=False, name="SparseD estimation", block_kv=block) == "mosaic"
+
+
+def block_mass(q, k, v, block: int, scale, backend: str):
+    """(o, lse, mass): attention with each query's log-mass per key tile of `block` (one pass)."""
+    return call(pk.flash_block_mass, pk.flash_block_mass_reference, backend, q, k, v, block_kv=block,
+                scale=scale)
 
 
 def dense(q, k, v, backend: str):

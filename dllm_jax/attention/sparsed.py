@@ -60,13 +60,31 @@ def select_blocks(q, k, *, prefill_len: int, block_size: int, select: float, sca
     format of `pallas_kernels.block_sparse_attention` with block_q = block_kv = block_size, where
     nb = ceil(N / block_size) and width = min(nb, k_A + k_B). `scale` defaults to 1/sqrt(D).
     """
-    b, n, hq, d = q.shape
-    n_blocks = -(-n // block_size)
+    n, d = q.shape[1], q.shape[3]
     last = boundary_block(n, prefill_len, block_size)
     scale = scale if scale is not None else d ** -0.5
     scores = kernels.block_scores(q, k, block_size, scale, backend)  # [B, H, nb, nb]
-    prefill = _top_mask(scores, _keep(n_blocks, select)) & (jnp.arange(n_blocks) < last)
     gen_scores = kernels.block_scores(q, k[:, last * block_size:], block_size, scale, backend)  # [B, H, nb, nb_g]
+    return _pattern(scores, gen_scores, n, prefill_len, block_size, select)
+
+
+def select_blocks_from_mass(mass, lse, *, prefill_len: int, block_size: int, select: float):
+    """`select_blocks`' pattern from `flash_block_mass`'s outputs (key tiles of block_size): the same
+    two pooled score passes, without another pass over Q K^T (the generation pass renormalises by
+    the LSE over the generation tiles)."""
+    n = lse.shape[-1]
+    last = boundary_block(n, prefill_len, block_size)
+    scores = pk.pooled_block_scores(mass, lse, block_q=block_size, block_kv=block_size)
+    gen_scores = pk.pooled_block_scores(mass[:, :, last:], pk.suffix_lse(mass, last), block_q=block_size,
+                                        block_kv=block_size)
+    return _pattern(scores, gen_scores, n, prefill_len, block_size, select)
+
+
+def _pattern(scores, gen_scores, n: int, prefill_len: int, block_size: int, select: float):
+    """Pass A's top blocks before `last` joined with pass B's top generation blocks, as index lists."""
+    n_blocks = scores.shape[-1]
+    last = boundary_block(n, prefill_len, block_size)
+    prefill = _top_mask(scores, _keep(n_blocks, select)) & (jnp.arange(n_blocks) < last)
     generation = _top_mask(gen_scores, _keep(n_blocks - last, select))
     chosen = prefill | jnp.pad(generation, ((0, 0), (0, 0), (0, 0), (last, 0)))
     return mask_to_lists(chosen, pattern_width(n, prefill_len, block_size, select))
@@ -81,8 +99,11 @@ class SparseD(AttentionPolicy):
     block_size: pattern block (128 for long contexts, 32 for short; a power of two >= 16).
     scale_quirk: score with 1/sqrt(num_heads) as LLaDA's official code does (attention itself
       always uses 1/sqrt(head_dim)).
-    backend: "auto" (Pallas kernels on GPU, their jnp references elsewhere), "pallas",
-      "interpret" (Pallas interpret mode) or "reference".
+    backend: "auto" (Pallas kernels on GPU, their jnp references elsewhere), "pallas", "mosaic",
+      "triton", "interpret" (Pallas interpret mode) or "reference" (see `attention.kernels`). Where
+      the Mosaic GPU kernel runs (Hopper), the estimation step is one fused pass
+      (`flash_block_mass`: output, LSE and per-tile mass) instead of flash + two scoring passes +
+      dense attention; the quirk's different scoring scale keeps the unfused path.
     """
 
     skip: float = 0.2
@@ -139,6 +160,11 @@ class SparseD(AttentionPolicy):
             return kernels.dense(q, k, v, self.backend), state
 
         def estimate(_):
+            if not self.scale_quirk and kernels.runs_block_mass(q, b, None, self.backend):
+                # one pass gives the step's exact output and both score passes
+                out, lse, mass = kernels.block_mass(q, k, v, b, None, self.backend)
+                return out, select_blocks_from_mass(mass, lse, prefill_len=self.prefill_len, block_size=b,
+                                                    select=self.select)
             scale = q.shape[2] ** -0.5 if self.scale_quirk else None
             pattern = select_blocks(q, k, prefill_len=self.prefill_len, block_size=b, select=self.select,
                                     scale=scale, backend=self.backend)
