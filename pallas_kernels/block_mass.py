@@ -9,7 +9,9 @@ Pooled softmax probabilities follow without revisiting Q or K (`pooled_block_sco
 probability mass of tile j for query i is exp(mass - lse), and normalising by the LSE of a suffix of
 tiles instead gives the softmax over those keys only (SparseD's generation-block pass).
 
-Only the Mosaic GPU kernel computes it (Hopper); the reference materialises the logits densely.
+Only the Mosaic GPU kernel computes it (Hopper); the reference materialises the logits densely. The
+kernel sums each tile relative to the row's running maximum: a tile more than ~87 nats below it
+underflows, and reports its largest logit instead (within log(block_kv) of its mass).
 Memory: mass is 4 * B * Hq * Nq * ceil(Nk / block_kv) bytes (32 heads, 64k, 128-key tiles: 4.3 GB),
 written once and read once by the pooling.
 """
@@ -32,7 +34,7 @@ def _check(q, k, v, block_kv, kv_len):
 def flash_block_mass(q, k, v, *, block_kv, scale=None, kv_len=None, stages=None, interpret=False):
     """(o [B, Nq, Hq, D] in q.dtype, lse f32 [B, Hq, Nq], mass f32 [B, Hq, ceil(Nk/block_kv), Nq]).
 
-    Args as `flash_attention`; block_kv is the key tile of the mass (64, 128 or 256: the kernel's TMA
+    Args as `flash_attention`; block_kv is the key tile of the mass (64 or 128: the kernel's TMA
     tile). Needs the Mosaic GPU kernel: an sm90+ GPU, bf16/f16, head_dim a multiple of 64 (else a
     ValueError says which).
     """

@@ -120,7 +120,7 @@ def block_sparse_attention(q, k, v, kv_block_indices, kv_block_counts, *, block_
         (measured 5-20% faster at 128-blocks on H200); default: when the padded row has at most
         PRELOAD_MAX_WIDTH entries, since picking an entry costs a reduction over the row.
       backend: "auto" (the Mosaic GPU kernel on Hopper for bf16/f16, head_dim a multiple of 64,
-        block_q = 128 and block_kv in 64/128/256, unless a Triton knob or interpret is given; Triton
+        block_q = 128 and block_kv 64 or 128, unless a Triton knob or interpret is given; Triton
         otherwise), "mosaic" or "triton". The Mosaic loader reads the index row one entry per step
         and TMA-loads exactly the listed tiles.
       stages: the Mosaic kernel's K/V ring depth (default `mosaic.default_tiling`).

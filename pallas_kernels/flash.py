@@ -99,6 +99,9 @@ def flash_attention(q, k, v, *, scale=None, kv_len=None, return_lse=False, inter
     b, nq, nk, hq, hkv, d = c.check_qkv(q, k, v)
     scale = c.resolve_scale(scale, d)
     knobs = any(x is not None for x in (block_q, block_kv, num_warps, num_stages))
+    if tiling is not None and backend == "triton":
+        raise ValueError("flash_attention: `tiling` configures the Mosaic kernel; backend='triton' takes "
+                         "block_q / block_kv / num_warps / num_stages")
     which = mosaic.choose(backend if tiling is None else ("mosaic" if backend == "auto" else backend), q,
                           scale=scale, interpret=interpret, triton_knobs=knobs, name="flash_attention")
     if which == "mosaic":

@@ -57,8 +57,9 @@ class Tiling:
     def check(self, head_dim: int, itemsize: int) -> None:
         if self.block_q != 64:
             raise ValueError(f"Mosaic tiling block_q={self.block_q} must be 64 (one wgmma row tile)")
-        if self.block_kv not in (64, 128, 256):
-            raise ValueError(f"Mosaic tiling block_kv={self.block_kv} must be 64, 128 or 256")
+        if self.block_kv not in (64, 128):
+            # 256-key tiles hold 128 fp32 logits per thread next to the accumulator: register spills
+            raise ValueError(f"Mosaic tiling block_kv={self.block_kv} must be 64 or 128")
         if not 2 <= self.stages <= 4:
             raise ValueError(f"Mosaic tiling stages={self.stages} must lie in 2..4")
         if self.smem_bytes(head_dim, itemsize) > SMEM_BYTES:
@@ -77,12 +78,13 @@ AUTO_MIN_QUERIES = 128  # below one CTA's rows the padded Mosaic tile wastes mos
 
 
 def is_hopper() -> bool:
-    """True when the default device is an sm90+ NVIDIA GPU."""
+    """True when the default device is a Hopper (sm90) NVIDIA GPU: wgmma, which the kernel is built
+    on, exists there only (Blackwell has tcgen05 instead)."""
     device = jax.devices()[0]
     if device.platform != "gpu":
         return False
     try:
-        return float(getattr(device, "compute_capability", "0")) >= 9.0
+        return 9.0 <= float(getattr(device, "compute_capability", "0")) < 10.0
     except ValueError:
         return False
 
@@ -123,7 +125,7 @@ def choose(backend: str, q, *, scale: float, interpret: bool, triton_knobs: bool
         if why:
             raise ValueError(f"{name}: the Mosaic GPU kernel does not support {why}")
         if not is_hopper():
-            raise ValueError(f"{name}: the Mosaic GPU kernel needs an sm90+ NVIDIA GPU, the default device is "
+            raise ValueError(f"{name}: the Mosaic GPU kernel needs a Hopper (sm90) GPU, the default device is "
                              f"{jax.devices()[0].device_kind}")
         return "mosaic"
     use = not (interpret or triton_knobs or why) and q.shape[1] >= AUTO_MIN_QUERIES and is_hopper()
@@ -200,7 +202,8 @@ def _kernel(*refs, schedule, masked, with_mass, tiling, scale_log2, head_dim, gr
                 limit = kv_len - block_of(step) * bkv
                 kv_ids = plgpu.broadcasted_iota(jnp.int32, (bq, bkv), 1, layout=plgpu.Layout.WGMMA)
                 qk = jnp.where(kv_ids < limit, qk, -jnp.inf)
-            m_new = jnp.maximum(m_i, qk.max(axis=1) * scale_log2)
+            tile_max = qk.max(axis=1) * scale_log2
+            m_new = jnp.maximum(m_i, tile_max)
             # a row that has seen only masked keys keeps m = -inf: shift by 0 there (exp2 gives 0, not NaN)
             shift = jnp.where(m_new == -jnp.inf, 0.0, m_new) if with_mask else m_new
             alpha = jnp.exp2(m_i - shift)
@@ -210,7 +213,9 @@ def _kernel(*refs, schedule, masked, with_mass, tiling, scale_log2, head_dim, gr
             l_i = l_i * alpha + row_sum
             p16 = p.astype(dtype)
             if with_mass:
-                mass = jnp.where(row_sum > 0.0, jnp.log(row_sum) + shift * c.LN2, -jnp.inf)
+                # a tile far below the running maximum underflows to row_sum 0: report its largest
+                # logit then (within log(block_kv) of its mass; -inf only for a fully masked tile)
+                mass = jnp.where(row_sum > 0.0, jnp.log(row_sum) + shift * c.LN2, tile_max * c.LN2)
                 mass_slot = mass_smem2.at[wg, lax.rem(step, jnp.int32(2))]
                 plgpu.wait_smem_to_gmem(1, wait_read_only=True)  # the slot's store of two steps ago
                 mass_slot[...] = mass
@@ -348,7 +353,7 @@ def attention(q, k, v, kv_len, *, scale: float, has_kv_len: bool, tiling: Tiling
 def block_sparse(q, k, v, indices, counts, kv_len, *, scale: float, block_q: int, block_kv: int,
                  has_kv_len: bool, stages: int | None = None):
     """Block-sparse attention on the Mosaic kernel: (o, lse). The pattern's block_q must be 128 (one
-    CTA: two warpgroups of 64 rows) and block_kv 64, 128 or 256 (one TMA tile)."""
+    CTA: two warpgroups of 64 rows) and block_kv 64 or 128 (one TMA tile)."""
     why = unsupported(q, scale=scale, block_q=block_q, block_kv=block_kv)
     if why:
         raise ValueError(f"block_sparse_attention: the Mosaic GPU kernel does not support {why}")
