@@ -51,8 +51,10 @@ class Tiling:
     stages: int = 2
 
     def smem_bytes(self, head_dim: int, itemsize: int) -> int:
+        """What the kernel allocates: Q/O and the K/V ring, the LSE and mass staging rows, and Mosaic's
+        reduction scratch (2 KiB by default) plus barriers and alignment (0.5 KiB)."""
         tiles = (COMPUTE_WGS * self.block_q + 2 * self.stages * self.block_kv) * head_dim * itemsize
-        return tiles + 4 * COMPUTE_WGS * self.block_q * 3
+        return tiles + 4 * COMPUTE_WGS * self.block_q * 3 + 2048 + 512
 
     def check(self, head_dim: int, itemsize: int) -> None:
         if self.block_q != 64:
