@@ -271,7 +271,8 @@ def _kernel(*refs, schedule, masked, with_mass, tiling, scale_log2, head_dim, gr
             plgpu.copy_gmem_to_smem(k_ref.at[rows], k_smem.at[slot], k_ready.at[slot])
             plgpu.copy_gmem_to_smem(v_ref.at[rows], v_smem.at[slot], v_ready.at[slot])
 
-        for i in range(stages):
+        # the first tiles, as many as the ring holds and the schedule can list (static bounds)
+        for i in range(min(stages, idx_ref.shape[-1] if schedule == "sparse" else k_ref.shape[1] // bkv)):
             pl.when(i < n_steps)(functools.partial(load, i, i))
 
         @pl.loop(0, jnp.maximum(n_steps - stages, 0))

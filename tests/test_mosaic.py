@@ -290,6 +290,19 @@ def test_lowered_kernel_is_hopper_code():
     assert "wgmma.mma_async" in text and "cp.async.bulk.tensor.shared.cluster.global" in text
 
 
+@pytest.mark.parametrize("nk,width", [(128, 1), (100, 1), (64, 3)])
+def test_mosaic_kernels_lower_with_fewer_tiles_than_ring_slots(nk, width):
+    """One key tile (or one listed tile) against a 2-slot K/V ring: the loader's first loads stay in bounds."""
+    q, kv = sds((1, 256, 2, 64), BF16), sds((1, nk, 2, 64), BF16)
+    lengths = sds((1,), jnp.int32)
+    idx, cnt = sds((1, 2, 2, width), jnp.int32), sds((1, 2, 2), jnp.int32)
+    dense = lower_for_h100(lambda q, k, v, n: mosaic.attention(q, k, v, n, scale=0.125, has_kv_len=False),
+                           q, kv, kv, lengths)
+    sparse = lower_for_h100(lambda q, k, v, i, c, n: mosaic.block_sparse(
+        q, k, v, i, c, n, scale=0.125, block_q=128, block_kv=64, has_kv_len=False), q, kv, kv, idx, cnt, lengths)
+    assert len(mosaic_kernel_calls(dense)) == len(mosaic_kernel_calls(sparse)) == 1
+
+
 # ---- B. GPU: the compiled kernels against the references ----
 
 def require_hopper():
@@ -345,6 +358,7 @@ def gpu_inputs(rng, b, nq, nk, hq, hkv, d, dtype, kv_len):
     (256, 4, 4, 64, 129, [129, 70]),    # MHA, head_dim 256 (64-key tiles), fewer queries than a CTA
     (128, 4, 4, 300, 1000, [1000, 512]),  # a length on a tile boundary
     (64, 8, 2, 256, 512, [511, 1]),     # exact multiples, one key only
+    (128, 4, 2, 200, 128, None),        # a single key tile, fewer than the K/V ring's slots
 ])
 def test_flash_mosaic_matches_the_reference(rng, dtype, d, hq, hkv, nq, nk, kv_len):
     require_hopper()
