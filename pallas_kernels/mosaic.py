@@ -1,4 +1,4 @@
-"""FlashAttention-3-style attention for Hopper (sm90+) in Pallas Mosaic GPU: one warp-specialised
+"""FlashAttention-3-style attention for Hopper (sm90) in Pallas Mosaic GPU: one warp-specialised
 kernel behind `flash_attention`, `block_sparse_attention` and `flash_block_mass` when they run on a
 Hopper GPU (`backend="auto"` or `"mosaic"`).
 
