@@ -1,4 +1,4 @@
-"""`dllm-jax` command line: convert | generate | analyze | bench | demo (`--help` on each)."""
+"""`dllm-jax` command line: convert | generate | analyze | eval | bench | demo (`--help` on each)."""
 
 from __future__ import annotations
 
@@ -410,6 +410,30 @@ def write_files(directory: Path, files: dict[str, bytes]) -> None:
             tmp.unlink(missing_ok=True)
 
 
+def cmd_eval(args) -> None:
+    """Generates answers to seeded samples of a synthetic task and prints the accuracy (--json: also
+    every sample's record)."""
+    from dllm_jax.attention.methods import check_family
+    from dllm_jax.checkpoint import load_model
+    from dllm_jax.config import LLaDAConfig, read_hf_config
+    from dllm_jax.eval import evaluate, load_tokenizer, make_samples
+
+    method = method_from_args(args)  # every flag and sample error before the slow loading
+    _, config = read_hf_config(args.model)
+    check_family(method, "LLaDA" if isinstance(config, LLaDAConfig) else "SDAR")
+    out = None if args.json is None else Path(args.json)
+    if out is not None and out.is_dir():
+        raise ValueError(f"--json {out} is a directory: name the file to write")
+    samples = make_samples(args.task, args.context, args.samples, args.seed, load_tokenizer(args.model))
+    model = load_model(args.model, dtype=args.dtype)
+    result = evaluate(model, samples, method=method, batch_size=args.batch_size, progress=not args.quiet)
+    print(f"{args.task} at {args.context} tokens, {result.method}: accuracy {result.accuracy:.3f} "
+          f"({result.num_correct}/{result.num_samples}) in {result.seconds:.1f} s")
+    if out is not None:
+        write_files(out.parent, {out.name: (json.dumps(result.to_dict(), indent=2) + "\n").encode()})
+        print(f"wrote {out}", file=sys.stderr)
+
+
 def cmd_bench(args) -> None:
     from dllm_jax.bench import run
 
@@ -485,10 +509,11 @@ def demo_sdar(args) -> None:
 
 def build_parser() -> argparse.ArgumentParser:
     from dllm_jax.attention.methods import METHODS
+    from dllm_jax.eval import TASKS
 
     parser = argparse.ArgumentParser(prog="dllm-jax", description="Diffusion-LLM inference in JAX: LLaDA and SDAR "
                                      "with sparse-attention methods.")
-    sub = parser.add_subparsers(dest="command", required=True, metavar="{convert,generate,analyze,bench,demo}")
+    sub = parser.add_subparsers(dest="command", required=True, metavar="{convert,generate,analyze,eval,bench,demo}")
 
     dtype = argparse.ArgumentParser(add_help=False)
     dtype.add_argument("--dtype", default="bfloat16", choices=["bfloat16", "float32"],
@@ -566,6 +591,22 @@ def build_parser() -> argparse.ArgumentParser:
     analyze.add_argument("--layer", type=non_negative_int, default=None, metavar="N",
                          help="LLaDA: layer of the per-head heat maps (default the last)")
     analyze.set_defaults(fn=cmd_analyze)
+
+    evaluation = sub.add_parser("eval", parents=[dtype, methods], help="accuracy on a synthetic long-context task",
+                                description="Makes --samples seeded samples of --task (dllm_jax.eval.tasks) at --context "
+                                            "tokens with the checkpoint's tokenizer.json (the task vocabulary), "
+                                            "generates greedily (dllm_jax.eval.evaluate) and prints the accuracy.")
+    evaluation.add_argument("--model", required=True, help="converted or HF checkpoint directory (with tokenizer.json)")
+    evaluation.add_argument("--task", required=True, choices=list(TASKS))
+    evaluation.add_argument("--context", type=positive_int, default=4096, metavar="N",
+                            help="prompt tokens (4096; sanity prompts stop at 64)")
+    evaluation.add_argument("--samples", type=positive_int, default=100, metavar="N", help="number of samples (100)")
+    evaluation.add_argument("--seed", type=seed_int, default=0, metavar="N", help="seed of the samples (0)")
+    evaluation.add_argument("--batch-size", type=positive_int, default=1, metavar="N",
+                            help="samples generated together (1; greedy answers do not depend on it)")
+    evaluation.add_argument("--json", default=None, metavar="FILE", help="also write the result and every record here")
+    evaluation.add_argument("--quiet", action="store_true", help="no progress bar")
+    evaluation.set_defaults(fn=cmd_eval)
 
     bench = sub.add_parser("bench", parents=[dtype], help="time attention kernels and generation on this device",
                            description="Attention kernels (dense cuDNN/XLA vs our flash, block- and column-sparse "

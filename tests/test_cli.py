@@ -35,7 +35,7 @@ def test_demo_runs_and_prints_timing(capsys):
     assert "after commit the cache holds 36 positions" in out
 
 
-@pytest.mark.parametrize("command", ["convert", "generate", "analyze", "bench", "demo"])
+@pytest.mark.parametrize("command", ["convert", "generate", "analyze", "bench", "demo", "eval"])
 def test_every_subcommand_has_help(command, capsys):
     with pytest.raises(SystemExit) as exit_:
         main([command, "--help"])
