@@ -1,0 +1,139 @@
+"""`python -m dllm_jax.train`: trains a tiny LLaDA or SDAR model on the synthetic tasks of dllm_jax.eval.
+
+  python -m dllm_jax.train --family llada --config tiny --task passkey,sanity --context 1024 \\
+      --steps 2000 --batch 16 --out runs/llada [--resume] [--stop-at 500]
+
+OUT holds the run (checkpoints/, train_config.json, history.json, loss.png, see dllm_jax.train.loop)
+and, after every invocation, OUT/hf: the weights so far as an HF checkpoint with the task tokenizer
+(`dllm_jax.load_model(OUT/hf)`, `dllm-jax eval --model OUT/hf`). Training samples use seeds >= 2**31
+(drawn from --seed and the step): evaluate on seeds below that to test on prompts never trained on.
+"""
+
+from __future__ import annotations
+
+import argparse
+import sys
+from pathlib import Path
+
+import numpy as np
+
+from dllm_jax.config import LLaDAConfig, SDARConfig
+
+TRAIN_SEED_FLOOR = 2**31  # every training sample's seed is at least this (evaluation seeds stay below)
+
+
+def model_config(family: str, size: str, *, vocab_size: int, special, max_positions: int):
+    """The "tiny" or "small" architecture of `family` over the task vocabulary."""
+    shapes = {"tiny": dict(hidden_size=64, num_layers=2, num_heads=4, num_kv_heads=2, intermediate_size=192),
+              "small": dict(hidden_size=256, num_layers=4, num_heads=8, num_kv_heads=4, intermediate_size=768)}[size]
+    if family == "llada":
+        return LLaDAConfig(**shapes, vocab_size=vocab_size, tokenizer_vocab_size=vocab_size,
+                           max_position_embeddings=max_positions, mask_token_id=special.mask,
+                           eos_token_id=special.eos, pad_token_id=special.pad, eot_token_id=special.eos)
+    return SDARConfig(**shapes, head_dim=32, vocab_size=vocab_size, max_position_embeddings=max_positions,
+                      block_size=4, mask_token_id=special.mask, eos_token_ids=(special.eos,),
+                      pad_token_id=special.pad)
+
+
+def task_sampler(tasks: list[str], contexts: list[int], tokenizer):
+    """sample_fn(seed, count): `count` samples, each of a task and context drawn from the lists."""
+    from dllm_jax.eval import make_samples
+
+    def sample_fn(seed: int, count: int):
+        rng = np.random.default_rng(seed)
+        return [make_samples(str(rng.choice(tasks)), int(rng.choice(contexts)), 1,
+                             int(rng.integers(TRAIN_SEED_FLOOR, 2**62)), tokenizer)[0] for _ in range(count)]
+
+    return sample_fn
+
+
+def comma_list(kind):
+    def parse(text: str):
+        try:
+            values = [kind(part) for part in text.split(",") if part]
+        except ValueError:
+            raise argparse.ArgumentTypeError(f"expected a comma-separated list of {kind.__name__}, got {text!r}")
+        if not values:
+            raise argparse.ArgumentTypeError("expected at least one value")
+        return values
+    return parse
+
+
+def build_parser() -> argparse.ArgumentParser:
+    p = argparse.ArgumentParser(prog="python -m dllm_jax.train", description=__doc__.split("\n\n")[0],
+                                formatter_class=argparse.ArgumentDefaultsHelpFormatter)
+    p.add_argument("--family", choices=("llada", "sdar"), required=True)
+    p.add_argument("--config", choices=("tiny", "small"), default="tiny", help="model size")
+    p.add_argument("--task", type=comma_list(str), default=["passkey"],
+                   help="task(s), comma-separated (dllm_jax.eval.TASKS); each sample draws one")
+    p.add_argument("--context", type=comma_list(int), default=[1024],
+                   help="context length(s) in tokens, comma-separated; each sample draws one")
+    p.add_argument("--steps", type=int, required=True, help="total optimizer steps of the run (the schedule's length)")
+    p.add_argument("--stop-at", type=int, default=None, help="stop after this step (resume later with --resume)")
+    p.add_argument("--batch", type=int, default=16)
+    p.add_argument("--lr", type=float, default=1e-3)
+    p.add_argument("--warmup", type=int, default=100)
+    p.add_argument("--weight-decay", type=float, default=0.1)
+    p.add_argument("--grad-clip", type=float, default=1.0)
+    p.add_argument("--dtype", choices=("bfloat16", "float32"), default="bfloat16", help="compute dtype")
+    p.add_argument("--no-pad-loss", dest="pad_in_loss", action="store_false",
+                   help="no loss on the padding after the answer (by default the model learns to fill it)")
+    p.add_argument("--seed", type=int, default=0)
+    p.add_argument("--checkpoint-every", type=int, default=500)
+    p.add_argument("--log-every", type=int, default=10)
+    p.add_argument("--export-dtype", choices=("float32", "bfloat16"), default="float32")
+    p.add_argument("--out", type=Path, required=True, help="run directory")
+    p.add_argument("--resume", action="store_true", help="continue from the latest checkpoint in --out")
+    p.add_argument("--no-progress", dest="progress", action="store_false")
+    return p
+
+
+def run(args) -> Path:
+    from dllm_jax.eval import TASKS, build_tokenizer, max_answer_length, min_context_length, vocab
+    from dllm_jax.eval.tasks import prompt_length
+    from dllm_jax.train.data import BatchSource
+    from dllm_jax.train.loop import TrainConfig, export_hf, train
+
+    unknown = [t for t in args.task if t not in TASKS]
+    if unknown:
+        raise ValueError(f"--task: unknown task(s) {unknown}; choose from {list(TASKS)}")
+    short = [f"{t} needs >= {min_context_length(t)}" for t in args.task for c in args.context
+             if c < min_context_length(t)]
+    if short:
+        raise ValueError(f"--context {args.context} too short: {sorted(set(short))}")
+    tokenizer = build_tokenizer()
+    special = vocab.special_ids(tokenizer)
+    length = max(prompt_length(t, c) + max_answer_length(t) for t in args.task for c in args.context)
+    model = model_config(args.family, args.config, vocab_size=tokenizer.get_vocab_size(), special=special,
+                         max_positions=max(length, 4096))
+    config = TrainConfig(model=model, steps=args.steps, batch_size=args.batch, seq_length=length,
+                         learning_rate=args.lr, warmup_steps=args.warmup, weight_decay=args.weight_decay,
+                         grad_clip=args.grad_clip, compute_dtype=args.dtype, run_dir=str(args.out),
+                         checkpoint_every=args.checkpoint_every, log_every=args.log_every, seed=args.seed)
+    batches = BatchSource(task_sampler(args.task, args.context, tokenizer), batch_size=args.batch, length=length,
+                          pad_id=special.pad, seed=args.seed, pad_in_loss=args.pad_in_loss)
+    result = train(config, batches, resume=args.resume, stop_at=args.stop_at, progress=args.progress)
+    hf_dir = export_hf(result.params, model, args.out / "hf", dtype=args.export_dtype)
+    build_tokenizer(hf_dir)
+    last = result.history[-1] if result.history else None
+    done = f"step {int(result.state.step)}/{config.steps}"
+    loss = f"; loss {last['loss']:.4f}" if last else ""
+    print(f"{done}{loss}; HF checkpoint in {hf_dir}")
+    return hf_dir
+
+
+def main(argv: list[str] | None = None) -> int:
+    """0 on success; 2 on a bad flag (argparse) or a refused input (one line on stderr, no traceback)."""
+    from dllm_jax.cli import one_line
+
+    args = build_parser().parse_args(argv)
+    try:
+        run(args)
+    except (ValueError, OSError) as e:
+        print(f"python -m dllm_jax.train: error: {one_line(e)}", file=sys.stderr)
+        return 2
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
