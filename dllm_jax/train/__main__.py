@@ -18,8 +18,7 @@ from pathlib import Path
 import numpy as np
 
 from dllm_jax.config import LLaDAConfig, SDARConfig
-
-TRAIN_SEED_FLOOR = 2**31  # every training sample's seed is at least this (evaluation seeds stay below)
+from dllm_jax.train.data import TRAIN_SEED_FLOOR
 
 
 def model_config(family: str, size: str, *, vocab_size: int, special, max_positions: int):

@@ -16,6 +16,9 @@ import numpy as np
 
 from dllm_jax.validation import integer
 
+TRAIN_SEED_FLOOR = 2**31  # every training sample's seed is at least this (evaluation seeds stay below)
+
+
 
 @dataclasses.dataclass(frozen=True)
 class Batch:
