@@ -226,3 +226,22 @@ def test_train_config_and_command_line_refuse_bad_input(tmp_path, capsys):
               progress=False)
     assert train_main(["--family", "llada", "--task", "nope", "--steps", "3", "--out", str(tmp_path)]) == 2
     assert "unknown task" in capsys.readouterr().err
+
+
+def test_command_line_starts_from_a_checkpoints_weights(tmp_path, capsys):
+    """--init: the run starts from the given HF checkpoint (one step at the warm-up's zero learning rate
+    leaves its weights exactly as they were) and refuses one of the other family."""
+    from safetensors.numpy import load_file
+
+    common = ["--task", "sanity", "--context", "64", "--batch", "2", "--warmup", "1", "--no-progress"]
+    assert train_main(["--family", "sdar", *common, "--steps", "3", "--out", str(tmp_path / "a")]) == 0
+    first = tmp_path / "a" / "hf"
+    assert train_main(["--family", "sdar", *common, "--steps", "3", "--stop-at", "1", "--init", str(first),
+                       "--out", str(tmp_path / "b")]) == 0
+    before, after = load_file(first / "model.safetensors"), load_file(tmp_path / "b" / "hf" / "model.safetensors")
+    assert before.keys() == after.keys()
+    for name in before:
+        np.testing.assert_array_equal(after[name], before[name])
+    assert train_main(["--family", "llada", *common, "--steps", "3", "--init", str(first),
+                       "--out", str(tmp_path / "c")]) == 2
+    assert "holds a sdar model" in capsys.readouterr().err

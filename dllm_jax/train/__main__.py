@@ -83,6 +83,9 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--export-dtype", choices=("float32", "bfloat16"), default="float32")
     p.add_argument("--out", type=Path, required=True, help="run directory")
     p.add_argument("--resume", action="store_true", help="continue from the latest checkpoint in --out")
+    p.add_argument("--init", type=Path, default=None,
+                   help="start a new run from the weights of this HF checkpoint (e.g. checkpoints/tiny-sdar-tasks, "
+                        "to teach it more tasks); its config.json replaces --config")
     p.add_argument("--no-progress", dest="progress", action="store_false")
     return p
 
@@ -103,15 +106,19 @@ def run(args) -> Path:
     tokenizer = build_tokenizer()
     special = vocab.special_ids(tokenizer)
     length = max(prompt_length(t, c) + max_answer_length(t) for t in args.task for c in args.context)
-    model = model_config(args.family, args.config, vocab_size=tokenizer.get_vocab_size(), special=special,
-                         max_positions=max(length, 4096))
+    if args.init is None:
+        model, params = model_config(args.family, args.config, vocab_size=tokenizer.get_vocab_size(),
+                                     special=special, max_positions=max(length, 4096)), None
+    else:
+        model, params = initial_weights(args, special, vocab_size=tokenizer.get_vocab_size(), length=length)
     config = TrainConfig(model=model, steps=args.steps, batch_size=args.batch, seq_length=length,
                          learning_rate=args.lr, warmup_steps=args.warmup, weight_decay=args.weight_decay,
                          grad_clip=args.grad_clip, compute_dtype=args.dtype, run_dir=str(args.out),
                          checkpoint_every=args.checkpoint_every, log_every=args.log_every, seed=args.seed)
     batches = BatchSource(task_sampler(args.task, args.context, tokenizer), batch_size=args.batch, length=length,
                           pad_id=special.pad, seed=args.seed, pad_in_loss=args.pad_in_loss)
-    result = train(config, batches, resume=args.resume, stop_at=args.stop_at, progress=args.progress)
+    result = train(config, batches, params=params, resume=args.resume, stop_at=args.stop_at,
+                   progress=args.progress)
     hf_dir = export_hf(result.params, model, args.out / "hf", dtype=args.export_dtype)
     build_tokenizer(hf_dir)
     last = result.history[-1] if result.history else None
@@ -119,6 +126,27 @@ def run(args) -> Path:
     loss = f"; loss {last['loss']:.4f}" if last else ""
     print(f"{done}{loss}; HF checkpoint in {hf_dir}")
     return hf_dir
+
+
+def initial_weights(args, special, *, vocab_size: int, length: int):
+    """(model config, float32 parameters in the checkpoint layout) of the HF checkpoint `args.init`,
+    checked against the run: its family, the task tokenizer's ids and the sequence length."""
+    from dllm_jax.checkpoint.hf import read_hf_params
+    from dllm_jax.config import read_hf_config
+
+    if args.resume:
+        raise ValueError("--init starts a new run from a checkpoint's weights; --resume continues a run: give one")
+    _, model = read_hf_config(args.init)
+    if model.family != args.family:
+        raise ValueError(f"--init {args.init} holds a {model.family} model, not --family {args.family}")
+    eos = model.eos_token_ids if args.family == "sdar" else (model.eos_token_id,)
+    ids = (model.mask_token_id, model.pad_token_id, eos[0])
+    if ids != (special.mask, special.pad, special.eos) or model.vocab_size < vocab_size:
+        raise ValueError(f"--init {args.init}: mask/pad/eos ids {ids} and vocabulary {model.vocab_size} do not fit "
+                         f"the task tokenizer ({special.mask}, {special.pad}, {special.eos}; {vocab_size} tokens)")
+    if model.max_position_embeddings < length:
+        raise ValueError(f"--init {args.init} allows {model.max_position_embeddings} positions; the run needs {length}")
+    return model, read_hf_params(args.init, model, dtype="float32", progress=False)
 
 
 def main(argv: list[str] | None = None) -> int:
