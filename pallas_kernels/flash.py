@@ -104,15 +104,14 @@ def flash_attention(q, k, v, *, scale=None, kv_len=None, return_lse=False, inter
                          "block_q / block_kv / num_warps / num_stages")
     which = mosaic.choose(backend if tiling is None else ("mosaic" if backend == "auto" else backend), q,
                           scale=scale, interpret=interpret, triton_knobs=knobs, name="flash_attention")
+    lengths = c.kv_lengths(kv_len, b, nk)
     if which == "mosaic":
-        o, lse, _ = mosaic.attention(q, k, v, c.kv_lengths(kv_len, b, nk), scale=scale,
-                                     has_kv_len=kv_len is not None, tiling=tiling)
+        o, lse, _ = mosaic.attention(q, k, v, lengths, scale=scale, has_kv_len=kv_len is not None, tiling=tiling)
         return (o, lse) if return_lse else o
     dq, dk = default_blocks(nq, nk)
     block_q, block_kv = block_q or dq, block_kv or dk
     c.check_block("block_q", block_q)
     c.check_block("block_kv", block_kv)
-    lengths = c.kv_lengths(kv_len, b, nk)
     o, lse = _flash(q, k, v, lengths, scale=scale, block_q=block_q,
                     block_kv=block_kv, num_warps=num_warps, num_stages=num_stages, interpret=interpret)
     return (o, lse) if return_lse else o

@@ -70,8 +70,8 @@ class Tiling:
 
 
 def default_tiling(head_dim: int) -> Tiling:
-    """Measured best on H200 at 16k-64k (benchmarks/results/kernels_mosaic_*): 64 x 128, 2 stages;
-    head_dim 256 only fits 64-key tiles."""
+    """Measured best on H200 at 16k-64k (the tiling sweep in benchmarks/results/attention_issue18_*):
+    64 x 128, 2 stages; head_dim 256 only fits 64-key tiles."""
     return Tiling(block_kv=64) if head_dim > 128 else Tiling()
 
 
@@ -266,34 +266,35 @@ def _kernel(*refs, schedule, masked, with_mass, tiling, scale_log2, head_dim, gr
         plgpu.set_max_registers(40, action="decrease")
         kv_head = lax.div(q_head, jnp.int32(group))
 
-        def load(step, slot):
+        def load(step, slot, *, reuse: bool):
+            """K and V of `step` into `slot`; a reused slot first waits for both warpgroups to release it."""
             rows = (batch, pl.ds(block_of(step) * bkv, bkv), kv_head)
+            if reuse:
+                plgpu.barrier_wait(k_consumed.at[slot])
             plgpu.copy_gmem_to_smem(k_ref.at[rows], k_smem.at[slot], k_ready.at[slot])
+            if reuse:
+                plgpu.barrier_wait(v_consumed.at[slot])
             plgpu.copy_gmem_to_smem(v_ref.at[rows], v_smem.at[slot], v_ready.at[slot])
 
         # the first tiles, as many as the ring holds and the schedule can list (static bounds)
         for i in range(min(stages, idx_ref.shape[-1] if schedule == "sparse" else k_ref.shape[1] // bkv)):
-            pl.when(i < n_steps)(functools.partial(load, i, i))
+            pl.when(i < n_steps)(functools.partial(load, i, i, reuse=False))
 
         @pl.loop(0, jnp.maximum(n_steps - stages, 0))
         def _(step):
-            slot = lax.rem(step, jnp.int32(stages))
-            rows = (batch, pl.ds(block_of(step + stages) * bkv, bkv), kv_head)
-            plgpu.barrier_wait(k_consumed.at[slot])
-            plgpu.copy_gmem_to_smem(k_ref.at[rows], k_smem.at[slot], k_ready.at[slot])
-            plgpu.barrier_wait(v_consumed.at[slot])
-            plgpu.copy_gmem_to_smem(v_ref.at[rows], v_smem.at[slot], v_ready.at[slot])
+            load(step + stages, lax.rem(step, jnp.int32(stages)), reuse=True)
 
 
-@functools.partial(jax.jit, static_argnames=("scale", "tiling", "masked", "zero_values", "with_mass", "sparse"))
-def _call(q, k, v, kv_len, indices, counts, *, scale, tiling, masked, zero_values, with_mass, sparse):
+@functools.partial(jax.jit, static_argnames=("scale", "tiling", "has_kv_len", "with_mass", "sparse"))
+def _call(q, k, v, kv_len, indices, counts, *, scale, tiling, has_kv_len, with_mass, sparse):
     b, nq, hq, d = q.shape
     nk, hkv = k.shape[1], k.shape[2]
+    masked = has_kv_len or nk % tiling.block_kv != 0  # any key at or past kv_len (a given one, or the padding)
     rows = COMPUTE_WGS * tiling.block_q
     nq_pad, nk_pad = c.cdiv(nq, rows) * rows, c.cdiv(nk, tiling.block_kv) * tiling.block_kv
     q = c.pad_axis(q, 1, nq_pad)
     k, v = c.pad_axis(k, 1, nk_pad), c.pad_axis(v, 1, nk_pad)
-    if zero_values:  # ignored keys' values are zeroed once here (the kernel feeds V to wgmma from smem as loaded)
+    if has_kv_len:  # ignored keys' values are zeroed once here (the kernel feeds V to wgmma from smem as loaded)
         v = jnp.where((jnp.arange(nk_pad)[None, :] < kv_len[:, None])[:, :, None, None], v, jnp.zeros_like(v))
     n_kb = nk_pad // tiling.block_kv
     dtype = q.dtype
@@ -348,8 +349,7 @@ def attention(q, k, v, kv_len, *, scale: float, has_kv_len: bool, tiling: Tiling
     kv_len int32 [B]; has_kv_len: whether the caller gave one (else it is Nk and nothing needs zeroing)."""
     tiling = tiling or default_tiling(q.shape[-1])
     tiling.check(q.shape[-1], jnp.dtype(q.dtype).itemsize)
-    masked = has_kv_len or k.shape[1] % tiling.block_kv != 0
-    return _call(q, k, v, kv_len, None, None, scale=scale, tiling=tiling, masked=masked, zero_values=has_kv_len,
+    return _call(q, k, v, kv_len, None, None, scale=scale, tiling=tiling, has_kv_len=has_kv_len,
                  with_mass=with_mass, sparse=False)
 
 
@@ -362,7 +362,6 @@ def block_sparse(q, k, v, indices, counts, kv_len, *, scale: float, block_q: int
         raise ValueError(f"block_sparse_attention: the Mosaic GPU kernel does not support {why}")
     tiling = Tiling(block_kv=block_kv, stages=stages or default_tiling(q.shape[-1]).stages)
     tiling.check(q.shape[-1], jnp.dtype(q.dtype).itemsize)
-    masked = has_kv_len or k.shape[1] % block_kv != 0
-    o, lse, _ = _call(q, k, v, kv_len, indices, counts, scale=scale, tiling=tiling, masked=masked,
-                      zero_values=has_kv_len, with_mass=False, sparse=True)
+    o, lse, _ = _call(q, k, v, kv_len, indices, counts, scale=scale, tiling=tiling, has_kv_len=has_kv_len,
+                      with_mass=False, sparse=True)
     return o, lse
