@@ -108,10 +108,15 @@ def small_bf16(rng, nq=256, nk=300):
     return qkv(rng, 1, nq, nk, 4, 2, 64, BF16)
 
 
+def one_block_lists():
+    """A valid block-sparse pattern for `small_bf16`'s 256 queries: key block 0 for every row."""
+    return jnp.zeros((1, 4, 2, 1), jnp.int32), jnp.ones((1, 4, 2), jnp.int32)
+
+
 @cpu_only
 def test_entry_points_refuse_mosaic_without_hopper(rng):
     q, k, v = small_bf16(rng)
-    idx, cnt = jnp.zeros((1, 4, 2, 1), jnp.int32), jnp.ones((1, 4, 2), jnp.int32)
+    idx, cnt = one_block_lists()
     with pytest.raises(ValueError, match="flash_attention: the Mosaic GPU kernel needs a Hopper"):
         pk.flash_attention(q, k, v, backend="mosaic")
     with pytest.raises(ValueError, match="flash_attention: the Mosaic GPU kernel needs a Hopper"):
@@ -124,7 +129,7 @@ def test_entry_points_refuse_mosaic_without_hopper(rng):
 
 def test_entry_points_reject_a_bogus_backend(rng):
     q, k, v = small_bf16(rng)
-    idx, cnt = jnp.zeros((1, 4, 2, 1), jnp.int32), jnp.ones((1, 4, 2), jnp.int32)
+    idx, cnt = one_block_lists()
     with pytest.raises(ValueError, match="flash_attention: backend='bogus'"):
         pk.flash_attention(q, k, v, backend="bogus")
     with pytest.raises(ValueError, match="block_sparse_attention: backend='bogus'"):

@@ -98,6 +98,12 @@ def apply_transform(transform: str, array: np.ndarray, target: tuple[int, ...]) 
     return array if transform == "copy" else array.T.reshape(target)
 
 
+def invert_transform(transform: str, array: np.ndarray) -> np.ndarray:
+    """The HF tensor of one layer's tree-layout `array`: the inverse of `apply_transform` (the head
+    split merged back, then the transpose undone)."""
+    return array if transform == "copy" else array.reshape(hf_shape(transform, array.shape)[::-1]).T
+
+
 def rules_for(config) -> tuple[Rule, ...]:
     """The name map of config's family; a tied head has no LM-head tensor."""
     rules = {LLaDAConfig: LLADA_RULES, SDARConfig: SDAR_RULES}.get(type(config))

@@ -32,7 +32,7 @@ from flax import struct
 from tqdm.auto import tqdm
 
 from dllm_jax.checkpoint.api import SIDE_FILES
-from dllm_jax.checkpoint.hf import hf_name, hf_shape, rules_for, tree_get
+from dllm_jax.checkpoint.hf import hf_name, invert_transform, rules_for, tree_get
 from dllm_jax.checkpoint.orbax import tree_paths
 from dllm_jax.config import LLaDAConfig, SDARConfig
 from dllm_jax.models import llada
@@ -378,17 +378,14 @@ def plot_losses(history: list[dict], path: Path) -> None:
 
 def hf_tensors(params: dict, model, *, dtype: str = "float32") -> dict[str, np.ndarray]:
     """{HF name: tensor} of float32 checkpoint-layout `params`: the inverse of the converter's name map
-    and transforms (dllm_jax.checkpoint.hf: `apply_transform` transposes the HF tensor and splits heads,
-    so the inverse merges heads into the transposed HF shape and transposes back)."""
+    and transforms (`dllm_jax.checkpoint.hf.invert_transform`)."""
     check_param_shapes(params, model)
     target = {"float32": np.float32, "bfloat16": jnp.bfloat16}[dtype]
     tensors = {}
     for rule in rules_for(model):
         stacked = np.asarray(tree_get(params, rule.path), np.float32)
         for layer in (range(model.num_layers) if rule.per_layer else [None]):
-            value = stacked if layer is None else stacked[layer]
-            if rule.transform != "copy":
-                value = value.reshape(hf_shape(rule.transform, value.shape)[::-1]).T
+            value = invert_transform(rule.transform, stacked if layer is None else stacked[layer])
             tensors[hf_name(rule, layer)] = np.ascontiguousarray(value).astype(target)
     return tensors
 
