@@ -1,4 +1,4 @@
-"""`dllm-jax` command line: convert | generate | analyze | eval | bench | demo (`--help` on each)."""
+"""`dllm-jax` command line: convert | generate | analyze | eval | train | bench | demo (`--help` on each)."""
 
 from __future__ import annotations
 
@@ -262,6 +262,7 @@ def number(kind, requirement: str, ok):
 positive_int = number(int, "a positive integer", lambda v: v > 0)
 non_negative_int = number(int, "a non-negative integer", lambda v: v >= 0)
 seed_int = number(int, "a 32-bit integer", lambda v: -2**31 <= v < 2**31)
+fresh_seed = number(int, "an integer in [0, 2**31) (training samples use seeds >= 2**31)", lambda v: 0 <= v < 2**31)
 finite_float = number(float, "a finite number", lambda v: True)
 non_negative_float = number(float, "a finite number >= 0", lambda v: v >= 0)
 probability = number(float, "a number in [0, 1]", lambda v: 0 <= v <= 1)
@@ -434,6 +435,13 @@ def cmd_eval(args) -> None:
         print(f"wrote {out}", file=sys.stderr)
 
 
+def cmd_train(args) -> None:
+    """`python -m dllm_jax.train`: the flags are its `arguments()`, the run is its `run`."""
+    from dllm_jax.train.__main__ import run
+
+    run(args)
+
+
 def cmd_bench(args) -> None:
     from dllm_jax.bench import run
 
@@ -443,77 +451,120 @@ def cmd_bench(args) -> None:
     print(f"wrote {path} and {path.with_suffix('.json')}", file=sys.stderr)
 
 
+# The trained checkpoints the demo runs (checkpoints/README.md), in order: directory name -> the tasks it was
+# trained on, which the demo evaluates. A missing one (not trained yet) is skipped with a note.
+DEMO_CHECKPOINTS = {"tiny-sdar-tasks": ("passkey",), "tiny-llada-tasks": ("passkey",)}
+REPOSITORY_CHECKPOINTS = Path(__file__).resolve().parent.parent / "checkpoints"  # the clone's (editable install)
+
+
 def cmd_demo(args) -> None:
-    """Tiny random LLaDA checkpoint in HF format -> convert -> load -> jitted forward, timed; then SDAR."""
+    """The main job: each trained checkpoint -> Orbax -> load -> answers a fresh passkey question, timed
+    -> accuracy on a small batch of fresh samples of each task it was trained on."""
     import jax
-    from flax import nnx
 
-    from dllm_jax.bench import time_calls
+    from dllm_jax.eval import min_context_length
+
+    root = Path(args.checkpoints)
+    found = [name for name in DEMO_CHECKPOINTS if (root / name / "config.json").is_file()]
+    if not found:
+        raise ValueError(f"--checkpoints {root} holds none of the trained checkpoints ({', '.join(DEMO_CHECKPOINTS)}"
+                         "): run the demo from a clone of the repository, or point --checkpoints at its checkpoints/")
+    shortest = max(min_context_length(task) for task in {"passkey", *(t for n in found for t in DEMO_CHECKPOINTS[n])})
+    if args.context < shortest:
+        raise ValueError(f"--context {args.context} is too short: the demo's prompts need at least {shortest} tokens")
+    seed = demo_seed(args.seed)
+    print(f"jax {jax.__version__} on {jax.default_backend()} ({jax.devices()[0].device_kind}); evaluation seed {seed} "
+          f"(--seed {seed} repeats this run)")
+    for name, tasks in DEMO_CHECKPOINTS.items():
+        if name in found:
+            demo_checkpoint(root / name, tasks, seed, args)
+        else:
+            print(f"\n== {name}: not in {root} (not trained yet); skipped")
+
+
+def demo_seed(seed: int | None) -> int:
+    """--seed, or one from the clock: below 2**31, where no training sample's seed lies, so the prompts are new."""
+    from dllm_jax.train.data import TRAIN_SEED_FLOOR
+
+    return time.time_ns() % TRAIN_SEED_FLOOR if seed is None else seed
+
+
+def demo_checkpoint(path: Path, tasks: tuple[str, ...], seed: int, args) -> None:
+    """One checkpoint's part of the demo."""
+    from dllm_jax.eval import evaluate, load_tokenizer, make_samples
+
+    tokenizer = load_tokenizer(path)
+    question = make_samples("passkey", args.context, 1, seed, tokenizer)[0]  # a bad --context fails before loading
+    print(f"\n== {path.name}")
+    model = converted_model(path, args.dtype)
+    show_question(question, tokenizer)
+    answer_question(model, question, tokenizer)
+    for task in tasks:
+        samples = make_samples(task, args.context, args.samples, seed, tokenizer)
+        result = evaluate(model, samples, tokenizer=tokenizer, batch_size=args.samples)  # progress bar on stderr
+        first = "; the first is the question above" if task == "passkey" else ""
+        print(f"{task} at {args.context} tokens, {args.samples} fresh samples (seed {seed}{first}): "
+              f"{result.num_correct}/{result.num_samples} correct in {result.seconds:.1f} s (compilation included)")
+
+
+def converted_model(path: Path, dtype: str):
+    """The HF checkpoint converted to Orbax (in a temporary directory) and loaded from there, timed."""
     from dllm_jax.checkpoint import convert_hf_checkpoint, load_model
-    from dllm_jax.testing import tiny_llada_config, write_hf_checkpoint
 
-    config = tiny_llada_config(hidden_size=args.hidden, num_layers=args.layers, num_heads=args.heads,
-                               num_kv_heads=args.heads, intermediate_size=3 * args.hidden,
-                               vocab_size=1024, tokenizer_vocab_size=1000, mask_token_id=999,
-                               eos_token_id=998, pad_token_id=998)
-    print(f"jax {jax.__version__} on {jax.default_backend()} ({jax.devices()[0].device_kind})")
-    print(f"config: {config}")
     with tempfile.TemporaryDirectory() as tmp:
-        hf_dir, out_dir = Path(tmp) / "hf", Path(tmp) / "converted"
-        write_hf_checkpoint(hf_dir, config, dtype="bfloat16", shards=2)
-        print(f"wrote a random HF-format LLaDA checkpoint (2 safetensors shards) to {hf_dir}")
         start = time.perf_counter()
-        convert_hf_checkpoint(hf_dir, out_dir, progress=False)
-        print(f"converted to Orbax in {time.perf_counter() - start:.2f} s")
-        model = load_model(out_dir, dtype=args.dtype)
-
-    rng = np.random.default_rng(0)
-    ids = rng.integers(0, config.tokenizer_vocab_size, (args.batch, args.seq_len)).astype(np.int32)
-    ids[:, -args.seq_len // 4:] = config.mask_token_id  # a masked answer region, as in generation
-    forward = nnx.jit(lambda m, x: m(x))
-    start = time.perf_counter()
-    logits = forward(model, ids).block_until_ready()
-    compile_s = time.perf_counter() - start
-    step_s = time_calls(lambda: forward(model, ids), repeats=args.repeats, warmup=0, burst_s=0)
-    predicted = np.asarray(logits.argmax(-1))
-    print(f"forward [batch {args.batch}, length {args.seq_len}] -> logits {tuple(logits.shape)} {logits.dtype}")
-    print(f"first call (compile + run): {compile_s:.2f} s; median of {args.repeats}: {step_s * 1e3:.1f} ms")
-    print(f"argmax at the first masked position of row 0: token {predicted[0, -args.seq_len // 4]}")
-    demo_sdar(args)
+        convert_hf_checkpoint(path, Path(tmp) / "orbax", progress=False)
+        converted = time.perf_counter()
+        model = load_model(Path(tmp) / "orbax", dtype=dtype, progress=False)
+        loaded = time.perf_counter()
+    c = model.config
+    print(f"{type(model).__name__}: {c.num_layers} layers, hidden {c.hidden_size}, {c.num_heads} heads, vocabulary "
+          f"{c.vocab_size}; HF -> Orbax in {converted - start:.2f} s, loaded ({dtype}) in {loaded - converted:.2f} s")
+    return model
 
 
-def demo_sdar(args) -> None:
-    """Tiny random SDAR checkpoint -> load -> prefill a prompt into the KV cache -> timed block steps."""
-    from dllm_jax.bench import time_calls
-    from dllm_jax.checkpoint import load_model
-    from dllm_jax.testing import tiny_sdar_config, write_hf_checkpoint
+def show_question(sample, tokenizer) -> None:
+    """Where the key hides in the prompt, and the prompt's last words (the question)."""
+    digits = sample.answer_ids[:-1]  # without the EOS
+    windows = np.lib.stride_tricks.sliding_window_view(sample.prompt_ids, len(digits))
+    at = int(np.flatnonzero((windows == digits).all(axis=1))[0])  # filler has no digits: the key's only place
+    near = tokenizer.decode(sample.prompt_ids[max(0, at - 6):at + len(digits) + 5].tolist())
+    tail = tokenizer.decode(sample.prompt_ids[-16:].tolist())
+    print(f"passkey prompt of {len(sample.prompt_ids)} tokens; the key {sample.answer!r} hides at token {at}: "
+          f"... {near} ...")
+    print(f"the prompt ends: ... {tail}")
 
-    config = tiny_sdar_config(hidden_size=args.hidden, num_layers=args.layers, num_heads=args.heads,
-                              num_kv_heads=max(1, args.heads // 2), head_dim=args.hidden // args.heads,
-                              intermediate_size=3 * args.hidden)
-    with tempfile.TemporaryDirectory() as tmp:
-        write_hf_checkpoint(Path(tmp), config, dtype="bfloat16")
-        model = load_model(tmp, dtype=args.dtype, progress=False)
-    bs = config.block_size
-    prompt_len = (args.seq_len // bs) * bs
-    prompt = np.random.default_rng(1).integers(0, config.mask_token_id, (1, prompt_len)).astype(np.int32)
-    cache = model.prefill(prompt, model.init_cache(1, prompt_len + 2 * bs))
-    block = np.full((1, bs), config.mask_token_id, np.int32)
-    logits, _ = model.block_step(block, cache)  # compile
-    step_s = time_calls(lambda: model.block_step(block, cache)[0], repeats=args.repeats, warmup=0, burst_s=0)
-    _, cache = model.block_step(block, cache, commit=True)
-    print(f"SDAR (block {bs}): prefilled {prompt_len} prompt tokens into a static KV cache of "
-          f"{cache.max_length}; one {bs}-token block step: {step_s * 1e3:.2f} ms (median of {args.repeats}); "
-          f"after commit the cache holds {int(cache.length[0])} positions")
+
+def answer_question(model, sample, tokenizer) -> None:
+    """Generates the answer greedily with dllm_jax.generate (dllm_jax.eval's options), timed: the first
+    call compiles the loop, the second reuses it."""
+    from dllm_jax.eval import score
+    from dllm_jax.eval.evaluate import default_options
+    from dllm_jax.generate import generate
+
+    options = default_options(model, [sample], {})
+    ids = sample.prompt_ids[None]
+    print(f"generate(model, ids, {', '.join(f'{k}={v}' for k, v in options.items())}) ...", flush=True)
+    seconds = []
+    for _ in range(2):
+        start = time.perf_counter()
+        new = np.asarray(generate(model, ids, **options))[0, ids.shape[1]:]
+        seconds.append(time.perf_counter() - start)
+    eos = np.flatnonzero(new == sample.answer_ids[-1])
+    text = tokenizer.decode(new[:eos[0] if eos.size else len(new)].tolist(), skip_special_tokens=True)
+    verdict = "correct" if score(sample, new) else f"wrong (the key is {sample.answer!r})"
+    print(f"answer: {text!r}: {verdict} ({seconds[0]:.2f} s with compilation, {seconds[1]:.2f} s compiled)")
 
 
 def build_parser() -> argparse.ArgumentParser:
     from dllm_jax.attention.methods import METHODS
     from dllm_jax.eval import TASKS
+    from dllm_jax.train import __main__ as train_main
 
     parser = argparse.ArgumentParser(prog="dllm-jax", description="Diffusion-LLM inference in JAX: LLaDA and SDAR "
                                      "with sparse-attention methods.")
-    sub = parser.add_subparsers(dest="command", required=True, metavar="{convert,generate,analyze,eval,bench,demo}")
+    sub = parser.add_subparsers(dest="command", required=True,
+                                metavar="{convert,generate,analyze,eval,train,bench,demo}")
 
     dtype = argparse.ArgumentParser(add_help=False)
     dtype.add_argument("--dtype", default="bfloat16", choices=["bfloat16", "float32"],
@@ -608,6 +659,15 @@ def build_parser() -> argparse.ArgumentParser:
     evaluation.add_argument("--quiet", action="store_true", help="no progress bar")
     evaluation.set_defaults(fn=cmd_eval)
 
+    # The flags of `python -m dllm_jax.train`, taken from its own parser (one definition): its -h comes along,
+    # hence add_help=False here
+    train = sub.add_parser("train", parents=[train_main.arguments()],
+                           formatter_class=argparse.ArgumentDefaultsHelpFormatter,
+                           help="train a tiny LLaDA or SDAR model on the synthetic tasks (python -m dllm_jax.train)",
+                           description="What `python -m dllm_jax.train` runs, with the same flags. "
+                                       + train_main.__doc__.strip().split("\n\n")[-1])
+    train.set_defaults(fn=cmd_train)
+
     bench = sub.add_parser("bench", parents=[dtype], help="time attention kernels and generation on this device",
                            description="Attention kernels (dense cuDNN/XLA vs our flash, block- and column-sparse "
                                        "kernels) and the generate loop per method with random weights; writes "
@@ -630,15 +690,20 @@ def build_parser() -> argparse.ArgumentParser:
     bench.add_argument("--progress", action="store_true", help="progress bars of the generate loops")
     bench.set_defaults(fn=cmd_bench)
 
-    demo = sub.add_parser("demo", parents=[dtype], help="build, convert, load and time tiny random LLaDA and SDAR models",
-                          description="The embedded default job: a random HF-format checkpoint is written, converted, "
-                                      "loaded and timed (no weights needed).")
-    demo.add_argument("--hidden", type=positive_int, default=256)
-    demo.add_argument("--layers", type=positive_int, default=4)
-    demo.add_argument("--heads", type=positive_int, default=4)
-    demo.add_argument("--batch", type=positive_int, default=2)
-    demo.add_argument("--seq-len", type=positive_int, default=256)
-    demo.add_argument("--repeats", type=positive_int, default=5)
+    demo = sub.add_parser("demo", parents=[dtype], help="trained checkpoints answer a fresh passkey question",
+                          description="The main job (make demo): each trained checkpoint of checkpoints/ "
+                                      "(tiny-sdar-tasks, tiny-llada-tasks; a missing one is skipped with a note) "
+                                      "is converted to Orbax and loaded; it answers a passkey question it never "
+                                      "saw (dllm_jax.eval.make_samples, greedy dllm_jax.generate), timed; then "
+                                      "--samples fresh samples of each task it was trained on give its accuracy.")
+    demo.add_argument("--checkpoints", default=str(REPOSITORY_CHECKPOINTS), metavar="DIR",
+                      help="directory of the trained checkpoints (default: the repository's checkpoints/)")
+    demo.add_argument("--context", type=positive_int, default=1024, metavar="N",
+                      help="prompt tokens (1024, the longest context trained)")
+    demo.add_argument("--samples", type=positive_int, default=8, metavar="N", help="samples per task (8)")
+    demo.add_argument("--seed", type=fresh_seed, default=None, metavar="N",
+                      help="seed of the samples, in [0, 2**31): evaluation seeds never used in training "
+                           "(default: from the clock)")
     demo.set_defaults(fn=cmd_demo)
     return parser
 

@@ -1,4 +1,5 @@
 import json
+from pathlib import Path
 
 import jax
 import numpy as np
@@ -6,7 +7,10 @@ import pytest
 
 from dllm_jax import load_model
 from dllm_jax.cli import main
+from dllm_jax.eval import load_tokenizer, make_samples
 from dllm_jax.testing import tiny_llada_config, write_hf_checkpoint
+
+TRAINED = Path(__file__).parent.parent / "checkpoints"
 
 
 def test_convert_command_writes_a_loadable_checkpoint(tmp_path, capsys):
@@ -28,14 +32,57 @@ def test_convert_command_reports_bad_checkpoints_without_a_traceback(tmp_path, c
     assert not (tmp_path / "out").exists()
 
 
-def test_demo_runs_and_prints_timing(capsys):
-    assert main(["demo", "--hidden", "64", "--layers", "2", "--seq-len", "32", "--repeats", "2"]) == 0
+def test_demo_answers_a_fresh_passkey_question_with_the_trained_sdar_model(tmp_path, capsys):
+    # only the SDAR checkpoint in --checkpoints: the LLaDA one gets the one-line note, whether or not it is shipped
+    (tmp_path / "tiny-sdar-tasks").symlink_to(TRAINED / "tiny-sdar-tasks")
+    assert main(["demo", "--checkpoints", str(tmp_path), "--seed", "1", "--samples", "2"]) == 0
     out = capsys.readouterr().out
-    assert "logits (2, 32, 1024) float32" in out and "median of 2" in out
-    assert "after commit the cache holds 36 positions" in out
+    # the expected key comes from the task generator, not from the demo
+    key = make_samples("passkey", 1024, 1, 1, load_tokenizer(TRAINED / "tiny-sdar-tasks"))[0].answer
+    sdar, llada = out.split("\n== ")[1:]
+    assert sdar.startswith("tiny-sdar-tasks\nSDAR: ") and "HF -> Orbax in" in sdar
+    assert f"the key {key!r} hides at token" in sdar and "what is the pass key ? answer :" in sdar
+    assert f"answer: {key!r}: correct (" in sdar and "s compiled)" in sdar
+    assert "passkey at 1024 tokens, 2 fresh samples (seed 1; the first is the question above): " in sdar
+    assert llada.startswith("tiny-llada-tasks: not in ") and llada.count("\n") == 1
 
 
-@pytest.mark.parametrize("command", ["convert", "generate", "analyze", "bench", "demo", "eval"])
+def test_demo_refuses_a_directory_without_trained_checkpoints_and_a_short_context_in_one_line(tmp_path, capsys):
+    assert main(["demo", "--checkpoints", str(tmp_path)]) == 2
+    err = capsys.readouterr().err
+    assert err.startswith(f"dllm-jax demo: error: --checkpoints {tmp_path} holds none of the trained checkpoints")
+    assert err.count("\n") == 1
+    assert main(["demo", "--checkpoints", str(TRAINED), "--context", "10"]) == 2
+    captured = capsys.readouterr()
+    assert captured.err.startswith("dllm-jax demo: error: --context 10 is too short") and not captured.out
+
+
+def test_train_command_writes_a_loadable_hf_checkpoint(tmp_path, capsys):
+    out = tmp_path / "run"
+    assert main(["train", "--family", "llada", "--config", "tiny", "--task", "passkey", "--context", "64",
+                 "--steps", "3", "--warmup", "1", "--batch", "2", "--out", str(out), "--no-progress"]) == 0
+    assert "step 3/3; loss " in capsys.readouterr().out
+    model = load_model(out / "hf", dtype="float32", progress=False)
+    assert type(model).__name__ == "LLaDA" and model.config.num_layers == 2
+    assert np.isfinite(np.asarray(model(np.arange(3, 19).reshape(1, 16)))).all()
+    assert load_tokenizer(out / "hf").get_vocab_size() == model.config.vocab_size
+
+
+def test_train_command_refuses_bad_flags_and_inputs_with_exit_status_2(tmp_path, capsys):
+    with pytest.raises(SystemExit) as exit_:  # argparse: its usage lines, then one error line
+        main(["train", "--family", "gpt", "--steps", "3", "--out", str(tmp_path)])
+    assert exit_.value.code == 2
+    err = capsys.readouterr().err
+    assert err.startswith("usage: dllm-jax train ")
+    assert err.strip().splitlines()[-1].startswith("dllm-jax train: error: argument --family: invalid choice: 'gpt'")
+    # a refused value: one line, no usage, no traceback, nothing written
+    assert main(["train", "--family", "sdar", "--task", "nope", "--steps", "3", "--out", str(tmp_path / "r")]) == 2
+    err = capsys.readouterr().err
+    assert err.startswith("dllm-jax train: error: --task") and "nope" in err and err.count("\n") == 1
+    assert not (tmp_path / "r").exists()
+
+
+@pytest.mark.parametrize("command", ["convert", "generate", "analyze", "bench", "demo", "eval", "train"])
 def test_every_subcommand_has_help(command, capsys):
     with pytest.raises(SystemExit) as exit_:
         main([command, "--help"])

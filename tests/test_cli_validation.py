@@ -62,7 +62,7 @@ GEN = ["generate", "--model", "unused", "--prompt", "w1"]
     (GEN + ["--method", "mage", "--mage-k", "0"], "argument --mage-k: must be a positive integer, got 0"),
     (GEN + ["--method", "flashblock", "--tau", "-1"], "argument --tau: must be a non-negative integer, got -1"),
     (["analyze", "--model", "m", "--prompt", "p", "--layer", "-1"], "argument --layer: must be a non-negative"),
-    (["demo", "--seq-len", "0"], "argument --seq-len: must be a positive integer, got 0"),
+    (["demo", "--context", "0"], "argument --context: must be a positive integer, got 0"),
     (["bench", "--repeats", "0"], "argument --repeats: must be a positive integer, got 0"),
     (["bench", "--lengths", "128", "0"], "argument --lengths: must be a positive integer, got 0"),
 ])

@@ -206,7 +206,8 @@ def test_evaluate_runs_a_random_llada_model_and_keeps_one_record_per_sample(tiny
 def test_evaluate_runs_a_random_sdar_model(tiny_model, rng):
     samples = make_samples("sanity", 64, 2, int(rng.integers(1000)), TOKENIZER)
     result = evaluate(tiny_model(SDAR), samples, tokenizer=TOKENIZER, progress=False)
-    assert result.options == dict(max_new_tokens=12, denoising_steps=4, top_k=1)  # 9 answer tokens in whole blocks
+    # 9 answer tokens in whole blocks, one token per step
+    assert result.options == dict(max_new_tokens=12, denoising_steps=4, top_k=1, remasking="low_confidence_static")
     check_result(result, samples, 12)
 
 

@@ -1,7 +1,8 @@
 """Every notebook runs top to bottom in a fresh Jupyter kernel (nbclient), as a new user would run it.
 
-On a CPU the notebooks make tiny random models; the same files run unchanged on a GPU, and the copies in
-notebooks/ keep the outputs of their last GPU run. Execution here writes nothing back.
+quickstart loads the trained checkpoints of checkpoints/; on a CPU the other notebooks make tiny random
+models. The same files run unchanged on a GPU, and the copies in notebooks/ keep the outputs of their last
+run (scripts/run_notebooks.py). Execution here writes nothing back.
 """
 
 from pathlib import Path

@@ -16,6 +16,7 @@ from dllm_jax.testing import tiny_llada_config, tiny_sdar_config
 from dllm_jax.train import (Batch, BatchSource, TrainConfig, export_hf, init_params, llada_loss, pack, sdar_loss,
                             train, two_copy_mask)
 from dllm_jax.train.__main__ import main as train_main
+from dllm_jax.train.loop import loss_fn
 from dllm_jax.train.losses import block_ratios, mask_tokens, two_copy_logits
 
 LLADA = tiny_llada_config(vocab_size=64, tokenizer_vocab_size=64, mask_token_id=60, eos_token_id=61, pad_token_id=61,
@@ -56,10 +57,14 @@ def test_pack_lays_out_prompt_answer_and_padding():
     np.testing.assert_array_equal(batch.loss_mask, [[0, 0, 0, 1, 1, 0, 0], [0, 1, 1, 1, 0, 0, 0]])
     np.testing.assert_array_equal(batch.lengths, [5, 4])
     assert batch.tokens.dtype == np.int32
-    np.testing.assert_array_equal(pack(samples, 7, pad_id=0, pad_in_loss=True).loss_mask,
-                                  [[0, 0, 0, 1, 1, 1, 1], [0, 1, 1, 1, 1, 1, 1]])
+    roomy = pack(samples, 7, pad_id=0, answer_room=[3, 4])  # the window is padded, in the loss, and real
+    np.testing.assert_array_equal(roomy.tokens, batch.tokens)
+    np.testing.assert_array_equal(roomy.loss_mask, [[0, 0, 0, 1, 1, 1, 0], [0, 1, 1, 1, 1, 0, 0]])
+    np.testing.assert_array_equal(roomy.lengths, [6, 5])
     with pytest.raises(ValueError, match="more than the sequence length 4"):
         pack(samples, 4, pad_id=0)
+    with pytest.raises(ValueError, match="answer_room 2 is shorter than its 3 answer tokens"):
+        pack(samples, 7, pad_id=0, answer_room=[3, 2])
 
 
 def test_batch_source_is_a_function_of_seed_and_step(rng):
@@ -123,6 +128,32 @@ def loss_inputs(rng, family: str):
     tokens = jnp.asarray(rng.integers(0, 48, (8, 32)), jnp.int32)
     loss_mask = jnp.asarray(rng.random((8, 32)) < 0.8)
     return params, tokens, loss_mask, jax.random.PRNGKey(int(rng.integers(1 << 30)))
+
+
+@pytest.mark.parametrize("family", ["llada", "sdar"])
+def test_training_loss_never_sees_the_padding(family, rng):
+    """What follows a row's real tokens (its length) changes neither the loss nor its gradient: LLaDA
+    masks those keys, SDAR's block-causal attention never looks past the block (lengths in whole blocks)."""
+    params, tokens, loss_mask, key = loss_inputs(rng, family)
+    lengths = rng.integers(12, 33, 8)
+    if family == "sdar":
+        lengths = lengths // SDAR.block_size * SDAR.block_size
+    lengths = jnp.asarray(lengths, jnp.int32)
+    real = jnp.arange(32) < lengths[:, None]
+    loss_mask = loss_mask & real
+    other = jnp.where(real, tokens, jnp.asarray(rng.integers(0, 48, (8, 32)), jnp.int32))
+    grad = jax.jit(jax.value_and_grad(loss_fn(run_config(LLADA if family == "llada" else SDAR,
+                                                         compute_dtype="float32")), has_aux=True))
+    (loss, _), g = grad(params, tokens, loss_mask, lengths, key)
+    (loss_other, _), g_other = grad(params, other, loss_mask, lengths, key)
+    np.testing.assert_allclose(loss_other, loss, rtol=1e-5)
+    jax.tree.map(lambda a, b: np.testing.assert_allclose(a, b, rtol=1e-4, atol=1e-7), g_other, g)
+
+
+def test_max_seconds_stops_after_the_step_that_passes_it():
+    batch, _ = trained("llada")
+    result = train(run_config(LLADA), lambda step: batch, max_seconds=0, progress=False)
+    assert int(result.state.step) == 1 and [r["step"] for r in result.history] == [1]
 
 
 @pytest.mark.parametrize("family", ["llada", "sdar"])

@@ -12,45 +12,58 @@ from dllm_jax import eval as dev
 from dllm_jax.checkpoint.api import convert_hf_checkpoint
 from dllm_jax.train.data import TRAIN_SEED_FLOOR
 
-SDAR_TASKS = Path(__file__).parent.parent / "checkpoints" / "tiny-sdar-tasks"
+CHECKPOINTS = Path(__file__).parent.parent / "checkpoints"
+TRAINED = {"tiny-sdar-tasks": "SDAR", "tiny-llada-tasks": "LLaDA"}
+# what each model reaches >= 95% on with fresh seeds (checkpoints/README.md), checked here on small samples
+LEARNED = [("passkey", 1024), ("sanity", 64)]
 
 
-@pytest.fixture(scope="module")
-def sdar():
-    return dllm_jax.load_model(SDAR_TASKS, dtype="float32", progress=False)
+@pytest.fixture(scope="module", params=sorted(TRAINED))
+def trained(request):
+    """(directory, model in float32) of one shipped checkpoint."""
+    directory = CHECKPOINTS / request.param
+    return directory, dllm_jax.load_model(directory, dtype="float32", progress=False)
 
 
 @pytest.fixture(scope="module")
 def tokenizer():
-    return dev.load_tokenizer(SDAR_TASKS)
+    return dev.load_tokenizer(CHECKPOINTS / "tiny-sdar-tasks")
 
 
-def test_shipped_sdar_checkpoint_is_small_and_uses_the_task_tokenizer(sdar):
-    assert (SDAR_TASKS / "model.safetensors").stat().st_size <= 25 * 2**20
-    ids = dev.SPECIAL_IDS
-    assert (sdar.config.mask_token_id, sdar.config.pad_token_id, sdar.config.eos_token_ids) == (ids.mask, ids.pad,
-                                                                                                 (ids.eos,))
-    assert sdar.config.vocab_size >= dev.VOCAB_SIZE
+def test_shipped_checkpoint_is_small_and_uses_the_task_tokenizer(trained):
+    directory, model = trained
+    assert type(model).__name__ == TRAINED[directory.name]
+    assert (directory / "model.safetensors").stat().st_size <= 25 * 2**20
+    assert dev.load_tokenizer(directory).get_vocab() == dev.build_tokenizer().get_vocab()
+    config, ids = model.config, dev.SPECIAL_IDS
+    eos = config.eos_token_ids if TRAINED[directory.name] == "SDAR" else (config.eos_token_id,)
+    assert (config.mask_token_id, config.pad_token_id, eos) == (ids.mask, ids.pad, (ids.eos,))
+    assert config.vocab_size >= dev.VOCAB_SIZE
 
 
-def test_shipped_sdar_checkpoint_converts_to_the_same_model(sdar, tmp_path, rng):
+def test_shipped_checkpoint_converts_to_the_same_model(trained, tmp_path, rng):
+    directory, model = trained
     out = tmp_path / "orbax"
-    convert_hf_checkpoint(SDAR_TASKS, out, progress=False)
+    convert_hf_checkpoint(directory, out, progress=False)
     converted = dllm_jax.load_model(out, dtype="float32", progress=False)
     ids = rng.integers(3, dev.VOCAB_SIZE, (1, 48))
-    np.testing.assert_allclose(np.asarray(converted(ids)), np.asarray(sdar(ids)), rtol=1e-6, atol=1e-6)
+    np.testing.assert_allclose(np.asarray(converted(ids)), np.asarray(model(ids)), rtol=1e-6, atol=1e-6)
 
 
-def test_shipped_sdar_checkpoint_retrieves_the_passkey_at_1k(sdar, tokenizer, rng):
+@pytest.mark.parametrize("task, context", LEARNED)
+def test_shipped_checkpoint_answers_fresh_samples(trained, tokenizer, rng, task, context):
+    _, model = trained
     seed = int(rng.integers(0, TRAIN_SEED_FLOOR))  # a fresh evaluation seed, never a training one
-    samples = dev.make_samples("passkey", context_length=1024, num_samples=8, seed=seed, tokenizer=tokenizer)
-    result = dev.evaluate(sdar, samples, tokenizer=tokenizer, progress=False)
-    assert result.accuracy >= 0.9, [(r.answer, r.predicted) for r in result.records]
+    samples = dev.make_samples(task, context_length=context, num_samples=10, seed=seed, tokenizer=tokenizer)
+    result = dev.evaluate(model, samples, tokenizer=tokenizer, batch_size=10, progress=False)
+    assert result.accuracy >= 0.9, (seed, [(r.answer, r.predicted) for r in result.records])
 
 
-def test_evaluation_is_deterministic_for_a_seed(sdar, tokenizer):
-    samples = dev.make_samples("passkey", context_length=256, num_samples=3, seed=7, tokenizer=tokenizer)
-    first = dev.evaluate(sdar, samples, tokenizer=tokenizer, progress=False)
-    again = dev.evaluate(sdar, dev.make_samples("passkey", context_length=256, num_samples=3, seed=7,
-                                                tokenizer=tokenizer), tokenizer=tokenizer, progress=False)
-    assert [r.predicted_ids for r in first.records] == [r.predicted_ids for r in again.records]
+def test_evaluation_is_deterministic_for_a_seed(trained, tokenizer):
+    _, model = trained
+
+    def predictions():
+        samples = dev.make_samples("passkey", context_length=256, num_samples=3, seed=7, tokenizer=tokenizer)
+        return [r.predicted_ids for r in dev.evaluate(model, samples, tokenizer=tokenizer, progress=False).records]
+
+    assert predictions() == predictions()

@@ -1,8 +1,10 @@
 """Evaluation of a model on task samples: generate an answer for each prompt, score it, count.
 
-Decoding is greedy unless the options say otherwise: LLaDA at temperature 0 with one block of
-gen_length tokens and one token per step (steps = block_length = gen_length); SDAR with top_k=1
-and denoising_steps = block_size. The answer region is as long as the longest answer of the
+Decoding is greedy unless the options say otherwise, and unmasks one token per step in both families:
+LLaDA at temperature 0 with one block of gen_length tokens (steps = block_length = gen_length); SDAR
+with top_k=1, denoising_steps = block_size and low_confidence_static remasking (SDAR's default
+confidence threshold lets a trained model fill a whole block at its first step, so sparse methods that
+act on a block's later steps, MAGE and FlashBlock, would never be exercised). The answer region is as long as the longest answer of the
 samples' tasks (`max_answer_length`, EOS included), for SDAR rounded up to whole blocks: fixed per
 task, so a sample's prediction does not depend on which other samples are evaluated with it.
 """
@@ -129,7 +131,7 @@ def default_options(model, samples: list[Sample], given: dict) -> dict[str, Any]
         length = given.get("gen_length", length)
         return dict(gen_length=length, steps=length, block_length=length, temperature=0.0)
     bs = model.config.block_size
-    return dict(max_new_tokens=-(-length // bs) * bs, denoising_steps=bs, top_k=1)
+    return dict(max_new_tokens=-(-length // bs) * bs, denoising_steps=bs, top_k=1, remasking="low_confidence_static")
 
 
 def check_answer_room(model, samples: list[Sample], options: dict) -> None:

@@ -20,17 +20,21 @@ import numpy as np
 from dllm_jax.config import LLaDAConfig, SDARConfig
 from dllm_jax.train.data import TRAIN_SEED_FLOOR
 
+SDAR_BLOCK = 4  # the block size of the trained SDAR models (and of --init checkpoints, which are checked)
+
 
 def model_config(family: str, size: str, *, vocab_size: int, special, max_positions: int):
     """The "tiny" or "small" architecture of `family` over the task vocabulary."""
     shapes = {"tiny": dict(hidden_size=64, num_layers=2, num_heads=4, num_kv_heads=2, intermediate_size=192),
               "small": dict(hidden_size=256, num_layers=4, num_heads=8, num_kv_heads=4, intermediate_size=768)}[size]
     if family == "llada":
-        return LLaDAConfig(**shapes, vocab_size=vocab_size, tokenizer_vocab_size=vocab_size,
+        # RoPE base 1e4, not LLaDA-8B's 5e5: with 32-wide heads the larger base leaves too few angles
+        # that resolve single-token offsets, and a bidirectional model must order its answer by position
+        return LLaDAConfig(**shapes, rope_theta=10000.0, vocab_size=vocab_size, tokenizer_vocab_size=vocab_size,
                            max_position_embeddings=max_positions, mask_token_id=special.mask,
                            eos_token_id=special.eos, pad_token_id=special.pad, eot_token_id=special.eos)
     return SDARConfig(**shapes, head_dim=32, vocab_size=vocab_size, max_position_embeddings=max_positions,
-                      block_size=4, mask_token_id=special.mask, eos_token_ids=(special.eos,),
+                      block_size=SDAR_BLOCK, mask_token_id=special.mask, eos_token_ids=(special.eos,),
                       pad_token_id=special.pad)
 
 
@@ -59,8 +63,13 @@ def comma_list(kind):
 
 
 def build_parser() -> argparse.ArgumentParser:
-    p = argparse.ArgumentParser(prog="python -m dllm_jax.train", description=__doc__.split("\n\n")[0],
-                                formatter_class=argparse.ArgumentDefaultsHelpFormatter)
+    return argparse.ArgumentParser(prog="python -m dllm_jax.train", description=__doc__.split("\n\n")[0],
+                                   formatter_class=argparse.ArgumentDefaultsHelpFormatter, parents=[arguments()])
+
+
+def arguments() -> argparse.ArgumentParser:
+    """The training flags, as a parent parser (no -h) shared by this module and `dllm-jax train`."""
+    p = argparse.ArgumentParser(add_help=False)
     p.add_argument("--family", choices=("llada", "sdar"), required=True)
     p.add_argument("--config", choices=("tiny", "small"), default="tiny", help="model size")
     p.add_argument("--task", type=comma_list(str), default=["passkey"],
@@ -69,6 +78,8 @@ def build_parser() -> argparse.ArgumentParser:
                    help="context length(s) in tokens, comma-separated; each sample draws one")
     p.add_argument("--steps", type=int, required=True, help="total optimizer steps of the run (the schedule's length)")
     p.add_argument("--stop-at", type=int, default=None, help="stop after this step (resume later with --resume)")
+    p.add_argument("--max-minutes", type=float, default=None,
+                   help="also stop after this many minutes of training (resume later with --resume)")
     p.add_argument("--batch", type=int, default=16)
     p.add_argument("--lr", type=float, default=1e-3)
     p.add_argument("--warmup", type=int, default=100)
@@ -76,7 +87,8 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--grad-clip", type=float, default=1.0)
     p.add_argument("--dtype", choices=("bfloat16", "float32"), default="bfloat16", help="compute dtype")
     p.add_argument("--no-pad-loss", dest="pad_in_loss", action="store_false",
-                   help="no loss on the padding after the answer (by default the model learns to fill it)")
+                   help="train on the answer only; by default the answer is padded to the window `dllm-jax eval` "
+                        "generates into (the task's longest answer) and the model learns to fill it")
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--checkpoint-every", type=int, default=500)
     p.add_argument("--log-every", type=int, default=10)
@@ -105,7 +117,7 @@ def run(args) -> Path:
         raise ValueError(f"--context {args.context} too short: {sorted(set(short))}")
     tokenizer = build_tokenizer()
     special = vocab.special_ids(tokenizer)
-    length = max(prompt_length(t, c) + max_answer_length(t) for t in args.task for c in args.context)
+    length = max(prompt_length(t, c) + room_for(t, args.family) for t in args.task for c in args.context)
     if args.init is None:
         model, params = model_config(args.family, args.config, vocab_size=tokenizer.get_vocab_size(),
                                      special=special, max_positions=max(length, 4096)), None
@@ -116,9 +128,10 @@ def run(args) -> Path:
                          grad_clip=args.grad_clip, compute_dtype=args.dtype, run_dir=str(args.out),
                          checkpoint_every=args.checkpoint_every, log_every=args.log_every, seed=args.seed)
     batches = BatchSource(task_sampler(args.task, args.context, tokenizer), batch_size=args.batch, length=length,
-                          pad_id=special.pad, seed=args.seed, pad_in_loss=args.pad_in_loss)
+                          pad_id=special.pad, seed=args.seed,
+                          answer_room=(lambda s: room_for(s.task, args.family)) if args.pad_in_loss else None)
     result = train(config, batches, params=params, resume=args.resume, stop_at=args.stop_at,
-                   progress=args.progress)
+                   max_seconds=None if args.max_minutes is None else 60 * args.max_minutes, progress=args.progress)
     hf_dir = export_hf(result.params, model, args.out / "hf", dtype=args.export_dtype)
     build_tokenizer(hf_dir)
     last = result.history[-1] if result.history else None
@@ -126,6 +139,16 @@ def run(args) -> Path:
     loss = f"; loss {last['loss']:.4f}" if last else ""
     print(f"{done}{loss}; HF checkpoint in {hf_dir}")
     return hf_dir
+
+
+def room_for(task: str, family: str) -> int:
+    """The answer window `dllm_jax.eval.evaluate` generates into for `task`: its longest answer, for SDAR
+    in whole blocks (every task prompt fills whole blocks of 4; a block is denoised as one, so its positions after the EOS must be trained as
+    masked positions too, not shown as padding that gives away where the answer ends)."""
+    from dllm_jax.eval import max_answer_length
+
+    room = max_answer_length(task)
+    return room if family == "llada" else -(-room // SDAR_BLOCK) * SDAR_BLOCK
 
 
 def initial_weights(args, special, *, vocab_size: int, length: int):
@@ -144,6 +167,8 @@ def initial_weights(args, special, *, vocab_size: int, length: int):
     if ids != (special.mask, special.pad, special.eos) or model.vocab_size < vocab_size:
         raise ValueError(f"--init {args.init}: mask/pad/eos ids {ids} and vocabulary {model.vocab_size} do not fit "
                          f"the task tokenizer ({special.mask}, {special.pad}, {special.eos}; {vocab_size} tokens)")
+    if args.family == "sdar" and model.block_size != SDAR_BLOCK:
+        raise ValueError(f"--init {args.init} has block size {model.block_size}; the task training uses {SDAR_BLOCK}")
     if model.max_position_embeddings < length:
         raise ValueError(f"--init {args.init} allows {model.max_position_embeddings} positions; the run needs {length}")
     return model, read_hf_params(args.init, model, dtype="float32", progress=False)

@@ -2,7 +2,9 @@
 
 A sample is anything with `prompt_ids` and `answer_ids` (int arrays; the `Sample` of
 dllm_jax.eval.tasks). Its training sequence is prompt_ids ++ answer_ids, right-padded; the answer is
-where the loss applies (LLaDA-style SFT: the prompt is never masked).
+where the loss applies (LLaDA-style SFT: the prompt is never masked). With an answer room (LLaDA), the
+answer is followed by pad tokens up to the room, all in the loss, as LLaDA's SFT fills its generation
+window: training then sees exactly the window `dllm_jax.eval.evaluate` generates into.
 """
 
 from __future__ import annotations
@@ -25,20 +27,21 @@ class Batch:
     """A packed batch of training sequences."""
 
     tokens: np.ndarray  # int32 [B, L]: prompt ++ answer, right-padded with the pad id
-    loss_mask: np.ndarray  # bool [B, L]: the answer tokens (and the padding with pad_in_loss)
-    lengths: np.ndarray  # int32 [B]: prompt + answer length of each row (without padding)
+    loss_mask: np.ndarray  # bool [B, L]: the answer tokens (and the rest of the answer room)
+    lengths: np.ndarray  # int32 [B]: each row's real tokens: prompt + answer (room), the rest is padding
 
     @property
     def shape(self) -> tuple[int, int]:
         return tuple(self.tokens.shape)
 
 
-def pack(samples: Sequence[Any], length: int, pad_id: int, *, pad_in_loss: bool = False) -> Batch:
+def pack(samples: Sequence[Any], length: int, pad_id: int, *, answer_room: Sequence[int] | None = None) -> Batch:
     """Packs samples (with `prompt_ids`, `answer_ids`) into one Batch of `length` columns.
 
-    pad_in_loss=True also marks the padding after each answer as loss-eligible (LLaDA's SFT trains the
-    model to fill the rest of a fixed generation window with the pad/EOS token). ValueError for an
-    empty list or a sample longer than `length`.
+    answer_room: per sample, the generation window after its prompt (>= its answer): the answer is
+    followed by pad tokens up to it, all loss-eligible and counted in `lengths` (LLaDA's SFT trains the
+    model to fill its window). ValueError for an empty list, a room shorter than its answer, or a row
+    longer than `length`.
     """
     length = integer("length", length)
     if not samples:
@@ -49,12 +52,15 @@ def pack(samples: Sequence[Any], length: int, pad_id: int, *, pad_in_loss: bool 
     for row, sample in enumerate(samples):
         prompt = np.asarray(sample.prompt_ids, np.int32).reshape(-1)
         answer = np.asarray(sample.answer_ids, np.int32).reshape(-1)
-        total = prompt.size + answer.size
+        room = answer.size if answer_room is None else integer("answer_room", answer_room[row])
+        if room < answer.size:
+            raise ValueError(f"sample {row}: answer_room {room} is shorter than its {answer.size} answer tokens")
+        total = prompt.size + room
         if total > length:
             raise ValueError(f"sample {row} (index {getattr(sample, 'index', '?')}) has {prompt.size} prompt + "
-                             f"{answer.size} answer = {total} tokens, more than the sequence length {length}")
-        tokens[row, :total] = np.concatenate([prompt, answer])
-        loss_mask[row, prompt.size:(length if pad_in_loss else total)] = True
+                             f"{room} answer = {total} tokens, more than the sequence length {length}")
+        tokens[row, :prompt.size + answer.size] = np.concatenate([prompt, answer])
+        loss_mask[row, prompt.size:total] = True
         lengths[row] = total
     return Batch(tokens=tokens, loss_mask=loss_mask, lengths=lengths)
 
@@ -78,7 +84,7 @@ class BatchSource:
     length: int
     pad_id: int
     seed: int = 0
-    pad_in_loss: bool = False
+    answer_room: Callable[[Any], int] | None = None  # sample -> its generation window (see pack)
 
     def __post_init__(self):
         integer("BatchSource.batch_size", self.batch_size)
@@ -89,7 +95,8 @@ class BatchSource:
         samples = self.sample_fn(step_seed(self.seed, step), self.batch_size)
         if len(samples) != self.batch_size:
             raise ValueError(f"sample_fn returned {len(samples)} samples, asked for {self.batch_size}")
-        return pack(samples, self.length, self.pad_id, pad_in_loss=self.pad_in_loss)
+        room = None if self.answer_room is None else [self.answer_room(s) for s in samples]
+        return pack(samples, self.length, self.pad_id, answer_room=room)
 
     def __iter__(self) -> Iterator[Batch]:
         return map(self, itertools.count())

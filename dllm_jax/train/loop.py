@@ -167,16 +167,20 @@ def optimizer(config: TrainConfig) -> optax.GradientTransformation:
 
 
 def loss_fn(config: TrainConfig) -> Callable:
-    """(params, tokens, loss_mask, key) -> (loss, LossMetrics) of the config's family, computing in
-    `compute_dtype` from float32 params."""
+    """(params, tokens, loss_mask, lengths, key) -> (loss, LossMetrics) of the config's family, computing
+    in `compute_dtype` from float32 params. LLaDA hides each row's padding (positions >= lengths) from
+    every query, so a padded row is seen as generation sees it alone; SDAR's block-causal attention
+    never lets earlier positions see the padding after them."""
     model, dtype = config.model, jnp.dtype(config.compute_dtype)
 
-    def llada_logits(params, ids):
-        return llada.forward(params, ids, config=model)[0]
-
-    def loss(params, tokens, loss_mask, key):
+    def loss(params, tokens, loss_mask, lengths, key):
         params = jax.tree.map(lambda p: p.astype(dtype), params)
         if config.family == "llada":
+            real = jnp.arange(tokens.shape[1]) < lengths[:, None]
+
+            def llada_logits(params, ids):
+                return llada.forward(params, ids, real, config=model, padding="mask")[0]
+
             return llada_loss(llada_logits, params, tokens, loss_mask, key, mask_token_id=model.mask_token_id,
                               eps=config.eps)
         return sdar_loss(params, tokens, loss_mask, key, config=model, eps=config.eps)
@@ -216,10 +220,11 @@ def step_config(config: TrainConfig) -> TrainConfig:
 
 
 @functools.partial(jax.jit, static_argnames=("config",), donate_argnames=("state",))
-def train_step(state: TrainState, tokens, loss_mask, *, config: TrainConfig) -> tuple[TrainState, StepMetrics]:
-    """One optimizer step on tokens int32 [B, L] with loss_mask bool [B, L]."""
+def train_step(state: TrainState, tokens, loss_mask, lengths, *, config: TrainConfig) -> tuple[TrainState, StepMetrics]:
+    """One optimizer step on tokens int32 [B, L] with loss_mask bool [B, L] and real lengths int32 [B]."""
     rng, key = jax.random.split(state.rng)
-    (loss, metrics), grads = jax.value_and_grad(loss_fn(config), has_aux=True)(state.params, tokens, loss_mask, key)
+    (loss, metrics), grads = jax.value_and_grad(loss_fn(config), has_aux=True)(state.params, tokens, loss_mask,
+                                                                               lengths, key)
     updates, opt_state = optimizer(config).update(grads, state.opt_state, state.params)
     metrics: LossMetrics
     step_metrics = StepMetrics(loss=loss, ce=metrics.ce, grad_norm=optax.tree.norm(grads),
@@ -230,7 +235,7 @@ def train_step(state: TrainState, tokens, loss_mask, *, config: TrainConfig) -> 
 
 
 def train(config: TrainConfig, batches: Callable[[int], Batch], *, params: dict | None = None, resume: bool = False,
-          stop_at: int | None = None, progress: bool = True) -> TrainResult:
+          stop_at: int | None = None, max_seconds: float | None = None, progress: bool = True) -> TrainResult:
     """Trains from step 0 (or the latest checkpoint of `config.run_dir` with resume=True) up to
     `config.steps`, or only up to `stop_at` (a partial run of the same schedule, to resume later).
 
@@ -241,6 +246,8 @@ def train(config: TrainConfig, batches: Callable[[int], Batch], *, params: dict 
         ignored when resuming from a checkpoint.
       resume: continue from the latest checkpoint in run_dir (starting afresh if there is none). Without
         it, a run_dir that already holds checkpoints is refused.
+      max_seconds: also stop once this much wall time has passed in the loop (checked after each step;
+        the state is checkpointed as at `stop_at`, so the run resumes from there).
       progress: a tqdm bar with the loss and tokens/s, refreshed every `log_every` steps.
     Returns:
       TrainResult with the final state (checkpointed to run_dir if set) and the per-step loss history.
@@ -253,7 +260,9 @@ def train(config: TrainConfig, batches: Callable[[int], Batch], *, params: dict 
         if manager is not None and manager.latest_step() is not None:
             state = restore_state(manager, state)
             history = [r for r in read_history(run_dir) if r["step"] <= int(state.step)]
-        state, records = run_steps(config, batches, state, end=end, manager=manager, progress=progress)
+        deadline = None if max_seconds is None else time.monotonic() + real("max_seconds", max_seconds, low=0)
+        state, records = run_steps(config, batches, state, end=end, manager=manager, progress=progress,
+                                   deadline=deadline)
         history += records
         if manager is not None:
             if manager.latest_step() != int(state.step):
@@ -266,10 +275,11 @@ def train(config: TrainConfig, batches: Callable[[int], Batch], *, params: dict 
     return TrainResult(state=state, history=tuple(history))
 
 
-def run_steps(config: TrainConfig, batches, state: TrainState, *, end: int, manager,
-              progress: bool) -> tuple[TrainState, list[dict]]:
-    """Steps state.step..end-1: (final state, their history records). Metrics are fetched from the
-    device only every log_every steps (no per-step host sync)."""
+def run_steps(config: TrainConfig, batches, state: TrainState, *, end: int, manager, progress: bool,
+              deadline: float | None = None) -> tuple[TrainState, list[dict]]:
+    """Steps state.step..end-1, or fewer if time.monotonic() passes `deadline`: (final state, their
+    history records). Metrics are fetched from the device only every log_every steps (no per-step host
+    sync), and at the last step."""
     jit_config, start = step_config(config), int(state.step)
     records, pending = [], []
     bar = tqdm(total=config.steps, initial=start, desc=f"train {config.family}", unit="step", disable=not progress)
@@ -278,10 +288,11 @@ def run_steps(config: TrainConfig, batches, state: TrainState, *, end: int, mana
         batch = batches(step)
         check_batch(batch, config, step)
         state, metrics = train_step(state, jnp.asarray(batch.tokens), jnp.asarray(batch.loss_mask),
-                                        config=jit_config)
+                                    jnp.asarray(batch.lengths), config=jit_config)
         pending.append((step + 1, metrics))
         tokens_since += batch.tokens.size
-        if (step + 1) % config.log_every == 0 or step + 1 == end:
+        last = step + 1 == end or (deadline is not None and time.monotonic() > deadline)
+        if (step + 1) % config.log_every == 0 or last:
             fetched = jax.device_get([m for _, m in pending])
             records += [{"step": s, "loss": float(m.loss), "ce": float(m.ce), "grad_norm": float(m.grad_norm),
                          "learning_rate": float(m.learning_rate)} for (s, _), m in zip(pending, fetched)]
@@ -291,6 +302,8 @@ def run_steps(config: TrainConfig, batches, state: TrainState, *, end: int, mana
             pending, clock, tokens_since = [], now, 0
         if manager is not None and config.checkpoint_every and (step + 1) % config.checkpoint_every == 0:
             save_state(manager, state)
+        if last:
+            break
     bar.close()
     return state, records
 

@@ -1,0 +1,96 @@
+"""benchmarks/quality.py, the accuracy table of issue 19: a CPU smoke run on the shipped SDAR checkpoint and
+a random tiny LLaDA, and its flag checks."""
+
+import importlib.util
+import json
+import sys
+from pathlib import Path
+
+import pytest
+
+from dllm_jax.eval import SPECIAL_IDS, VOCAB_SIZE, build_tokenizer
+from dllm_jax.testing import tiny_llada_config, write_hf_checkpoint
+
+ROOT = Path(__file__).resolve().parents[1]
+SDAR_TASKS = ROOT / "checkpoints" / "tiny-sdar-tasks"
+
+
+def load_quality():
+    """benchmarks/quality.py, imported from its file (the benchmarks are scripts, not installed)."""
+    if "quality_under_test" not in sys.modules:  # its dataclasses resolve annotations through sys.modules
+        spec = importlib.util.spec_from_file_location("quality_under_test", ROOT / "benchmarks" / "quality.py")
+        module = importlib.util.module_from_spec(spec)
+        sys.modules[spec.name] = module
+        spec.loader.exec_module(module)
+    return sys.modules["quality_under_test"]
+
+
+quality = load_quality()
+
+
+def write_task_llada(directory: Path) -> Path:
+    """A random tiny LLaDA in HF format that speaks the task tokenizer (its ids, its tokenizer.json)."""
+    ids = SPECIAL_IDS
+    config = tiny_llada_config(vocab_size=VOCAB_SIZE, tokenizer_vocab_size=VOCAB_SIZE, mask_token_id=ids.mask,
+                               eos_token_id=ids.eos, pad_token_id=ids.pad, eot_token_id=ids.eos)
+    write_hf_checkpoint(directory, config)
+    build_tokenizer(directory)
+    return directory
+
+
+def test_quality_smoke_run_covers_every_task_and_method_asked(tmp_path):
+    llada = write_task_llada(tmp_path / "tiny-llada")
+    out = tmp_path / "results"
+    md = quality.main(["--models", f"{SDAR_TASKS},{llada}", "--contexts", "128", "--samples", "2", "--seed", "1",
+                       "--tasks", "passkey,sanity", "--methods", "dense,sparsed:defaults", "--diagnostics", "1",
+                       "--out", str(out), "--tag", "smoke"])
+    data = json.loads(md.with_suffix(".json").read_text())
+    assert data["benchmark"] == "quality_smoke" and (data["samples"], data["seed"]) == (2, 1)
+    rows = data["rows"]
+    cells = {(r["model"], r["task"], r["context"], r["method"]) for r in rows}
+    # every (task, method) asked, for each model's family; sanity (64-token prompts) dense only
+    assert cells == {("tiny-sdar-tasks", "passkey", 128, "dense"), ("tiny-sdar-tasks", "sanity", 64, "dense"),
+                     ("tiny-llada", "passkey", 128, "dense"), ("tiny-llada", "passkey", 128, "sparsed"),
+                     ("tiny-llada", "sanity", 64, "dense")}
+    assert len(rows) == len(cells)
+    assert next(r for r in rows if r["method"] == "sparsed")["level"] == "defaults"  # one row of SparseD asked
+    for r in rows:
+        assert r["error"] is None, r
+        assert 0.0 <= r["accuracy"] <= 1.0 and r["n"] == 2
+    # the SDAR checkpoint is trained on passkey: dense retrieval at 128 tokens is a real check
+    dense = next(r for r in rows if (r["model"], r["task"], r["method"]) == ("tiny-sdar-tasks", "passkey", "dense"))
+    assert dense["correct"] == 2
+    # diagnostics were measured for the sparse row: SparseD has both a pattern (recall) and an output error
+    sparse = next(r for r in rows if r["method"] == "sparsed")
+    assert sparse["diagnostics_error"] is None and 0 <= sparse["recall"] <= 1 and sparse["l1"] >= 0
+    table = md.read_text()
+    assert "## tiny-sdar-tasks (SDAR)" in table and "## tiny-llada (LLaDA)" in table and "passkey@128" in table
+    # runs split per model (as on a time-limited GPU) merge into the table of the single run
+    parts = []
+    for model in ("tiny-sdar-tasks", "tiny-llada"):
+        part = dict(data, models=[model], families={model: data["families"][model]},
+                    rows=[r for r in rows if r["model"] == model])
+        parts.append(tmp_path / f"{model}.json")
+        parts[-1].write_text(json.dumps(part))
+    merged = quality.main(["--merge", ",".join(map(str, parts)), "--out", str(tmp_path / "merged"), "--tag", "smoke"])
+    assert merged.read_text() == table
+    assert json.loads(merged.with_suffix(".json").read_text())["rows"] == rows
+
+
+@pytest.mark.parametrize("flags, message", [
+    (["--methods", "dense,quest"], "quest"),
+    (["--contexts", "32"], "too short for niah_multikey"),
+    (["--tasks", "passkey,ruler"], "ruler"),
+    (["--seed", str(2**31)], "training seeds"),
+    (["--samples", "2", "--diagnostics", "3"], "--diagnostics 3"),
+    (["--methods", "sparsed"], "no --models is one"),
+    (["--methods", "mage:k=ctx/1000"], "mage:k=ctx/1000"),
+    (["--tasks", "passkey", "--contexts", "32"], "row mage:k=ctx/64 is invalid"),  # k = 32 // 64 = 0
+    (["--contexts", "8192"], "max_position_embeddings"),
+    (["--merge", "a.json"], "takes no --models"),
+])
+def test_quality_rejects_bad_flags_before_any_model_work(flags, message, tmp_path):
+    # the flags are checked from config.json alone, before any weights load or any file is written
+    with pytest.raises(ValueError, match=message):
+        quality.main(["--models", str(SDAR_TASKS), "--out", str(tmp_path / "out"), *flags])
+    assert not (tmp_path / "out").exists()
