@@ -178,7 +178,8 @@ class Request:
 # other family is refused by name instead of being ignored (even when its value equals a default).
 FAMILY_FLAGS = {"block_length": ("--block-length", "LLaDA"), "cfg_scale": ("--cfg-scale", "LLaDA"),
                 "top_k": ("--top-k", "SDAR"), "top_p": ("--top-p", "SDAR"),
-                "confidence_threshold": ("--confidence-threshold", "SDAR")}
+                "confidence_threshold": ("--confidence-threshold", "SDAR"), "cache": ("--cache", "LLaDA"),
+                "threshold": ("--threshold", "LLaDA"), "cache_refresh": ("--cache-refresh", "LLaDA")}
 
 
 def remasking_families() -> dict:
@@ -229,7 +230,8 @@ def llada_options(args) -> dict:
                 block_length=length if args.block_length is None else args.block_length,
                 temperature=0.0 if args.temperature is None else args.temperature,
                 cfg_scale=0.0 if args.cfg_scale is None else args.cfg_scale,
-                remasking=args.remasking or "low_confidence")
+                remasking=args.remasking or "low_confidence", cache=args.cache, threshold=args.threshold,
+                cache_refresh=args.cache_refresh or 0)
 
 
 def sdar_options(args, config) -> dict:
@@ -598,6 +600,14 @@ def build_parser() -> argparse.ArgumentParser:
                                "low_confidence_static | sequential")
     sampling.add_argument("--confidence-threshold", type=probability, default=None, metavar="X",
                           help="SDAR only, low_confidence_dynamic remasking (0.85)")
+    sampling.add_argument("--cache", default=None, choices=("prefix", "dual"),
+                          help="LLaDA only, Fast-dLLM: reuse the keys/values of the positions before the block "
+                               "(prefix) or before and after it (dual) from the block's first step")
+    sampling.add_argument("--threshold", type=probability, default=None, metavar="X",
+                          help="LLaDA only, Fast-dLLM: commit every masked position of the block whose confidence "
+                               "is >= X (at least the most confident one) per step")
+    sampling.add_argument("--cache-refresh", type=positive_int, default=None, metavar="K",
+                          help="LLaDA only, with --cache: also recompute the cache every K-th step of a block")
     sampling.add_argument("--top-k", type=non_negative_int, default=None, metavar="N", help="SDAR only: top-k (0: off)")
     sampling.add_argument("--top-p", type=fraction, default=None, metavar="X", help="SDAR only: top-p (1: off)")
     sampling.add_argument("--seed", type=seed_int, default=0, metavar="N", help="random seed, 32-bit (0)")

@@ -87,3 +87,13 @@ def test_an_answer_ends_after_its_first_stop_token():
     assert answer_ids(np.array([9, 3, 9, 9]), (141,), 9, padded=True).tolist() == [9, 3]
     assert answer_ids(np.array([9, 3, 9, 9]), (141,), 9, padded=False).tolist() == [9, 3, 9, 9]
     assert answer_ids(np.array([9, 9]), (141,), 9, padded=True).tolist() == []
+
+
+def test_fast_dllm_flags_reach_llada_generation(checkpoints, capsys):
+    """--cache dual --cache-refresh 1 is exact, so the answers equal the plain run's."""
+    flags = ["--prompt", PROMPTS[0], "--prompt", PROMPTS[3]]
+    plain, _ = run(capsys, checkpoints[0], flags, OPTIONS["llada"])
+    cached, _ = run(capsys, checkpoints[0], flags, [*OPTIONS["llada"], "--cache", "dual", "--cache-refresh", "1"])
+    assert cached == plain
+    fast, _ = run(capsys, checkpoints[0], flags, [*OPTIONS["llada"], "--cache", "prefix", "--threshold", "0.9"])
+    assert fast.count("\n") == plain.count("\n")  # one answer per prompt

@@ -11,7 +11,7 @@ from dllm_jax.attention.methods import check_family, make_method
 from dllm_jax.attention.policy import Dense, check_policy
 
 from dllm_jax.generate import sdar as gen_sdar
-from dllm_jax.generate.llada import LLaDAOptions, check_prompt, generate_llada_jit
+from dllm_jax.generate.llada import LLaDAOptions, check_prompt, generate_llada_fast_jit, generate_llada_jit
 from dllm_jax.generate.progress import progress_bar, tick
 from dllm_jax.generate.sdar import SDAROptions
 from dllm_jax.models.llada import LLaDA
@@ -19,16 +19,18 @@ from dllm_jax.models.sdar import SDAR
 
 
 def generate(model, prompt_ids, *, attention_mask=None, seed: int = 0, method=None, progress: bool = False,
-             **options):
+             return_nfe: bool = False, **options):
     """Generates with `model` from int32 prompt_ids [B, P]; returns int32 [B, P + gen_length].
 
     LLaDA options (all static: changing one recompiles; prompt shape changes recompile too):
       gen_length=128, steps=128, block_length=128, temperature=0.0, cfg_scale=0.0,
       remasking="low_confidence" | "random", logits_eos_inf=False, confidence_eos_eot_inf=False,
-      padding="ignore" | "mask". `attention_mask` [B, P] marks real prompt tokens (left padding);
+      padding="ignore" | "mask", cache=None | "prefix" | "dual", threshold=None | float in [0, 1],
+      cache_refresh=0. `attention_mask` [B, P] marks real prompt tokens (left padding);
       `seed` is a traced argument (no recompilation). See `dllm_jax.generate.llada`.
       Infilling: mask ids (config.mask_token_id) inside the prompt are predicted and filled in with
-      the answer, as LLaDA's official generate does. They take commits from the answer's schedule
+      the answer, as LLaDA's official generate does (not with cache= or threshold=). They take commits
+      from the answer's schedule
       (which counts only each block's own masks, as the official code), so a prompt with k mask
       ids returns k mask ids, in the answer or the prompt.
     SDAR options (static): max_new_tokens=128, denoising_steps=4,
@@ -51,6 +53,14 @@ def generate(model, prompt_ids, *, attention_mask=None, seed: int = 0, method=No
       official sampler, a step commits its n[j] (about block_size / denoising_steps) positions
       without a mask guard: once fewer masks than n[j] remain, prompt tokens of that block can
       be replaced (only with denoising_steps < block_size, where n[j] > 1).
+    Fast-dLLM (NVlabs/Fast-dLLM, LLaDA; `dllm_jax.generate.llada.generate_llada_fast`): `cache="prefix"`
+      reuses every layer's keys and values of the positions before the block from the block's first
+      step, `cache="dual"` those after it too (the block's later steps then run the block alone);
+      `cache_refresh=k` also recomputes the cache every k-th step of a block (1: every step, exact).
+      `threshold=x` commits, per step, each row's most confident masked position of the block plus every
+      other one of confidence >= x, and a block's steps end once it has no mask left (fewer forwards).
+      Dense attention only; no cfg_scale, no mask ids in the prompt. The defaults (None) are the
+      original sampler. `return_nfe=True` (LLaDA) returns (ids, number of model forwards).
     `method=None` is dense attention; a name ("sparsed", "mage", ...) is the method with its
     defaults (`dllm_jax.attention.methods.make_method`); otherwise an attention policy (dllm_jax.attention.policy)
     whose per-layer state rides in the loop carry: `dllm_jax.SparseD(...)`, `dllm_jax.PulseCol(...)` or
@@ -69,13 +79,22 @@ def generate(model, prompt_ids, *, attention_mask=None, seed: int = 0, method=No
     if isinstance(model, LLaDA):
         opts, prompt_ids, method = prepare_llada(model, prompt_ids, attention_mask, method, options)
         mask = None if attention_mask is None else np.asarray(attention_mask, np.int32)
+        if opts.fast:
+            check_fast(model.config, prompt_ids, method)
+            with progress_bar(opts.steps, "LLaDA denoising (at most)", progress) as run_id:
+                out, nfe = generate_llada_fast_jit(model.params(), prompt_ids, mask, seed, np.int32(run_id),
+                                                   config=model.config, options=opts,
+                                                   on_step=tick if progress else None)
+                return (np.asarray(out), int(nfe)) if return_nfe else np.asarray(out)
         with progress_bar(opts.steps, "LLaDA denoising", progress) as run_id:
             out = generate_llada_jit(model.params(), prompt_ids, mask, seed,
                                      np.int32(run_id), config=model.config, options=opts,
                                      prompt_has_masks=bool((prompt_ids == model.config.mask_token_id).any()),
                                      policy=method, on_step=tick if progress else None)
-            return np.asarray(out)
+            return (np.asarray(out), opts.steps * (2 if opts.cfg_scale > 0 else 1)) if return_nfe else np.asarray(out)
     if isinstance(model, SDAR):
+        if return_nfe:
+            raise ValueError("return_nfe=True is for LLaDA models (SDAR's forwards per block follow its schedule)")
         opts, prompt_ids, mask, blocks = prepare_sdar(model, prompt_ids, attention_mask, method, options)
         with progress_bar(blocks, "SDAR blocks", progress) as run_id:
             x, end = gen_sdar.generate_sdar_jit(model.params(), prompt_ids, mask, seed,
@@ -102,6 +121,16 @@ def prepare_llada(model, prompt_ids, attention_mask, method, options: dict):
     # methods whose schedule depends on the generation (SparseD, PulseCol, SpargeAttn) fix it here
     method = method.bind(total_steps=opts.steps, prompt_length=prompt_ids.shape[1], gen_length=opts.gen_length)
     return opts, prompt_ids.astype(np.int32), method
+
+
+def check_fast(config, prompt_ids: np.ndarray, method) -> None:
+    """What Fast-dLLM decoding (cache= / threshold=) supports so far: dense attention, prompts without mask ids."""
+    if not isinstance(method, Dense):
+        raise ValueError(f"cache= and threshold= (Fast-dLLM) run with dense attention only so far, got method "
+                         f"{type(method).__name__}: pass method=None, or leave cache and threshold at None")
+    if (prompt_ids == config.mask_token_id).any():
+        raise ValueError(f"prompt_ids hold the mask id {config.mask_token_id}: infilling is not supported with cache= or "
+                         "threshold= (Fast-dLLM decodes the answer blocks only)")
 
 
 def prepare_sdar(model, prompt_ids, attention_mask, method, options: dict):

@@ -32,6 +32,7 @@ from dllm_jax.models import llada as llada_model
 from dllm_jax.models.layers import check_inputs
 
 REMASKING = ("low_confidence", "random")
+CACHES = ("prefix", "dual")
 
 
 @dataclasses.dataclass(frozen=True, kw_only=True)
@@ -47,6 +48,9 @@ class LLaDAOptions:
     logits_eos_inf: bool = False
     confidence_eos_eot_inf: bool = False
     padding: str = "ignore"
+    cache: str | None = None
+    threshold: float | None = None
+    cache_refresh: int = 0
 
     def __post_init__(self):
         def store(name, value):  # canonical int / float / bool: equal options hash equal as static jit arguments
@@ -69,6 +73,21 @@ class LLaDAOptions:
         if self.steps % self.num_blocks:
             raise ValueError(f"steps={self.steps} must be a multiple of the number of blocks "
                              f"(gen_length / block_length = {self.num_blocks})")
+        if self.cache is not None:
+            check.choice("cache", self.cache, CACHES)
+        if self.threshold is not None:
+            store("threshold", check.real("threshold", self.threshold, low=0, high=1))
+        store("cache_refresh", check.integer("cache_refresh", self.cache_refresh, minimum=0))
+        if self.cache_refresh and self.cache is None:
+            raise ValueError(f"cache_refresh={self.cache_refresh} needs cache='prefix' or 'dual' (it says how often "
+                             "a block's steps recompute the cache)")
+        if self.fast and self.cfg_scale > 0:
+            raise ValueError("cfg_scale > 0 is not supported with cache= or threshold= (Fast-dLLM decoding) yet")
+
+    @property
+    def fast(self) -> bool:
+        """Fast-dLLM decoding: a KV cache, confidence-aware parallel decoding, or both (`generate_llada_fast`)."""
+        return self.cache is not None or self.threshold is not None
 
     @property
     def num_blocks(self) -> int:
@@ -138,21 +157,11 @@ def generate_llada(params, prompt_ids, attention_mask, seed, run_id=0, *, config
         counts = jnp.where(i == 0, transfer_counts(jnp.sum(mask_index & in_block, axis=1), o.steps_per_block),
                            carry.counts)
         logits, policy_state = logits_of(x, carry.policy_state, t)
-        if o.logits_eos_inf:
-            logits = logits.at[..., config.eos_token_id].set(-jnp.inf)
+        logits = suppress_eos(logits, o, config)
         x0 = gumbel_argmax(logits, o.temperature, jax.random.fold_in(gumbel_key, t), total)
-        if o.confidence_eos_eot_inf:
-            # generate.py: `logits_with_noise[..., EOS] = logits[..., EoT] = -inf`. The confidence
-            # softmax reads `logits`, so EoT confidence becomes 0; at T=0 add_gumbel_noise returns
-            # `logits` itself, the two names alias, and EOS confidence becomes 0 as well.
-            logits = logits.at[..., config.eot_token_id].set(-jnp.inf)
-            if o.temperature == 0:
-                logits = logits.at[..., config.eos_token_id].set(-jnp.inf)
-        if o.remasking == "low_confidence":
-            probs = jax.nn.softmax(logits, axis=-1)
-            x0_p = jnp.take_along_axis(probs, x0[..., None], axis=-1)[..., 0]
-        else:
-            x0_p = jax.random.uniform(jax.random.fold_in(random_key, t), (b, total), jnp.float32)[:, logits_from:]
+        x0_p = token_confidence(logits, x0, o, config,
+                                lambda: jax.random.uniform(jax.random.fold_in(random_key, t), (b, total),
+                                                           jnp.float32)[:, logits_from:])
         x0_p = jnp.where(positions[None, :] >= block_end, -jnp.inf, x0_p)
         x0 = jnp.where(mask_index, x0, x[:, logits_from:])
         confidence = jnp.where(mask_index, x0_p, -jnp.inf)
@@ -167,6 +176,141 @@ def generate_llada(params, prompt_ids, attention_mask, seed, run_id=0, *, config
                       policy_state=llada_model.init_policy_state(policy, config, rows, total))
     carry, _ = jax.lax.scan(step, carry, jnp.arange(o.steps, dtype=jnp.int32))
     return (carry.x, carry.policy_state) if return_policy_state else carry.x
+
+
+def suppress_eos(logits, o: LLaDAOptions, config: LLaDAConfig):
+    """logits_eos_inf: EOS can never be predicted."""
+    return logits.at[..., config.eos_token_id].set(-jnp.inf) if o.logits_eos_inf else logits
+
+
+def token_confidence(logits, x0, o: LLaDAOptions, config: LLaDAConfig, random_confidence):
+    """The confidence of each predicted token x0 [B, n] under the remasking strategy: its softmax
+    probability ("low_confidence"), or `random_confidence()` ("random", uniforms [B, n])."""
+    if o.confidence_eos_eot_inf:
+        # generate.py: `logits_with_noise[..., EOS] = logits[..., EoT] = -inf`. The confidence
+        # softmax reads `logits`, so EoT confidence becomes 0; at T=0 add_gumbel_noise returns
+        # `logits` itself, the two names alias, and EOS confidence becomes 0 as well.
+        logits = logits.at[..., config.eot_token_id].set(-jnp.inf)
+        if o.temperature == 0:
+            logits = logits.at[..., config.eos_token_id].set(-jnp.inf)
+    if o.remasking == "random":
+        return random_confidence()
+    probs = jax.nn.softmax(logits, axis=-1)
+    return jnp.take_along_axis(probs, x0[..., None], axis=-1)[..., 0]
+
+
+@struct.dataclass
+class FastCarry:
+    """The carry of Fast-dLLM decoding: the sequence, the cache, and the counters."""
+
+    x: jax.Array  # int32 [B, P + gen_length]
+    cache: Any  # llada_model.KVCache of the whole sequence (None-like zeros without a cache)
+    counts: jax.Array  # int32 [B, steps_per_block]: the block's transfer schedule (threshold=None)
+    i: jax.Array  # int32: the step within the block
+    nfe: jax.Array  # int32: model forwards so far
+
+
+def generate_llada_fast(params, prompt_ids, attention_mask, seed, run_id=0, *, config: LLaDAConfig,
+                        options: LLaDAOptions, on_step=None):
+    """Fast-dLLM decoding (NVlabs/Fast-dLLM llada/generate.py) as one compiled loop: (int32 [B, P +
+    gen_length], int32 number of model forwards).
+
+    Blocks run in a `lax.scan`; a block's steps in a `lax.while_loop` that stops once no row has a
+    mask left in the block (the official `while True`). A block's first step (and, with
+    cache_refresh=k, every k-th) runs the full sequence and stores every layer's keys and values;
+    its other steps run, against that cache, the block and everything after it with the cached
+    prefix ("prefix") or the block alone with the cached prefix and suffix ("dual"); without a
+    cache every step is a full forward. A step commits the block's schedule (threshold=None, as the
+    original sampler) or, with a threshold, each row's most confident masked position plus every
+    other one whose confidence is at least the threshold (the official `get_transfer_index`).
+    Positions past the block never change, as in the official code. A block stops after steps_per_block
+    steps (schedule) or block_length steps (threshold) even if masks are left, which happens only when
+    the model predicts the mask id itself. Unlike the official cached loops, no forward runs after a
+    step that filled the block (same tokens, one forward fewer per such block). Random draws (temperature > 0,
+    remasking="random") come from `fold_in(key(seed), 0 or 1)` folded with the forward count, over
+    the block's positions.
+    """
+    b, p = prompt_ids.shape
+    o, bl = options, options.block_length
+    mask_id = config.mask_token_id
+    x = jnp.concatenate([prompt_ids.astype(jnp.int32), jnp.full((b, o.gen_length), mask_id, jnp.int32)], axis=1)
+    if attention_mask is not None:
+        attention_mask = jnp.concatenate([attention_mask.astype(jnp.int32), jnp.ones((b, o.gen_length), jnp.int32)], 1)
+    key = jax.random.key(seed)
+    gumbel_key, random_key = jax.random.fold_in(key, 0), jax.random.fold_in(key, 1)
+    full = functools.partial(llada_model.forward_caching, config=config, padding=o.padding, logits_from=p)
+    window = functools.partial(llada_model.forward_window, config=config, padding=o.padding)
+
+    def block_logits(carry: FastCarry, start):
+        """(logits of the block [B, bl, V], cache) from a full or a cached forward."""
+        def full_forward(_):
+            if o.cache is None:
+                logits, cache = llada_model.forward(params, carry.x, attention_mask, config=config, padding=o.padding,
+                                                    logits_from=p)[0], carry.cache
+            else:
+                logits, cache = full(params, carry.x, attention_mask)
+            return jax.lax.dynamic_slice_in_dim(logits, start - p, bl, axis=1), cache
+
+        def cached_forward(_):
+            if o.cache == "dual":
+                ids = jax.lax.dynamic_slice_in_dim(carry.x, start, bl, axis=1)
+                return window(params, ids, start, carry.cache, attention_mask)
+            # the answer region [P, end) in one static shape; positions before the block keep their cache
+            logits, cache = window(params, carry.x[:, p:], p, carry.cache, attention_mask, keep_below=start)
+            return jax.lax.dynamic_slice_in_dim(logits, start - p, bl, axis=1), cache
+
+        if o.cache is None:
+            return full_forward(None)
+        refresh = carry.i == 0
+        if o.cache_refresh:
+            refresh |= carry.i % o.cache_refresh == 0
+        return jax.lax.cond(refresh, full_forward, cached_forward, None)
+
+    def step(carry: FastCarry, start):
+        logits, cache = block_logits(carry, start)
+        logits = suppress_eos(logits, o, config)
+        current = jax.lax.dynamic_slice_in_dim(carry.x, start, bl, axis=1)
+        masked = current == mask_id
+        draws = jax.random.fold_in(gumbel_key, carry.nfe)
+        x0 = gumbel_argmax(logits, o.temperature, draws, bl)
+        x0_p = token_confidence(logits, x0, o, config, lambda: jax.random.uniform(
+            jax.random.fold_in(random_key, carry.nfe), (b, bl), jnp.float32))
+        confidence = jnp.where(masked, x0_p, -jnp.inf)
+        if o.threshold is None:
+            transfer = commit_top(confidence, carry.counts[:, carry.i])
+        else:
+            transfer = commit_top(confidence, jnp.ones((b,), jnp.int32)) | (confidence >= o.threshold)
+        transfer &= masked
+        x = jax.lax.dynamic_update_slice_in_dim(carry.x, jnp.where(transfer, x0, current), start, axis=1)
+        if on_step is not None:
+            jax.debug.callback(on_step, run_id, carry.nfe, ordered=False)
+        return carry.replace(x=x, cache=cache, i=carry.i + 1, nfe=carry.nfe + 1)
+
+    def block(carry: FastCarry, index):
+        start = p + index * bl
+        masked = jax.lax.dynamic_slice_in_dim(carry.x, start, bl, axis=1) == mask_id
+        carry = carry.replace(counts=transfer_counts(jnp.sum(masked, axis=1), o.steps_per_block),
+                              i=jnp.zeros((), jnp.int32))
+
+        def unfinished(carry: FastCarry):
+            # the bound only binds if the model predicts the mask id itself (a committed mask stays a
+            # mask): where the official loops would raise (schedule) or never end (threshold)
+            limit = bl if o.threshold is not None else o.steps_per_block
+            return jnp.any(jax.lax.dynamic_slice_in_dim(carry.x, start, bl, axis=1) == mask_id) & (carry.i < limit)
+
+        return jax.lax.while_loop(unfinished, functools.partial(step, start=start), carry), None
+
+    shape = (config.num_layers, b, p + o.gen_length, config.num_kv_heads, config.head_dim)
+    empty = (0,) * len(shape) if o.cache is None else shape  # no cache: nothing to carry
+    dtype = params["embed"].dtype
+    carry = FastCarry(x=x, cache=llada_model.KVCache(k=jnp.zeros(empty, dtype), v=jnp.zeros(empty, dtype)),
+                      counts=jnp.zeros((b, o.steps_per_block), jnp.int32), i=jnp.zeros((), jnp.int32),
+                      nfe=jnp.zeros((), jnp.int32))
+    carry, _ = jax.lax.scan(block, carry, jnp.arange(o.num_blocks, dtype=jnp.int32))
+    return carry.x, carry.nfe
+
+
+generate_llada_fast_jit = jax.jit(generate_llada_fast, static_argnames=("config", "options", "on_step"))
 
 
 STATIC = ("config", "options", "prompt_has_masks", "policy", "on_step", "return_policy_state")

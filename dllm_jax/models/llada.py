@@ -12,6 +12,9 @@ import functools
 import jax
 import jax.numpy as jnp
 
+from flax import struct
+
+from dllm_jax.attention.dense import dense_attention
 from dllm_jax.attention.policy import AttentionPolicy, Dense, attend_layer, check_policy, stacked_state
 from dllm_jax.config import LLaDAConfig
 from dllm_jax.models.layers import DecoderLM, check_inputs, decoder_stack, lm_head, lm_param_shapes, rope_tables
@@ -64,6 +67,64 @@ def logits_through(params, input_ids, attend, state, *, config: LLaDAConfig, log
     cos, sin = rope_tables(jnp.arange(input_ids.shape[1]), config.head_dim, config.rope_theta)
     x, state = decoder_stack(params["layers"], x, cos, sin, attend, config, state)
     return lm_head(params, x[:, logits_from:], config), state
+
+
+@struct.dataclass
+class KVCache:
+    """Every layer's keys (after RoPE) and values over the whole sequence, from one full forward
+    (Fast-dLLM's approximate cache: reused, stale, by a block's later steps)."""
+
+    k: jax.Array  # [layers, B, L, Hkv, D]
+    v: jax.Array  # [layers, B, L, Hkv, D]
+
+
+def forward_caching(params, input_ids, attention_mask=None, *, config: LLaDAConfig, padding: str = "ignore",
+                    logits_from: int = 0):
+    """The dense full forward of `forward`, also returning the KVCache of every position:
+    (float32 logits [B, L - logits_from, V], KVCache)."""
+    masks = padding_masks(attention_mask, padding)
+    b, length = input_ids.shape
+    shape = (config.num_layers, b, length, config.num_kv_heads, config.head_dim)
+    dtype = params["embed"].dtype
+    cache = KVCache(k=jnp.zeros(shape, dtype), v=jnp.zeros(shape, dtype))
+
+    def attend(q, k, v, cache: KVCache, layer):
+        cache = KVCache(k=cache.k.at[layer].set(k), v=cache.v.at[layer].set(v))
+        return dense_attention(q, k, v, **masks), cache
+
+    return logits_through(params, input_ids, attend, cache, config=config, logits_from=logits_from)
+
+
+def forward_window(params, window_ids, start, cache: KVCache, attention_mask=None, *, config: LLaDAConfig,
+                   padding: str = "ignore", keep_below=None):
+    """Logits of a window of the sequence against a KVCache of the whole sequence (Fast-dLLM):
+    (float32 logits [B, W, V], the cache with the window's keys and values written at its positions).
+
+    window_ids int32 [B, W] sit at positions start .. start + W - 1 (traced start: RoPE angles and the
+    cache slots follow it). Every query attends to all L cached positions, with the window's fresh
+    keys and values in place of the cached ones at its positions, except positions below `keep_below`
+    (traced int32 or None), which keep their cached keys and values: the prefix cache, whose window
+    runs from the block to the end of the sequence while the cached prefix stays as the block's first
+    step left it. attention_mask [B, L] (padding="mask") hides padding keys as `forward` does.
+    """
+    masks = padding_masks(attention_mask, padding)
+    width = window_ids.shape[1]
+    positions = start + jnp.arange(width)
+    cos, sin = rope_tables(positions, config.head_dim, config.rope_theta)
+    keep = None if keep_below is None else jnp.arange(cache.k.shape[2]) < keep_below
+
+    def attend(q, k, v, cache: KVCache, layer):
+        keys = jax.lax.dynamic_update_slice_in_dim(cache.k[layer], k.astype(cache.k.dtype), start, axis=1)
+        values = jax.lax.dynamic_update_slice_in_dim(cache.v[layer], v.astype(cache.v.dtype), start, axis=1)
+        if keep is not None:
+            keys = jnp.where(keep[None, :, None, None], cache.k[layer], keys)
+            values = jnp.where(keep[None, :, None, None], cache.v[layer], values)
+        out = dense_attention(q, keys, values, **masks)
+        return out, KVCache(k=cache.k.at[layer].set(keys), v=cache.v.at[layer].set(values))
+
+    x = params["embed"][window_ids]
+    x, cache = decoder_stack(params["layers"], x, cos, sin, attend, config, cache)
+    return lm_head(params, x, config), cache
 
 
 def init_policy_state(policy, config: LLaDAConfig, batch: int, length: int):

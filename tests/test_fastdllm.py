@@ -1,0 +1,133 @@
+"""Fast-dLLM decoding for LLaDA (generate's cache= / threshold= / cache_refresh=): exact where it must be,
+equal to a PyTorch port of the official sampler where it approximates, and refused where unsupported."""
+
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+from dllm_jax import eval as dev
+from dllm_jax import generate, load_model
+from dllm_jax.testing import tiny_llada_config, tiny_sdar_config
+
+LLADA = tiny_llada_config()
+OPTIONS = dict(gen_length=16, steps=16, block_length=8)
+
+
+@pytest.fixture
+def model(tiny_model):
+    return tiny_model(LLADA, 3)
+
+
+def prompts(rng, batch=2, length=11):
+    return rng.integers(3, LLADA.mask_token_id, (batch, length)).astype(np.int32)
+
+
+@pytest.mark.parametrize("cache", ["prefix", "dual"])
+def test_a_cache_refreshed_every_step_equals_the_exact_sampler(model, rng, cache):
+    ids = prompts(rng)
+    exact = generate(model, ids, **OPTIONS)
+    out, nfe = generate(model, ids, cache=cache, cache_refresh=1, return_nfe=True, **OPTIONS)
+    np.testing.assert_array_equal(out, exact)
+    assert nfe == OPTIONS["steps"]
+
+
+def test_a_cache_refreshed_every_step_equals_the_exact_sampler_with_padding_masked(model, rng):
+    ids = prompts(rng)
+    mask = np.ones_like(ids)
+    mask[0, :4] = 0
+    options = dict(OPTIONS, padding="mask")
+    exact = generate(model, ids, attention_mask=mask, **options)
+    out = generate(model, ids, attention_mask=mask, cache="dual", cache_refresh=1, **options)
+    np.testing.assert_array_equal(out, exact)
+
+
+def test_a_threshold_no_confidence_reaches_commits_one_token_per_step_like_the_exact_sampler(model, rng):
+    # random weights: no confidence is 1, so only each step's most confident position is committed,
+    # which is what the exact sampler does with steps = gen_length
+    ids = prompts(rng)
+    out, nfe = generate(model, ids, threshold=1.0, return_nfe=True, **OPTIONS)
+    np.testing.assert_array_equal(out, generate(model, ids, **OPTIONS))
+    assert nfe == OPTIONS["gen_length"]
+
+
+def test_threshold_zero_fills_each_block_in_one_forward(model, rng):
+    ids = prompts(rng)
+    out, nfe = generate(model, ids, threshold=0.0, return_nfe=True, **OPTIONS)
+    assert nfe == OPTIONS["gen_length"] // OPTIONS["block_length"]
+    assert not (out == LLADA.mask_token_id).any()
+    # the exact sampler with one step per block also commits every position of a block at its argmax
+    np.testing.assert_array_equal(out, generate(model, ids, **dict(OPTIONS, steps=2)))
+
+
+@pytest.mark.parametrize("cache", ["prefix", "dual"])
+def test_cached_decoding_leaves_no_mask_and_keeps_the_prompt(model, rng, cache):
+    ids = prompts(rng)
+    out, nfe = generate(model, ids, cache=cache, threshold=0.5, return_nfe=True, **OPTIONS)
+    np.testing.assert_array_equal(out[:, :ids.shape[1]], ids)
+    assert not (out == LLADA.mask_token_id).any()
+    assert OPTIONS["gen_length"] // OPTIONS["block_length"] <= nfe <= OPTIONS["gen_length"]
+
+
+@pytest.mark.parametrize("options, message", [
+    (dict(cache="full"), "cache must be one of"),
+    (dict(threshold=1.5), "threshold"),
+    (dict(cache_refresh=2), "cache_refresh=2 needs cache="),
+    (dict(cache="dual", cfg_scale=1.0), "cfg_scale > 0 is not supported"),
+    (dict(cache="dual", method="sparsed"), "dense attention only"),
+])
+def test_unsupported_fast_decoding_is_refused_before_compiling(model, rng, options, message):
+    with pytest.raises(ValueError, match=message):
+        generate(model, prompts(rng), **OPTIONS, **options)
+
+
+def test_mask_ids_in_the_prompt_are_refused_with_a_cache(model, rng):
+    ids = prompts(rng)
+    ids[0, 3] = LLADA.mask_token_id
+    with pytest.raises(ValueError, match="infilling is not supported"):
+        generate(model, ids, cache="prefix", **OPTIONS)
+
+
+def test_return_nfe_is_for_llada(tiny_model, rng):
+    sdar = tiny_model(tiny_sdar_config(), 0)
+    with pytest.raises(ValueError, match="return_nfe=True is for LLaDA"):
+        generate(sdar, rng.integers(3, 100, (1, 8)), return_nfe=True, max_new_tokens=4)
+
+
+def test_the_exact_sampler_reports_its_steps_as_forwards(model, rng):
+    assert generate(model, prompts(rng), return_nfe=True, **OPTIONS)[1] == OPTIONS["steps"]
+
+
+TRAINED = Path(__file__).parent.parent / "checkpoints" / "tiny-llada-tasks"
+
+
+@pytest.fixture(scope="module")
+def reference():
+    """(our float32 model, the PyTorch reference) of the trained tiny LLaDA: confident predictions that
+    exercise the threshold, and never the mask id (random weights predict it, and the official loops
+    then fail or never stop)."""
+    from tests.torch_reference import llama_reference
+
+    return load_model(TRAINED, dtype="float32", progress=False), llama_reference(TRAINED)
+
+
+@pytest.mark.parametrize("cache", [None, "prefix", "dual"])
+@pytest.mark.parametrize("threshold", [None, 0.9])
+def test_fast_decoding_equals_a_port_of_the_official_sampler(reference, cache, threshold):
+    from tests.torch_fastdllm import fast_generate
+
+    if cache is None and threshold is None:
+        pytest.skip("the original sampler: tests/test_generate_llada.py")
+    ours, torch_model = reference
+    tokenizer = dev.load_tokenizer(TRAINED)
+    ids = np.stack([s.prompt_ids for s in dev.make_samples("sanity", 64, 2, 11, tokenizer)])
+    options = dict(gen_length=16, steps=8, block_length=8)
+    expected, official_nfe = fast_generate(torch_model, ids, mask_id=ours.config.mask_token_id, threshold=threshold,
+                                           cache=cache, **options)
+    out, nfe = generate(ours, ids, cache=cache, threshold=threshold, return_nfe=True, **options)
+    np.testing.assert_array_equal(out, expected)
+    # the official cached loops run one more forward after a block's first step even when that step
+    # filled the block (it changes nothing); this loop checks first
+    assert official_nfe - (options["gen_length"] // options["block_length"] if cache else 0) <= nfe <= official_nfe
+    if threshold is not None:
+        assert nfe < options["steps"]  # a trained model commits several tokens per step
