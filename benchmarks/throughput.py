@@ -26,9 +26,11 @@ Sections (`--sections`, comma-separated; every result is written as soon as it i
             block's first step; blocks x (steps + 1) with --baseline), the bytes a dense
             forward must read (weights + the KV rows of the batch, averaged over the blocks) and the
             achieved bandwidth.
-  llada     `dllm_jax.generate` on LLaDA-8B, prompt 1024, block 32, the (batch, gen_length, steps)
-            points of `--llada-runs` (default 1:256:256 1:256:64 8:256:64 8:64:64: at batch 8 the
-            one-token-per-step point runs a shorter generation); tokens/s of the warm call.
+  llada     `dllm_jax.generate` on LLaDA-8B, prompt `--llada-prompt` (1024), block 32, the (batch,
+            gen_length, steps) points of `--llada-runs` (default 1:256:256 1:256:64 8:256:64 8:64:64: at
+            batch 8 the one-token-per-step point runs a shorter generation), each with every Fast-dLLM
+            cache of `--llada-caches` (default none; prefix, dual: gen_length / steps tokens per step on
+            the schedule, so random weights do fixed work); tokens/s of the warm call.
   mage128k  SDAR-8B against a `--long-prompt` cache (128k), batches `--long-batches`: the time of one
             output block of the generate loop itself (`dllm_jax.generate.sdar.denoise_block`, jitted,
             its 4 denoising forwards and the commit, which the current loop fuses into the next block's
@@ -111,6 +113,7 @@ class Plan:
     llada_prompt: int = 1024
     llada_block: int = 32
     llada_runs: tuple[tuple[int, int, int], ...] = ((1, 256, 256), (1, 256, 64), (8, 256, 64), (8, 64, 64))
+    llada_caches: tuple[str | None, ...] = (None,)  # Fast-dLLM cache modes timed at every llada point
     long_prompt: int = 131072
     long_batches: tuple[int, ...] = (4, 1)
     execution: str | None = None  # the models' layer execution (`load_model`'s); None: the package default
@@ -119,7 +122,7 @@ class Plan:
 TINY = Plan(sdar_model="tiny-sdar", llada_model="tiny-llada", small_methods=True, copy_bytes=16 << 20,
             weight_tokens=(4, 32), sdar_prompts=(16,), sdar_batches=(1, 2), sdar_new_tokens=8,
             methods=("mage",), method_points=((16, (1,)),), llada_prompt=16, llada_block=8,
-            llada_runs=((1, 16, 16), (2, 16, 4)),
+            llada_runs=((1, 16, 16), (2, 16, 4)), llada_caches=(None, "prefix", "dual"),
             long_prompt=128, long_batches=(2, 1))
 
 
@@ -353,17 +356,22 @@ def sdar_rows(model, config, plan: Plan, *, baseline: bool, copy: dict | None, p
 def llada_rows(model, config, plan: Plan, *, deadline: float):
     from dllm_jax import generate
 
-    for batch, gen, steps in plan.llada_runs:
-        point = dict(prompt=plan.llada_prompt, batch=batch, gen_length=gen, steps=steps, block=plan.llada_block)
+    for (batch, gen, steps), cache in ((run, cache) for run in plan.llada_runs for cache in plan.llada_caches):
+        point = dict(prompt=plan.llada_prompt, batch=batch, gen_length=gen, steps=steps, block=plan.llada_block,
+                     cache=cache)
         tokens = batch * (plan.llada_prompt + gen)
         need = activation_bytes(config, tokens) + batch * gen * config.vocab_size * 4 * 2
+        if cache is not None:  # the KV cache of every layer over the whole sequence
+            need += kv_bytes_per_position(config) * tokens
         reason = OUT_OF_TIME if time.monotonic() > deadline else memory_verdict(need)
         if reason:
             yield dict(section="llada", **point, skipped=reason)
             continue
         ids = random_ids(config, batch, plan.llada_prompt, seed=batch + gen)
+        fast = {} if cache is None else dict(cache=cache)  # the baseline package has no cache option
         try:
-            run = lambda: generate(model, ids, seed=0, gen_length=gen, steps=steps, block_length=plan.llada_block)
+            run = lambda: generate(model, ids, seed=0, gen_length=gen, steps=steps, block_length=plan.llada_block,
+                                   **fast)
             first_s, _ = timed(run)
             warm_s, out = timed(run)
             generated = batch * (out.shape[1] - plan.llada_prompt)
@@ -527,10 +535,11 @@ def markdown(meta: dict, rows: list[dict]) -> list[str]:
                          f"{cell(r.get('speedup_vs_dense'), '.2f', 'x')} | {r['first_call_s']:.1f} s |")
     if by("llada"):
         lines += ["", "## LLaDA generation", "",
-                  "| prompt | batch | gen | steps | block | tok/s | per step | first call |",
-                  "|---|---|---|---|---|---|---|---|"]
+                  "| prompt | batch | gen | steps | block | cache | tok/s | per step | first call |",
+                  "|---|---|---|---|---|---|---|---|---|"]
         for r in by("llada"):
-            head = f"| {r['prompt']} | {r['batch']} | {r['gen_length']} | {r['steps']} | {r['block']} |"
+            head = (f"| {r['prompt']} | {r['batch']} | {r['gen_length']} | {r['steps']} | {r['block']} | "
+                    f"{r.get('cache') or 'none'} |")
             if "skipped" in r or "error" in r:
                 lines.append(f"{head} {(r.get('skipped') or r['error'])[:140]} | | |")
                 continue
@@ -574,7 +583,7 @@ def summary(rows: list[dict]) -> list[str]:
             extra = f", {r['speedup_vs_dense']:.2f}x dense" if "speedup_vs_dense" in r else ""
             out.append(f"| SDAR P={r['prompt']} B={r['batch']} {r['method']} | {r['tokens_per_s']:.1f} tok/s{extra} |")
         elif s == "llada":
-            out.append(f"| LLaDA B={r['batch']} gen {r['gen_length']} steps {r['steps']} | "
+            out.append(f"| LLaDA B={r['batch']} gen {r['gen_length']} steps {r['steps']} cache {r.get('cache')} | "
                        f"{r['tokens_per_s']:.1f} tok/s |")
         elif s == "mage128k":
             extra = f", {r['speedup_vs_dense']:.2f}x dense" if "speedup_vs_dense" in r else ""
@@ -634,6 +643,15 @@ def plan_from(args) -> Plan:
         changes["method_points"] = parse_points(args.method_points, "--method-points", 2)
     if args.llada_runs:
         changes["llada_runs"] = parse_points(args.llada_runs, "--llada-runs", 3)
+    if args.llada_prompt:
+        changes["llada_prompt"] = args.llada_prompt
+    if args.llada_caches:
+        unknown = [c for c in args.llada_caches if c not in ("none", "prefix", "dual")]
+        if unknown:
+            raise ValueError(f"--llada-caches: unknown cache mode(s) {unknown}; choose from none, prefix, dual")
+        if args.baseline and args.llada_caches != ["none"]:
+            raise ValueError("--llada-caches prefix/dual need the current package (the baseline has no cache)")
+        changes["llada_caches"] = tuple(None if c == "none" else c for c in args.llada_caches)
     if args.long_prompt:
         changes["long_prompt"] = args.long_prompt
     if args.execution:
@@ -644,7 +662,7 @@ def plan_from(args) -> Plan:
         changes["long_batches"] = tuple(args.long_batches)
     plan = dataclasses.replace(plan, **changes)
     values = [*plan.sdar_prompts, *plan.sdar_batches, plan.sdar_new_tokens, plan.long_prompt, *plan.long_batches,
-              *(v for run in plan.llada_runs for v in run)]
+              plan.llada_prompt, *(v for run in plan.llada_runs for v in run)]
     if min(values) <= 0:
         raise ValueError(f"sizes must be positive, got {values}")
     block = sdar_block_size(plan.sdar_model)
@@ -742,7 +760,7 @@ def merge(paths: list[Path], out: Path, tag: str) -> None:
 COMPARED = {  # section: (the fields naming a point, the value compared, its unit, whether larger is better)
     "weights": (("tokens",), "step_ms", "ms", False),
     "sdar": (("prompt", "batch", "method", "new_tokens"), "tokens_per_s", "tok/s", True),
-    "llada": (("batch", "gen_length", "steps"), "tokens_per_s", "tok/s", True),
+    "llada": (("prompt", "batch", "gen_length", "steps", "cache"), "tokens_per_s", "tok/s", True),
     "mage128k": (("cache", "batch", "method"), "block_ms", "ms/block", False),
     "compile": (("model", "point"), "compile_s", "s", False),
 }
@@ -792,6 +810,9 @@ def main(argv=None):
     parser.add_argument("--method-points", nargs="*", help="prompt:batch,batch items where the methods run "
                                                            "(none: dense only)")
     parser.add_argument("--llada-runs", nargs="+", help="batch:gen_length:steps items")
+    parser.add_argument("--llada-prompt", type=int, help="LLaDA prompt length (1024)")
+    parser.add_argument("--llada-caches", nargs="+", help="Fast-dLLM cache modes timed at every LLaDA point: "
+                                                          "none (the exact sampler), prefix, dual")
     parser.add_argument("--long-prompt", type=int, help="cache length of mage128k")
     parser.add_argument("--execution", choices=("unrolled", "scan"), help="layer execution of the models "
                         "(default: the package's); not with --baseline")
