@@ -20,6 +20,7 @@ import numpy as np
 from dllm_jax import generate, load_model
 from dllm_jax import eval as dev
 from dllm_jax.bench import write_results
+from dllm_jax.eval.evaluate import answer_window
 
 DECODINGS = {  # row -> generate options on top of the window and schedule
     "exact": {},
@@ -32,7 +33,7 @@ DECODINGS = {  # row -> generate options on top of the window and schedule
 
 def rows_for(model, samples, *, block: int, task: str, context: int) -> list[dict]:
     ids = np.stack([s.prompt_ids for s in samples])
-    window = -(-dev.max_answer_length(task) // block) * block
+    window = answer_window(dev.max_answer_length(task), block)  # whole blocks of the answer window
     rows = []
     for name, options in DECODINGS.items():
         start = time.perf_counter()

@@ -14,9 +14,9 @@ per answer window, context and method; the samples come from the evaluation `--s
 one).
 The sanity task's prompts are 64 tokens: it runs once per model, dense only.
 
-Decoding is greedy and unmasks one token per step, so that every method acts: LLaDA (evaluate's
-defaults) runs one block of the answer window with one token per step; SDAR runs 4 denoising steps
-per block of 4 with `low_confidence_static` remasking. (Under SDAR's default confidence threshold the
+Decoding is `dllm_jax.eval.evaluate`'s: greedy, one token unmasked per step, so that every method acts.
+LLaDA runs one block of the answer window with one token per step; SDAR runs 4 denoising steps per
+block of 4 with `low_confidence_static` remasking. (Under SDAR's default confidence threshold the
 trained model fills each passkey answer block at its first step, so MAGE and FlashBlock, which act from
 a block's second step on, would never run.)
 
@@ -68,8 +68,6 @@ LONG_TASKS = tuple(task for task in TASKS if task != "sanity")
 METHOD_NAMES = ("dense", *METHODS)
 TITLES = {"dense": "dense", "sparsed": "SparseD", "pulsecol": "PulseCol", "sparge": "SpargeAttn", "mage": "MAGE",
           "flashblock": "FlashBlock", "flashblock+mage": "FlashBlock+MAGE"}
-# generate options on top of evaluate's greedy defaults (module docstring: one token per step)
-GENERATE_OPTIONS = {"LLaDA": {}, "SDAR": {"remasking": "low_confidence_static"}}
 CALIBRATION_PROMPTS = 2  # per long task: the calibration inputs of SpargeAttn (training seeds)
 
 
@@ -348,8 +346,7 @@ def run_row(spec: ModelSpec, plan: Plan, model, tokenizer, samples, setting: Set
                recall=None, l1=None, seconds=None, diagnostics_seconds=None, error=None, diagnostics_error=None)
     try:
         method, row["label"] = build(setting, context, calibration, plan.out)
-        result = evaluate(model, samples, tokenizer=tokenizer, method=method, batch_size=len(samples), progress=False,
-                          **GENERATE_OPTIONS[spec.family])
+        result = evaluate(model, samples, tokenizer=tokenizer, method=method, batch_size=len(samples), progress=False)
         row.update(accuracy=result.accuracy, correct=result.num_correct, seconds=result.seconds)
     except Exception as e:  # one failing row must not lose the others' results
         row["error"] = f"{type(e).__name__}: {e}"
@@ -488,7 +485,7 @@ def run(plan: Plan) -> Path:
                 jax=jax.__version__, date=datetime.date.today().isoformat(), models=[m.name for m in plan.models],
                 families={m.name: m.family for m in plan.models}, model_paths=[str(m.path) for m in plan.models],
                 contexts=list(plan.contexts), tasks=list(plan.tasks), methods=list(plan.chosen), samples=plan.samples,
-                seed=plan.seed, diagnostics=plan.diagnostics, generate_options=GENERATE_OPTIONS)
+                seed=plan.seed, diagnostics=plan.diagnostics)
     print(f"quality on {meta['device']}: models {meta['models']}, contexts {meta['contexts']}, {plan.samples} samples, "
           f"seed {plan.seed}", flush=True)
     start = time.perf_counter()

@@ -540,8 +540,7 @@ def show_question(sample, tokenizer) -> None:
 def answer_question(model, sample, tokenizer) -> None:
     """Generates the answer greedily with dllm_jax.generate (dllm_jax.eval's options), timed: the first
     call compiles the loop, the second reuses it."""
-    from dllm_jax.eval import score
-    from dllm_jax.eval.evaluate import default_options
+    from dllm_jax.eval.evaluate import default_options, record
     from dllm_jax.generate import generate
 
     options = default_options(model, [sample], {})
@@ -552,10 +551,9 @@ def answer_question(model, sample, tokenizer) -> None:
         start = time.perf_counter()
         new = np.asarray(generate(model, ids, **options))[0, ids.shape[1]:]
         seconds.append(time.perf_counter() - start)
-    eos = np.flatnonzero(new == sample.answer_ids[-1])
-    text = tokenizer.decode(new[:eos[0] if eos.size else len(new)].tolist(), skip_special_tokens=True)
-    verdict = "correct" if score(sample, new) else f"wrong (the key is {sample.answer!r})"
-    print(f"answer: {text!r}: {verdict} ({seconds[0]:.2f} s with compilation, {seconds[1]:.2f} s compiled)")
+    answer = record(sample, new, tokenizer)
+    verdict = "correct" if answer.correct else f"wrong (the key is {sample.answer!r})"
+    print(f"answer: {answer.predicted!r}: {verdict} ({seconds[0]:.2f} s with compilation, {seconds[1]:.2f} s compiled)")
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -669,8 +667,7 @@ def build_parser() -> argparse.ArgumentParser:
     evaluation.add_argument("--quiet", action="store_true", help="no progress bar")
     evaluation.set_defaults(fn=cmd_eval)
 
-    # The flags of `python -m dllm_jax.train`, taken from its own parser (one definition): its -h comes along,
-    # hence add_help=False here
+    # The flags of `python -m dllm_jax.train`, from its `arguments()` parent parser (one definition)
     train = sub.add_parser("train", parents=[train_main.arguments()],
                            formatter_class=argparse.ArgumentDefaultsHelpFormatter,
                            help="train a tiny LLaDA or SDAR model on the synthetic tasks (python -m dllm_jax.train)",

@@ -204,7 +204,7 @@ class FastCarry:
     """The carry of Fast-dLLM decoding: the sequence, the cache, and the counters."""
 
     x: jax.Array  # int32 [B, P + gen_length]
-    cache: Any  # llada_model.KVCache of the whole sequence (None-like zeros without a cache)
+    cache: Any  # llada_model.KVCache of the whole sequence; None without a cache
     counts: jax.Array  # int32 [B, steps_per_block]: the block's transfer schedule (threshold=None)
     i: jax.Array  # int32: the step within the block
     nfe: jax.Array  # int32: model forwards so far
@@ -254,10 +254,10 @@ def generate_llada_fast(params, prompt_ids, attention_mask, seed, run_id=0, *, c
         def cached_forward(_):
             if o.cache == "dual":
                 ids = jax.lax.dynamic_slice_in_dim(carry.x, start, bl, axis=1)
-                return window(params, ids, start, carry.cache, attention_mask)
+                return window(params, ids, start, carry.cache, attention_mask), carry.cache
             # the answer region [P, end) in one static shape; positions before the block keep their cache
-            logits, cache = window(params, carry.x[:, p:], p, carry.cache, attention_mask, keep_below=start)
-            return jax.lax.dynamic_slice_in_dim(logits, start - p, bl, axis=1), cache
+            logits = window(params, carry.x[:, p:], p, carry.cache, attention_mask, keep_below=start)
+            return jax.lax.dynamic_slice_in_dim(logits, start - p, bl, axis=1), carry.cache
 
         if o.cache is None:
             return full_forward(None)
@@ -300,10 +300,8 @@ def generate_llada_fast(params, prompt_ids, attention_mask, seed, run_id=0, *, c
 
         return jax.lax.while_loop(unfinished, functools.partial(step, start=start), carry), None
 
-    shape = (config.num_layers, b, p + o.gen_length, config.num_kv_heads, config.head_dim)
-    empty = (0,) * len(shape) if o.cache is None else shape  # no cache: nothing to carry
-    dtype = params["embed"].dtype
-    carry = FastCarry(x=x, cache=llada_model.KVCache(k=jnp.zeros(empty, dtype), v=jnp.zeros(empty, dtype)),
+    cache = None if o.cache is None else llada_model.init_kv_cache(config, b, p + o.gen_length, params["embed"].dtype)
+    carry = FastCarry(x=x, cache=cache,
                       counts=jnp.zeros((b, o.steps_per_block), jnp.int32), i=jnp.zeros((), jnp.int32),
                       nfe=jnp.zeros((), jnp.int32))
     carry, _ = jax.lax.scan(block, carry, jnp.arange(o.num_blocks, dtype=jnp.int32))

@@ -78,15 +78,18 @@ class KVCache:
     v: jax.Array  # [layers, B, L, Hkv, D]
 
 
+def init_kv_cache(config: LLaDAConfig, batch: int, length: int, dtype) -> KVCache:
+    """A zero KVCache of `length` positions, filled by `forward_caching`."""
+    shape = (config.num_layers, batch, length, config.num_kv_heads, config.head_dim)
+    return KVCache(k=jnp.zeros(shape, dtype), v=jnp.zeros(shape, dtype))
+
+
 def forward_caching(params, input_ids, attention_mask=None, *, config: LLaDAConfig, padding: str = "ignore",
                     logits_from: int = 0):
     """The dense full forward of `forward`, also returning the KVCache of every position:
     (float32 logits [B, L - logits_from, V], KVCache)."""
     masks = padding_masks(attention_mask, padding)
-    b, length = input_ids.shape
-    shape = (config.num_layers, b, length, config.num_kv_heads, config.head_dim)
-    dtype = params["embed"].dtype
-    cache = KVCache(k=jnp.zeros(shape, dtype), v=jnp.zeros(shape, dtype))
+    cache = init_kv_cache(config, *input_ids.shape, params["embed"].dtype)
 
     def attend(q, k, v, cache: KVCache, layer):
         cache = KVCache(k=cache.k.at[layer].set(k), v=cache.v.at[layer].set(v))
@@ -97,8 +100,10 @@ def forward_caching(params, input_ids, attention_mask=None, *, config: LLaDAConf
 
 def forward_window(params, window_ids, start, cache: KVCache, attention_mask=None, *, config: LLaDAConfig,
                    padding: str = "ignore", keep_below=None):
-    """Logits of a window of the sequence against a KVCache of the whole sequence (Fast-dLLM):
-    (float32 logits [B, W, V], the cache with the window's keys and values written at its positions).
+    """Float32 logits [B, W, V] of a window of the sequence against a KVCache of the whole sequence
+    (Fast-dLLM). The cache is only read: the positions a window replaces are replaced again by every
+    later window of the block, and a refresh rewrites them all, so storing them back (as the official
+    dual cache does in place) would change no later result.
 
     window_ids int32 [B, W] sit at positions start .. start + W - 1 (traced start: RoPE angles and the
     cache slots follow it). Every query attends to all L cached positions, with the window's fresh
@@ -119,12 +124,11 @@ def forward_window(params, window_ids, start, cache: KVCache, attention_mask=Non
         if keep is not None:
             keys = jnp.where(keep[None, :, None, None], cache.k[layer], keys)
             values = jnp.where(keep[None, :, None, None], cache.v[layer], values)
-        out = dense_attention(q, keys, values, **masks)
-        return out, KVCache(k=cache.k.at[layer].set(keys), v=cache.v.at[layer].set(values))
+        return dense_attention(q, keys, values, **masks), cache
 
     x = params["embed"][window_ids]
-    x, cache = decoder_stack(params["layers"], x, cos, sin, attend, config, cache)
-    return lm_head(params, x, config), cache
+    x, _ = decoder_stack(params["layers"], x, cos, sin, attend, config, cache)
+    return lm_head(params, x, config)
 
 
 def init_policy_state(policy, config: LLaDAConfig, batch: int, length: int):

@@ -142,13 +142,14 @@ def run(args) -> Path:
 
 
 def room_for(task: str, family: str) -> int:
-    """The answer window `dllm_jax.eval.evaluate` generates into for `task`: its longest answer, for SDAR
-    in whole blocks (every task prompt fills whole blocks of 4; a block is denoised as one, so its positions after the EOS must be trained as
-    masked positions too, not shown as padding that gives away where the answer ends)."""
+    """The answer window `dllm_jax.eval.evaluate` generates into for `task` (`answer_window`). For SDAR
+    that is whole blocks (every task prompt fills whole blocks of 4): a block is denoised as one, so its
+    positions after the EOS must be trained as masked positions too, not shown as padding that gives
+    away where the answer ends."""
     from dllm_jax.eval import max_answer_length
+    from dllm_jax.eval.evaluate import answer_window
 
-    room = max_answer_length(task)
-    return room if family == "llada" else -(-room // SDAR_BLOCK) * SDAR_BLOCK
+    return answer_window(max_answer_length(task), None if family == "llada" else SDAR_BLOCK)
 
 
 def initial_weights(args, special, *, vocab_size: int, length: int):
