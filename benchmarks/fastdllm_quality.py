@@ -1,5 +1,6 @@
 """Fast-dLLM decoding on the trained tiny LLaDA: accuracy, forwards (NFE) and tokens per forward, exact
-sampler vs prefix cache vs dual cache vs + confidence threshold, on fresh task samples.
+sampler vs prefix cache vs dual cache vs + confidence threshold vs + SparseD / PulseCol, on fresh task
+samples.
 
     PYTHONPATH=. python -m benchmarks.fastdllm_quality --out benchmarks/results [--samples 40 --context 1024]
 
@@ -17,7 +18,7 @@ from pathlib import Path
 import jax
 import numpy as np
 
-from dllm_jax import generate, load_model
+from dllm_jax import PulseCol, SparseD, generate, load_model
 from dllm_jax import eval as dev
 from dllm_jax.bench import write_results
 from dllm_jax.eval.evaluate import answer_window
@@ -28,6 +29,11 @@ DECODINGS = {  # row -> generate options on top of the window and schedule
     "dual cache": dict(cache="dual"),
     "threshold 0.9": dict(threshold=0.9),
     "dual cache + threshold 0.9": dict(cache="dual", threshold=0.9),
+    # the methods at their defaults (SparseD's block of 32 for contexts below 4k): their patterns, built by
+    # the full forwards, apply to the cached steps' windows
+    "dual cache + SparseD": dict(cache="dual", method=SparseD(block_size=32)),
+    "dual cache + threshold 0.9 + SparseD": dict(cache="dual", threshold=0.9, method=SparseD(block_size=32)),
+    "dual cache + threshold 0.9 + PulseCol": dict(cache="dual", threshold=0.9, method=PulseCol()),
 }
 
 

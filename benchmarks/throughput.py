@@ -114,6 +114,7 @@ class Plan:
     llada_block: int = 32
     llada_runs: tuple[tuple[int, int, int], ...] = ((1, 256, 256), (1, 256, 64), (8, 256, 64), (8, 64, 64))
     llada_caches: tuple[str | None, ...] = (None,)  # Fast-dLLM cache modes timed at every llada point
+    llada_methods: tuple[str, ...] = ("dense",)  # LLaDA methods (defaults) timed at every llada point and cache
     long_prompt: int = 131072
     long_batches: tuple[int, ...] = (4, 1)
     execution: str | None = None  # the models' layer execution (`load_model`'s); None: the package default
@@ -122,7 +123,7 @@ class Plan:
 TINY = Plan(sdar_model="tiny-sdar", llada_model="tiny-llada", small_methods=True, copy_bytes=16 << 20,
             weight_tokens=(4, 32), sdar_prompts=(16,), sdar_batches=(1, 2), sdar_new_tokens=8,
             methods=("mage",), method_points=((16, (1,)),), llada_prompt=16, llada_block=8,
-            llada_runs=((1, 16, 16), (2, 16, 4)), llada_caches=(None, "prefix", "dual"),
+            llada_runs=((1, 16, 16), (2, 16, 4)), llada_caches=(None, "prefix", "dual"), llada_methods=("dense", "sparsed"),
             long_prompt=128, long_batches=(2, 1))
 
 
@@ -356,9 +357,13 @@ def sdar_rows(model, config, plan: Plan, *, baseline: bool, copy: dict | None, p
 def llada_rows(model, config, plan: Plan, *, deadline: float):
     from dllm_jax import generate
 
-    for (batch, gen, steps), cache in ((run, cache) for run in plan.llada_runs for cache in plan.llada_caches):
+    methods = family_methods("LLaDA", small=plan.small_methods)
+    for (batch, gen, steps), cache, name in ((run, cache, name) for run in plan.llada_runs
+                                              for cache in plan.llada_caches for name in plan.llada_methods):
         point = dict(prompt=plan.llada_prompt, batch=batch, gen_length=gen, steps=steps, block=plan.llada_block,
                      cache=cache)
+        if name != "dense":  # rows of the baseline package and of dense runs keep their old fields
+            point["method"] = name
         tokens = batch * (plan.llada_prompt + gen)
         need = activation_bytes(config, tokens) + batch * gen * config.vocab_size * 4 * 2
         if cache is not None:  # the KV cache of every layer over the whole sequence
@@ -369,6 +374,8 @@ def llada_rows(model, config, plan: Plan, *, deadline: float):
             continue
         ids = random_ids(config, batch, plan.llada_prompt, seed=batch + gen)
         fast = {} if cache is None else dict(cache=cache)  # the baseline package has no cache option
+        if name != "dense":
+            fast["method"] = methods[name]
         try:
             run = lambda: generate(model, ids, seed=0, gen_length=gen, steps=steps, block_length=plan.llada_block,
                                    **fast)
@@ -378,6 +385,8 @@ def llada_rows(model, config, plan: Plan, *, deadline: float):
             row = dict(section="llada", **point, generated=generated, first_call_s=first_s, warm_s=warm_s,
                        compile_s=first_s - warm_s, tokens_per_s=generated / warm_s,
                        per_step_ms=warm_s / steps * 1e3)
+            if name != "dense":
+                row["config"] = describe(methods[name])
         except Exception as e:
             row = error_row("llada", point, e)
             gc.collect()
@@ -535,15 +544,22 @@ def markdown(meta: dict, rows: list[dict]) -> list[str]:
                          f"{cell(r.get('speedup_vs_dense'), '.2f', 'x')} | {r['first_call_s']:.1f} s |")
     if by("llada"):
         lines += ["", "## LLaDA generation", "",
-                  "| prompt | batch | gen | steps | block | cache | tok/s | per step | first call |",
-                  "|---|---|---|---|---|---|---|---|---|"]
+                  "vs exact: against the exact sampler (no cache, dense, one token per step) at the same prompt, "
+                  "batch and gen length, measured in the same run.", "",
+                  "| prompt | batch | gen | steps | block | cache | method | tok/s | vs exact | per step | first call |",
+                  "|---|---|---|---|---|---|---|---|---|---|---|"]
+        exact = {(r["prompt"], r["batch"], r["gen_length"]): r["tokens_per_s"] for r in by("llada")
+                 if "tokens_per_s" in r and not r.get("cache") and not r.get("method") and r["steps"] == r["gen_length"]}
         for r in by("llada"):
             head = (f"| {r['prompt']} | {r['batch']} | {r['gen_length']} | {r['steps']} | {r['block']} | "
-                    f"{r.get('cache') or 'none'} |")
+                    f"{r.get('cache') or 'none'} | {r.get('method', 'dense')} |")
             if "skipped" in r or "error" in r:
-                lines.append(f"{head} {(r.get('skipped') or r['error'])[:140]} | | |")
+                lines.append(f"{head} {(r.get('skipped') or r['error'])[:140]} | | | |")
                 continue
-            lines.append(f"{head} {r['tokens_per_s']:.1f} | {r['per_step_ms']:.1f} ms | {r['first_call_s']:.1f} s |")
+            base = exact.get((r["prompt"], r["batch"], r["gen_length"]))
+            ratio = cell(r["tokens_per_s"] / base if base else None, ".1f", "x")
+            lines.append(f"{head} {r['tokens_per_s']:.1f} | {ratio} | {r['per_step_ms']:.1f} ms | "
+                         f"{r['first_call_s']:.1f} s |")
     if by("mage128k"):
         lines += ["", "## Long cache: time per output block (the generate loop's `denoise_block`: 4 steps + the commit)",
                   "", "| cache | batch | method | per block | commit | vs dense | dense TB/s | of copy |",
@@ -583,7 +599,8 @@ def summary(rows: list[dict]) -> list[str]:
             extra = f", {r['speedup_vs_dense']:.2f}x dense" if "speedup_vs_dense" in r else ""
             out.append(f"| SDAR P={r['prompt']} B={r['batch']} {r['method']} | {r['tokens_per_s']:.1f} tok/s{extra} |")
         elif s == "llada":
-            out.append(f"| LLaDA B={r['batch']} gen {r['gen_length']} steps {r['steps']} cache {r.get('cache')} | "
+            out.append(f"| LLaDA P={r['prompt']} B={r['batch']} gen {r['gen_length']} steps {r['steps']} cache "
+                       f"{r.get('cache')} {r.get('method', 'dense')} | "
                        f"{r['tokens_per_s']:.1f} tok/s |")
         elif s == "mage128k":
             extra = f", {r['speedup_vs_dense']:.2f}x dense" if "speedup_vs_dense" in r else ""
@@ -652,6 +669,13 @@ def plan_from(args) -> Plan:
         if args.baseline and args.llada_caches != ["none"]:
             raise ValueError("--llada-caches prefix/dual need the current package (the baseline has no cache)")
         changes["llada_caches"] = tuple(None if c == "none" else c for c in args.llada_caches)
+    if args.llada_methods:
+        unknown = [m for m in args.llada_methods if m not in ("dense", "sparsed", "pulsecol", "sparge")]
+        if unknown:
+            raise ValueError(f"--llada-methods: unknown method(s) {unknown}; choose from dense, sparsed, pulsecol, sparge")
+        if args.baseline and args.llada_methods != ["dense"]:
+            raise ValueError("--llada-methods other than dense need the current package")
+        changes["llada_methods"] = tuple(args.llada_methods)
     if args.long_prompt:
         changes["long_prompt"] = args.long_prompt
     if args.execution:
@@ -760,7 +784,7 @@ def merge(paths: list[Path], out: Path, tag: str) -> None:
 COMPARED = {  # section: (the fields naming a point, the value compared, its unit, whether larger is better)
     "weights": (("tokens",), "step_ms", "ms", False),
     "sdar": (("prompt", "batch", "method", "new_tokens"), "tokens_per_s", "tok/s", True),
-    "llada": (("prompt", "batch", "gen_length", "steps", "cache"), "tokens_per_s", "tok/s", True),
+    "llada": (("prompt", "batch", "gen_length", "steps", "cache", "method"), "tokens_per_s", "tok/s", True),
     "mage128k": (("cache", "batch", "method"), "block_ms", "ms/block", False),
     "compile": (("model", "point"), "compile_s", "s", False),
 }
@@ -813,6 +837,8 @@ def main(argv=None):
     parser.add_argument("--llada-prompt", type=int, help="LLaDA prompt length (1024)")
     parser.add_argument("--llada-caches", nargs="+", help="Fast-dLLM cache modes timed at every LLaDA point: "
                                                           "none (the exact sampler), prefix, dual")
+    parser.add_argument("--llada-methods", nargs="+", help="LLaDA methods (defaults) timed at every point and "
+                                                           "cache: dense (default), sparsed, pulsecol, sparge")
     parser.add_argument("--long-prompt", type=int, help="cache length of mage128k")
     parser.add_argument("--execution", choices=("unrolled", "scan"), help="layer execution of the models "
                         "(default: the package's); not with --baseline")

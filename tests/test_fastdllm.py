@@ -7,7 +7,12 @@ import numpy as np
 import pytest
 
 from dllm_jax import eval as dev
-from dllm_jax import generate, load_model
+import jax.numpy as jnp
+
+from dllm_jax import PulseCol, SparseD, generate, load_model
+from dllm_jax.attention.policy import Mode
+from dllm_jax.attention.pulsecol import num_keep, select_columns
+from dllm_jax.attention.sparsed import select_blocks
 from dllm_jax.testing import tiny_llada_config, tiny_sdar_config
 
 LLADA = tiny_llada_config()
@@ -74,7 +79,8 @@ def test_cached_decoding_leaves_no_mask_and_keeps_the_prompt(model, rng, cache):
     (dict(threshold=1.5), "threshold"),
     (dict(cache_refresh=2), "cache_refresh=2 needs cache="),
     (dict(cache="dual", cfg_scale=1.0), "cfg_scale > 0 is not supported"),
-    (dict(cache="dual", method="sparsed"), "dense attention only"),
+    (dict(cache="dual", method="mage"), "MAGE is a method for SDAR models"),
+    (dict(cache="dual", method="sparge"), "got method SpargeAttn: it has no attention over a cached window"),
 ])
 def test_unsupported_fast_decoding_is_refused_before_compiling(model, rng, options, message):
     with pytest.raises(ValueError, match=message):
@@ -96,6 +102,56 @@ def test_return_nfe_is_for_llada(tiny_model, rng):
 
 def test_the_exact_sampler_reports_its_steps_as_forwards(model, rng):
     assert generate(model, prompts(rng), return_nfe=True, **OPTIONS)[1] == OPTIONS["steps"]
+
+
+SPARSE_METHODS = [SparseD(select=0.3, block_size=16, skip=0.2), PulseCol(sparsity=0.6, group_size=16, refreshes=2)]
+
+
+@pytest.mark.parametrize("method", SPARSE_METHODS, ids=["sparsed", "pulsecol"])
+@pytest.mark.parametrize("cache", ["prefix", "dual"])
+def test_a_sparse_method_with_a_cache_refreshed_every_step_equals_its_exact_sampler(model, rng, method, cache):
+    # every forward is full: the method's schedule and patterns are those of its exact sampler
+    ids = prompts(rng, length=21)
+    np.testing.assert_array_equal(generate(model, ids, method=method, cache=cache, cache_refresh=1, **OPTIONS),
+                                  generate(model, ids, method=method, **OPTIONS))
+
+
+@pytest.mark.parametrize("cache", ["prefix", "dual"])
+def test_a_pattern_keeping_every_key_gives_the_dense_cached_decoding(model, rng, cache):
+    ids = prompts(rng, length=21)
+    dense = generate(model, ids, cache=cache, **OPTIONS)
+    for method in (SparseD(select=1.0, block_size=16, skip=0.0), PulseCol(sparsity=0.0, group_size=16, refreshes=1)):
+        np.testing.assert_array_equal(generate(model, ids, method=method, cache=cache, **OPTIONS), dense)
+
+
+@pytest.mark.parametrize("method", SPARSE_METHODS, ids=["sparsed", "pulsecol"])
+def test_sparse_cached_decoding_with_a_threshold_leaves_no_mask(model, rng, method):
+    ids = prompts(rng, length=21)
+    out, nfe = generate(model, ids, method=method, cache="dual", threshold=0.5, return_nfe=True, **OPTIONS)
+    np.testing.assert_array_equal(out[:, :ids.shape[1]], ids)
+    assert not (out == LLADA.mask_token_id).any()
+    assert OPTIONS["gen_length"] // OPTIONS["block_length"] <= nfe <= OPTIONS["gen_length"]
+
+
+@pytest.mark.parametrize("start,width", [(0, 16), (37, 16), (48, 32), (70, 20), (5, 85), (89, 1)])
+def test_a_window_attends_like_its_rows_of_the_full_sparse_attention(rng, start, width):
+    """attend_window on positions start .. start + width - 1 equals those rows of the full sequence's
+    sparse attention under the same pattern: aligned, unaligned, straddling blocks, at the end."""
+    n, hq, hkv, d = 90, 4, 2, 16
+    q = jnp.asarray(rng.standard_normal((2, n, hq, d)), jnp.float32)
+    k, v = (jnp.asarray(rng.standard_normal((2, n, hkv, d)), jnp.float32) for _ in range(2))
+    sparse = jnp.int32(Mode.SPARSE)
+    sparsed = SparseD(select=0.3, block_size=16).bind(total_steps=10, prompt_length=50)
+    pulsecol = PulseCol(sparsity=0.7, group_size=16).bind(total_steps=10)
+    for method, state in ((sparsed, select_blocks(q, k, prefill_len=50, block_size=16, select=0.3)),
+                          (pulsecol, select_columns(q, k, group_size=16, num_keep=num_keep(n, 0.7)))):
+        full, _ = method.attend(q, k, v, state, sparse)
+        window = method.attend_window(q[:, start:start + width], k, v, state, sparse, start=jnp.int32(start))
+        np.testing.assert_allclose(window, full[:, start:start + width], atol=1e-5, err_msg=type(method).__name__)
+        dense, _ = method.attend(q, k, v, state, jnp.int32(Mode.DENSE if method is sparsed else Mode.ESTIMATE))
+        window = method.attend_window(q[:, start:start + width], k, v, state, jnp.int32(Mode.DENSE),
+                                      start=jnp.int32(start))
+        np.testing.assert_allclose(window, dense[:, start:start + width], atol=1e-5, err_msg=type(method).__name__)
 
 
 TRAINED = Path(__file__).parent.parent / "checkpoints" / "tiny-llada-tasks"

@@ -58,3 +58,31 @@ def test_sdar_cached_bf16_cudnn_matches_full_fp32(tiny_checkpoint, rng):
     full32 = np.asarray(fp32(ids), np.float64)
     assert relative_error(logits, full32[:, 40:]) <= BF16_BOUND
     assert relative_error(bf16(ids), full32) <= BF16_BOUND
+
+
+@pytest.mark.parametrize("method", ["sparsed", "pulsecol"])
+@pytest.mark.parametrize("start", [1024, 1031, 1240])
+def test_fast_dllm_window_through_the_pallas_kernels_matches_the_reference(rng, method, start):
+    """A Fast-dLLM window (32 queries, bf16, 8B head shapes) against its cached keys in SPARSE mode:
+    the Pallas kernels (Mosaic / Triton) give the jnp references' result, aligned or not."""
+    import dataclasses
+
+    from dllm_jax import PulseCol, SparseD
+    from dllm_jax.attention.policy import Mode
+    from dllm_jax.attention.pulsecol import num_keep, select_columns
+    from dllm_jax.attention.sparsed import select_blocks
+
+    b, n, h, d, width = 2, 1280, 8, 128, 32
+    q, k, v = (jnp.asarray(rng.standard_normal((b, n, h, d)), jnp.bfloat16) for _ in range(3))
+    if method == "sparsed":
+        policy = SparseD(backend="reference").bind(total_steps=64, prompt_length=1024)
+        state = select_blocks(q, k, prefill_len=1024, block_size=128, select=0.3, backend="reference")
+    else:
+        policy = PulseCol(backend="reference").bind(total_steps=64)
+        state = select_columns(q, k, group_size=32, num_keep=num_keep(n, 0.8), backend="reference")
+        state = (state[0].astype(jnp.uint16), state[1])
+    window = q[:, start:start + width]
+    outs = [p.attend_window(window, k, v, state, jnp.int32(Mode.SPARSE), start=jnp.int32(start))
+            for p in (policy, dataclasses.replace(policy, backend="pallas"))]
+    expected, got = (np.asarray(o, np.float32) for o in outs)
+    assert np.linalg.norm(got - expected) / np.linalg.norm(expected) < 2e-2

@@ -2,6 +2,7 @@
 
 import dataclasses
 import functools
+import json
 import math
 import types
 
@@ -15,9 +16,11 @@ from dllm_jax.models import llada, sdar
 from dllm_jax.testing import tiny_llada_config, tiny_sdar_config
 from dllm_jax.train import (Batch, BatchSource, TrainConfig, export_hf, init_params, llada_loss, pack, sdar_loss,
                             train, two_copy_mask)
+from dllm_jax.train.__main__ import batch_source, build_parser, model_config, room_for
 from dllm_jax.train.__main__ import main as train_main
-from dllm_jax.train.loop import loss_fn
-from dllm_jax.train.losses import block_ratios, mask_tokens, two_copy_logits
+from dllm_jax.train.data import BucketedSource
+from dllm_jax.train.loop import check_same_run, loss_fn
+from dllm_jax.train.losses import block_ratios, mask_tokens, row_ratios, two_copy_logits
 
 LLADA = tiny_llada_config(vocab_size=64, tokenizer_vocab_size=64, mask_token_id=60, eos_token_id=61, pad_token_id=61,
                           eot_token_id=62)
@@ -100,6 +103,46 @@ def test_block_ratios_are_constant_per_block_and_in_range(rng):
     for start in range(0, 18, 4):
         assert (t[:, start:start + 4] == t[:, start:start + 1]).all()
     assert len(np.unique(t)) == 3 * 5  # every block of every row draws its own t
+
+
+def test_default_ratios_are_the_iid_draws_of_the_key(rng):
+    """stratified=False keeps the iid numerics: t = eps + (1 - eps) * uniform(key) per row or block."""
+    key, eps = jax.random.PRNGKey(int(rng.integers(1 << 30))), 0.05
+    u_rows = np.asarray(jax.random.uniform(key, (5, 1)))
+    np.testing.assert_array_equal(np.asarray(row_ratios(key, 5, 7, eps=eps)),
+                                  np.repeat(np.float32(eps) + np.float32(1 - eps) * u_rows, 7, axis=1))
+    u_blocks = np.asarray(jax.random.uniform(key, (3, 5)))  # 18 positions: 5 blocks of 4, the last partial
+    np.testing.assert_array_equal(np.asarray(block_ratios(key, 3, 18, block_size=4, eps=eps)),
+                                  np.repeat(np.float32(eps) + np.float32(1 - eps) * u_blocks, 4, axis=1)[:, :18])
+
+
+@pytest.mark.parametrize("eps", [1e-3, 0.2])
+def test_stratified_ratios_put_one_t_in_each_1_over_n_of_the_range(eps, rng):
+    for trial in range(5):
+        key = jax.random.PRNGKey(int(rng.integers(1 << 30)))
+        rows = np.asarray(row_ratios(key, 8, 6, eps=eps, stratified=True), np.float64)
+        assert (rows == rows[:, :1]).all()
+        blocks = np.asarray(block_ratios(key, 3, 18, block_size=4, eps=eps, stratified=True), np.float64)
+        for start in range(0, 18, 4):
+            assert (blocks[:, start:start + 4] == blocks[:, start:start + 1]).all()
+        for t in (rows[:, 0], blocks[:, ::4].reshape(-1)):  # the 8 rows' t; the 3 * 5 blocks' t
+            n = t.size
+            assert (t >= eps).all() and (t < 1).all()
+            cells = np.floor((t - eps) / (1 - eps) * n).astype(int)
+            np.testing.assert_array_equal(np.sort(cells), np.arange(n))  # each [eps + (1-eps) k/n, ...) once
+    orders = {tuple(np.argsort(np.asarray(row_ratios(jax.random.PRNGKey(s), 8, 1, eps=eps, stratified=True))[:, 0]))
+              for s in range(4)}
+    assert len(orders) > 1  # the intervals go to the rows in a random order
+
+
+def test_stratified_t_reaches_the_loss(rng):
+    params, tokens, loss_mask, key = loss_inputs(rng, "llada")
+    lengths = jnp.full(8, 32, jnp.int32)
+    plain, stratified = (jax.jit(loss_fn(run_config(LLADA, compute_dtype="float32", stratified_t=s)))(
+        params, tokens, loss_mask, lengths, key)[0] for s in (False, True))
+    assert np.isfinite(float(stratified)) and float(stratified) != float(plain)
+    with pytest.raises(ValueError, match="stratified_t must be True or False"):
+        run_config(LLADA, stratified_t=1)
 
 
 def test_two_copy_mask_is_block_causal_as_specified():
@@ -252,9 +295,12 @@ def test_train_config_and_command_line_refuse_bad_input(tmp_path, capsys):
         run_config(LLADA, steps=5, warmup_steps=5)
     with pytest.raises(ValueError, match="compute_dtype"):
         run_config(LLADA, compute_dtype="float16")
-    with pytest.raises(ValueError, match=r"the config asks for \(4, 16\)"):
+    with pytest.raises(ValueError, match=r"asks for 4 rows \(batch_size\) of at most 16 tokens"):
         train(run_config(LLADA, steps=2, warmup_steps=0), lambda step: fixed_batch(np.random.default_rng(0), 2),
               progress=False)
+    with pytest.raises(ValueError, match=r"tokens \(4, 20\).*at most 16 tokens"):
+        train(run_config(LLADA, steps=2, warmup_steps=0),
+              lambda step: fixed_batch(np.random.default_rng(0), 4, length=20), progress=False)
     assert train_main(["--family", "llada", "--task", "nope", "--steps", "3", "--out", str(tmp_path)]) == 2
     assert "unknown task" in capsys.readouterr().err
 
@@ -265,7 +311,9 @@ def test_command_line_starts_from_a_checkpoints_weights(tmp_path, capsys):
     from safetensors.numpy import load_file
 
     common = ["--task", "sanity", "--context", "64", "--batch", "2", "--warmup", "1", "--no-progress"]
-    assert train_main(["--family", "sdar", *common, "--steps", "3", "--out", str(tmp_path / "a")]) == 0
+    assert train_main(["--family", "sdar", *common, "--steps", "3", "--stratified-t",
+                       "--out", str(tmp_path / "a")]) == 0
+    assert json.loads((tmp_path / "a" / "train_config.json").read_text())["stratified_t"] is True
     first = tmp_path / "a" / "hf"
     assert train_main(["--family", "sdar", *common, "--steps", "3", "--stop-at", "1", "--init", str(first),
                        "--out", str(tmp_path / "b")]) == 0
@@ -276,3 +324,63 @@ def test_command_line_starts_from_a_checkpoints_weights(tmp_path, capsys):
     assert train_main(["--family", "llada", *common, "--steps", "3", "--init", str(first),
                        "--out", str(tmp_path / "c")]) == 2
     assert "holds a sdar model" in capsys.readouterr().err
+
+
+def bucketed_source(family: str, seed: int = 0) -> BucketedSource:
+    args = build_parser().parse_args(["--family", family, "--task", "passkey,sanity", "--context", "64,256",
+                                      "--batch", "4", "--steps", "30", "--seed", str(seed), "--out", "unused"])
+    from dllm_jax.eval import build_tokenizer
+
+    return batch_source(args, build_tokenizer())
+
+
+@pytest.mark.parametrize("family", ["llada", "sdar"])
+def test_batches_are_bucketed_by_context(family):
+    """Each step's batch holds samples of one context (its prompts all start the loss at that context;
+    sanity's prompt stays short), packed to that context's bucket, not to the longest one."""
+    source = bucketed_source(family)
+    room = {t: room_for(t, family) for t in ("passkey", "sanity")}
+    sanity_prompt = 64  # dllm_jax.eval.tasks: sanity prompts are min(context, 64) tokens
+    want = {64: max(64 + room["passkey"], sanity_prompt + room["sanity"]),
+            256: max(256 + room["passkey"], sanity_prompt + room["sanity"])}
+    seen = set()
+    for step in range(16):
+        batch, context = source(step), source.context(step)
+        seen.add(context)
+        assert batch.shape == (4, want[context])
+        assert (batch.lengths <= batch.shape[1]).all()
+        starts = batch.loss_mask.argmax(axis=1)  # where each answer (and the loss) starts: the prompt length
+        is_sanity = batch.lengths - starts == room["sanity"]
+        np.testing.assert_array_equal(starts, np.where(is_sanity, sanity_prompt, context))
+        np.testing.assert_array_equal(source(step).tokens, batch.tokens)  # the same step, the same batch
+        np.testing.assert_array_equal(bucketed_source(family)(step).loss_mask, batch.loss_mask)
+    assert seen == {64, 256} and source.length == want[256]
+    other = bucketed_source(family, seed=1)
+    assert any(not np.array_equal(other(step).tokens[:, :64], source(step).tokens[:, :64]) for step in range(4))
+    with pytest.raises(ValueError, match=r"no bucket length for the context\(s\) \[256\]"):
+        BucketedSource(lambda seed, count, c: [], batch_size=2, contexts=[64, 256], lengths={64: 70}, pad_id=0)
+
+
+def test_training_over_two_buckets_lowers_the_loss():
+    """A tiny LLaDA on passkey/sanity batches of two lengths: one step function for both, the loss drops."""
+    from dllm_jax.eval import build_tokenizer, vocab
+
+    source, tokenizer = bucketed_source("llada"), build_tokenizer()
+    model = model_config("llada", "tiny", vocab_size=tokenizer.get_vocab_size(), special=vocab.special_ids(tokenizer),
+                         max_positions=512)
+    batches = {}
+    config = run_config(model, steps=20, seq_length=source.length, stratified_t=True)
+    result = train(config, lambda step: batches.setdefault(step, source(step)), progress=False)
+    lengths = {batch.shape[1] for batch in batches.values()}
+    assert len(batches) == 20 and len(lengths) == 2 and max(lengths) == config.seq_length
+    losses = result.losses
+    assert np.isfinite(losses).all() and losses[-10:].mean() < 0.8 * losses[:10].mean(), losses
+
+
+def test_resume_accepts_a_run_written_before_a_config_field_existed(tmp_path):
+    config = run_config(LLADA)
+    old = json.loads(json.dumps(config.to_json()))
+    del old["stratified_t"]
+    check_same_run(old, config, tmp_path / "train_config.json")  # read as the default: the same run
+    with pytest.raises(ValueError, match="stratified_t"):
+        check_same_run(old, dataclasses.replace(config, stratified_t=True), tmp_path / "train_config.json")

@@ -27,7 +27,12 @@ models, loops and diagnostics call them unconditionally:
                                 to the cache (bool scalar); default: mode(step);
   pattern_mask(state, *, num_queries, num_keys, num_heads) -> the keys the sparse steps attend to,
                                 bool [B, Hq, Nq, Nk], or None where no fixed pattern exists (default);
-  selection(state)           -> (indices [B, Hkv, k], exact) of a prefix selection (MAGE), or None.
+  selection(state)           -> (indices [B, Hkv, k], exact) of a prefix selection (MAGE), or None;
+  attend_window(q, k, v, state, mode, *, start, **masks) -> out [B, W, Hq, D] of a window of W
+                                queries at positions start .. start + W - 1 (traced start) against
+                                the whole sequence's keys (LLaDA's Fast-dLLM cached steps; the
+                                state is only read); default: ValueError (Dense, SparseD and
+                                PulseCol implement it).
 """
 
 from __future__ import annotations
@@ -85,6 +90,10 @@ class AttentionPolicy(abc.ABC):
     def selection(self, state):
         return None
 
+    def attend_window(self, q, k, v, state, mode, *, start, **masks):
+        raise ValueError(f"{type(self).__name__} does not attend over a KV cache window (Fast-dLLM cache=): "
+                         "use Dense, SparseD or PulseCol")
+
 
 DENSE_IMPLEMENTATIONS = ("auto", "split_kv", "cudnn", "xla")
 HALF_DTYPES = (jnp.dtype(jnp.bfloat16), jnp.dtype(jnp.float16))
@@ -130,6 +139,31 @@ class Dense(AttentionPolicy):
         implementation = self.implementation if self.implementation in ("cudnn", "xla") else None
         return dense_attention(q, k, v, key_mask=key_mask, mask=mask, kv_len=kv_len, scale=scale,
                                implementation=implementation), state
+
+    def attend_window(self, q, k, v, state, mode, *, start, **masks):
+        return self.attend(q, k, v, state, mode, **masks)[0]
+
+
+def window_rows(q, start, block: int, rows, attend):
+    """Runs a pattern whose rows cover query blocks of `block` positions (from position 0) on a
+    window of queries q [B, W, Hq, D] at positions start .. start + W - 1 (start traced).
+
+    The window is placed at its offset inside the query blocks it touches (zero queries around it,
+    a static count of blocks whatever the offset) and `attend(q_blocks, rows_of_those_blocks)` runs
+    on them; `rows` is a pytree of arrays whose axis 2 is the query block ([B, H, blocks, ...] or
+    [B, H, blocks]). Returns the window's rows of the result, [B, W, Hq, D]: each query gets exactly
+    the keys its own block's row lists, as in a full forward.
+    """
+    b, w, h, d = q.shape
+    touched = (w - 1) // block + 2  # blocks a window of w rows can touch at any offset
+    first = start // block
+    offset = start - first * block
+    padded = jax.lax.dynamic_update_slice_in_dim(jnp.zeros((b, touched * block, h, d), q.dtype), q, offset, axis=1)
+    # edge rows past the pattern's last block keep the slice in range (their queries are zeros, dropped)
+    rows = jax.tree.map(lambda r: jax.lax.dynamic_slice_in_dim(
+        jnp.pad(r, [(0, 0), (0, 0), (0, touched)] + [(0, 0)] * (r.ndim - 3), mode="edge"), first, touched, axis=2),
+        rows)
+    return jax.lax.dynamic_slice_in_dim(attend(padded, rows), offset, w, axis=1)
 
 
 def switch_rows(index, branches, operand):

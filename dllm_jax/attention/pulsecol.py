@@ -23,7 +23,7 @@ import numpy as np
 
 import pallas_kernels as pk
 from dllm_jax.attention import kernels
-from dllm_jax.attention.policy import AttentionPolicy, Mode
+from dllm_jax.attention.policy import AttentionPolicy, Mode, window_rows
 
 
 def refresh_steps(total_steps: int, eta: float, refreshes: int) -> tuple[int, ...]:
@@ -126,3 +126,16 @@ class PulseCol(AttentionPolicy):
             return out, state
 
         return jax.lax.switch(jnp.asarray(mode) - int(Mode.ESTIMATE), [estimate, sparse], None)
+
+    def attend_window(self, q, k, v, state, mode, *, start, **masks):
+        """A window of queries against the cached keys: its query groups' columns in SPARSE mode,
+        dense attention otherwise (the pattern is built by full forwards only)."""
+        kernels.check_masks("PulseCol", masks)
+
+        def sparse(_):
+            return window_rows(q, start, self.group_size, state, lambda qs, rows: kernels.call(
+                pk.column_sparse_attention, pk.column_sparse_attention_reference, self.backend, qs, k, v, *rows,
+                group_size=self.group_size))
+
+        return jax.lax.cond(jnp.asarray(mode) == int(Mode.SPARSE), sparse,
+                            lambda _: kernels.dense(q, k, v, self.backend), None)

@@ -26,7 +26,7 @@ import jax.numpy as jnp
 import pallas_kernels as pk
 from pallas_kernels._common import mask_to_lists
 from dllm_jax.attention import kernels
-from dllm_jax.attention.policy import AttentionPolicy, Mode
+from dllm_jax.attention.policy import AttentionPolicy, Mode, window_rows
 
 
 def _keep(blocks: int, select: float) -> int:
@@ -176,3 +176,17 @@ class SparseD(AttentionPolicy):
             return out, state
 
         return jax.lax.switch(mode, [dense, estimate, sparse], None)
+
+    def attend_window(self, q, k, v, state, mode, *, start, **masks):
+        """A window of queries against the cached keys: its query blocks' rows of the pattern in SPARSE
+        mode, dense attention otherwise (the pattern is built by full forwards only)."""
+        kernels.check_masks("SparseD", masks)
+        b = self.block_size
+
+        def sparse(_):
+            return window_rows(q, start, b, state, lambda qs, rows: kernels.call(
+                pk.block_sparse_attention, pk.block_sparse_attention_reference, self.backend, qs, k, v, *rows,
+                block_q=b, block_kv=b))
+
+        return jax.lax.cond(jnp.asarray(mode) == int(Mode.SPARSE), sparse,
+                            lambda _: kernels.dense(q, k, v, self.backend), None)

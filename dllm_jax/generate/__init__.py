@@ -8,7 +8,7 @@ import numpy as np
 
 from dllm_jax import validation
 from dllm_jax.attention.methods import check_family, make_method
-from dllm_jax.attention.policy import Dense, check_policy
+from dllm_jax.attention.policy import AttentionPolicy, Dense, check_policy
 
 from dllm_jax.generate import sdar as gen_sdar
 from dllm_jax.generate.llada import LLaDAOptions, check_prompt, generate_llada_fast_jit, generate_llada_jit
@@ -59,8 +59,9 @@ def generate(model, prompt_ids, *, attention_mask=None, seed: int = 0, method=No
       `cache_refresh=k` also recomputes the cache every k-th step of a block (1: every step, exact).
       `threshold=x` commits, per step, each row's most confident masked position of the block plus every
       other one of confidence >= x, and a block's steps end once it has no mask left (fewer forwards).
-      Dense attention only; no cfg_scale, no mask ids in the prompt. The defaults (None) are the
-      original sampler. `return_nfe=True` (LLaDA) returns (ids, number of model forwards).
+      With a cache, `method` is dense, SparseD or PulseCol (its pattern, built by full forwards, is
+      applied to the cached steps' windows); threshold= alone takes every LLaDA method. No cfg_scale,
+      no mask ids in the prompt. The defaults (None) are the original sampler. `return_nfe=True` (LLaDA) returns (ids, number of model forwards).
     `method=None` is dense attention; a name ("sparsed", "mage", ...) is the method with its
     defaults (`dllm_jax.attention.methods.make_method`); otherwise an attention policy (dllm_jax.attention.policy)
     whose per-layer state rides in the loop carry: `dllm_jax.SparseD(...)`, `dllm_jax.PulseCol(...)` or
@@ -80,10 +81,10 @@ def generate(model, prompt_ids, *, attention_mask=None, seed: int = 0, method=No
         opts, prompt_ids, method = prepare_llada(model, prompt_ids, attention_mask, method, options)
         mask = None if attention_mask is None else np.asarray(attention_mask, np.int32)
         if opts.fast:
-            check_fast(model.config, prompt_ids, method)
+            check_fast(model.config, prompt_ids, method, opts)
             with progress_bar(opts.steps, "LLaDA denoising (at most)", progress) as run_id:
                 out, nfe = generate_llada_fast_jit(model.params(), prompt_ids, mask, seed, np.int32(run_id),
-                                                   config=model.config, options=opts,
+                                                   config=model.config, options=opts, policy=method,
                                                    on_step=tick if progress else None)
                 return (np.asarray(out), int(nfe)) if return_nfe else np.asarray(out)
         with progress_bar(opts.steps, "LLaDA denoising", progress) as run_id:
@@ -123,11 +124,13 @@ def prepare_llada(model, prompt_ids, attention_mask, method, options: dict):
     return opts, prompt_ids.astype(np.int32), method
 
 
-def check_fast(config, prompt_ids: np.ndarray, method) -> None:
-    """What Fast-dLLM decoding (cache= / threshold=) supports so far: dense attention, prompts without mask ids."""
-    if not isinstance(method, Dense):
-        raise ValueError(f"cache= and threshold= (Fast-dLLM) run with dense attention only so far, got method "
-                         f"{type(method).__name__}: pass method=None, or leave cache and threshold at None")
+def check_fast(config, prompt_ids: np.ndarray, method, opts: LLaDAOptions) -> None:
+    """What Fast-dLLM decoding (cache= / threshold=) supports: prompts without mask ids, and with a
+    cache a policy that attends over a cached window (Dense, SparseD, PulseCol)."""
+    if opts.cache is not None and type(method).attend_window is AttentionPolicy.attend_window:
+        raise ValueError(f"cache={opts.cache!r} (Fast-dLLM) runs with dense attention, SparseD or PulseCol, got "
+                         f"method {type(method).__name__}: it has no attention over a cached window "
+                         "(threshold= alone works with every LLaDA method)")
     if (prompt_ids == config.mask_token_id).any():
         raise ValueError(f"prompt_ids hold the mask id {config.mask_token_id}: infilling is not supported with cache= or "
                          "threshold= (Fast-dLLM decodes the answer blocks only)")

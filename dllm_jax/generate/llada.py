@@ -25,7 +25,7 @@ import numpy as np
 from flax import struct
 
 from dllm_jax import validation as check
-from dllm_jax.attention.policy import AttentionPolicy, Dense, check_policy
+from dllm_jax.attention.policy import AttentionPolicy, Dense, Mode, check_policy
 from dllm_jax.config import LLaDAConfig
 from dllm_jax.generate.sampling import commit_top, gumbel_argmax, transfer_counts
 from dllm_jax.models import llada as llada_model
@@ -208,10 +208,12 @@ class FastCarry:
     counts: jax.Array  # int32 [B, steps_per_block]: the block's transfer schedule (threshold=None)
     i: jax.Array  # int32: the step within the block
     nfe: jax.Array  # int32: model forwards so far
+    policy_state: Any  # the attention policy's per-layer state (leading layer axis)
+    has_pattern: jax.Array  # bool: a full forward has built the policy's pattern (ESTIMATE)
 
 
 def generate_llada_fast(params, prompt_ids, attention_mask, seed, run_id=0, *, config: LLaDAConfig,
-                        options: LLaDAOptions, on_step=None):
+                        options: LLaDAOptions, policy: AttentionPolicy = Dense(), on_step=None):
     """Fast-dLLM decoding (NVlabs/Fast-dLLM llada/generate.py) as one compiled loop: (int32 [B, P +
     gen_length], int32 number of model forwards).
 
@@ -229,6 +231,12 @@ def generate_llada_fast(params, prompt_ids, attention_mask, seed, run_id=0, *, c
     step that filled the block (same tokens, one forward fewer per such block). Random draws (temperature > 0,
     remasking="random") come from `fold_in(key(seed), 0 or 1)` folded with the forward count, over
     the block's positions.
+
+    A sparse `policy` (SparseD, PulseCol; bound to `steps` forwards) follows its schedule over the
+    forward count: forward n runs in `policy.mode(n)`. A pattern is built (ESTIMATE) by full
+    forwards only, over the whole sequence; a cached forward applies it to its window's rows
+    (`policy.attend_window`) in SPARSE mode and attends densely otherwise, and so does any forward
+    before the first pattern exists (a SPARSE full forward then builds it instead).
     """
     b, p = prompt_ids.shape
     o, bl = options, options.block_length
@@ -238,26 +246,38 @@ def generate_llada_fast(params, prompt_ids, attention_mask, seed, run_id=0, *, c
         attention_mask = jnp.concatenate([attention_mask.astype(jnp.int32), jnp.ones((b, o.gen_length), jnp.int32)], 1)
     key = jax.random.key(seed)
     gumbel_key, random_key = jax.random.fold_in(key, 0), jax.random.fold_in(key, 1)
-    full = functools.partial(llada_model.forward_caching, config=config, padding=o.padding, logits_from=p)
-    window = functools.partial(llada_model.forward_window, config=config, padding=o.padding)
+    full = functools.partial(llada_model.forward_caching, config=config, policy=policy, padding=o.padding,
+                             logits_from=p)
+    window = functools.partial(llada_model.forward_window, config=config, policy=policy, padding=o.padding)
+    sparse = int(Mode.SPARSE)
 
     def block_logits(carry: FastCarry, start):
-        """(logits of the block [B, bl, V], cache) from a full or a cached forward."""
+        """(logits of the block [B, bl, V], cache, policy_state, has_pattern) from a full or a cached forward."""
+        mode = jnp.asarray(policy.mode(carry.nfe), jnp.int32)
+
         def full_forward(_):
+            full_mode = jnp.where((mode == sparse) & ~carry.has_pattern, int(Mode.ESTIMATE), mode)
+            has_pattern = carry.has_pattern | (full_mode == int(Mode.ESTIMATE))
             if o.cache is None:
-                logits, cache = llada_model.forward(params, carry.x, attention_mask, config=config, padding=o.padding,
-                                                    logits_from=p)[0], carry.cache
+                logits, states = llada_model.forward(params, carry.x, attention_mask, carry.policy_state, carry.nfe,
+                                                     config=config, policy=policy, padding=o.padding, logits_from=p)
+                cache = carry.cache
+                has_pattern = carry.has_pattern  # `forward` follows the policy's own schedule
             else:
-                logits, cache = full(params, carry.x, attention_mask)
-            return jax.lax.dynamic_slice_in_dim(logits, start - p, bl, axis=1), cache
+                logits, cache, states = full(params, carry.x, attention_mask, carry.policy_state, full_mode)
+            return jax.lax.dynamic_slice_in_dim(logits, start - p, bl, axis=1), cache, states, has_pattern
 
         def cached_forward(_):
+            window_mode = jnp.where((mode == sparse) & carry.has_pattern, sparse, int(Mode.DENSE))
             if o.cache == "dual":
                 ids = jax.lax.dynamic_slice_in_dim(carry.x, start, bl, axis=1)
-                return window(params, ids, start, carry.cache, attention_mask), carry.cache
-            # the answer region [P, end) in one static shape; positions before the block keep their cache
-            logits = window(params, carry.x[:, p:], p, carry.cache, attention_mask, keep_below=start)
-            return jax.lax.dynamic_slice_in_dim(logits, start - p, bl, axis=1), carry.cache
+                logits = window(params, ids, start, carry.cache, attention_mask, carry.policy_state, window_mode)
+            else:
+                # the answer region [P, end) in one static shape; positions before the block keep their cache
+                logits = window(params, carry.x[:, p:], p, carry.cache, attention_mask, carry.policy_state,
+                                window_mode, keep_below=start)
+                logits = jax.lax.dynamic_slice_in_dim(logits, start - p, bl, axis=1)
+            return logits, carry.cache, carry.policy_state, carry.has_pattern
 
         if o.cache is None:
             return full_forward(None)
@@ -267,7 +287,7 @@ def generate_llada_fast(params, prompt_ids, attention_mask, seed, run_id=0, *, c
         return jax.lax.cond(refresh, full_forward, cached_forward, None)
 
     def step(carry: FastCarry, start):
-        logits, cache = block_logits(carry, start)
+        logits, cache, policy_state, has_pattern = block_logits(carry, start)
         logits = suppress_eos(logits, o, config)
         current = jax.lax.dynamic_slice_in_dim(carry.x, start, bl, axis=1)
         masked = current == mask_id
@@ -284,7 +304,8 @@ def generate_llada_fast(params, prompt_ids, attention_mask, seed, run_id=0, *, c
         x = jax.lax.dynamic_update_slice_in_dim(carry.x, jnp.where(transfer, x0, current), start, axis=1)
         if on_step is not None:
             jax.debug.callback(on_step, run_id, carry.nfe, ordered=False)
-        return carry.replace(x=x, cache=cache, i=carry.i + 1, nfe=carry.nfe + 1)
+        return carry.replace(x=x, cache=cache, i=carry.i + 1, nfe=carry.nfe + 1, policy_state=policy_state,
+                             has_pattern=has_pattern)
 
     def block(carry: FastCarry, index):
         start = p + index * bl
@@ -303,12 +324,14 @@ def generate_llada_fast(params, prompt_ids, attention_mask, seed, run_id=0, *, c
     cache = None if o.cache is None else llada_model.init_kv_cache(config, b, p + o.gen_length, params["embed"].dtype)
     carry = FastCarry(x=x, cache=cache,
                       counts=jnp.zeros((b, o.steps_per_block), jnp.int32), i=jnp.zeros((), jnp.int32),
-                      nfe=jnp.zeros((), jnp.int32))
+                      nfe=jnp.zeros((), jnp.int32),
+                      policy_state=llada_model.init_policy_state(policy, config, b, p + o.gen_length),
+                      has_pattern=jnp.zeros((), bool))
     carry, _ = jax.lax.scan(block, carry, jnp.arange(o.num_blocks, dtype=jnp.int32))
     return carry.x, carry.nfe
 
 
-generate_llada_fast_jit = jax.jit(generate_llada_fast, static_argnames=("config", "options", "on_step"))
+generate_llada_fast_jit = jax.jit(generate_llada_fast, static_argnames=("config", "options", "policy", "on_step"))
 
 
 STATIC = ("config", "options", "prompt_has_masks", "policy", "on_step", "return_policy_state")

@@ -14,8 +14,7 @@ import jax.numpy as jnp
 
 from flax import struct
 
-from dllm_jax.attention.dense import dense_attention
-from dllm_jax.attention.policy import AttentionPolicy, Dense, attend_layer, check_policy, stacked_state
+from dllm_jax.attention.policy import AttentionPolicy, Dense, Mode, attend_layer, check_policy, stacked_state
 from dllm_jax.config import LLaDAConfig
 from dllm_jax.models.layers import DecoderLM, check_inputs, decoder_stack, lm_head, lm_param_shapes, rope_tables
 
@@ -84,21 +83,28 @@ def init_kv_cache(config: LLaDAConfig, batch: int, length: int, dtype) -> KVCach
     return KVCache(k=jnp.zeros(shape, dtype), v=jnp.zeros(shape, dtype))
 
 
-def forward_caching(params, input_ids, attention_mask=None, *, config: LLaDAConfig, padding: str = "ignore",
+def forward_caching(params, input_ids, attention_mask=None, policy_state=(), mode=Mode.DENSE, *,
+                    config: LLaDAConfig, policy: AttentionPolicy = Dense(), padding: str = "ignore",
                     logits_from: int = 0):
-    """The dense full forward of `forward`, also returning the KVCache of every position:
-    (float32 logits [B, L - logits_from, V], KVCache)."""
+    """The full forward of `forward` with the policy in `mode` (traced int32 or a Mode), also
+    returning the KVCache of every position: (float32 logits [B, L - logits_from, V], KVCache,
+    new policy_state)."""
     masks = padding_masks(attention_mask, padding)
     cache = init_kv_cache(config, *input_ids.shape, params["embed"].dtype)
 
-    def attend(q, k, v, cache: KVCache, layer):
+    def attend(q, k, v, carried, layer):
+        cache, states = carried
         cache = KVCache(k=cache.k.at[layer].set(k), v=cache.v.at[layer].set(v))
-        return dense_attention(q, k, v, **masks), cache
+        out, states = attend_layer(policy, mode, q, k, v, states, layer, **masks)
+        return out, (cache, states)
 
-    return logits_through(params, input_ids, attend, cache, config=config, logits_from=logits_from)
+    logits, (cache, policy_state) = logits_through(params, input_ids, attend, (cache, policy_state), config=config,
+                                                   logits_from=logits_from)
+    return logits, cache, policy_state
 
 
-def forward_window(params, window_ids, start, cache: KVCache, attention_mask=None, *, config: LLaDAConfig,
+def forward_window(params, window_ids, start, cache: KVCache, attention_mask=None, policy_state=(),
+                   mode=Mode.DENSE, *, config: LLaDAConfig, policy: AttentionPolicy = Dense(),
                    padding: str = "ignore", keep_below=None):
     """Float32 logits [B, W, V] of a window of the sequence against a KVCache of the whole sequence
     (Fast-dLLM). The cache is only read: the positions a window replaces are replaced again by every
@@ -111,6 +117,8 @@ def forward_window(params, window_ids, start, cache: KVCache, attention_mask=Non
     (traced int32 or None), which keep their cached keys and values: the prefix cache, whose window
     runs from the block to the end of the sequence while the cached prefix stays as the block's first
     step left it. attention_mask [B, L] (padding="mask") hides padding keys as `forward` does.
+    Attention runs through `policy.attend_window` in `mode` with the (read-only) policy_state: a
+    sparse method's pattern, built by a full forward, applied to the window's rows.
     """
     masks = padding_masks(attention_mask, padding)
     width = window_ids.shape[1]
@@ -124,7 +132,8 @@ def forward_window(params, window_ids, start, cache: KVCache, attention_mask=Non
         if keep is not None:
             keys = jnp.where(keep[None, :, None, None], cache.k[layer], keys)
             values = jnp.where(keep[None, :, None, None], cache.v[layer], values)
-        return dense_attention(q, keys, values, **masks), cache
+        state = jax.tree.map(lambda s: s[layer], policy_state)
+        return policy.attend_window(q, keys, values, state, mode, start=start, **masks), cache
 
     x = params["embed"][window_ids]
     x, _ = decoder_stack(params["layers"], x, cos, sin, attend, config, cache)

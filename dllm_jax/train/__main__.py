@@ -38,16 +38,37 @@ def model_config(family: str, size: str, *, vocab_size: int, special, max_positi
                       pad_token_id=special.pad)
 
 
-def task_sampler(tasks: list[str], contexts: list[int], tokenizer):
-    """sample_fn(seed, count): `count` samples, each of a task and context drawn from the lists."""
+def task_sampler(tasks: list[str], tokenizer):
+    """sample_fn(seed, count, context): `count` samples of `context` tokens, each of a task drawn from the
+    list (the batch's context is drawn per step, `dllm_jax.train.data.BucketedSource`)."""
     from dllm_jax.eval import make_samples
 
-    def sample_fn(seed: int, count: int):
+    def sample_fn(seed: int, count: int, context: int):
         rng = np.random.default_rng(seed)
-        return [make_samples(str(rng.choice(tasks)), int(rng.choice(contexts)), 1,
-                             int(rng.integers(TRAIN_SEED_FLOOR, 2**62)), tokenizer)[0] for _ in range(count)]
+        return [make_samples(str(rng.choice(tasks)), context, 1, int(rng.integers(TRAIN_SEED_FLOOR, 2**62)),
+                             tokenizer)[0] for _ in range(count)]
 
     return sample_fn
+
+
+def bucket_lengths(tasks: list[str], contexts: list[int], family: str) -> dict[int, int]:
+    """{context: its batches' length}: the longest prompt + answer room over the tasks at that context.
+    Not rounded up: the longest bucket stays the single length runs used before bucketing."""
+    from dllm_jax.eval.tasks import prompt_length
+
+    return {c: max(prompt_length(t, c) + room_for(t, family) for t in tasks) for c in sorted(set(contexts))}
+
+
+def batch_source(args, tokenizer):
+    """The run's batches: each step draws one --context (a context listed twice twice as often), its
+    samples draw their tasks, packed to that context's bucket (`bucket_lengths`)."""
+    from dllm_jax.eval import vocab
+    from dllm_jax.train.data import BucketedSource
+
+    return BucketedSource(task_sampler(args.task, tokenizer), batch_size=args.batch, contexts=args.context,
+                          lengths=bucket_lengths(args.task, args.context, args.family),
+                          pad_id=vocab.special_ids(tokenizer).pad, seed=args.seed,
+                          answer_room=(lambda s: room_for(s.task, args.family)) if args.pad_in_loss else None)
 
 
 def comma_list(kind):
@@ -75,7 +96,8 @@ def arguments() -> argparse.ArgumentParser:
     p.add_argument("--task", type=comma_list(str), default=["passkey"],
                    help="task(s), comma-separated (dllm_jax.eval.TASKS); each sample draws one")
     p.add_argument("--context", type=comma_list(int), default=[1024],
-                   help="context length(s) in tokens, comma-separated; each sample draws one")
+                   help="context length(s) in tokens, comma-separated; each batch draws one (a length listed twice "
+                        "is drawn twice as often) and is padded only to that context's longest sample")
     p.add_argument("--steps", type=int, required=True, help="total optimizer steps of the run (the schedule's length)")
     p.add_argument("--stop-at", type=int, default=None, help="stop after this step (resume later with --resume)")
     p.add_argument("--max-minutes", type=float, default=None,
@@ -89,6 +111,9 @@ def arguments() -> argparse.ArgumentParser:
     p.add_argument("--no-pad-loss", dest="pad_in_loss", action="store_false",
                    help="train on the answer only; by default the answer is padded to the window `dllm-jax eval` "
                         "generates into (the task's longest answer) and the model learns to fill it")
+    p.add_argument("--stratified-t", action="store_true",
+                   help="draw each batch's masking ratios stratified over [eps, 1) (one per 1/n of it, for the n rows "
+                        "(LLaDA) or blocks (SDAR)) instead of iid: lower variance of the 1/t weights")
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--checkpoint-every", type=int, default=500)
     p.add_argument("--log-every", type=int, default=10)
@@ -103,9 +128,7 @@ def arguments() -> argparse.ArgumentParser:
 
 
 def run(args) -> Path:
-    from dllm_jax.eval import TASKS, build_tokenizer, max_answer_length, min_context_length, vocab
-    from dllm_jax.eval.tasks import prompt_length
-    from dllm_jax.train.data import BatchSource
+    from dllm_jax.eval import TASKS, build_tokenizer, min_context_length, vocab
     from dllm_jax.train.loop import TrainConfig, export_hf, train
 
     unknown = [t for t in args.task if t not in TASKS]
@@ -117,7 +140,8 @@ def run(args) -> Path:
         raise ValueError(f"--context {args.context} too short: {sorted(set(short))}")
     tokenizer = build_tokenizer()
     special = vocab.special_ids(tokenizer)
-    length = max(prompt_length(t, c) + room_for(t, args.family) for t in args.task for c in args.context)
+    batches = batch_source(args, tokenizer)
+    length = batches.length  # the longest bucket
     if args.init is None:
         model, params = model_config(args.family, args.config, vocab_size=tokenizer.get_vocab_size(),
                                      special=special, max_positions=max(length, 4096)), None
@@ -126,10 +150,8 @@ def run(args) -> Path:
     config = TrainConfig(model=model, steps=args.steps, batch_size=args.batch, seq_length=length,
                          learning_rate=args.lr, warmup_steps=args.warmup, weight_decay=args.weight_decay,
                          grad_clip=args.grad_clip, compute_dtype=args.dtype, run_dir=str(args.out),
-                         checkpoint_every=args.checkpoint_every, log_every=args.log_every, seed=args.seed)
-    batches = BatchSource(task_sampler(args.task, args.context, tokenizer), batch_size=args.batch, length=length,
-                          pad_id=special.pad, seed=args.seed,
-                          answer_room=(lambda s: room_for(s.task, args.family)) if args.pad_in_loss else None)
+                         checkpoint_every=args.checkpoint_every, log_every=args.log_every, seed=args.seed,
+                         stratified_t=args.stratified_t)
     result = train(config, batches, params=params, resume=args.resume, stop_at=args.stop_at,
                    max_seconds=None if args.max_minutes is None else 60 * args.max_minutes, progress=args.progress)
     hf_dir = export_hf(result.params, model, args.out / "hf", dtype=args.export_dtype)

@@ -5,13 +5,16 @@ dllm_jax.eval.tasks). Its training sequence is prompt_ids ++ answer_ids, right-p
 where the loss applies (LLaDA-style SFT: the prompt is never masked). With an answer room (LLaDA), the
 answer is followed by pad tokens up to the room, all in the loss, as LLaDA's SFT fills its generation
 window: training then sees exactly the window `dllm_jax.eval.evaluate` generates into.
+
+`BatchSource` packs every batch to one length; `BucketedSource` draws one context length per step and
+packs the batch to that context's bucket, so short contexts are not padded to the longest one.
 """
 
 from __future__ import annotations
 
 import dataclasses
 import itertools
-from collections.abc import Callable, Iterator, Sequence
+from collections.abc import Callable, Iterator, Mapping, Sequence
 from typing import Any
 
 import numpy as np
@@ -93,10 +96,71 @@ class BatchSource:
 
     def __call__(self, step: int) -> Batch:
         samples = self.sample_fn(step_seed(self.seed, step), self.batch_size)
-        if len(samples) != self.batch_size:
-            raise ValueError(f"sample_fn returned {len(samples)} samples, asked for {self.batch_size}")
-        room = None if self.answer_room is None else [self.answer_room(s) for s in samples]
-        return pack(samples, self.length, self.pad_id, answer_room=room)
+        return pack_batch(samples, self.batch_size, self.length, self.pad_id, self.answer_room)
+
+    def __iter__(self) -> Iterator[Batch]:
+        return map(self, itertools.count())
+
+
+def pack_batch(samples: Sequence[Any], batch_size: int, length: int, pad_id: int,
+               answer_room: Callable[[Any], int] | None) -> Batch:
+    """`pack` of what a sample_fn returned, after checking it returned `batch_size` samples."""
+    if len(samples) != batch_size:
+        raise ValueError(f"sample_fn returned {len(samples)} samples, asked for {batch_size}")
+    room = None if answer_room is None else [answer_room(s) for s in samples]
+    return pack(samples, length, pad_id, answer_room=room)
+
+
+# a step's context comes from SeedSequence([seed, step, CONTEXT_STREAM]): a stream apart from its samples' seed
+CONTEXT_STREAM = 1
+
+
+@dataclasses.dataclass(frozen=True)
+class BucketedSource:
+    """The batch of every training step, its samples all of ONE context length, packed to that
+    context's bucket: `lengths[context]` columns (its longest prompt + answer room over the run's tasks).
+
+    Each step draws its context uniformly from `contexts` (a context listed twice is drawn twice as
+    often), then asks `sample_fn(seed, count, context) -> samples` for the batch. Batches come in one
+    shape per distinct context, so a jitted step compiles a handful of times, and a 64-token context is
+    not padded to the longest one. `source(step)` is a pure function of (seed, step), as `BatchSource`.
+    """
+
+    sample_fn: Callable[[int, int, int], Sequence[Any]]
+    batch_size: int
+    contexts: Sequence[int]
+    lengths: Mapping[int, int]  # context -> its bucket's length (at least every row of that context)
+    pad_id: int
+    seed: int = 0
+    answer_room: Callable[[Any], int] | None = None  # sample -> its generation window (see pack)
+
+    def __post_init__(self):
+        integer("BucketedSource.batch_size", self.batch_size)
+        integer("BucketedSource.seed", self.seed, minimum=0)
+        contexts = tuple(integer("BucketedSource.contexts", c) for c in self.contexts)
+        if not contexts:
+            raise ValueError("BucketedSource.contexts needs at least one context length")
+        missing = sorted(set(contexts) - set(self.lengths))
+        if missing:
+            raise ValueError(f"BucketedSource.lengths has no bucket length for the context(s) {missing}")
+        object.__setattr__(self, "contexts", contexts)
+        object.__setattr__(self, "lengths", {c: integer(f"BucketedSource.lengths[{c}]", self.lengths[c])
+                                             for c in sorted(set(contexts))})
+
+    @property
+    def length(self) -> int:
+        """The longest bucket: the run's seq_length."""
+        return max(self.lengths.values())
+
+    def context(self, step: int) -> int:
+        """The context length of step `step`'s batch."""
+        draw = np.random.default_rng(np.random.SeedSequence([self.seed, step, CONTEXT_STREAM]))
+        return self.contexts[int(draw.integers(len(self.contexts)))]
+
+    def __call__(self, step: int) -> Batch:
+        context = self.context(step)
+        samples = self.sample_fn(step_seed(self.seed, step), self.batch_size, context)
+        return pack_batch(samples, self.batch_size, self.lengths[context], self.pad_id, self.answer_room)
 
     def __iter__(self) -> Iterator[Batch]:
         return map(self, itertools.count())

@@ -40,7 +40,7 @@ from dllm_jax.models.layers import lm_param_shapes
 from dllm_jax.testing import write_hf_checkpoint
 from dllm_jax.train.data import Batch
 from dllm_jax.train.losses import LossMetrics, llada_loss, sdar_loss
-from dllm_jax.validation import integer, real
+from dllm_jax.validation import flag, integer, real
 
 COMPUTE_DTYPES = ("bfloat16", "float32")
 FAMILIES = {"llada": LLaDAConfig, "sdar": SDARConfig}
@@ -53,6 +53,10 @@ class TrainConfig:
     The learning rate warms up linearly from 0 over `warmup_steps`, then follows a cosine to
     `final_lr_fraction * learning_rate` at `steps`. Weight decay skips the norm weights.
     `checkpoint_every=0` saves only at the end of each `train` call; `run_dir=None` keeps nothing on disk.
+    `seq_length` is the longest batch the run trains on (checked against the model's positions); batches
+    may be shorter (one per context bucket, `data.BucketedSource`): the step compiles once per length.
+    `stratified_t` draws a batch's masking ratios as one stratified sample (`losses.stratified_uniform`)
+    instead of iid.
     """
 
     model: LLaDAConfig | SDARConfig
@@ -66,6 +70,7 @@ class TrainConfig:
     grad_clip: float = 1.0
     compute_dtype: str = "bfloat16"
     eps: float = 1e-3  # masking ratios t are drawn from U(eps, 1)
+    stratified_t: bool = False
     run_dir: str | None = None
     checkpoint_every: int = 0
     log_every: int = 10
@@ -87,6 +92,7 @@ class TrainConfig:
         object.__setattr__(self, "grad_clip", real("TrainConfig.grad_clip", self.grad_clip, low=0, low_open=True))
         object.__setattr__(self, "eps", real("TrainConfig.eps", self.eps, low=0, high=1, low_open=True,
                                              high_open=True))
+        object.__setattr__(self, "stratified_t", flag("TrainConfig.stratified_t", self.stratified_t))
         if self.compute_dtype not in COMPUTE_DTYPES:
             raise ValueError(f"TrainConfig.compute_dtype must be one of {COMPUTE_DTYPES}, got {self.compute_dtype!r}")
         if self.seq_length > self.model.max_position_embeddings:
@@ -182,8 +188,8 @@ def loss_fn(config: TrainConfig) -> Callable:
                 return llada.forward(params, ids, real, config=model, padding="mask")[0]
 
             return llada_loss(llada_logits, params, tokens, loss_mask, key, mask_token_id=model.mask_token_id,
-                              eps=config.eps)
-        return sdar_loss(params, tokens, loss_mask, key, config=model, eps=config.eps)
+                              eps=config.eps, stratified=config.stratified_t)
+        return sdar_loss(params, tokens, loss_mask, key, config=model, eps=config.eps, stratified=config.stratified_t)
 
     return loss
 
@@ -221,7 +227,8 @@ def step_config(config: TrainConfig) -> TrainConfig:
 
 @functools.partial(jax.jit, static_argnames=("config",), donate_argnames=("state",))
 def train_step(state: TrainState, tokens, loss_mask, lengths, *, config: TrainConfig) -> tuple[TrainState, StepMetrics]:
-    """One optimizer step on tokens int32 [B, L] with loss_mask bool [B, L] and real lengths int32 [B]."""
+    """One optimizer step on tokens int32 [B, L] with loss_mask bool [B, L] and real lengths int32 [B]
+    (compiled once per L: a bucketed run has a few)."""
     rng, key = jax.random.split(state.rng)
     (loss, metrics), grads = jax.value_and_grad(loss_fn(config), has_aux=True)(state.params, tokens, loss_mask,
                                                                                lengths, key)
@@ -240,8 +247,9 @@ def train(config: TrainConfig, batches: Callable[[int], Batch], *, params: dict 
     `config.steps`, or only up to `stop_at` (a partial run of the same schedule, to resume later).
 
     Args:
-      batches: `batches(step) -> Batch` [batch_size, seq_length] for every step (a pure function of
-        the step, e.g. `data.BatchSource`, so a resumed run sees the batches an uninterrupted one would).
+      batches: `batches(step) -> Batch` [batch_size, L <= seq_length] for every step (a pure function of
+        the step, e.g. `data.BatchSource` or `data.BucketedSource`, so a resumed run sees the batches an
+        uninterrupted one would).
       params: initial float32 params in the checkpoint layout (default: `init_params` from the seed);
         ignored when resuming from a checkpoint.
       resume: continue from the latest checkpoint in run_dir (starting afresh if there is none). Without
@@ -309,10 +317,14 @@ def run_steps(config: TrainConfig, batches, state: TrainState, *, end: int, mana
 
 
 def check_batch(batch: Batch, config: TrainConfig, step: int) -> None:
-    want = (config.batch_size, config.seq_length)
-    if batch.tokens.shape != want or batch.loss_mask.shape != want:
-        raise ValueError(f"the batch of step {step} has tokens {batch.tokens.shape} and loss_mask "
-                         f"{batch.loss_mask.shape}, the config asks for {want} (batch_size, seq_length)")
+    """ValueError unless the batch has batch_size rows of one length L <= seq_length (tokens, loss_mask
+    [B, L], lengths [B])."""
+    rows, length = np.shape(batch.tokens) if np.ndim(batch.tokens) == 2 else (None, None)
+    if (rows != config.batch_size or not 0 < length <= config.seq_length or np.shape(batch.loss_mask) != (rows, length)
+            or np.shape(batch.lengths) != (rows,)):
+        raise ValueError(f"the batch of step {step} has tokens {np.shape(batch.tokens)}, loss_mask "
+                         f"{np.shape(batch.loss_mask)} and lengths {np.shape(batch.lengths)}; the config asks for "
+                         f"{config.batch_size} rows (batch_size) of at most {config.seq_length} tokens (seq_length)")
 
 
 # --- run directory: checkpoints, configuration, history ---
@@ -340,6 +352,8 @@ def open_run(run_dir: Path, config: TrainConfig, *, resume: bool) -> ocp.Checkpo
 def check_same_run(old: dict, config: TrainConfig, path: Path) -> None:
     """ValueError naming the fields a resume would change (only bookkeeping and `steps` may differ)."""
     new = json.loads(json.dumps(config.to_json()))
+    # a field added since the run was written reads as its default (the behaviour that run had)
+    old = {f.name: f.default for f in dataclasses.fields(config) if f.default is not dataclasses.MISSING} | old
     free = {"run_dir", "checkpoint_every", "log_every", "steps"}
     changed = sorted(k for k in set(old) | set(new) if k not in free and old.get(k) != new.get(k))
     if changed:

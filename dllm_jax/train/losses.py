@@ -15,6 +15,12 @@ batches (every position eligible, no padding) it is LLaDA's pretraining loss (su
   * `sdar_loss`: block diffusion in ONE forward over [x_t ; x_0] (BD3-LM's two copies): one t per
     block (as BD3-LM), every noisy block attends bidirectionally to itself and to the clean copy of
     the blocks before it, the clean copy attends block-causally to itself; see `two_copy_mask`.
+
+With `stratified=True` the n ratios of a batch (its rows, or all its blocks) are not iid but one
+stratified draw (low-discrepancy t, as MDLM's variance reduction): one point in each of the n intervals
+[eps + (1-eps) k/n, eps + (1-eps) (k+1)/n), the intervals dealt out in a random order. Each t is still
+U(eps, 1), so the loss keeps its expectation; a batch covers [eps, 1) evenly, which lowers the
+variance of the 1/t weights between batches.
 """
 
 from __future__ import annotations
@@ -48,16 +54,36 @@ class LossMetrics:
     eligible: jax.Array  # number of loss-eligible positions in the batch
 
 
-def row_ratios(key, batch: int, length: int, *, eps: float):
-    """float32 [B, L]: one t ~ U(eps, 1) per row, repeated along the row (LLaDA)."""
-    t = eps + (1.0 - eps) * jax.random.uniform(key, (batch, 1))
+def stratified_uniform(key, n: int):
+    """float32 [n] in [0, 1): (k_i + u) / n for one u ~ U(0, 1) and a random permutation k of 0..n-1,
+    so interval [k/n, (k+1)/n) holds exactly one point (the set of (u' + i/n) mod 1 for u' = u/n)."""
+    u_key, order_key = jax.random.split(key)
+    k = jax.random.permutation(order_key, n).astype(jnp.float32)
+    x = (k + jax.random.uniform(u_key, ())) / n
+    # float32 rounding can carry k + u up to k + 1: keep every point inside its own interval (and below 1)
+    return jnp.clip(x, k / n, jnp.nextafter((k + 1) / n, jnp.float32(0)))
+
+
+def row_ratios(key, batch: int, length: int, *, eps: float, stratified: bool = False):
+    """float32 [B, L]: one t ~ U(eps, 1) per row, repeated along the row (LLaDA); with `stratified`,
+    the B rows' t are one stratified draw (`stratified_uniform`) instead of iid."""
+    if stratified:
+        u = stratified_uniform(key, batch)[:, None]
+    else:
+        u = jax.random.uniform(key, (batch, 1))
+    t = eps + (1.0 - eps) * u
     return jnp.broadcast_to(t, (batch, length))
 
 
-def block_ratios(key, batch: int, length: int, *, block_size: int, eps: float):
-    """float32 [B, L]: one t ~ U(eps, 1) per block of `block_size` positions (the last may be partial)."""
+def block_ratios(key, batch: int, length: int, *, block_size: int, eps: float, stratified: bool = False):
+    """float32 [B, L]: one t ~ U(eps, 1) per block of `block_size` positions (the last may be partial);
+    with `stratified`, the B * blocks t of the batch are one stratified draw (`stratified_uniform`)."""
     blocks = -(-length // block_size)
-    t = eps + (1.0 - eps) * jax.random.uniform(key, (batch, blocks))
+    if stratified:
+        u = stratified_uniform(key, batch * blocks).reshape(batch, blocks)
+    else:
+        u = jax.random.uniform(key, (batch, blocks))
+    t = eps + (1.0 - eps) * u
     return jnp.repeat(t, block_size, axis=1)[:, :length]
 
 
@@ -82,7 +108,8 @@ def weighted_loss(logits, targets, noised: Noised, loss_mask) -> tuple[jax.Array
     return loss, metrics
 
 
-def llada_loss(logits_fn, params, tokens, loss_mask, key, *, mask_token_id: int, eps: float = 1e-3):
+def llada_loss(logits_fn, params, tokens, loss_mask, key, *, mask_token_id: int, eps: float = 1e-3,
+               stratified: bool = False):
     """LLaDA's masked-diffusion loss of tokens int32 [B, L] (module docstring).
 
     Args:
@@ -91,11 +118,12 @@ def llada_loss(logits_fn, params, tokens, loss_mask, key, *, mask_token_id: int,
       loss_mask: bool/0-1 [B, L]: where masking (and so the loss) may happen: the answer for SFT,
         every non-pad position for pretraining.
       key: PRNG key; one t ~ U(eps, 1) per row, then the per-position masking draws.
+      stratified: the rows' t as one stratified draw (`row_ratios`), not iid.
     Returns:
       (scalar loss, LossMetrics).
     """
     t_key, mask_key = jax.random.split(key)
-    t = row_ratios(t_key, *tokens.shape, eps=eps)
+    t = row_ratios(t_key, *tokens.shape, eps=eps, stratified=stratified)
     noised = mask_tokens(tokens, loss_mask, t, mask_key, mask_token_id=mask_token_id)
     return weighted_loss(logits_fn(params, noised.tokens), tokens, noised, loss_mask)
 
@@ -137,13 +165,14 @@ def two_copy_logits(params, noisy, clean, *, config: SDARConfig, policy=Dense())
     return lm_head(params, x[:, :length], config)
 
 
-def sdar_loss(params, tokens, loss_mask, key, *, config: SDARConfig, eps: float = 1e-3):
+def sdar_loss(params, tokens, loss_mask, key, *, config: SDARConfig, eps: float = 1e-3, stratified: bool = False):
     """SDAR's block-diffusion loss of tokens int32 [B, L] (module docstring): one t per block of
-    `config.block_size`, eligible positions (loss_mask) masked with their block's t, one forward of
-    `two_copy_logits`, CE of the masked positions weighted by 1/t. Returns (scalar loss, LossMetrics).
+    `config.block_size` (`stratified`: one stratified draw over all the batch's blocks), eligible
+    positions (loss_mask) masked with their block's t, one forward of `two_copy_logits`, CE of the
+    masked positions weighted by 1/t. Returns (scalar loss, LossMetrics).
     """
     t_key, mask_key = jax.random.split(key)
-    t = block_ratios(t_key, *tokens.shape, block_size=config.block_size, eps=eps)
+    t = block_ratios(t_key, *tokens.shape, block_size=config.block_size, eps=eps, stratified=stratified)
     noised = mask_tokens(tokens, loss_mask, t, mask_key, mask_token_id=config.mask_token_id)
     logits = two_copy_logits(params, noised.tokens, tokens, config=config)
     return weighted_loss(logits, tokens, noised, loss_mask)
