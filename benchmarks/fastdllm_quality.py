@@ -31,8 +31,10 @@ DECODINGS = {  # row -> generate options on top of the window and schedule
     "dual cache + threshold 0.9": dict(cache="dual", threshold=0.9),
     # the methods at their defaults (SparseD's block of 32 for contexts below 4k): their patterns, built by
     # the full forwards, apply to the cached steps' windows
+    "SparseD": dict(method=SparseD(block_size=32)),
     "dual cache + SparseD": dict(cache="dual", method=SparseD(block_size=32)),
     "dual cache + threshold 0.9 + SparseD": dict(cache="dual", threshold=0.9, method=SparseD(block_size=32)),
+    "PulseCol": dict(method=PulseCol()),
     "dual cache + threshold 0.9 + PulseCol": dict(cache="dual", threshold=0.9, method=PulseCol()),
 }
 

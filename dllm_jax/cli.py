@@ -600,7 +600,8 @@ def build_parser() -> argparse.ArgumentParser:
                           help="SDAR only, low_confidence_dynamic remasking (0.85)")
     sampling.add_argument("--cache", default=None, choices=("prefix", "dual"),
                           help="LLaDA only, Fast-dLLM: reuse the keys/values of the positions before the block "
-                               "(prefix) or before and after it (dual) from the block's first step")
+                               "(prefix) or before and after it (dual) from the block's first step; dense, "
+                               "--method sparsed or pulsecol")
     sampling.add_argument("--threshold", type=probability, default=None, metavar="X",
                           help="LLaDA only, Fast-dLLM: commit every masked position of the block whose confidence "
                                "is >= X (at least the most confident one) per step")

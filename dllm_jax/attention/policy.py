@@ -141,6 +141,8 @@ class Dense(AttentionPolicy):
                                implementation=implementation), state
 
     def attend_window(self, q, k, v, state, mode, *, start, **masks):
+        # cuDNN, as every call without a fill length: the split-KV kernel (kv_len = L) measured no faster
+        # for LLaDA-8B's 32-query windows (459.6 vs 468.8 tok/s at 1k, 102.9 vs 101.2 at 8k, H200)
         return self.attend(q, k, v, state, mode, **masks)[0]
 
 

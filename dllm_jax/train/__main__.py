@@ -51,12 +51,19 @@ def task_sampler(tasks: list[str], tokenizer):
     return sample_fn
 
 
+BUCKET_MULTIPLE = 8
+
+
 def bucket_lengths(tasks: list[str], contexts: list[int], family: str) -> dict[int, int]:
-    """{context: its batches' length}: the longest prompt + answer room over the tasks at that context.
-    Not rounded up: the longest bucket stays the single length runs used before bucketing."""
+    """{context: its batches' length}: the longest prompt + answer room over the tasks at that context,
+    rounded up to a multiple of BUCKET_MULTIPLE (cuDNN's training attention with a mask takes even
+    lengths only: a 73-token bucket fails on the GPU)."""
     from dllm_jax.eval.tasks import prompt_length
 
-    return {c: max(prompt_length(t, c) + room_for(t, family) for t in tasks) for c in sorted(set(contexts))}
+    def rounded(n: int) -> int:
+        return -(-n // BUCKET_MULTIPLE) * BUCKET_MULTIPLE
+
+    return {c: rounded(max(prompt_length(t, c) + room_for(t, family) for t in tasks)) for c in sorted(set(contexts))}
 
 
 def batch_source(args, tokenizer):
