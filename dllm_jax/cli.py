@@ -35,7 +35,7 @@ def cmd_generate(args) -> None:
     request = checked_request(args)  # every flag error before the slow loading
     tokenizer, batch = encode_prompts(args, request.config)
     options = batch_options(args, request, batch)
-    model = load_model(args.model, dtype=args.dtype)
+    model = load_model(args.model, dtype=args.dtype, mesh=mesh_of(args))
     start = time.perf_counter()
     out = np.asarray(generate(model, batch.ids, attention_mask=batch.mask, seed=args.seed, progress=args.progress,
                               method=request.method, **options))
@@ -261,6 +261,23 @@ def number(kind, requirement: str, ok):
     return parse
 
 
+def mesh_spec(text: str) -> dict[str, int]:
+    """--mesh tp=2,dp=2 -> {"dp": 2, "tp": 2} (dllm_jax.sharding.parse_mesh), an argparse error otherwise."""
+    from dllm_jax.sharding import parse_mesh
+
+    try:
+        return parse_mesh(text)
+    except ValueError as e:
+        raise argparse.ArgumentTypeError(str(e)) from None
+
+
+def mesh_of(args):
+    """The jax Mesh of --mesh (over this machine's devices), or None."""
+    from dllm_jax.sharding import make_mesh
+
+    return None if args.mesh is None else make_mesh(args.mesh)
+
+
 positive_int = number(int, "a positive integer", lambda v: v > 0)
 non_negative_int = number(int, "a non-negative integer", lambda v: v >= 0)
 seed_int = number(int, "a 32-bit integer", lambda v: -2**31 <= v < 2**31)
@@ -428,7 +445,7 @@ def cmd_eval(args) -> None:
     if out is not None and out.is_dir():
         raise ValueError(f"--json {out} is a directory: name the file to write")
     samples = make_samples(args.task, args.context, args.samples, args.seed, load_tokenizer(args.model))
-    model = load_model(args.model, dtype=args.dtype)
+    model = load_model(args.model, dtype=args.dtype, mesh=mesh_of(args))
     result = evaluate(model, samples, method=method, batch_size=args.batch_size, progress=not args.quiet)
     print(f"{args.task} at {args.context} tokens, {result.method}: accuracy {result.accuracy:.3f} "
           f"({result.num_correct}/{result.num_samples}) in {result.seconds:.1f} s")
@@ -638,6 +655,8 @@ def build_parser() -> argparse.ArgumentParser:
                                      "them in one batch with the official sampler of its family (one compiled "
                                      "loop) and prints the answers, numbered when there are several.")
     gen.add_argument("--progress", action="store_true", help="progress bar from inside the compiled loop")
+    gen.add_argument("--mesh", type=mesh_spec, default=None, metavar="tp=N[,dp=M]",
+                     help="shard the model over N devices (tensor parallelism) and the prompts over M")
     gen.set_defaults(fn=cmd_generate)
 
     analyze = sub.add_parser("analyze", parents=[sampling, dtype, methods],
@@ -666,6 +685,8 @@ def build_parser() -> argparse.ArgumentParser:
                             help="samples generated together (1; greedy answers do not depend on it)")
     evaluation.add_argument("--json", default=None, metavar="FILE", help="also write the result and every record here")
     evaluation.add_argument("--quiet", action="store_true", help="no progress bar")
+    evaluation.add_argument("--mesh", type=mesh_spec, default=None, metavar="tp=N[,dp=M]",
+                            help="shard the model over N devices (tensor parallelism) and the samples over M")
     evaluation.set_defaults(fn=cmd_eval)
 
     # The flags of `python -m dllm_jax.train`, from its `arguments()` parent parser (one definition)

@@ -56,9 +56,17 @@ def test_converted_params_are_the_hf_tensors_in_flax_layout(tmp_path, config):
     params = load_model(tmp_path / "out", dtype="float32").params()
     h, d, i = config.num_heads, config.head_dim, config.intermediate_size
     layers = params["layers"]  # the inference layout: per layer, q/k/v and gate/up fused column-wise
-    np.testing.assert_array_equal(layers[1]["qkv_proj"][:, :h * d], tensors["model.transformer.blocks.1.q_proj.weight"].T)
+    kv, g = config.num_kv_heads, config.num_heads // config.num_kv_heads
+    qkv = np.asarray(layers[1]["qkv_proj"]).reshape(-1, kv, g + 2, d)  # per KV head: its query heads, key, value
+    blocks = {name: tensors[f"model.transformer.blocks.1.{name}.weight"].T.reshape(-1, count, d)
+              for name, count in (("q_proj", h), ("k_proj", kv), ("v_proj", kv))}
+    for head in range(kv):
+        np.testing.assert_array_equal(qkv[:, head, :g], blocks["q_proj"][:, head * g:(head + 1) * g])
+        np.testing.assert_array_equal(qkv[:, head, g], blocks["k_proj"][:, head])
+        np.testing.assert_array_equal(qkv[:, head, g + 1], blocks["v_proj"][:, head])
     np.testing.assert_array_equal(layers[0]["o_proj"], tensors["model.transformer.blocks.0.attn_out.weight"].T)
-    np.testing.assert_array_equal(layers[1]["gate_up_proj"][:, :i], tensors["model.transformer.blocks.1.ff_proj.weight"].T)
+    np.testing.assert_array_equal(layers[1]["gate_up_proj"][:, 0::2], tensors["model.transformer.blocks.1.ff_proj.weight"].T)
+    np.testing.assert_array_equal(layers[1]["gate_up_proj"][:, 1::2], tensors["model.transformer.blocks.1.up_proj.weight"].T)
     np.testing.assert_array_equal(layers[0]["down_proj"], tensors["model.transformer.blocks.0.ff_out.weight"].T)
     np.testing.assert_array_equal(params["lm_head"], tensors["model.transformer.ff_out.weight"].T)
     np.testing.assert_array_equal(params["embed"], tensors["model.transformer.wte.weight"])

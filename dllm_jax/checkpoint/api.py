@@ -22,6 +22,7 @@ from dllm_jax.config import LLaDAConfig, SDARConfig, read_hf_config
 from dllm_jax.models.layers import check_execution, prepare_params, to_module_tree
 from dllm_jax.models.llada import LLaDA
 from dllm_jax.models.sdar import SDAR
+from dllm_jax.sharding import check_mesh, shard_params
 
 MODEL_CLASSES = {LLaDAConfig: LLaDA, SDARConfig: SDAR}
 
@@ -128,7 +129,8 @@ def is_converted(path: Path, raw: dict) -> bool:
     return "dllm_jax" in raw or (path / MANIFEST).exists() or (path / orbax_io.PARAMS_DIR).is_dir()
 
 
-def load_model(path, *, dtype=None, verify: bool = True, progress: bool = True, execution: str = "unrolled"):
+def load_model(path, *, dtype=None, verify: bool = True, progress: bool = True, execution: str = "unrolled",
+               mesh=None):
     """Loads a model from a converted Orbax directory or directly from an HF directory.
 
     A converted directory must be committed (hold the manifest its conversion writes last) with a
@@ -149,6 +151,10 @@ def load_model(path, *, dtype=None, verify: bool = True, progress: bool = True, 
       execution: "unrolled" (the default: every layer traced separately, weights read in place at
         near memory bandwidth) or "scan" (one `lax.scan` body over stacked layers: faster to
         compile, slower to run; see dllm_jax.models.layers and the README's compile-time table).
+      mesh: a `jax.sharding.Mesh` with axes ("dp", "tp") (`dllm_jax.sharding.make_mesh("tp=2")`): the
+        weights are placed Megatron-style over "tp" (`dllm_jax.sharding.PARAM_AXES`) and `generate`
+        puts prompt rows over "dp"; None (the default) keeps everything on the default device. The
+        weights are loaded on the default device first, then placed.
     Returns:
       The NNX model (`LLaDA` or `SDAR`, from config.json); `model(input_ids) -> float32 logits
       [B, L, V]` (bidirectional for LLaDA, block-causal for SDAR); `model.config`.
@@ -161,13 +167,15 @@ def load_model(path, *, dtype=None, verify: bool = True, progress: bool = True, 
     if not path.is_dir():
         raise ValueError(f"{path} is not a directory (load_model takes a checkpoint directory)")
     raw, config = read_hf_config(path)
+    if mesh is not None:  # before reading any weight
+        check_mesh(mesh, config)
     if is_converted(path, raw):
         params = load_converted(path, raw, config, dtype, verify=verify)
     elif any(path.glob("*.safetensors")):
         params = to_device_leafwise(read_hf_params(path, config, dtype=dtype, progress=progress))
     else:
         raise ValueError(f"{path} holds neither a converted checkpoint (params/) nor *.safetensors")
-    return model_from_params(config, params, execution=execution)
+    return model_from_params(config, params, execution=execution, mesh=mesh)
 
 
 def load_converted(path: Path, raw: dict, config, dtype: str, *, verify: bool) -> dict:
@@ -221,18 +229,23 @@ def to_device_leafwise(tree: dict) -> dict:
     return tree
 
 
-def model_from_params(config, params: dict, *, execution: str = "unrolled"):
+def model_from_params(config, params: dict, *, execution: str = "unrolled", mesh=None):
     """Builds the model of `config` around an existing parameter tree (checkpoint or inference
     layout; no random init), prepared for inference as `execution` says ("unrolled", the default,
     or "scan": see dllm_jax.models.layers). Takes ownership of `params`: its tensors move into the
-    model (the tree is emptied), so a device tree is not held twice."""
+    model (the tree is emptied), so a device tree is not held twice. With a `mesh`, the weights are
+    placed on it (`dllm_jax.sharding.shard_params`) and the model remembers it as `model.mesh`."""
     model_class = MODEL_CLASSES.get(type(config))
     if model_class is None:
         raise ValueError(f"unsupported config type {type(config).__name__}")
     check_execution(execution)
     dtype = params["embed"].dtype
     params = prepare_params(params, config, execution=execution)
+    if mesh is not None:
+        params = shard_params(params, config, mesh)
     abstract = nnx.eval_shape(lambda: model_class(config, dtype=dtype, rngs=nnx.Rngs(0), execution=execution))
     graphdef, state = nnx.split(abstract)
     nnx.replace_by_pure_dict(state, to_module_tree(params))
-    return nnx.merge(graphdef, state)
+    model = nnx.merge(graphdef, state)
+    model.mesh = mesh
+    return model

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import dataclasses
 
+import jax
 import numpy as np
 
 from dllm_jax import validation
@@ -16,6 +17,7 @@ from dllm_jax.generate.progress import progress_bar, tick
 from dllm_jax.generate.sdar import SDAROptions
 from dllm_jax.models.llada import LLaDA
 from dllm_jax.models.sdar import SDAR
+from dllm_jax.sharding import batch_sharding
 
 
 def generate(model, prompt_ids, *, attention_mask=None, seed: int = 0, method=None, progress: bool = False,
@@ -77,9 +79,11 @@ def generate(model, prompt_ids, *, attention_mask=None, seed: int = 0, method=No
         method = make_method(method)
     method = Dense() if method is None else method
     check_policy(method)
+    mesh = getattr(model, "mesh", None)
     if isinstance(model, LLaDA):
         opts, prompt_ids, method = prepare_llada(model, prompt_ids, attention_mask, method, options)
         mask = None if attention_mask is None else np.asarray(attention_mask, np.int32)
+        prompt_ids, mask = on_mesh(mesh, prompt_ids, mask)
         if opts.fast:
             check_fast(model.config, prompt_ids, method, opts)
             with progress_bar(opts.steps, "LLaDA denoising (at most)", progress) as run_id:
@@ -97,10 +101,11 @@ def generate(model, prompt_ids, *, attention_mask=None, seed: int = 0, method=No
         if return_nfe:
             raise ValueError("return_nfe=True is for LLaDA models (SDAR's forwards per block follow its schedule)")
         opts, prompt_ids, mask, blocks = prepare_sdar(model, prompt_ids, attention_mask, method, options)
+        placed_ids, placed_mask = on_mesh(mesh, prompt_ids, mask)
         with progress_bar(blocks, "SDAR blocks", progress) as run_id:
-            x, end = gen_sdar.generate_sdar_jit(model.params(), prompt_ids, mask, seed,
+            x, end = gen_sdar.generate_sdar_jit(model.params(), placed_ids, placed_mask, seed,
                                                 np.int32(run_id), config=model.config, options=opts,
-                                                policy=method, on_step=tick if progress else None)
+                                                policy=method, on_step=tick if progress else None, mesh=mesh)
             x, end = np.asarray(x), np.asarray(end)
         lengths = np.full(len(x), prompt_ids.shape[1]) if mask is None else mask.sum(axis=1)
         rows = gen_sdar.trim(x, end, lengths, set(model.config.eos_token_ids))
@@ -109,6 +114,18 @@ def generate(model, prompt_ids, *, attention_mask=None, seed: int = 0, method=No
         return gen_sdar.left_padded(rows, prompt_ids, np.ones_like(prompt_ids) if mask is None else mask,
                                     prompt_ids.shape[1] + opts.max_new_tokens, model.config.pad_token_id)
     raise ValueError(f"generate supports LLaDA and SDAR models, got {type(model).__name__}")
+
+
+def on_mesh(mesh, prompt_ids: np.ndarray, mask):
+    """The prompt (and mask) with rows over the mesh's "dp" axis (unchanged without a mesh); ValueError
+    unless dp divides the batch."""
+    if mesh is None:
+        return prompt_ids, mask
+    dp = mesh.shape["dp"]
+    if prompt_ids.shape[0] % dp:
+        raise ValueError(f"the batch of {prompt_ids.shape[0]} prompts must be a multiple of the mesh's dp={dp}")
+    sharding = batch_sharding(mesh, 2)
+    return jax.device_put(prompt_ids, sharding), None if mask is None else jax.device_put(mask, sharding)
 
 
 def prepare_llada(model, prompt_ids, attention_mask, method, options: dict):

@@ -48,6 +48,7 @@ from dllm_jax.attention.policy import AttentionPolicy, Dense, Mode, check_policy
 from dllm_jax.config import SDARConfig
 from dllm_jax.generate.sampling import sample_tokens, transfer_counts, transfer_mask
 from dllm_jax.models import sdar as sdar_model
+from dllm_jax.sharding import shard_kv_cache
 
 CACHE_TILE = 128
 REMASKING = ("low_confidence_dynamic", "low_confidence_static", "sequential")
@@ -182,7 +183,7 @@ def row_slices(x, starts, width: int):
 
 
 def generate_sdar(params, prompt_ids, attention_mask, seed, run_id=0, *, config: SDARConfig, options: SDAROptions,
-                  policy: AttentionPolicy = Dense(), on_step=None, return_policy_state: bool = False):
+                  policy: AttentionPolicy = Dense(), on_step=None, return_policy_state: bool = False, mesh=None):
     """The whole generation, traceable as one function.
 
     prompt_ids int32 [B, P], left-padded as `attention_mask` [B, P] (1 = token, 0 = padding; None:
@@ -214,6 +215,7 @@ def generate_sdar(params, prompt_ids, attention_mask, seed, run_id=0, *, config:
     # capacity: the longest row plus one block of scratch for idle rows' writes, in whole 128-key
     # tiles so that the split-KV kernels read the cache without padding it
     cache = sdar_model.init_cache(config, b, -(-(width + bl) // CACHE_TILE) * CACHE_TILE, params["embed"].dtype)
+    cache = shard_kv_cache(cache, mesh)  # rows over "dp", KV heads over "tp" on a sharded model
     params = sdar_model.unrolled(params, config)
     prefill_width = p // bl * bl
     if prefill_width:
@@ -254,7 +256,7 @@ def generate_sdar(params, prompt_ids, attention_mask, seed, run_id=0, *, config:
     return carry.x, carry.decoded
 
 
-STATIC = ("config", "options", "policy", "on_step", "return_policy_state")
+STATIC = ("config", "options", "policy", "on_step", "return_policy_state", "mesh")
 generate_sdar_jit = jax.jit(generate_sdar, static_argnames=STATIC)
 
 

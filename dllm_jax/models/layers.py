@@ -9,7 +9,11 @@ I = intermediate size):
     gate_proj, up_proj [L, d, I]; down_proj [L, I, d].
   * inference layout (`prepare_params`, done once at load): the projections a sublayer applies to
     the same input fused into one matrix, qkv_proj [d, (H + 2K) * D] and gate_up_proj [d, 2I]
-    (one GEMM reads each weight once instead of three or two launches), o_proj [H * D, d]; and
+    (one GEMM reads each weight once instead of three or two launches), o_proj [H * D, d]. The fused
+    columns are grouped so that any contiguous split of them is a Megatron tensor-parallel shard:
+    qkv_proj per KV head k, [its G = H / K query heads k*G .. k*G + G - 1, its key, its value] (each
+    D wide), and gate_up_proj interleaved, column 2j gate j and 2j + 1 up j (`dllm_jax.sharding`
+    splits the columns over "tp"). Then
     either one dict per layer in a tuple ("unrolled", the default: the layers are traced one after
     the other under jit, every GEMM reads its weights in place) or the same names stacked on a
     leading layer axis ("scan": one `lax.scan` body, compiles faster, but XLA copies each layer's
@@ -77,8 +81,8 @@ def attention_sublayer(p, x, cos, sin, attend, state, layer, config):
     b, n, _ = x.shape
     h, kv, hd = config.num_heads, config.num_kv_heads, config.head_dim
     qkv = jnp.matmul(rms_norm(x, p["attn_norm"], eps), p["qkv_proj"], precision=precision)
-    q, k, v = jnp.split(qkv, [h * hd, (h + kv) * hd], axis=-1)
-    q, k, v = q.reshape(b, n, h, hd), k.reshape(b, n, kv, hd), v.reshape(b, n, kv, hd)
+    qkv = qkv.reshape(b, n, kv, h // kv + 2, hd)  # per KV head: its query heads, its key, its value
+    q, k, v = qkv[:, :, :, :-2].reshape(b, n, h, hd), qkv[:, :, :, -2], qkv[:, :, :, -1]
     if config.qk_norm:
         q = rms_norm(q, p["q_norm"], eps)
         k = rms_norm(k, p["k_norm"], eps)
@@ -92,8 +96,8 @@ def attention_sublayer(p, x, cos, sin, attend, state, layer, config):
 def mlp_sublayer(p, x, *, eps: float):
     """x + down(silu(gate(h)) * up(h)) with h = mlp_norm(x) (SwiGLU; gate and up as one GEMM)."""
     precision = matmul_precision(x.dtype)
-    gate, up = jnp.split(jnp.matmul(rms_norm(x, p["mlp_norm"], eps), p["gate_up_proj"], precision=precision), 2,
-                         axis=-1)
+    both = jnp.matmul(rms_norm(x, p["mlp_norm"], eps), p["gate_up_proj"], precision=precision)
+    gate, up = both[..., 0::2], both[..., 1::2]  # interleaved columns (module docstring)
     return x + jnp.matmul(jax.nn.silu(gate) * up, p["down_proj"], precision=precision)
 
 
@@ -140,12 +144,14 @@ def fuse_layers(stacked: dict, config) -> dict:
     """Checkpoint layout (stacked) -> the scan inference layout. Pops each source tensor from
     `stacked` as soon as its fused form exists, so that on device the peak is the model plus one
     group of projections, not two models."""
-    n, d = config.num_layers, config.hidden_size
+    n, d, kv, hd = config.num_layers, config.hidden_size, config.num_kv_heads, config.head_dim
     fused = {name: stacked.pop(name) for name in ("attn_norm", "mlp_norm", "q_norm", "k_norm") if name in stacked}
-    fused["qkv_proj"] = jnp.concatenate(
-        [stacked.pop(name).reshape(n, d, -1) for name in ("q_proj", "k_proj", "v_proj")], axis=-1)
+    # [L, d, K, G + 2, D]: each KV head's query heads, key and value side by side (module docstring)
+    grouped = [stacked.pop(name).reshape(n, d, kv, -1, hd) for name in ("q_proj", "k_proj", "v_proj")]
+    fused["qkv_proj"] = jnp.concatenate(grouped, axis=3).reshape(n, d, -1)
     fused["o_proj"] = stacked.pop("o_proj").reshape(n, -1, d)
-    fused["gate_up_proj"] = jnp.concatenate([stacked.pop("gate_proj"), stacked.pop("up_proj")], axis=-1)
+    gate_up = [stacked.pop("gate_proj"), stacked.pop("up_proj")]
+    fused["gate_up_proj"] = jnp.stack(gate_up, axis=-1).reshape(n, d, -1)
     fused["down_proj"] = stacked.pop("down_proj")
     return fused
 

@@ -34,6 +34,7 @@ from dllm_jax.attention.policy import AttentionPolicy, Dense, Mode, attend_layer
 from dllm_jax.config import SDARConfig
 from dllm_jax.models.layers import (DecoderLM, check_inputs, decoder_stack, inference_layers, lm_head,
                                     lm_param_shapes, rope_tables)
+from dllm_jax.sharding import shard_kv_cache
 
 param_shapes = lm_param_shapes
 
@@ -261,10 +262,11 @@ class SDAR(DecoderLM):
         return _logits_jit(self.params(), input_ids, config=self.config, block_length=block_length, policy=policy)
 
     def init_cache(self, batch: int, max_length: int) -> KVCache:
-        """An empty cache for `batch` rows and up to `max_length` positions, in the model's dtype."""
+        """An empty cache for `batch` rows and up to `max_length` positions, in the model's dtype (on a
+        sharded model: rows over "dp", KV heads over "tp")."""
         if batch <= 0 or max_length <= 0:
             raise ValueError(f"batch and max_length must be positive, got {batch=}, {max_length=}")
-        return init_cache(self.config, batch, max_length, self.dtype)
+        return shard_kv_cache(init_cache(self.config, batch, max_length, self.dtype), getattr(self, "mesh", None))
 
     def prefill(self, input_ids, cache: KVCache, *, policy: AttentionPolicy = Dense()) -> KVCache:
         """Fills an empty cache with the complete prompt blocks input_ids [B, P]."""

@@ -1,0 +1,131 @@
+"""Tensor and data parallelism with `jax.sharding`: which device holds which slice of every weight.
+
+A mesh names its axes "dp" (batch rows) and "tp" (tensor parallelism). Parameters are placed once,
+at load, from one table of logical axes per family (`PARAM_AXES`): Megatron-style, the attention
+heads and the MLP's hidden dimension are split over "tp" (qkv_proj and gate_up_proj by columns,
+o_proj and down_proj by rows, so each sub-layer ends in one all-reduce), the LM head by vocabulary
+columns, everything else replicated. The fused inference layout is grouped so that contiguous
+column splits are whole KV-head groups and whole gate/up pairs (`dllm_jax.models.layers`). The
+jitted loops then run unchanged: XLA's SPMD partitioner propagates the shardings and inserts the
+collectives, and `generate` places the prompt rows over "dp".
+
+    mesh = dllm_jax.sharding.make_mesh("tp=2,dp=2")
+    model = dllm_jax.load_model(path, mesh=mesh)
+"""
+
+from __future__ import annotations
+
+import math
+
+import jax
+import numpy as np
+from jax.sharding import Mesh, NamedSharding, PartitionSpec
+
+AXES = ("dp", "tp")
+
+# logical axes of every parameter of the inference layout (one layer's names; the scan layout adds a
+# leading layer axis, replicated). LLaDA and SDAR share the decoder, so their tables are the same.
+DECODER_AXES = {
+    "embed": (None, None),
+    "final_norm": (None,),
+    "lm_head": (None, "tp"),
+    "attn_norm": (None,),
+    "mlp_norm": (None,),
+    "q_norm": (None,),
+    "k_norm": (None,),
+    "qkv_proj": (None, "tp"),
+    "o_proj": ("tp", None),
+    "gate_up_proj": (None, "tp"),
+    "down_proj": ("tp", None),
+}
+PARAM_AXES = {"LLaDAConfig": DECODER_AXES, "SDARConfig": DECODER_AXES}
+
+
+def parse_mesh(spec: str) -> dict[str, int]:
+    """"tp=2,dp=2" -> {"dp": 2, "tp": 2} (axes in mesh order); ValueError naming a bad item."""
+    sizes = {}
+    for item in (part.strip() for part in spec.split(",") if part.strip()):
+        name, _, value = item.partition("=")
+        if name not in AXES:
+            raise ValueError(f"mesh axis {name!r} in {spec!r} is not one of {AXES}")
+        if name in sizes:
+            raise ValueError(f"mesh axis {name!r} is given twice in {spec!r}")
+        try:
+            sizes[name] = int(value)
+        except ValueError:
+            raise ValueError(f"mesh axis {name}={value!r} in {spec!r} must be a positive integer") from None
+        if sizes[name] < 1:
+            raise ValueError(f"mesh axis {name}={sizes[name]} in {spec!r} must be a positive integer")
+    if not sizes:
+        raise ValueError(f"mesh {spec!r} names no axis: e.g. 'tp=2' or 'tp=2,dp=2'")
+    return {name: sizes.get(name, 1) for name in AXES}
+
+
+def make_mesh(spec: str | dict[str, int], devices=None) -> Mesh:
+    """A Mesh with axes ("dp", "tp") from "tp=2,dp=2" or {"tp": 2}, over the first dp * tp devices
+    (`jax.devices()` unless given)."""
+    sizes = parse_mesh(spec) if isinstance(spec, str) else parse_mesh(",".join(f"{k}={v}" for k, v in spec.items()))
+    devices = jax.devices() if devices is None else list(devices)
+    need = math.prod(sizes.values())
+    if need > len(devices):
+        raise ValueError(f"mesh {sizes} needs {need} devices, {len(devices)} available "
+                         "(on CPU: XLA_FLAGS=--xla_force_host_platform_device_count=N)")
+    return Mesh(np.asarray(devices[:need]).reshape(tuple(sizes.values())), AXES)
+
+
+def check_mesh(mesh, config) -> None:
+    """ValueError unless `mesh` is a Mesh over AXES whose "tp" size divides what it splits."""
+    if not isinstance(mesh, Mesh):
+        raise ValueError(f"mesh must be a jax.sharding.Mesh (dllm_jax.sharding.make_mesh), got {type(mesh).__name__}")
+    if tuple(mesh.axis_names) != AXES:
+        raise ValueError(f"mesh axes must be {AXES} (dllm_jax.sharding.make_mesh), got {tuple(mesh.axis_names)}")
+    if type(config).__name__ not in PARAM_AXES:
+        raise ValueError(f"no sharding table for {type(config).__name__}")
+    tp = mesh.shape["tp"]
+    split = {"num_kv_heads": config.num_kv_heads, "intermediate_size": config.intermediate_size,
+             "vocab_size": config.vocab_size}
+    bad = [f"{name}={size}" for name, size in split.items() if size % tp]
+    if bad:
+        raise ValueError(f"tp={tp} must divide {', '.join(bad)}: tensor parallelism splits the KV heads, the MLP "
+                         "and the vocabulary over it")
+
+
+def param_sharding(mesh: Mesh, name: str, ndim: int, config) -> NamedSharding:
+    """The NamedSharding of parameter `name` with `ndim` dimensions (a stacked one has a layer axis first)."""
+    axes = PARAM_AXES[type(config).__name__][name]
+    return NamedSharding(mesh, PartitionSpec(*((None,) * (ndim - len(axes)) + axes)))
+
+
+def shard_params(params: dict, config, mesh: Mesh) -> dict:
+    """The inference-layout tree `params` (unrolled or stacked layers) placed on `mesh` by `PARAM_AXES`."""
+    check_mesh(mesh, config)
+
+    def place(name, x):
+        return jax.device_put(x, param_sharding(mesh, name, x.ndim, config))
+
+    top = {name: place(name, x) for name, x in params.items() if name != "layers"}
+    layers = params["layers"]
+    if isinstance(layers, dict):
+        layers = {name: place(name, x) for name, x in layers.items()}
+    else:
+        layers = tuple({name: place(name, x) for name, x in layer.items()} for layer in layers)
+    return dict(top, layers=layers)
+
+
+def batch_sharding(mesh: Mesh, ndim: int) -> NamedSharding:
+    """Rows over "dp", the rest replicated: where `generate` puts prompts on a sharded model."""
+    return NamedSharding(mesh, PartitionSpec("dp", *(None,) * (ndim - 1)))
+
+
+def shard_kv_cache(cache, mesh: Mesh | None):
+    """An SDAR KV cache (its [B, S, Hkv, D] keys and values and [B] lengths) with rows over "dp" and KV
+    heads over "tp" (a sharding constraint: inside jit it places the loop's cache, outside it moves a
+    cache); unchanged without a mesh."""
+    if mesh is None:
+        return cache
+
+    def place(x):
+        spec = PartitionSpec("dp", None, "tp", None) if x.ndim == 4 else PartitionSpec("dp")
+        return jax.lax.with_sharding_constraint(x, NamedSharding(mesh, spec))
+
+    return jax.tree.map(place, cache)
