@@ -69,6 +69,8 @@ def generate(model, prompt_ids, *, attention_mask=None, seed: int = 0, method=No
     whose per-layer state rides in the loop carry: `dllm_jax.SparseD(...)`, `dllm_jax.PulseCol(...)` or
     `dllm_jax.SpargeAttn(...)` for LLaDA (generation without padding masks); `dllm_jax.MAGE(...)`, `dllm_jax.FlashBlock(...)` or
     `dllm_jax.FlashBlock(..., inner=dllm_jax.MAGE(...))` for SDAR.
+    A model loaded with `mesh=` (dllm_jax.sharding) runs the same loops sharded: prompt rows are placed
+    over the mesh's "dp" axis (dp must divide the batch).
     `progress=True` shows a tqdm bar advanced from inside the compiled loop (per step for LLaDA,
     per block for SDAR). `seed`: an int in [-2**31, 2**31) (`dllm_jax.validation.seed` says why not wider).
     Every argument is checked on the host before anything is traced: a bad one raises a ValueError
