@@ -179,7 +179,8 @@ class Request:
 FAMILY_FLAGS = {"block_length": ("--block-length", "LLaDA"), "cfg_scale": ("--cfg-scale", "LLaDA"),
                 "top_k": ("--top-k", "SDAR"), "top_p": ("--top-p", "SDAR"),
                 "confidence_threshold": ("--confidence-threshold", "SDAR"), "cache": ("--cache", "LLaDA"),
-                "threshold": ("--threshold", "LLaDA"), "cache_refresh": ("--cache-refresh", "LLaDA")}
+                "threshold": ("--threshold", "LLaDA"), "factor": ("--factor", "LLaDA"),
+                "cache_refresh": ("--cache-refresh", "LLaDA")}
 
 
 def remasking_families() -> dict:
@@ -231,7 +232,7 @@ def llada_options(args) -> dict:
                 temperature=0.0 if args.temperature is None else args.temperature,
                 cfg_scale=0.0 if args.cfg_scale is None else args.cfg_scale,
                 remasking=args.remasking or "low_confidence", cache=args.cache, threshold=args.threshold,
-                cache_refresh=args.cache_refresh or 0)
+                factor=args.factor, cache_refresh=args.cache_refresh or 0)
 
 
 def sdar_options(args, config) -> dict:
@@ -283,6 +284,7 @@ non_negative_int = number(int, "a non-negative integer", lambda v: v >= 0)
 seed_int = number(int, "a 32-bit integer", lambda v: -2**31 <= v < 2**31)
 fresh_seed = number(int, "an integer in [0, 2**31) (training samples use seeds >= 2**31)", lambda v: 0 <= v < 2**31)
 finite_float = number(float, "a finite number", lambda v: True)
+positive_float = number(float, "a positive number", lambda v: v > 0)
 non_negative_float = number(float, "a finite number >= 0", lambda v: v >= 0)
 probability = number(float, "a number in [0, 1]", lambda v: 0 <= v <= 1)
 fraction = number(float, "a number in (0, 1]", lambda v: 0 < v <= 1)
@@ -622,6 +624,9 @@ def build_parser() -> argparse.ArgumentParser:
     sampling.add_argument("--threshold", type=probability, default=None, metavar="X",
                           help="LLaDA only, Fast-dLLM: commit every masked position of the block whose confidence "
                                "is >= X (at least the most confident one) per step")
+    sampling.add_argument("--factor", type=positive_float, default=None, metavar="F",
+                          help="LLaDA only, Fast-dLLM's factor rule instead of --threshold: the i-th most confident "
+                               "masked position is committed while it reaches 1 - F / (i + 1)")
     sampling.add_argument("--cache-refresh", type=positive_int, default=None, metavar="K",
                           help="LLaDA only, with --cache: also recompute the cache every K-th step of a block")
     sampling.add_argument("--top-k", type=non_negative_int, default=None, metavar="N", help="SDAR only: top-k (0: off)")

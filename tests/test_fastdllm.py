@@ -79,6 +79,8 @@ def test_cached_decoding_leaves_no_mask_and_keeps_the_prompt(model, rng, cache):
     (dict(threshold=1.5), "threshold"),
     (dict(cache_refresh=2), "cache_refresh=2 needs cache="),
     (dict(cache="dual", cfg_scale=1.0), "cfg_scale > 0 is not supported"),
+    (dict(threshold=0.9, factor=1.0), "two parallel-decoding rules"),
+    (dict(factor=-1.0), "factor"),
     (dict(cache="dual", method="mage"), "MAGE is a method for SDAR models"),
     (dict(cache="dual", method="sparge"), "got method SpargeAttn: it has no attention over a cached window"),
 ])
@@ -165,6 +167,37 @@ def reference():
     from tests.torch_reference import llama_reference
 
     return load_model(TRAINED, dtype="float32", progress=False), llama_reference(TRAINED)
+
+
+@pytest.mark.parametrize("cache", [None, "dual"])
+@pytest.mark.parametrize("factor", [0.5, 1.0, 3.0])
+def test_the_factor_rule_equals_a_port_of_the_official_sampler(reference, cache, factor):
+    from tests.torch_fastdllm import fast_generate
+
+    ours, torch_model = reference
+    ids = np.stack([s.prompt_ids for s in dev.make_samples("sanity", 64, 2, 12, dev.load_tokenizer(TRAINED))])
+    options = dict(gen_length=16, steps=8, block_length=8)
+    expected, _ = fast_generate(torch_model, ids, mask_id=ours.config.mask_token_id, factor=factor, cache=cache,
+                                **options)
+    np.testing.assert_array_equal(generate(ours, ids, cache=cache, factor=factor, **options), expected)
+
+
+def test_factor_counts_follow_the_official_loop(rng):
+    import torch
+
+    from dllm_jax.generate.sampling import factor_counts
+    from tests.torch_fastdllm import factor_count
+
+    rows = [rng.uniform(0, 1, 8) for _ in range(40)] + [
+        np.array([0.2] + [-np.inf] * 7),                  # one candidate
+        np.array([0.99, 0.98, 0.97, 0.1] + [-np.inf] * 4),  # only the last falls short: all are taken
+        np.array([0.99, 0.2, 0.97, 0.96, 0.95, 0.9, 0.9, 0.9]),
+        np.full(8, 0.999),                                 # none falls short
+    ]
+    for factor in (0.2, 1.0, 2.5):
+        confidence = np.stack(rows).astype(np.float32)
+        expected = [factor_count(torch.sort(torch.as_tensor(r[r > -np.inf]), descending=True)[0], factor) for r in confidence]
+        np.testing.assert_array_equal(factor_counts(jnp.asarray(confidence), factor), expected)
 
 
 @pytest.mark.parametrize("cache", [None, "prefix", "dual"])

@@ -21,6 +21,8 @@ Decoding is greedy (temperature 0) with "low_confidence" remasking, as in the of
 
 from __future__ import annotations
 
+import dataclasses
+
 import numpy as np
 import torch
 import torch.nn.functional as F
@@ -123,6 +125,31 @@ def num_transfer_tokens(block_mask: torch.Tensor, steps: int) -> torch.Tensor:
     return schedule
 
 
+@dataclasses.dataclass(frozen=True)
+class Factor:
+    """The official factor rule (`get_transfer_index_dynamic`), passed where a threshold goes."""
+
+    factor: float
+
+
+def factor_count(ranked_confidence: torch.Tensor, factor: float) -> int:
+    """How many of a row's n eligible positions (confidences sorted descending) the official factor loop
+    commits: it walks thresholds 1 - factor / (i + 1) for i = 1..n, the first replaced by -1, stops at the
+    first position below its threshold (top_i), and adds one when top_i is the first or the last index."""
+    n = len(ranked_confidence)
+    if n == 0:
+        return 0
+    thresholds = [1 - factor / (i + 1) for i in range(1, n + 1)]
+    thresholds[0] = -1
+    top_i = 0
+    for top_i in range(n):
+        if ranked_confidence[top_i] < thresholds[top_i]:
+            break
+    if top_i == 0 or top_i == n - 1:
+        top_i += 1
+    return top_i
+
+
 def transfer_index(logits, mask_index, x, k, threshold=None):
     """Official `get_transfer_index` at temperature 0, low_confidence: x0 = argmax; confidence = float64
     softmax probability of x0 on eligible (mask_index) positions, -inf elsewhere. Per row, the top-k[row]
@@ -134,13 +161,16 @@ def transfer_index(logits, mask_index, x, k, threshold=None):
     x0_p = torch.gather(p, -1, x0[..., None])[..., 0]
     x0 = torch.where(mask_index, x0, x)
     confidence = torch.where(mask_index, x0_p, torch.tensor(-np.inf, dtype=torch.float64))
-    if threshold is not None:
+    if isinstance(threshold, Factor):
+        k = [factor_count(torch.sort(confidence[row][mask_index[row]], descending=True)[0], threshold.factor)
+             for row in range(confidence.shape[0])]
+    elif threshold is not None:
         k = mask_index.sum(dim=1)
     transfer = torch.zeros_like(x0, dtype=torch.bool)
     for row in range(confidence.shape[0]):
         _, ranked = torch.topk(confidence[row], k=int(k[row]))
         transfer[row, ranked] = True
-        if threshold is not None:
+        if threshold is not None and not isinstance(threshold, Factor):
             low = ranked[1:][confidence[row, ranked[1:]] < threshold]
             transfer[row, low] = False
     return x0, transfer
@@ -214,10 +244,12 @@ def _block_with_cache(model, x, s, e, mask_id, schedule, threshold, cache) -> in
         _check_progress(before, x, threshold)
 
 
-def fast_generate(model, prompt, *, steps, gen_length, block_length, mask_id, threshold=None, cache=None):
+def fast_generate(model, prompt, *, steps, gen_length, block_length, mask_id, threshold=None, cache=None,
+                  factor=None):
     """Fast-dLLM LLaDA generation, greedy, low_confidence remasking, step for step as the official
     `generate` (cache None), `generate_with_prefix_cache` ("prefix") and `generate_with_dual_cache`
-    ("dual"), with the official `threshold` rule. prompt: int [B, P], no padding.
+    ("dual"), with the official `threshold` rule or, given `factor`, the official factor rule
+    (`get_transfer_index_dynamic`). prompt: int [B, P], no padding.
     Returns (x as np.int64 [B, P + gen_length], nfe).
 
     A block ends when no row has a mask left in it (the official checks `.sum() == 0` over the batch; the
@@ -227,6 +259,8 @@ def fast_generate(model, prompt, *, steps, gen_length, block_length, mask_id, th
     changes nothing (official: same inputs forever)."""
     if cache not in CACHE_MODES:
         raise ValueError(f"cache must be one of {CACHE_MODES}, got {cache!r}")
+    if factor is not None:
+        threshold = Factor(factor)
     if gen_length % block_length:
         raise ValueError(f"gen_length ({gen_length}) must be a multiple of block_length ({block_length})")
     num_blocks = gen_length // block_length

@@ -28,6 +28,7 @@ def generate(model, prompt_ids, *, attention_mask=None, seed: int = 0, method=No
       gen_length=128, steps=128, block_length=128, temperature=0.0, cfg_scale=0.0,
       remasking="low_confidence" | "random", logits_eos_inf=False, confidence_eos_eot_inf=False,
       padding="ignore" | "mask", cache=None | "prefix" | "dual", threshold=None | float in [0, 1],
+      factor=None | float > 0,
       cache_refresh=0. `attention_mask` [B, P] marks real prompt tokens (left padding);
       `seed` is a traced argument (no recompilation). See `dllm_jax.generate.llada`.
       Infilling: mask ids (config.mask_token_id) inside the prompt are predicted and filled in with
@@ -59,6 +60,8 @@ def generate(model, prompt_ids, *, attention_mask=None, seed: int = 0, method=No
       reuses every layer's keys and values of the positions before the block from the block's first
       step, `cache="dual"` those after it too (the block's later steps then run the block alone);
       `cache_refresh=k` also recomputes the cache every k-th step of a block (1: every step, exact).
+      `factor=f` (instead of threshold) commits the i-th most confident masked position while its
+      confidence reaches 1 - f / (i + 1) (the official `get_transfer_index_dynamic`).
       `threshold=x` commits, per step, each row's most confident masked position of the block plus every
       other one of confidence >= x, and a block's steps end once it has no mask left (fewer forwards).
       With a cache, `method` is dense, SparseD or PulseCol (its pattern, built by full forwards, is

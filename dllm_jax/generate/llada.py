@@ -27,7 +27,7 @@ from flax import struct
 from dllm_jax import validation as check
 from dllm_jax.attention.policy import AttentionPolicy, Dense, Mode, check_policy
 from dllm_jax.config import LLaDAConfig
-from dllm_jax.generate.sampling import commit_top, gumbel_argmax, transfer_counts
+from dllm_jax.generate.sampling import commit_top, factor_counts, gumbel_argmax, transfer_counts
 from dllm_jax.models import llada as llada_model
 from dllm_jax.models.layers import check_inputs
 
@@ -50,6 +50,7 @@ class LLaDAOptions:
     padding: str = "ignore"
     cache: str | None = None
     threshold: float | None = None
+    factor: float | None = None
     cache_refresh: int = 0
 
     def __post_init__(self):
@@ -77,17 +78,27 @@ class LLaDAOptions:
             check.choice("cache", self.cache, CACHES)
         if self.threshold is not None:
             store("threshold", check.real("threshold", self.threshold, low=0, high=1))
+        if self.factor is not None:
+            store("factor", check.real("factor", self.factor, low=0))
+            if self.threshold is not None:
+                raise ValueError(f"threshold={self.threshold} and factor={self.factor} are two parallel-decoding rules: "
+                                 "pass one")
         store("cache_refresh", check.integer("cache_refresh", self.cache_refresh, minimum=0))
         if self.cache_refresh and self.cache is None:
             raise ValueError(f"cache_refresh={self.cache_refresh} needs cache='prefix' or 'dual' (it says how often "
                              "a block's steps recompute the cache)")
         if self.fast and self.cfg_scale > 0:
-            raise ValueError("cfg_scale > 0 is not supported with cache= or threshold= (Fast-dLLM decoding) yet")
+            raise ValueError("cfg_scale > 0 is not supported with cache=, threshold= or factor= (Fast-dLLM decoding) yet")
 
     @property
     def fast(self) -> bool:
         """Fast-dLLM decoding: a KV cache, confidence-aware parallel decoding, or both (`generate_llada_fast`)."""
-        return self.cache is not None or self.threshold is not None
+        return self.cache is not None or self.parallel
+
+    @property
+    def parallel(self) -> bool:
+        """Confidence-aware parallel decoding (threshold= or factor=) instead of the schedule."""
+        return self.threshold is not None or self.factor is not None
 
     @property
     def num_blocks(self) -> int:
@@ -224,7 +235,8 @@ def generate_llada_fast(params, prompt_ids, attention_mask, seed, run_id=0, *, c
     prefix ("prefix") or the block alone with the cached prefix and suffix ("dual"); without a
     cache every step is a full forward. A step commits the block's schedule (threshold=None, as the
     original sampler) or, with a threshold, each row's most confident masked position plus every
-    other one whose confidence is at least the threshold (the official `get_transfer_index`).
+    other one whose confidence is at least the threshold (the official `get_transfer_index`), or with a
+    factor as many as the official factor rule allows (`get_transfer_index_dynamic`, `factor_counts`).
     Positions past the block never change, as in the official code. A block stops after steps_per_block
     steps (schedule) or block_length steps (threshold) even if masks are left, which happens only when
     the model predicts the mask id itself. Unlike the official cached loops, no forward runs after a
@@ -296,7 +308,9 @@ def generate_llada_fast(params, prompt_ids, attention_mask, seed, run_id=0, *, c
         x0_p = token_confidence(logits, x0, o, config, lambda: jax.random.uniform(
             jax.random.fold_in(random_key, carry.nfe), (b, bl), jnp.float32))
         confidence = jnp.where(masked, x0_p, -jnp.inf)
-        if o.threshold is None:
+        if o.factor is not None:
+            transfer = commit_top(confidence, factor_counts(confidence, o.factor))
+        elif o.threshold is None:
             transfer = commit_top(confidence, carry.counts[:, carry.i])
         else:
             transfer = commit_top(confidence, jnp.ones((b,), jnp.int32)) | (confidence >= o.threshold)
@@ -316,7 +330,7 @@ def generate_llada_fast(params, prompt_ids, attention_mask, seed, run_id=0, *, c
         def unfinished(carry: FastCarry):
             # the bound only binds if the model predicts the mask id itself (a committed mask stays a
             # mask): where the official loops would raise (schedule) or never end (threshold)
-            limit = bl if o.threshold is not None else o.steps_per_block
+            limit = bl if o.parallel else o.steps_per_block
             return jnp.any(jax.lax.dynamic_slice_in_dim(carry.x, start, bl, axis=1) == mask_id) & (carry.i < limit)
 
         return jax.lax.while_loop(unfinished, functools.partial(step, start=start), carry), None

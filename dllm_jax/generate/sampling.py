@@ -26,6 +26,22 @@ def commit_top(confidence, count):
     return rank < count[:, None]
 
 
+def factor_counts(confidence, factor: float):
+    """int32 [B]: how many positions Fast-dLLM's factor rule (`get_transfer_index_dynamic`) commits per
+    row, from confidence [B, L] (-inf where nothing may be committed).
+
+    With the row's n candidates sorted by confidence c_1 >= ... >= c_n, the i-th (i >= 2) must reach
+    1 - factor / (i + 1); the first is always taken. The count is the number taken before the first
+    one that falls short, except that the official loop commits all n when none falls short or
+    when only the n-th does (its `top_i == len(threshs) - 1` case)."""
+    n = jnp.sum(confidence > -jnp.inf, axis=-1)
+    ranked = -jnp.sort(-confidence, axis=-1)
+    i = jnp.arange(confidence.shape[-1])
+    short = (ranked < 1.0 - factor / (i + 2.0)) & (i >= 1) & (i < n[:, None])
+    first = jnp.where(jnp.any(short, axis=-1), jnp.argmax(short, axis=-1), n)
+    return jnp.where(first >= n - 1, n, first).astype(jnp.int32)
+
+
 def gumbel_argmax(logits, temperature: float, key, total: int):
     """argmax of exp(l) / (-log u)^T, computed as argmax(l - T log(-log u)) (same argmax, no overflow).
 
