@@ -88,16 +88,16 @@ def generate(model, prompt_ids, *, attention_mask=None, seed: int = 0, method=No
     if isinstance(model, LLaDA):
         opts, prompt_ids, method = prepare_llada(model, prompt_ids, attention_mask, method, options)
         mask = None if attention_mask is None else np.asarray(attention_mask, np.int32)
-        prompt_ids, mask = on_mesh(mesh, prompt_ids, mask)
+        placed_ids, placed_mask = on_mesh(mesh, prompt_ids, mask)  # the host arrays stay for the checks
         if opts.fast:
             check_fast(model.config, prompt_ids, method, opts)
             with progress_bar(opts.steps, "LLaDA denoising (at most)", progress) as run_id:
-                out, nfe = generate_llada_fast_jit(model.params(), prompt_ids, mask, seed, np.int32(run_id),
+                out, nfe = generate_llada_fast_jit(model.params(), placed_ids, placed_mask, seed, np.int32(run_id),
                                                    config=model.config, options=opts, policy=method,
                                                    on_step=tick if progress else None)
                 return (np.asarray(out), int(nfe)) if return_nfe else np.asarray(out)
         with progress_bar(opts.steps, "LLaDA denoising", progress) as run_id:
-            out = generate_llada_jit(model.params(), prompt_ids, mask, seed,
+            out = generate_llada_jit(model.params(), placed_ids, placed_mask, seed,
                                      np.int32(run_id), config=model.config, options=opts,
                                      prompt_has_masks=bool((prompt_ids == model.config.mask_token_id).any()),
                                      policy=method, on_step=tick if progress else None)

@@ -238,7 +238,7 @@ def generate_llada_fast(params, prompt_ids, attention_mask, seed, run_id=0, *, c
     other one whose confidence is at least the threshold (the official `get_transfer_index`), or with a
     factor as many as the official factor rule allows (`get_transfer_index_dynamic`, `factor_counts`).
     Positions past the block never change, as in the official code. A block stops after steps_per_block
-    steps (schedule) or block_length steps (threshold) even if masks are left, which happens only when
+    steps (schedule) or block_length steps (threshold, factor) even if masks are left, which happens only when
     the model predicts the mask id itself. Unlike the official cached loops, no forward runs after a
     step that filled the block (same tokens, one forward fewer per such block). Random draws (temperature > 0,
     remasking="random") come from `fold_in(key(seed), 0 or 1)` folded with the forward count, over
@@ -268,14 +268,13 @@ def generate_llada_fast(params, prompt_ids, attention_mask, seed, run_id=0, *, c
         mode = jnp.asarray(policy.mode(carry.nfe), jnp.int32)
 
         def full_forward(_):
-            full_mode = jnp.where((mode == sparse) & ~carry.has_pattern, int(Mode.ESTIMATE), mode)
-            has_pattern = carry.has_pattern | (full_mode == int(Mode.ESTIMATE))
-            if o.cache is None:
+            if o.cache is None:  # every forward is full: `forward` follows the policy's own schedule
                 logits, states = llada_model.forward(params, carry.x, attention_mask, carry.policy_state, carry.nfe,
                                                      config=config, policy=policy, padding=o.padding, logits_from=p)
-                cache = carry.cache
-                has_pattern = carry.has_pattern  # `forward` follows the policy's own schedule
+                cache, has_pattern = carry.cache, carry.has_pattern
             else:
+                full_mode = jnp.where((mode == sparse) & ~carry.has_pattern, int(Mode.ESTIMATE), mode)
+                has_pattern = carry.has_pattern | (full_mode == int(Mode.ESTIMATE))
                 logits, cache, states = full(params, carry.x, attention_mask, carry.policy_state, full_mode)
             return jax.lax.dynamic_slice_in_dim(logits, start - p, bl, axis=1), cache, states, has_pattern
 
