@@ -189,7 +189,7 @@ def family_methods(family: str, small: bool) -> dict:
     """The methods timed per family: the defaults at real sizes, scaled-down blocks for tiny ones."""
     from dllm_jax.attention.methods import make_method
 
-    if family == "LLaDA":
+    if family in ("LLaDA", "Dream"):  # both bidirectional: the same methods
         params = dict(sparsed=dict(block_size=16), pulsecol=dict(group_size=16), sparge=dict(block_q=16, block_kv=16))
         names = ["sparsed", "pulsecol", "sparge"]
     else:
@@ -198,14 +198,15 @@ def family_methods(family: str, small: bool) -> dict:
     return {"dense": None} | {name: make_method(name, **(params.get(name, {}) if small else {})) for name in names}
 
 
-def model_for(name: str, *, layers: int | None, context: int, dtype, execution: str | None = None):
+def model_for(name: str, *, layers: int | None, context: int, dtype, execution: str | None = None, mesh=None):
     """(model, config) with random weights: a shipped config name, or "tiny-llada" / "tiny-sdar";
-    `execution` as `load_model` takes it (None: its default)."""
+    `execution` and `mesh` as `load_model` takes them (None: its default, one device)."""
     from dllm_jax.checkpoint.api import model_from_params
     from dllm_jax.config import shipped_config
-    from dllm_jax.testing import random_params, tiny_llada_config, tiny_sdar_config
+    from dllm_jax.testing import random_params, tiny_dream_config, tiny_llada_config, tiny_sdar_config
 
-    config = {"tiny-llada": tiny_llada_config, "tiny-sdar": tiny_sdar_config}.get(name, lambda: shipped_config(name))()
+    tiny = {"tiny-llada": tiny_llada_config, "tiny-sdar": tiny_sdar_config, "tiny-dream": tiny_dream_config}
+    config = tiny.get(name, lambda: shipped_config(name))()
     changes = dict(max_position_embeddings=max(config.max_position_embeddings, context))  # random weights: no limit
     if layers is not None:
         changes["num_layers"] = layers
@@ -213,24 +214,27 @@ def model_for(name: str, *, layers: int | None, context: int, dtype, execution: 
         changes["eos_token_ids"] = ()  # no stop token: random weights would stop at a random EOS
     config = dataclasses.replace(config, **changes)
     layout = {} if execution is None else dict(execution=execution)
-    return model_from_params(config, random_params(config, jax.random.key(0), dtype), **layout), config
+    return model_from_params(config, random_params(config, jax.random.key(0), dtype), mesh=mesh, **layout), config
 
 
 def generate_rows(model_names, *, context: int, new_tokens: int, layers, dtype, progress: bool):
     from dllm_jax.attention.methods import describe
     from dllm_jax.generate import generate
-    from dllm_jax.models import LLaDA
+    from dllm_jax.models import Dream, LLaDA
 
     rows = []
     for name in model_names:
         model, config = model_for(name, layers=layers, context=context, dtype=dtype)
-        family = "LLaDA" if isinstance(model, LLaDA) else "SDAR"
+        family = "LLaDA" if isinstance(model, LLaDA) else "Dream" if isinstance(model, Dream) else "SDAR"
         prompt_len = context - new_tokens
         if family == "SDAR":
             bs = config.block_size
             options = dict(max_new_tokens=new_tokens, denoising_steps=bs, remasking="low_confidence_static")
             blocks = -(-(prompt_len + new_tokens) // bs) - prompt_len // bs
             forwards = blocks * (bs + 1)  # bs denoising steps + the commit forward per block
+        elif family == "Dream":  # one forward per step, like LLaDA; a confidence-based alg (the official demos')
+            options = dict(max_new_tokens=new_tokens, steps=new_tokens // 2, alg="entropy")
+            forwards = new_tokens // 2
         else:
             options = dict(gen_length=new_tokens, steps=new_tokens // 2, block_length=new_tokens)
             forwards = new_tokens // 2

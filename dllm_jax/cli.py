@@ -47,8 +47,8 @@ def cmd_generate(args) -> None:
     new = out[:, prompt:prompt + args.gen_length]
     answers = [answer_ids(row, stops, request.config.pad_token_id, padded=batch.mask is not None) for row in new]
     texts = [tokenizer.decode(ids, skip=(request.config.mask_token_id,)) for ids in answers]
-    # LLaDA denoises every position of the answer region; SDAR stops a row at its stop token
-    counts = [len(row) if request.family == "LLaDA" else len(ids) for row, ids in zip(new, answers)]
+    # LLaDA and Dream denoise every position of the answer region; SDAR stops a row at its stop token
+    counts = [len(row) if request.family in ("LLaDA", "Dream") else len(ids) for row, ids in zip(new, answers)]
     if len(texts) == 1:
         print(texts[0])
     else:
@@ -142,6 +142,10 @@ def batch_options(args, request, batch: PromptBatch) -> dict:
     """generate's options for this batch. Left-padded LLaDA rows hide their pad keys (padding="mask"), so
     each row's answer is the one it gets alone; the default "ignore" (the official file) lets every token
     attend to the pads. The LLaDA sparse methods take no padding mask: refused before any loading."""
+    if request.family == "Dream" and request.method is not None and batch.mask is not None and not batch.mask.all():
+        raise ValueError(f"--method {args.method} runs on unpadded prompts only (its kernels take no padding "
+                         f"mask), and these {len(batch.lengths)} prompts differ in length ({batch.lengths} tokens): "
+                         "give prompts of one length, run them one at a time, or use --method dense")
     if request.family != "LLaDA" or batch.mask is None or batch.mask.all():
         return request.options
     if request.method is not None:
@@ -168,8 +172,8 @@ def encode_prompt(args):
 class Request:
     """The generate / analyze flags, checked against the checkpoint's config.json before any weights load."""
 
-    config: object  # the checkpoint's LLaDAConfig or SDARConfig
-    family: str  # "LLaDA" or "SDAR"
+    config: object  # the checkpoint's LLaDAConfig, SDARConfig or DreamConfig
+    family: str  # "LLaDA", "SDAR" or "Dream"
     method: object  # the --method attention policy; None for dense
     options: dict  # generate's options of the family
 
@@ -180,29 +184,45 @@ FAMILY_FLAGS = {"block_length": ("--block-length", "LLaDA"), "cfg_scale": ("--cf
                 "top_k": ("--top-k", "SDAR"), "top_p": ("--top-p", "SDAR"),
                 "confidence_threshold": ("--confidence-threshold", "SDAR"), "cache": ("--cache", "LLaDA"),
                 "threshold": ("--threshold", "LLaDA"), "factor": ("--factor", "LLaDA"),
-                "cache_refresh": ("--cache-refresh", "LLaDA")}
+                "cache_refresh": ("--cache-refresh", "LLaDA"), "alg_temp": ("--alg-temp", "Dream")}
+# Flags a second family's sampler reads too (Dream's official sampler has top-k and top-p, as SDAR's).
+SHARED_FLAGS = {"top_k": ("Dream",), "top_p": ("Dream",)}
+
+
+def flag_families(dest: str) -> tuple[str, ...]:
+    """The families whose sampler reads the flag of `dest` (FAMILY_FLAGS' owner first)."""
+    return (FAMILY_FLAGS[dest][1], *SHARED_FLAGS.get(dest, ()))
 
 
 def remasking_families() -> dict:
     """{--remasking value: the family whose sampler has it}."""
-    from dllm_jax.generate import llada, sdar
+    from dllm_jax.generate import dream, llada, sdar
 
-    return {name: "LLaDA" for name in llada.REMASKING} | {name: "SDAR" for name in sdar.REMASKING}
+    return ({name: "LLaDA" for name in llada.REMASKING} | {name: "SDAR" for name in sdar.REMASKING}
+            | {name: "Dream" for name in dream.ALGS})  # Dream's alg: its remasking strategy
 
 
 def checked_request(args) -> Request:
     """The request of the generate / analyze flags; ValueError naming the flag for anything the
     checkpoint's family would refuse or ignore (reads config.json only)."""
     from dllm_jax.attention.methods import check_family
-    from dllm_jax.config import LLaDAConfig, read_hf_config
-    from dllm_jax.generate import LLaDAOptions, SDAROptions
+    from dllm_jax.config import DreamConfig, LLaDAConfig, read_hf_config
+    from dllm_jax.generate import DreamOptions, LLaDAOptions, SDAROptions
 
     method = method_from_args(args)
     _, config = read_hf_config(args.model)
-    family = "LLaDA" if isinstance(config, LLaDAConfig) else "SDAR"
+    family = "LLaDA" if isinstance(config, LLaDAConfig) else "Dream" if isinstance(config, DreamConfig) else "SDAR"
     check_family_flags(args, family)
-    check_family(method, family)
-    if family == "LLaDA":
+    if family == "Dream":  # bidirectional: LLaDA's methods apply
+        from dllm_jax.generate.dream import check_method
+
+        check_method(method)
+    else:
+        check_family(method, family)
+    if family == "Dream":
+        options = dream_options(args)
+        DreamOptions(**options)
+    elif family == "LLaDA":
         options = llada_options(args)
         LLaDAOptions(**options)  # generate's own checks (e.g. block divisibility), before loading
     else:
@@ -213,12 +233,16 @@ def checked_request(args) -> Request:
 
 def check_family_flags(args, family: str) -> None:
     """Refuses, by name, sampling flags and --remasking values of the other family."""
-    stray = [flag for dest, (flag, owner) in FAMILY_FLAGS.items() if owner != family and getattr(args, dest) is not None]
+    stray = [flag for dest, (flag, _) in FAMILY_FLAGS.items()
+             if family not in flag_families(dest) and getattr(args, dest) is not None]
+    owners = [owner for dest, (_, owner) in FAMILY_FLAGS.items()
+              if family not in flag_families(dest) and getattr(args, dest) is not None]
     if args.remasking is not None and remasking_families()[args.remasking] != family:
         stray.append(f"--remasking {args.remasking}")
+        owners.append(remasking_families()[args.remasking])
     if stray:
-        other = "SDAR" if family == "LLaDA" else "LLaDA"
-        own = [flag for flag, owner in FAMILY_FLAGS.values() if owner == family]
+        other = " / ".join(dict.fromkeys(owners))  # the families the stray flags belong to, in order
+        own = [flag for dest, (flag, _) in FAMILY_FLAGS.items() if family in flag_families(dest)]
         own += [f"--remasking {name}" for name, owner in remasking_families().items() if owner == family]
         raise ValueError(f"{', '.join(stray)} {'applies' if len(stray) == 1 else 'apply'} to {other} models; this "
                          f"checkpoint is {family} (its own sampling flags: {', '.join(own)})")
@@ -233,6 +257,15 @@ def llada_options(args) -> dict:
                 cfg_scale=0.0 if args.cfg_scale is None else args.cfg_scale,
                 remasking=args.remasking or "low_confidence", cache=args.cache, threshold=args.threshold,
                 factor=args.factor, cache_refresh=args.cache_refresh or 0)
+
+
+def dream_options(args) -> dict:
+    """generate's Dream options from the flags; unset flags take the official sampler's defaults (steps:
+    --gen-length, one token per step as the official README's examples)."""
+    return dict(max_new_tokens=args.gen_length, steps=args.gen_length if args.steps is None else args.steps,
+                alg=args.remasking or "origin", alg_temp=args.alg_temp or 0.0,
+                temperature=0.0 if args.temperature is None else args.temperature,
+                top_k=0 if args.top_k is None else args.top_k, top_p=1.0 if args.top_p is None else args.top_p)
 
 
 def sdar_options(args, config) -> dict:
@@ -356,6 +389,9 @@ def cmd_analyze(args) -> None:
     from dllm_jax.checkpoint import load_model
 
     request = checked_request(args)
+    if request.family == "Dream":
+        raise ValueError("analyze supports LLaDA and SDAR checkpoints; this one is Dream (its pattern diagnostics "
+                         "are not built yet: generate --method runs its sparse methods)")
     if request.method is None:
         raise ValueError("analyze compares a sparse --method with dense attention: pass one")
     layer = checked_layer(args.layer, request)
@@ -442,6 +478,9 @@ def cmd_eval(args) -> None:
 
     method = method_from_args(args)  # every flag and sample error before the slow loading
     _, config = read_hf_config(args.model)
+    if config.family == "dream":
+        raise ValueError("eval supports LLaDA and SDAR checkpoints (the synthetic tasks' tiny trained models); this "
+                         "one is Dream")
     check_family(method, "LLaDA" if isinstance(config, LLaDAConfig) else "SDAR")
     out = None if args.json is None else Path(args.json)
     if out is not None and out.is_dir():
@@ -599,22 +638,23 @@ def build_parser() -> argparse.ArgumentParser:
     sampling.add_argument("--raw", action="store_true", help="encode the prompts as they are, without the chat template")
     # Family-specific flags default to None ("not given"): given for the other family they are refused by name.
     sampling.add_argument("--gen-length", type=positive_int, default=128, metavar="N",
-                          help="new tokens (128). LLaDA: gen_length, exactly this many. SDAR: max_new_tokens; "
+                          help="new tokens (128). LLaDA: gen_length, exactly this many (Dream: max_new_tokens, too). SDAR: max_new_tokens; "
                                "SDAR decodes whole blocks of its block_size, and at most this many are printed "
                                "(fewer after a stop token)")
     sampling.add_argument("--steps", type=positive_int, default=None, metavar="N",
-                          help="LLaDA steps in all (default gen-length) / SDAR denoising_steps per block (default "
-                               "block_size)")
+                          help="LLaDA and Dream steps in all (default gen-length) / SDAR denoising_steps per block "
+                               "(default block_size)")
     sampling.add_argument("--block-length", type=positive_int, default=None, metavar="N",
                           help="LLaDA only: block_length (default gen-length)")
     sampling.add_argument("--temperature", type=non_negative_float, default=None, metavar="T",
-                          help="sampling temperature: LLaDA default 0 (greedy); SDAR default 1, must be > 0 "
+                          help="sampling temperature: LLaDA and Dream default 0 (greedy); SDAR default 1, must be > 0 "
                                "(--top-k 1 is greedy)")
     sampling.add_argument("--cfg-scale", type=non_negative_float, default=None, metavar="S",
                           help="LLaDA only: classifier-free guidance (0: off)")
     sampling.add_argument("--remasking", default=None, choices=list(remasking_families()), metavar="NAME",
                           help="LLaDA: low_confidence (default) | random; SDAR: low_confidence_dynamic (default) | "
-                               "low_confidence_static | sequential")
+                               "low_confidence_static | sequential; Dream (its alg): origin (default) | maskgit_plus "
+                               "| topk_margin | entropy")
     sampling.add_argument("--confidence-threshold", type=probability, default=None, metavar="X",
                           help="SDAR only, low_confidence_dynamic remasking (0.85)")
     sampling.add_argument("--cache", default=None, choices=("prefix", "dual"),
@@ -629,14 +669,19 @@ def build_parser() -> argparse.ArgumentParser:
                                "masked position is committed while it reaches 1 - F / (i + 1)")
     sampling.add_argument("--cache-refresh", type=positive_int, default=None, metavar="K",
                           help="LLaDA only, with --cache: also recompute the cache every K-th step of a block")
-    sampling.add_argument("--top-k", type=non_negative_int, default=None, metavar="N", help="SDAR only: top-k (0: off)")
-    sampling.add_argument("--top-p", type=fraction, default=None, metavar="X", help="SDAR only: top-p (1: off)")
+    sampling.add_argument("--top-k", type=non_negative_int, default=None, metavar="N",
+                          help="SDAR and Dream: top-k (0: off)")
+    sampling.add_argument("--top-p", type=fraction, default=None, metavar="X", help="SDAR and Dream: top-p (1: off)")
+    sampling.add_argument("--alg-temp", type=non_negative_float, default=None, metavar="T",
+                          help="Dream only: draw the committed positions from softmax(confidence / T) (0: the most "
+                               "confident)")
     sampling.add_argument("--seed", type=seed_int, default=0, metavar="N", help="random seed, 32-bit (0)")
 
     methods = argparse.ArgumentParser(add_help=False)
     group = methods.add_argument_group("sparse attention (unset parameters keep the method's defaults)")
     group.add_argument("--method", default="dense", choices=["dense", *METHODS],
-                       help="sparsed, pulsecol, sparge: LLaDA; mage, flashblock, flashblock+mage: SDAR (default dense)")
+                       help="sparsed, pulsecol, sparge: LLaDA and Dream; mage, flashblock, flashblock+mage: SDAR "
+                            "(default dense)")
     for param, (flag, kind, text) in METHOD_FLAGS.items():
         metavar = {"int": "N", "float": "X", "str": "FILE"}[kind.__name__.split()[0]]
         metavar += "|none" if kind.__name__.endswith("'none'") else ""
@@ -660,7 +705,7 @@ def build_parser() -> argparse.ArgumentParser:
                                      "them in one batch with the official sampler of its family (one compiled "
                                      "loop) and prints the answers, numbered when there are several.")
     gen.add_argument("--progress", action="store_true", help="progress bar from inside the compiled loop")
-    gen.add_argument("--mesh", type=mesh_spec, default=None, metavar="tp=N[,dp=M]",
+    gen.add_argument("--mesh", type=mesh_spec, default=None, metavar="tp=N[,sp=S][,dp=M]",
                      help="shard the model over N devices (tensor parallelism) and the prompts over M")
     gen.set_defaults(fn=cmd_generate)
 
@@ -690,7 +735,7 @@ def build_parser() -> argparse.ArgumentParser:
                             help="samples generated together (1; greedy answers do not depend on it)")
     evaluation.add_argument("--json", default=None, metavar="FILE", help="also write the result and every record here")
     evaluation.add_argument("--quiet", action="store_true", help="no progress bar")
-    evaluation.add_argument("--mesh", type=mesh_spec, default=None, metavar="tp=N[,dp=M]",
+    evaluation.add_argument("--mesh", type=mesh_spec, default=None, metavar="tp=N[,sp=S][,dp=M]",
                             help="shard the model over N devices (tensor parallelism) and the samples over M")
     evaluation.set_defaults(fn=cmd_eval)
 
@@ -714,7 +759,8 @@ def build_parser() -> argparse.ArgumentParser:
                        help="fractions of key blocks / columns kept by the sparse kernels")
     bench.add_argument("--heads", type=positive_int, default=32, help="attention heads (head_dim 128; at most 4 on a CPU)")
     bench.add_argument("--models", nargs="+", default=None,
-                       help="shipped config names or tiny-llada / tiny-sdar (GPU llada-8b-instruct sdar-8b-chat; "
+                       help="shipped config names (e.g. dream-v0-instruct-7b) or tiny-llada / tiny-sdar / tiny-dream (GPU "
+                            "llada-8b-instruct sdar-8b-chat; "
                             "CPU tiny-llada tiny-sdar)")
     bench.add_argument("--context", type=positive_int, default=None, help="prompt + new tokens (GPU 8192; CPU 256)")
     bench.add_argument("--new-tokens", type=positive_int, default=None, help="generated tokens (GPU 128; CPU 32)")

@@ -253,6 +253,292 @@ class SDARConfig:
         }
 
 
+@dataclasses.dataclass(frozen=True, kw_only=True)
+class DreamConfig:
+    """Dream (Dream-v0-Instruct-7B / -Base-7B): a Qwen2.5-architecture masked-diffusion model.
+
+    Attention is fully bidirectional, as LLaDA's; the checkpoint uses HF Qwen2 names and shapes (q/k/v
+    biases, GQA, head_dim = hidden_size / num_heads). Dream predicts token i from position i - 1 (the
+    logits are shifted by one position in generation, `dllm_jax.generate.dream`, not in the forward).
+    """
+
+    hidden_size: int
+    num_layers: int
+    num_heads: int
+    num_kv_heads: int
+    intermediate_size: int
+    vocab_size: int
+    rope_theta: float = 1000000.0
+    rms_norm_eps: float = 1e-6
+    max_position_embeddings: int = 131072
+    tie_word_embeddings: bool = False
+    mask_token_id: int = 151666
+    eos_token_id: int = 151643
+    pad_token_id: int = 151643
+    bos_token_id: int = 151643
+
+    family = "dream"
+    MODEL_TYPES = ("dream",)
+    ARCHITECTURES = ("DreamModel",)
+    # Qwen2: biases on q/k/v (not o), no q/k RMSNorm; cos/sin cast to the activation dtype before
+    # rotating (the official modeling_dream.py, as HF Qwen2).
+    rope_in_fp32 = False
+    qk_norm = False
+    qkv_bias = True
+
+    HF_KEYS = {"num_layers": "num_hidden_layers", "num_heads": "num_attention_heads",
+               "num_kv_heads": "num_key_value_heads"}
+
+    def __post_init__(self):
+        check_fields(self, sizes=("hidden_size", "num_layers", "num_heads", "num_kv_heads", "intermediate_size",
+                                  "vocab_size", "max_position_embeddings"))
+        if self.hidden_size % self.num_heads:
+            raise ValueError(f"{self.hidden_size=} must be a multiple of {self.num_heads=}")
+        if self.num_heads % self.num_kv_heads:
+            raise ValueError(f"{self.num_heads=} must be a multiple of {self.num_kv_heads=} (GQA)")
+        if self.head_dim % 2:
+            raise ValueError(f"head_dim={self.head_dim} must be even for rotary embeddings")
+        check_token_ids(self, ("mask_token_id", "eos_token_id", "pad_token_id", "bos_token_id"))
+        check_mask_distinct(self, (self.eos_token_id, self.pad_token_id, self.bos_token_id))
+
+    @property
+    def head_dim(self) -> int:
+        return self.hidden_size // self.num_heads
+
+    @classmethod
+    def from_hf_config(cls, hf: dict[str, Any]) -> DreamConfig:
+        """Builds the config from Dream's HF `config.json` (Qwen2 keys, model_type "Dream", mask_token_id).
+
+        Sliding windows, RoPE scaling, another activation, a head_dim other than hidden_size /
+        num_attention_heads (Qwen2 has no such key) and mixture-of-experts keys are rejected, and so are
+        another model's `model_type` / `architectures` and a missing `rope_theta` (the published configs
+        give 1e6; Qwen2's code default, 1e4, would silently change every rotation).
+        """
+        check_family(hf, "Dream", cls.MODEL_TYPES, cls.ARCHITECTURES)
+        rope, params = hf_dict(hf, "rope_scaling"), hf_dict(hf, "rope_parameters")
+        bad = []
+        if hf.get("hidden_act", "silu") != "silu":
+            bad.append(f"hidden_act={hf['hidden_act']!r} (supported: 'silu')")
+        if hf.get("num_experts") or hf.get("moe_intermediate_size"):
+            bad.append("mixture-of-experts layers (num_experts)")
+        if hf_flag(hf, "use_sliding_window", False):
+            bad.append("use_sliding_window=True")
+        rope_type = rope.get("rope_type", rope.get("type")) or params.get("rope_type", "default")
+        if rope_type != "default":
+            bad.append(f"rope scaling {rope_type!r}")
+        if hf.get("head_dim") is not None and hf.get("hidden_size") and hf.get("num_attention_heads") and \
+                hf_int(hf, "head_dim") * hf_int(hf, "num_attention_heads") != hf_int(hf, "hidden_size"):
+            bad.append(f"head_dim={hf['head_dim']!r} (Dream's is hidden_size / num_attention_heads)")
+        if bad:
+            raise ValueError("unsupported Dream config: " + ", ".join(bad))
+        if hf.get("rope_theta") is None and params.get("rope_theta") is not None:
+            hf = hf | {"rope_theta": params["rope_theta"]}  # transformers 5 moved it into rope_parameters
+        check_required(hf, "Dream", ("hidden_size", "num_hidden_layers", "num_attention_heads", "intermediate_size",
+                                     "vocab_size", "rope_theta"))
+        heads = hf_int(hf, "num_attention_heads")
+        eos = hf.get("eos_token_id")
+        if isinstance(eos, list):  # the official sampler reads the first of a list
+            eos = eos[0] if eos else None
+        eos = 151643 if eos is None else hf_int({"eos_token_id": eos}, "eos_token_id")
+        return cls(
+            hidden_size=hf_int(hf, "hidden_size"), num_layers=hf_int(hf, "num_hidden_layers"), num_heads=heads,
+            num_kv_heads=hf_int(hf, "num_key_value_heads", heads), intermediate_size=hf_int(hf, "intermediate_size"),
+            vocab_size=hf_int(hf, "vocab_size"), rope_theta=hf_real(hf, "rope_theta"),
+            rms_norm_eps=hf_real(hf, "rms_norm_eps", 1e-6),
+            max_position_embeddings=hf_int(hf, "max_position_embeddings", 131072),
+            tie_word_embeddings=hf_flag(hf, "tie_word_embeddings", False),
+            mask_token_id=hf_int(hf, "mask_token_id", 151666), eos_token_id=eos,
+            pad_token_id=hf_int(hf, "pad_token_id", 151643), bos_token_id=hf_int(hf, "bos_token_id", 151643),
+        )
+
+    def to_hf_config(self) -> dict[str, Any]:
+        """The HF `config.json` dict (Dream's Qwen2 keys) describing this config."""
+        return {
+            "architectures": ["DreamModel"], "model_type": "Dream",
+            "hidden_size": self.hidden_size, "num_hidden_layers": self.num_layers,
+            "num_attention_heads": self.num_heads, "num_key_value_heads": self.num_kv_heads,
+            "intermediate_size": self.intermediate_size, "vocab_size": self.vocab_size,
+            "rope_theta": self.rope_theta, "rope_scaling": None, "rms_norm_eps": self.rms_norm_eps,
+            "max_position_embeddings": self.max_position_embeddings,
+            "tie_word_embeddings": self.tie_word_embeddings, "mask_token_id": self.mask_token_id,
+            "eos_token_id": self.eos_token_id, "pad_token_id": self.pad_token_id, "bos_token_id": self.bos_token_id,
+            "hidden_act": "silu", "attention_dropout": 0.0, "use_sliding_window": False, "sliding_window": None,
+        }
+
+
+@dataclasses.dataclass(frozen=True, kw_only=True)
+class LLaDA2Config:
+    """LLaDA2.0 / 2.1 (inclusionAI; LLaDA2.0-mini, -flash): a Ling 2.0 (BailingMoeV2) MoE decoder run as
+    a block-diffusion model (bidirectional inside each block, causal across blocks).
+
+    Layers 0..first_k_dense_replace-1 have a dense SwiGLU MLP of `intermediate_size`; the others a
+    sparse MoE: `num_experts` routed experts of `moe_intermediate_size` (sigmoid router with a
+    per-expert bias used for selection only, group-limited top-k over `n_group` groups keeping
+    `topk_group`, weights renormalised when top-k > 1 and scaled by `routed_scaling_factor`) plus
+    `num_shared_experts` shared experts (one SwiGLU of num_shared_experts * moe_intermediate_size).
+    Attention: one fused query_key_value projection, per-head q/k RMSNorm (`use_qk_norm`), RoPE on the
+    first `rotary_dim` = head_dim * partial_rotary_factor dimensions of each head. `norm_topk_prob` is
+    recorded but, as in the official modeling file, the routing weights are renormalised whenever
+    top-k > 1 whatever it says. `block_size` is the sampler's default block length (32; not a key of
+    the Hub config.json). Facts: dllm_jax/configs/llada2.0-mini/README.md.
+    """
+
+    hidden_size: int
+    num_layers: int
+    num_heads: int
+    num_kv_heads: int
+    head_dim: int
+    intermediate_size: int
+    moe_intermediate_size: int
+    num_experts: int
+    num_experts_per_tok: int
+    num_shared_experts: int = 1
+    n_group: int = 1
+    topk_group: int = 1
+    routed_scaling_factor: float = 1.0
+    first_k_dense_replace: int = 0
+    vocab_size: int
+    rope_theta: float = 600000.0
+    partial_rotary_factor: float = 0.5
+    rms_norm_eps: float = 1e-6
+    max_position_embeddings: int = 32768
+    tie_word_embeddings: bool = False
+    use_qkv_bias: bool = False
+    use_bias: bool = False
+    use_qk_norm: bool = True
+    norm_topk_prob: bool = True
+    block_size: int = 32
+    mask_token_id: int = 156895
+    eos_token_id: int = 156892
+    pad_token_id: int = 156892
+
+    family = "llada2"
+    MODEL_TYPES = ("llada2_moe",)
+    ARCHITECTURES = ("LLaDA2MoeModelLM",)
+    # cos/sin are cast to the activation dtype before rotating (the official rotary embedding returns
+    # them in x.dtype), as HF Llama/Qwen3
+    rope_in_fp32 = False
+
+    HF_KEYS = {"num_layers": "num_hidden_layers", "num_heads": "num_attention_heads",
+               "num_kv_heads": "num_key_value_heads"}
+
+    def __post_init__(self):
+        check_fields(self, sizes=("hidden_size", "num_layers", "num_heads", "num_kv_heads", "head_dim",
+                                  "intermediate_size", "moe_intermediate_size", "num_experts",
+                                  "num_experts_per_tok", "n_group", "topk_group", "vocab_size", "block_size",
+                                  "max_position_embeddings"))
+        for name in ("num_shared_experts", "first_k_dense_replace"):
+            object.__setattr__(self, name, integer(field_label(self, name), getattr(self, name), minimum=0))
+        for name in ("routed_scaling_factor", "partial_rotary_factor"):
+            object.__setattr__(self, name, real(field_label(self, name), getattr(self, name), low=0, low_open=True))
+        for name in ("use_qkv_bias", "use_bias", "use_qk_norm", "norm_topk_prob"):
+            object.__setattr__(self, name, flag(field_label(self, name), getattr(self, name)))
+        if self.num_heads % self.num_kv_heads:
+            raise ValueError(f"{self.num_heads=} must be a multiple of {self.num_kv_heads=} (GQA)")
+        if self.partial_rotary_factor > 1 or self.rotary_dim < 2 or self.rotary_dim % 2:
+            raise ValueError(f"rotary_dim = int(head_dim * partial_rotary_factor) = {self.rotary_dim} must be even, "
+                             f">= 2 and <= head_dim={self.head_dim}")
+        if self.first_k_dense_replace > self.num_layers:
+            raise ValueError(f"{self.first_k_dense_replace=} exceeds {self.num_layers=}")
+        if self.num_experts % self.n_group:
+            raise ValueError(f"{self.num_experts=} must be a multiple of {self.n_group=} (expert groups)")
+        if self.topk_group > self.n_group:
+            raise ValueError(f"{self.topk_group=} exceeds {self.n_group=}")
+        if self.num_experts // self.n_group < 2:
+            raise ValueError(f"each of the n_group={self.n_group} groups needs at least 2 experts (a group "
+                             "scores by its top-2 experts)")
+        if self.num_experts_per_tok > self.topk_group * (self.num_experts // self.n_group):
+            raise ValueError(f"{self.num_experts_per_tok=} exceeds the experts of the topk_group={self.topk_group} "
+                             f"selected groups ({self.topk_group * (self.num_experts // self.n_group)})")
+        check_token_ids(self, ("mask_token_id", "eos_token_id", "pad_token_id"))
+        check_mask_distinct(self, (self.eos_token_id, self.pad_token_id))
+
+    @property
+    def rotary_dim(self) -> int:
+        return int(self.head_dim * self.partial_rotary_factor)
+
+    @property
+    def num_dense_layers(self) -> int:
+        return self.first_k_dense_replace
+
+    @property
+    def num_moe_layers(self) -> int:
+        return self.num_layers - self.first_k_dense_replace
+
+    @classmethod
+    def from_hf_config(cls, hf: dict[str, Any]) -> LLaDA2Config:
+        """Builds the config from LLaDA2's HF `config.json` (`llada2_moe`, `LLaDA2MoeModelLM`).
+
+        Refused rather than ignored: another model's model_type / architectures, RoPE scaling, a
+        sliding window, an activation other than silu, a score function other than sigmoid, numbers
+        written as strings, bools or fractions, and a missing `rope_theta` (the published config gives
+        600000; the configuration code's default, 10000, would change every rotation).
+        """
+        check_family(hf, "LLaDA2", cls.MODEL_TYPES, cls.ARCHITECTURES)
+        rope, params = hf_dict(hf, "rope_scaling"), hf_dict(hf, "rope_parameters")
+        bad = []
+        if hf.get("hidden_act", "silu") != "silu":
+            bad.append(f"hidden_act={hf['hidden_act']!r} (supported: 'silu')")
+        if hf.get("score_function", "sigmoid") != "sigmoid":
+            bad.append(f"score_function={hf['score_function']!r} (supported: 'sigmoid')")
+        if hf_flag(hf, "use_sliding_window", False):
+            bad.append("use_sliding_window=True")
+        rope_type = rope.get("rope_type", rope.get("type")) or params.get("rope_type", "default")
+        if rope_type != "default":
+            bad.append(f"rope scaling {rope_type!r}")
+        if hf.get("num_experts") is None:
+            bad.append("num_experts=null (a dense model: the official code builds no MoE layer)")
+        if bad:
+            raise ValueError("unsupported LLaDA2 config: " + ", ".join(bad))
+        if hf.get("rope_theta") is None and params.get("rope_theta") is not None:
+            hf = hf | {"rope_theta": params["rope_theta"]}
+        check_required(hf, "LLaDA2", ("hidden_size", "num_hidden_layers", "num_attention_heads",
+                                      "num_key_value_heads", "intermediate_size", "moe_intermediate_size",
+                                      "num_experts", "num_experts_per_tok", "vocab_size", "rope_theta"))
+        hidden, heads = hf_int(hf, "hidden_size"), hf_int(hf, "num_attention_heads")
+        head_dim = hf_int(hf, "head_dim", None)
+        return cls(
+            hidden_size=hidden, num_layers=hf_int(hf, "num_hidden_layers"), num_heads=heads,
+            num_kv_heads=hf_int(hf, "num_key_value_heads"), head_dim=head_dim or hidden // heads,
+            intermediate_size=hf_int(hf, "intermediate_size"),
+            moe_intermediate_size=hf_int(hf, "moe_intermediate_size"), num_experts=hf_int(hf, "num_experts"),
+            num_experts_per_tok=hf_int(hf, "num_experts_per_tok"),
+            num_shared_experts=hf_int(hf, "num_shared_experts", 0), n_group=hf_int(hf, "n_group", 1),
+            topk_group=hf_int(hf, "topk_group", 1),
+            routed_scaling_factor=hf_real(hf, "routed_scaling_factor", 1.0),
+            first_k_dense_replace=hf_int(hf, "first_k_dense_replace", 0), vocab_size=hf_int(hf, "vocab_size"),
+            rope_theta=hf_real(hf, "rope_theta"), partial_rotary_factor=hf_real(hf, "partial_rotary_factor", 1.0),
+            rms_norm_eps=hf_real(hf, "rms_norm_eps", 1e-5),
+            max_position_embeddings=hf_int(hf, "max_position_embeddings", 32768),
+            tie_word_embeddings=hf_flag(hf, "tie_word_embeddings", False),
+            use_qkv_bias=hf_flag(hf, "use_qkv_bias", False), use_bias=hf_flag(hf, "use_bias", False),
+            use_qk_norm=hf_flag(hf, "use_qk_norm", False), norm_topk_prob=hf_flag(hf, "norm_topk_prob", True),
+            block_size=hf_int(hf, "block_size", 32), mask_token_id=hf_int(hf, "mask_token_id", 156895),
+            eos_token_id=hf_int(hf, "eos_token_id", 156892), pad_token_id=hf_int(hf, "pad_token_id", 156892),
+        )
+
+    def to_hf_config(self) -> dict[str, Any]:
+        """The HF `config.json` dict (LLaDA2's keys) describing this config."""
+        return {
+            "architectures": ["LLaDA2MoeModelLM"], "model_type": "llada2_moe",
+            "hidden_size": self.hidden_size, "num_hidden_layers": self.num_layers,
+            "num_attention_heads": self.num_heads, "num_key_value_heads": self.num_kv_heads,
+            "head_dim": self.head_dim, "intermediate_size": self.intermediate_size,
+            "moe_intermediate_size": self.moe_intermediate_size, "num_experts": self.num_experts,
+            "num_experts_per_tok": self.num_experts_per_tok, "num_shared_experts": self.num_shared_experts,
+            "n_group": self.n_group, "topk_group": self.topk_group,
+            "routed_scaling_factor": self.routed_scaling_factor, "first_k_dense_replace": self.first_k_dense_replace,
+            "vocab_size": self.vocab_size, "rope_theta": self.rope_theta, "rope_scaling": None,
+            "partial_rotary_factor": self.partial_rotary_factor, "rms_norm_eps": self.rms_norm_eps,
+            "max_position_embeddings": self.max_position_embeddings, "tie_word_embeddings": self.tie_word_embeddings,
+            "use_qkv_bias": self.use_qkv_bias, "use_bias": self.use_bias, "use_qk_norm": self.use_qk_norm,
+            "norm_topk_prob": self.norm_topk_prob, "block_size": self.block_size,
+            "mask_token_id": self.mask_token_id, "eos_token_id": self.eos_token_id,
+            "pad_token_id": self.pad_token_id, "hidden_act": "silu", "score_function": "sigmoid",
+            "moe_router_enable_expert_bias": True, "use_sliding_window": False,
+        }
+
+
 def field_label(config, name: str) -> str:
     """`LLaDAConfig.hidden_size (config.json key 'd_model')`: the field and where it comes from."""
     key = config.HF_KEYS.get(name, name)
@@ -293,7 +579,7 @@ def check_mask_distinct(config, special_ids: tuple[int, ...]) -> None:
                          f"token id ({special_ids}); the mask token must be its own id")
 
 
-ModelConfig = LLaDAConfig | SDARConfig
+ModelConfig = LLaDAConfig | SDARConfig | DreamConfig | LLaDA2Config
 
 
 REQUIRED = object()  # hf_* default: the key must be present
@@ -373,12 +659,12 @@ def config_from_hf(hf: dict[str, Any]) -> ModelConfig:
     check_object(hf)
     model_type = str(hf.get("model_type") or "").lower()
     architectures = hf_architectures(hf)
-    for cls in (LLaDAConfig, SDARConfig):
+    for cls in (LLaDAConfig, SDARConfig, DreamConfig, LLaDA2Config):
         if model_type in cls.MODEL_TYPES or (not model_type and set(architectures) & set(cls.ARCHITECTURES)):
             return cls.from_hf_config(hf)
     raise ValueError(
         f"unsupported model: model_type={hf.get('model_type')!r}, "
-        f"architectures={hf.get('architectures')!r} (supported: LLaDA, SDAR/TraDo)")
+        f"architectures={hf.get('architectures')!r} (supported: LLaDA, SDAR/TraDo, Dream, LLaDA2)")
 
 
 def read_hf_config(directory: str | Path) -> tuple[dict[str, Any], ModelConfig]:

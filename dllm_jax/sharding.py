@@ -1,16 +1,29 @@
-"""Tensor and data parallelism with `jax.sharding`: which device holds which slice of every weight.
+"""Tensor, sequence and data parallelism with `jax.sharding`: which device holds which slice of every
+weight and activation.
 
-A mesh names its axes "dp" (batch rows) and "tp" (tensor parallelism). Parameters are placed once,
+A mesh names its axes "dp" (batch rows), "sp" (sequence: LLaDA's queries) and "tp" (tensor
+parallelism); an axis not asked for has size 1. Parameters are placed once,
 at load, from one table of logical axes per family (`PARAM_AXES`): Megatron-style, the attention
 heads and the MLP's hidden dimension are split over "tp" (qkv_proj and gate_up_proj by columns,
 o_proj and down_proj by rows, so each sub-layer ends in one all-reduce), the LM head by vocabulary
 columns, everything else replicated. The fused inference layout is grouped so that contiguous
 column splits are whole KV-head groups and whole gate/up pairs (`dllm_jax.models.layers`). The
 jitted loops then run unchanged: XLA's SPMD partitioner propagates the shardings and inserts the
-collectives, and `generate` places the prompt rows over "dp".
+collectives, and `generate` places the prompt rows over "dp". Attention runs per device
+(`dllm_jax.attention.sharded.Sharded`, a `shard_map`): each device attends its rows, heads and
+query slice, so the Pallas kernels see only their shard; over "sp" each device all-gathers the keys
+and values of the whole sequence (replicated weights, sharded activations).
 
     mesh = dllm_jax.sharding.make_mesh("tp=2,dp=2")
     model = dllm_jax.load_model(path, mesh=mesh)
+
+Across hosts, every process runs the same program after `jax.distributed.initialize` (one process
+per host, or per GPU): the mesh then spans every process's devices, each process places its own
+shards of the weights and prompts (all processes read the same checkpoint and prompts), and
+`generate` returns the whole result on every process.
+
+    jax.distributed.initialize(coordinator_address="host0:1234", num_processes=2, process_id=i)
+    mesh = dllm_jax.sharding.make_mesh("tp=2,dp=2")  # over jax.devices(): all processes'
 """
 
 from __future__ import annotations
@@ -19,9 +32,10 @@ import math
 
 import jax
 import numpy as np
+from jax.experimental import multihost_utils
 from jax.sharding import Mesh, NamedSharding, PartitionSpec
 
-AXES = ("dp", "tp")
+AXES = ("dp", "sp", "tp")
 
 # logical axes of every parameter of the inference layout (one layer's names; the scan layout adds a
 # leading layer axis, replicated). LLaDA and SDAR share the decoder, so their tables are the same.
@@ -38,11 +52,18 @@ DECODER_AXES = {
     "gate_up_proj": (None, "tp"),
     "down_proj": ("tp", None),
 }
-PARAM_AXES = {"LLaDAConfig": DECODER_AXES, "SDARConfig": DECODER_AXES}
+PARAM_AXES = {"LLaDAConfig": DECODER_AXES, "SDARConfig": DECODER_AXES,
+              "DreamConfig": DECODER_AXES | {"qkv_bias": ("tp",)}}  # the bias splits like qkv_proj's columns
+# LLaDA2 (MoE): every expert's hidden dimension over "tp" (each device holds a slice of all experts, so the
+# routed tokens need no all-to-all; the sum of the slices' down projections is the layer's one all-reduce)
+PARAM_AXES["LLaDA2Config"] = DECODER_AXES | {
+    "qkv_bias": ("tp",), "o_bias": (None,), "router": (None, None), "expert_bias": (None,),
+    "experts_gate_up": (None, None, "tp"), "experts_down": (None, "tp", None),
+    "shared_gate_up": (None, "tp"), "shared_down": ("tp", None)}
 
 
 def parse_mesh(spec: str) -> dict[str, int]:
-    """"tp=2,dp=2" -> {"dp": 2, "tp": 2} (axes in mesh order); ValueError naming a bad item."""
+    """"tp=2,dp=2" -> {"dp": 2, "sp": 1, "tp": 2} (axes in mesh order); ValueError naming a bad item."""
     sizes = {}
     for item in (part.strip() for part in spec.split(",") if part.strip()):
         name, _, value = item.partition("=")
@@ -57,13 +78,13 @@ def parse_mesh(spec: str) -> dict[str, int]:
         if sizes[name] < 1:
             raise ValueError(f"mesh axis {name}={sizes[name]} in {spec!r} must be a positive integer")
     if not sizes:
-        raise ValueError(f"mesh {spec!r} names no axis: e.g. 'tp=2' or 'tp=2,dp=2'")
+        raise ValueError(f"mesh {spec!r} names no axis: e.g. 'tp=2', 'sp=2' or 'tp=2,dp=2'")
     return {name: sizes.get(name, 1) for name in AXES}
 
 
 def make_mesh(spec: str | dict[str, int], devices=None) -> Mesh:
-    """A Mesh with axes ("dp", "tp") from "tp=2,dp=2" or {"tp": 2}, over the first dp * tp devices
-    (`jax.devices()` unless given)."""
+    """A Mesh with axes ("dp", "sp", "tp") from "tp=2,dp=2" or {"tp": 2}, over the first dp * sp * tp
+    devices (`jax.devices()` unless given: every process's, under `jax.distributed`)."""
     sizes = parse_mesh(spec) if isinstance(spec, str) else parse_mesh(",".join(f"{k}={v}" for k, v in spec.items()))
     devices = jax.devices() if devices is None else list(devices)
     need = math.prod(sizes.values())
@@ -84,6 +105,8 @@ def check_mesh(mesh, config) -> None:
     tp = mesh.shape["tp"]
     split = {"num_kv_heads": config.num_kv_heads, "intermediate_size": config.intermediate_size,
              "vocab_size": config.vocab_size}
+    if type(config).__name__ == "LLaDA2Config":  # the experts' hidden dimension splits too
+        split["moe_intermediate_size"] = config.moe_intermediate_size
     bad = [f"{name}={size}" for name, size in split.items() if size % tp]
     if bad:
         raise ValueError(f"tp={tp} must divide {', '.join(bad)}: tensor parallelism splits the KV heads, the MLP "
@@ -129,3 +152,11 @@ def shard_kv_cache(cache, mesh: Mesh | None):
         return jax.lax.with_sharding_constraint(x, NamedSharding(mesh, spec))
 
     return jax.tree.map(place, cache)
+
+
+def to_host(x) -> np.ndarray:
+    """A (possibly sharded) array as one numpy array on this host: under `jax.distributed` the shards
+    other processes hold are gathered first."""
+    if isinstance(x, jax.Array) and not x.is_fully_addressable:
+        return np.asarray(multihost_utils.process_allgather(x, tiled=True))
+    return np.asarray(x)

@@ -14,7 +14,7 @@ import numpy as np
 from safetensors.numpy import save_file
 
 from dllm_jax.checkpoint.hf import TARGET_DTYPES, Rule, hf_name, hf_shape, param_shapes_for, rules_for, tree_get
-from dllm_jax.config import LLaDAConfig, SDARConfig
+from dllm_jax.config import DreamConfig, LLaDAConfig, SDARConfig
 
 
 def tiny_llada_config(**overrides) -> LLaDAConfig:
@@ -33,6 +33,14 @@ def tiny_sdar_config(**overrides) -> SDARConfig:
                   vocab_size=192, rope_theta=1000000.0, rms_norm_eps=1e-6, max_position_embeddings=512,
                   block_size=4, mask_token_id=180, eos_token_ids=(181, 182), pad_token_id=182)
     return SDARConfig(**(values | overrides))
+
+
+def tiny_dream_config(**overrides) -> DreamConfig:
+    """A small Dream config (2 layers, d=64, GQA 4:2, q/k/v biases) that runs in milliseconds on a CPU."""
+    values = dict(hidden_size=64, num_layers=2, num_heads=4, num_kv_heads=2, intermediate_size=96,
+                  vocab_size=176, rope_theta=1000000.0, rms_norm_eps=1e-6, max_position_embeddings=512,
+                  mask_token_id=170, eos_token_id=171, pad_token_id=171, bos_token_id=171)
+    return DreamConfig(**(values | overrides))
 
 
 def random_weight(z, rule: Rule, hf_tensor_shape: tuple[int, ...]):

@@ -15,6 +15,9 @@ import numpy as np  # noqa: E402
 
 from dllm_jax import generate, load_model  # noqa: E402
 from dllm_jax.attention.methods import make_method  # noqa: E402
+from dllm_jax.attention.policy import Dense  # noqa: E402
+from dllm_jax.attention.sharded import Sharded  # noqa: E402
+from dllm_jax.models import llada  # noqa: E402
 from dllm_jax.sharding import make_mesh  # noqa: E402
 from dllm_jax.testing import tiny_llada_config, tiny_sdar_config, write_hf_checkpoint  # noqa: E402
 
@@ -24,31 +27,40 @@ METHODS = {  # tiny-size parameters, as the methods' own tests use them
     "sdar": {"mage": dict(k=16, exact_layers=1), "flashblock": {}, "flashblock+mage": dict(k=16, exact_layers=1)},
 }
 OPTIONS = {"llada": dict(gen_length=16, steps=8, block_length=8), "sdar": dict(max_new_tokens=8)}
+FAST = dict(cache="dual", threshold=0.9)  # the "/dual" cases: Fast-dLLM's cached windows
 
 
 def cases():
-    """(family, mesh spec, method name) of every comparison: dense on both meshes, each method on tp x dp."""
+    """(family, mesh spec, method name) of every comparison: dense on each mesh, each method on tp x dp
+    and (LLaDA) on sp x tp; a name ending in "/dual" decodes with Fast-dLLM's dual cache."""
     for family in ("llada", "sdar"):
         yield family, "tp=2", "dense"
         yield family, "tp=2,dp=2", "dense"
         for name in METHODS[family]:
             yield family, "tp=2,dp=2", name
+    yield "llada", "sp=2", "dense"
+    yield "llada", "sp=4", "dense"
+    for name in ["dense", *METHODS["llada"], "dense/dual", "sparsed/dual"]:
+        yield "llada", "sp=2,tp=2", name
 
 
 def main(root: Path, out: Path) -> None:
     configs = {"llada": tiny_llada_config(num_heads=4, num_kv_heads=2), "sdar": tiny_sdar_config()}
     rng = np.random.default_rng(0)
-    prompts = {"llada": rng.integers(3, 100, (4, 24)).astype(np.int32),  # no mask id: the methods' prompts
+    # LLaDA: 48 + 16 positions, whole 16-query pattern rows on each of 4 "sp" devices
+    prompts = {"llada": rng.integers(3, 100, (4, 48)).astype(np.int32),  # no mask id: the methods' prompts
                "sdar": rng.integers(3, 100, (4, 24)).astype(np.int32)}
     rows = []
     for family, config in configs.items():
         write_hf_checkpoint(root / family, config, seed=1)
     for family, spec, name in cases():
-        method = None if name == "dense" else make_method(name, **METHODS[family][name])
+        method_name, _, cache = name.partition("/")
+        method = None if method_name == "dense" else make_method(method_name, **METHODS[family][method_name])
+        options = OPTIONS[family] | (FAST if cache else {})
         plain = load_model(root / family, dtype="float32", progress=False)
         sharded = load_model(root / family, dtype="float32", progress=False, mesh=make_mesh(spec))
-        want = generate(plain, prompts[family], method=method, **OPTIONS[family])
-        got = generate(sharded, prompts[family], method=method, **OPTIONS[family])
+        want = generate(plain, prompts[family], method=method, **options)
+        got = generate(sharded, prompts[family], method=method, **options)
         qkv = sharded.params()["layers"][0]["qkv_proj"]
         row = dict(family=family, mesh=spec, method=name, equal=bool(np.array_equal(got, want)),
                    generated=int((got[:, prompts[family].shape[1]:] != config.mask_token_id).sum()),
@@ -64,7 +76,28 @@ def main(root: Path, out: Path) -> None:
         refused = None
     except ValueError as e:
         refused = str(e)
-    out.write_text(json.dumps(dict(devices=len(jax.devices()), rows=rows, refused_tp4=refused)))
+    refusals = {"tp4": refused}
+    flops = {spec: forward_flops(root / "llada", spec, prompts["llada"]) for spec in ("", "sp=2", "tp=2", "sp=2,tp=2")}
+    for key, family, spec, prompt in [("sdar_sp", "sdar", "sp=2", prompts["sdar"]),
+                                      ("llada_sp_length", "llada", "sp=2", prompts["llada"][:, 8:])]:
+        try:
+            sharded = load_model(root / family, dtype="float32", progress=False, mesh=make_mesh(spec))
+            generate(sharded, prompt, method=make_method("sparsed", **METHODS["llada"]["sparsed"])
+                     if family == "llada" else None, **OPTIONS[family])
+            refusals[key] = None
+        except ValueError as e:
+            refusals[key] = str(e)
+    out.write_text(json.dumps(dict(devices=len(jax.devices()), rows=rows, refused=refusals, flops=flops)))
+
+
+def forward_flops(checkpoint: Path, spec: str, ids) -> float:
+    """XLA's count of one device's floating-point operations in a LLaDA forward on `spec`'s mesh
+    ("": one device): whether the work is really divided, not replicated."""
+    mesh = make_mesh(spec) if spec else None
+    model = load_model(checkpoint, dtype="float32", progress=False, mesh=mesh)
+    policy = Dense() if mesh is None else Sharded(Dense(), mesh)
+    run = jax.jit(lambda params, ids: llada.forward(params, ids, config=model.config, policy=policy)[0])
+    return float(run.lower(model.params(), ids).compile().cost_analysis()["flops"])
 
 
 if __name__ == "__main__":

@@ -66,7 +66,7 @@ GEN = ["generate", "--model", "unused", "--prompt", "w1"]
     (["bench", "--repeats", "0"], "argument --repeats: must be a positive integer, got 0"),
     (["bench", "--lengths", "128", "0"], "argument --lengths: must be a positive integer, got 0"),
     (GEN + ["--factor", "0"], "argument --factor: must be a positive number, got 0"),
-    (GEN + ["--mesh", "tp=2,pp=2"], "argument --mesh: mesh axis 'pp' in 'tp=2,pp=2' is not one of ('dp', 'tp')"),
+    (GEN + ["--mesh", "tp=2,pp=2"], "argument --mesh: mesh axis 'pp' in 'tp=2,pp=2' is not one of ('dp', 'sp', 'tp')"),
     (["eval", "--model", "m", "--task", "passkey", "--mesh", "tp=0"], "argument --mesh: mesh axis tp=0 in 'tp=0' must"),
 ])
 def test_non_positive_counts_are_refused_by_argparse(capsys, argv, expected):

@@ -4,15 +4,16 @@ its own (tests/sharded_generation.py), for LLaDA and SDAR, dense and every metho
 
 import json
 import os
+import socket
 import subprocess
 import sys
 from pathlib import Path
 
 import pytest
 
-from dllm_jax import load_model
+from dllm_jax import generate, load_model
 from dllm_jax.sharding import make_mesh, parse_mesh
-from dllm_jax.testing import tiny_llada_config
+from dllm_jax.testing import tiny_llada_config, tiny_sdar_config, write_hf_checkpoint
 from sharded_generation import cases
 
 HERE = Path(__file__).parent
@@ -28,7 +29,8 @@ def sharded(tmp_path_factory):
     assert run.returncode == 0, run.stderr[-3000:]
     data = json.loads(out.read_text())
     assert data["devices"] == 4
-    return {(r["family"], r["mesh"], r["method"]): r for r in data["rows"]} | {"refused_tp4": data["refused_tp4"]}
+    rows = {(r["family"], r["mesh"], r["method"]): r for r in data["rows"]}
+    return rows | {"refused": data["refused"], "flops": data["flops"]}
 
 
 def env_path() -> str:
@@ -55,7 +57,13 @@ def test_weights_and_sdar_cache_are_split_over_tp(sharded, family):
 
 
 def test_tp_that_does_not_divide_the_kv_heads_is_refused(sharded):
-    assert "tp=4 must divide num_kv_heads=2" in (sharded["refused_tp4"] or "")
+    assert "tp=4 must divide num_kv_heads=2" in (sharded["refused"]["tp4"] or "")
+
+
+def test_sequence_parallelism_is_refused_where_it_cannot_split(sharded):
+    assert "SDAR's block steps take tp and dp only" in (sharded["refused"]["sdar_sp"] or "")
+    # 40 + 16 positions do not split into whole 16-query rows of SparseD's pattern on 2 devices
+    assert "multiple of 32" in (sharded["refused"]["llada_sp_length"] or "")
 
 
 @pytest.mark.parametrize("spec, message", [
@@ -68,8 +76,48 @@ def test_bad_mesh_specs_are_named(spec, message):
 
 
 def test_a_mesh_needs_its_devices_and_tp_must_divide_the_heads(tiny_checkpoint):
-    assert parse_mesh("tp=2") == {"dp": 1, "tp": 2}
+    assert parse_mesh("tp=2") == {"dp": 1, "sp": 1, "tp": 2}
+    assert parse_mesh("sp=2,dp=2") == {"dp": 2, "sp": 2, "tp": 1}
     with pytest.raises(ValueError, match="needs 64 devices"):
         make_mesh("tp=64")
     with pytest.raises(ValueError, match=r"tp=1 must divide|must be a jax.sharding.Mesh"):
         load_model(tiny_checkpoint(tiny_llada_config(), 0), mesh="tp=2")
+
+
+@pytest.mark.parametrize("mesh, devices", [("sp=2", 2), ("tp=2", 2), ("sp=2,tp=2", 4)])
+def test_each_device_does_its_share_of_a_forward(sharded, mesh, devices):
+    # XLA's operation count of one device's program: sequence and tensor parallelism divide the work
+    whole, share = sharded["flops"][""], sharded["flops"][mesh]
+    assert share <= 1.1 * whole / devices, (mesh, share, whole)
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("localhost", 0))
+        return s.getsockname()[1]
+
+
+def test_two_processes_under_jax_distributed_generate_what_one_process_does(tmp_path):
+    # tp=2 x dp=2 over two processes' devices (2 each), localhost coordinator
+    from multihost_generation import OPTIONS, prompts
+
+    configs = {"llada": tiny_llada_config(num_heads=4, num_kv_heads=2), "sdar": tiny_sdar_config()}
+    for family, config in configs.items():
+        write_hf_checkpoint(tmp_path / family, config, seed=1)
+    env = dict(os.environ, PYTHONPATH=os.pathsep.join([str(HERE.parent), env_path()]))
+    port = free_port()
+    runs = [subprocess.Popen([sys.executable, str(HERE / "multihost_generation.py"), str(port), str(i), str(tmp_path),
+                              str(tmp_path / f"out{i}.json")], env=env, stdout=subprocess.PIPE,
+                             stderr=subprocess.STDOUT, text=True) for i in range(2)]
+    try:
+        logs = [run.communicate(timeout=600)[0] for run in runs]
+    finally:
+        for run in runs:
+            run.kill()
+    assert [run.returncode for run in runs] == [0, 0], [log[-2000:] for log in logs]
+    for i in range(2):
+        got = json.loads((tmp_path / f"out{i}.json").read_text())
+        assert (got["processes"], got["devices"], got["local_devices"]) == (2, 4, 2)
+        for family, prompt in prompts().items():
+            model = load_model(tmp_path / family, dtype="float32", progress=False)
+            assert got[family] == generate(model, prompt, **OPTIONS[family]).tolist(), (i, family)

@@ -35,6 +35,7 @@ from __future__ import annotations
 
 import dataclasses
 import jax.numpy as jnp
+from jax.sharding import PartitionSpec as P
 
 import pallas_kernels as pk
 from dllm_jax.attention import kernels
@@ -91,6 +92,10 @@ class FlashBlock(AttentionPolicy):
         cached_o = jnp.zeros((batch, q_len, num_heads, head_dim), jnp.float32)
         cached_lse = jnp.full((batch, num_heads, q_len), -jnp.inf, jnp.float32)
         return inner, cached_o, cached_lse
+
+    def state_partition(self):
+        inner = () if self.inner is None else self.inner.state_partition()
+        return inner, P("dp", "sp", "tp", None), P("dp", "tp", "sp")  # (inner, cached_o, cached_lse)
 
     def stack_layers(self, states):
         inner, cached_o, cached_lse = states

@@ -27,6 +27,7 @@ import dataclasses
 
 import jax
 import jax.numpy as jnp
+from jax.sharding import PartitionSpec as P
 
 import pallas_kernels as pk
 from dllm_jax.attention import kernels
@@ -145,6 +146,9 @@ class MAGE(AttentionPolicy):
     def stack_layers(self, states):
         indices, exact = states
         return indices, jnp.arange(exact.shape[0]) < self.exact_layers
+
+    def state_partition(self):
+        return P("dp", "tp", None), P()  # (selected positions per KV head, exact layer)
 
     def mode(self, step):
         return jnp.where(step == 0, int(Mode.ESTIMATE), int(Mode.SPARSE))  # step: within the block

@@ -32,7 +32,15 @@ models, loops and diagnostics call them unconditionally:
                                 queries at positions start .. start + W - 1 (traced start) against
                                 the whole sequence's keys (LLaDA's Fast-dLLM cached steps; the
                                 state is only read); default: ValueError (Dense, SparseD and
-                                PulseCol implement it).
+                                PulseCol implement it);
+  state_partition()          -> how one layer's state splits over a mesh (`dllm_jax.sharding`): a
+                                pytree of `PartitionSpec`s shaped like the state, naming "dp" for
+                                its batch axis, "tp" for its head axis and "sp" for an axis that
+                                follows the query positions (rows of a pattern); default () (no
+                                state). `dllm_jax.attention.sharded.Sharded` runs `attend` per device;
+  query_block                -> the queries that share one row of the state (a pattern's query block),
+                                1 by default: sequence parallelism needs each device's slice to be
+                                whole rows.
 """
 
 from __future__ import annotations
@@ -93,6 +101,13 @@ class AttentionPolicy(abc.ABC):
     def attend_window(self, q, k, v, state, mode, *, start, **masks):
         raise ValueError(f"{type(self).__name__} does not attend over a KV cache window (Fast-dLLM cache=): "
                          "use Dense, SparseD or PulseCol")
+
+    def state_partition(self) -> Any:
+        return ()
+
+    @property
+    def query_block(self) -> int:
+        return 1
 
 
 DENSE_IMPLEMENTATIONS = ("auto", "split_kv", "cudnn", "xla")

@@ -20,6 +20,7 @@ import math
 import jax
 import jax.numpy as jnp
 import numpy as np
+from jax.sharding import PartitionSpec as P
 
 import pallas_kernels as pk
 from dllm_jax.attention import kernels
@@ -102,6 +103,13 @@ class PulseCol(AttentionPolicy):
         keep = num_keep(kv_len, self.sparsity)
         return (jnp.zeros((batch, num_heads, groups, keep), index_dtype),
                 jnp.zeros((batch, num_heads, groups), jnp.int32))
+
+    def state_partition(self):
+        return P("dp", "tp", "sp", None), P("dp", "tp", "sp")  # (columns, counts) per query group
+
+    @property
+    def query_block(self) -> int:
+        return self.group_size
 
     def mode(self, step):
         refresh = jnp.isin(step + 1, jnp.asarray(np.array(self.schedule, np.int32)))  # steps are 1-based

@@ -25,6 +25,7 @@ from pathlib import Path
 import jax
 import jax.numpy as jnp
 import numpy as np
+from jax.sharding import PartitionSpec as P
 
 import pallas_kernels as pk
 from dllm_jax.attention import kernels
@@ -139,6 +140,14 @@ class SpargeAttn(AttentionPolicy):
         num_layers = states["simthreshd1"].shape[0]
         return {name: jnp.asarray(_values(name, getattr(self, name), num_layers, stacked.shape[1]))
                 if np.ndim(getattr(self, name)) == 2 else stacked for name, stacked in states.items()}
+
+    def state_partition(self):
+        return {name: P("tp") for name in ("simthreshd1", self.selection_param, "pvthreshd")
+                if getattr(self, name) is not None}  # per query head, as init_state
+
+    @property
+    def query_block(self) -> int:
+        return self.block_q
 
     def mode(self, step):
         dense_steps = 0 if self.skip == 0 else int(self._steps() * self.skip)

@@ -22,6 +22,7 @@ import math
 
 import jax
 import jax.numpy as jnp
+from jax.sharding import PartitionSpec as P
 
 import pallas_kernels as pk
 from pallas_kernels._common import mask_to_lists
@@ -54,13 +55,16 @@ def _top_mask(scores, k: int):
 
 
 def select_blocks(q, k, *, prefill_len: int, block_size: int, select: float, scale=None, backend: str = "auto"):
-    """SparseD's pattern for q [B, N, Hq, D] against k [B, N, Hkv, D] (after RoPE).
+    """SparseD's pattern for q [B, Nq, Hq, D] against k [B, N, Hkv, D] (after RoPE): the whole
+    sequence's queries (Nq = N), or one device's slice of them under sequence parallelism, whose
+    rows are those rows of the whole pattern (the prompt/generation boundary is one of keys).
 
-    Returns (kv_block_indices int32 [B, Hq, nb, width], kv_block_counts int32 [B, Hq, nb]) in the
-    format of `pallas_kernels.block_sparse_attention` with block_q = block_kv = block_size, where
-    nb = ceil(N / block_size) and width = min(nb, k_A + k_B). `scale` defaults to 1/sqrt(D).
+    Returns (kv_block_indices int32 [B, Hq, ceil(Nq / block_size), width], kv_block_counts int32
+    [B, Hq, ceil(Nq / block_size)]) in the format of `pallas_kernels.block_sparse_attention` with
+    block_q = block_kv = block_size, where nb = ceil(N / block_size) and width = min(nb, k_A + k_B).
+    `scale` defaults to 1/sqrt(D).
     """
-    n, d = q.shape[1], q.shape[3]
+    n, d = k.shape[1], q.shape[3]
     last = boundary_block(n, prefill_len, block_size)
     scale = scale if scale is not None else d ** -0.5
     scores = kernels.block_scores(q, k, block_size, scale, backend)  # [B, H, nb, nb]
@@ -71,8 +75,9 @@ def select_blocks(q, k, *, prefill_len: int, block_size: int, select: float, sca
 def select_blocks_from_mass(mass, lse, *, prefill_len: int, block_size: int, select: float):
     """`select_blocks`' pattern from `flash_block_mass`'s outputs (key tiles of block_size): the same
     two pooled score passes, without another pass over Q K^T (the generation pass renormalises by
-    the LSE over the generation tiles)."""
-    n = lse.shape[-1]
+    the LSE over the generation tiles). Queries may be a slice of the sequence's (as `select_blocks`):
+    only the number of key tiles matters, so N is taken as a whole number of them."""
+    n = mass.shape[2] * block_size
     last = boundary_block(n, prefill_len, block_size)
     scores = pk.pooled_block_scores(mass, lse, block_q=block_size, block_kv=block_size)
     gen_scores = pk.pooled_block_scores(mass[:, :, last:], pk.suffix_lse(mass, last), block_q=block_size,
@@ -141,6 +146,13 @@ class SparseD(AttentionPolicy):
         width = pattern_width(q_len, self.prefill_len, self.block_size, self.select)
         return (jnp.zeros((batch, num_heads, n_blocks, width), jnp.int32),
                 jnp.zeros((batch, num_heads, n_blocks), jnp.int32))
+
+    def state_partition(self):
+        return P("dp", "tp", "sp", None), P("dp", "tp", "sp")  # (indices, counts) per query block
+
+    @property
+    def query_block(self) -> int:
+        return self.block_size
 
     def mode(self, step):
         self._require_bound()

@@ -18,13 +18,17 @@ from dllm_jax.checkpoint.hf import (TARGET_DTYPES, param_shapes_for, plan_conver
                                     source_dtype)
 from dllm_jax.checkpoint.manifest import (FORMAT_VERSION, MANIFEST, Manifest, check_versions, files_under,
                                           read_manifest, sync_tree, tree_checksums, write_manifest)
-from dllm_jax.config import LLaDAConfig, SDARConfig, read_hf_config
+from dllm_jax.config import DreamConfig, LLaDA2Config, LLaDAConfig, SDARConfig, read_hf_config
 from dllm_jax.models.layers import check_execution, prepare_params, to_module_tree
+from dllm_jax.models.dream import Dream
+from dllm_jax.models import llada2 as llada2_model
 from dllm_jax.models.llada import LLaDA
 from dllm_jax.models.sdar import SDAR
 from dllm_jax.sharding import check_mesh, shard_params
 
-MODEL_CLASSES = {LLaDAConfig: LLaDA, SDARConfig: SDAR}
+MODEL_CLASSES = {LLaDAConfig: LLaDA, SDARConfig: SDAR, DreamConfig: Dream, LLaDA2Config: llada2_model.LLaDA2}
+# families whose parameter tree is not the shared decoder's: (prepare_params, to_module_tree)
+TREE_FUNCTIONS = {LLaDA2Config: (llada2_model.prepare_params, llada2_model.to_module_tree)}
 
 # Files of an HF checkpoint directory that travel with a conversion (tokenizer, generation defaults).
 SIDE_FILES = ("tokenizer.json", "tokenizer_config.json", "special_tokens_map.json",
@@ -156,8 +160,8 @@ def load_model(path, *, dtype=None, verify: bool = True, progress: bool = True, 
         puts prompt rows over "dp"; None (the default) keeps everything on the default device. The
         weights are loaded on the default device first, then placed.
     Returns:
-      The NNX model (`LLaDA` or `SDAR`, from config.json); `model(input_ids) -> float32 logits
-      [B, L, V]` (bidirectional for LLaDA, block-causal for SDAR); `model.config`.
+      The NNX model (`LLaDA`, `SDAR` or `Dream`, from config.json); `model(input_ids) -> float32 logits
+      [B, L, V]` (bidirectional for LLaDA and Dream, block-causal for SDAR); `model.config`.
     """
     path = Path(path)
     dtype = checked_dtype(dtype, "load_model") or "bfloat16"
@@ -240,12 +244,13 @@ def model_from_params(config, params: dict, *, execution: str = "unrolled", mesh
         raise ValueError(f"unsupported config type {type(config).__name__}")
     check_execution(execution)
     dtype = params["embed"].dtype
-    params = prepare_params(params, config, execution=execution)
+    prepare, module_tree = TREE_FUNCTIONS.get(type(config), (prepare_params, to_module_tree))
+    params = prepare(params, config, execution=execution)
     if mesh is not None:
         params = shard_params(params, config, mesh)
     abstract = nnx.eval_shape(lambda: model_class(config, dtype=dtype, rngs=nnx.Rngs(0), execution=execution))
     graphdef, state = nnx.split(abstract)
-    nnx.replace_by_pure_dict(state, to_module_tree(params))
+    nnx.replace_by_pure_dict(state, module_tree(params))
     model = nnx.merge(graphdef, state)
     model.mesh = mesh
     return model

@@ -17,7 +17,7 @@ import numpy as np
 from safetensors import SafetensorError, safe_open
 from tqdm.auto import tqdm
 
-from dllm_jax.config import LLaDAConfig, SDARConfig
+from dllm_jax.config import DreamConfig, LLaDA2Config, LLaDAConfig, SDARConfig
 from dllm_jax.models.layers import lm_param_shapes
 
 FLOAT_DTYPES = {"F32": np.float32, "F16": np.float16, "BF16": ml_dtypes.bfloat16}
@@ -29,7 +29,7 @@ MAX_LISTED_PROBLEMS = 40
 class Rule:
     pattern: str  # regex over the full HF name; group 1 = layer index if `per_layer`
     path: tuple[str, ...]  # where the tensor goes in the parameter tree
-    transform: str  # "copy" | "transpose" | "heads_in" | "heads_out"
+    transform: str  # "copy" | "transpose" | "heads_in" | "heads_out" | "heads_bias"
 
     @property
     def per_layer(self) -> bool:
@@ -73,6 +73,70 @@ SDAR_RULES = (
 )
 
 
+# Dream uses HF Qwen2 names: SDAR's without q_norm / k_norm, plus the q/k/v biases ([H*D] -> [H, D]).
+DREAM_RULES = tuple(r for r in SDAR_RULES if r.path[-1] not in ("q_norm", "k_norm")) + (
+    Rule(r"model\.layers\.(\d+)\.self_attn\.q_proj\.bias", ("layers", "q_bias"), "heads_bias"),
+    Rule(r"model\.layers\.(\d+)\.self_attn\.k_proj\.bias", ("layers", "k_bias"), "heads_bias"),
+    Rule(r"model\.layers\.(\d+)\.self_attn\.v_proj\.bias", ("layers", "v_bias"), "heads_bias"),
+)
+
+
+# LLaDA2 (official modeling_llada2_moe.py names). Paths name the tree of dllm_jax.models.llada2: "layers"
+# (every layer's attention, index = layer), "dense" (layers < first_k_dense_replace), "moe" (the others,
+# index = layer - first_k_dense_replace; routed experts stacked at index (moe layer, expert): group 2).
+LLADA2_RULES = (
+    Rule(r"model\.word_embeddings\.weight", ("embed",), "copy"),
+    Rule(r"model\.layers\.(\d+)\.input_layernorm\.weight", ("layers", "attn_norm"), "copy"),
+    Rule(r"model\.layers\.(\d+)\.attention\.query_key_value\.weight", ("layers", "qkv_proj"), "transpose"),
+    Rule(r"model\.layers\.(\d+)\.attention\.query_key_value\.bias", ("layers", "qkv_bias"), "copy"),
+    Rule(r"model\.layers\.(\d+)\.attention\.query_layernorm\.weight", ("layers", "q_norm"), "copy"),
+    Rule(r"model\.layers\.(\d+)\.attention\.key_layernorm\.weight", ("layers", "k_norm"), "copy"),
+    Rule(r"model\.layers\.(\d+)\.attention\.dense\.weight", ("layers", "o_proj"), "transpose"),
+    Rule(r"model\.layers\.(\d+)\.attention\.dense\.bias", ("layers", "o_bias"), "copy"),
+    Rule(r"model\.layers\.(\d+)\.post_attention_layernorm\.weight", ("layers", "mlp_norm"), "copy"),
+    Rule(r"model\.layers\.(\d+)\.mlp\.gate_proj\.weight", ("dense", "gate_proj"), "transpose"),
+    Rule(r"model\.layers\.(\d+)\.mlp\.up_proj\.weight", ("dense", "up_proj"), "transpose"),
+    Rule(r"model\.layers\.(\d+)\.mlp\.down_proj\.weight", ("dense", "down_proj"), "transpose"),
+    Rule(r"model\.layers\.(\d+)\.mlp\.gate\.weight", ("moe", "router"), "transpose"),
+    Rule(r"model\.layers\.(\d+)\.mlp\.gate\.expert_bias", ("moe", "expert_bias"), "copy"),
+    Rule(r"model\.layers\.(\d+)\.mlp\.experts\.(\d+)\.gate_proj\.weight", ("moe", "gate_proj"), "transpose"),
+    Rule(r"model\.layers\.(\d+)\.mlp\.experts\.(\d+)\.up_proj\.weight", ("moe", "up_proj"), "transpose"),
+    Rule(r"model\.layers\.(\d+)\.mlp\.experts\.(\d+)\.down_proj\.weight", ("moe", "down_proj"), "transpose"),
+    Rule(r"model\.layers\.(\d+)\.mlp\.shared_experts\.gate_proj\.weight", ("moe", "shared_gate_proj"), "transpose"),
+    Rule(r"model\.layers\.(\d+)\.mlp\.shared_experts\.up_proj\.weight", ("moe", "shared_up_proj"), "transpose"),
+    Rule(r"model\.layers\.(\d+)\.mlp\.shared_experts\.down_proj\.weight", ("moe", "shared_down_proj"), "transpose"),
+    Rule(r"model\.norm\.weight", ("final_norm",), "copy"),
+    Rule(r"lm_head\.weight", ("lm_head",), "transpose"),
+)
+
+
+def llada2_expected(config, shapes: dict) -> dict:
+    """{HF name: (rule, index into the stacked tree tensor or None, target shape)} of a LLaDA2 checkpoint:
+    per-layer tensors go to "layers" (all layers), "dense" or "moe" by the layer's kind, routed experts
+    to index (moe layer, expert) of the [Lm, E, ...] stacks."""
+    k = config.first_k_dense_replace
+    layers_of = {"layers": range(config.num_layers), "dense": range(k), "moe": range(k, config.num_layers)}
+    expected = {}
+    for rule in LLADA2_RULES:
+        group, leaf = rule.path[0], rule.path[-1]
+        if group not in shapes or (group in layers_of and leaf not in shapes[group]):
+            continue  # an optional tensor this config has not (biases, q/k norms, shared experts, a tied head)
+        full = tree_get(shapes, rule.path)
+        name = rule.pattern.replace("\\.", ".")
+        if group not in layers_of:
+            expected[name] = (rule, None, full)
+            continue
+        for layer in layers_of[group]:
+            index = layer - k if group == "moe" else layer
+            one = name.replace(r"(\d+)", str(layer), 1)
+            if r"(\d+)" not in one:
+                expected[one] = (rule, index, full[1:])
+                continue
+            for e in range(config.num_experts):  # routed experts: one tensor per expert
+                expected[one.replace(r"(\d+)", str(e))] = (rule, (index, e), full[2:])
+    return expected
+
+
 def hf_name(rule: Rule, layer: int | None) -> str:
     """The concrete HF tensor name a rule expects (for layer `layer` if per-layer)."""
     name = rule.pattern.replace(r"(\d+)", str(layer)) if rule.per_layer else rule.pattern
@@ -89,6 +153,8 @@ def hf_shape(transform: str, target: tuple[int, ...]) -> tuple[int, ...]:
         return (target[1] * target[2], target[0])
     if transform == "heads_out":  # target [H, D, d] <- [d, H*D]
         return (target[2], target[0] * target[1])
+    if transform == "heads_bias":  # target [H, D] <- [H*D]
+        return (target[0] * target[1],)
     raise ValueError(f"unknown transform {transform!r}")
 
 
@@ -106,13 +172,17 @@ def invert_transform(transform: str, array: np.ndarray) -> np.ndarray:
 
 def rules_for(config) -> tuple[Rule, ...]:
     """The name map of config's family; a tied head has no LM-head tensor."""
-    rules = {LLaDAConfig: LLADA_RULES, SDARConfig: SDAR_RULES}.get(type(config))
+    rules = {LLaDAConfig: LLADA_RULES, SDARConfig: SDAR_RULES, DreamConfig: DREAM_RULES,
+             LLaDA2Config: LLADA2_RULES}.get(type(config))
     if rules is None:
         raise ValueError(f"no HF name map for config type {type(config).__name__}")
     return tuple(r for r in rules if not (config.tie_word_embeddings and r.path == ("lm_head",)))
 
 
 def param_shapes_for(config) -> dict:
+    if isinstance(config, LLaDA2Config):
+        from dllm_jax.models.llada2 import param_shapes  # the MoE tree (a module import would be circular)
+        return param_shapes(config)
     return lm_param_shapes(config)
 
 
@@ -191,8 +261,8 @@ def plan_conversion(hf_dir: str | Path, config) -> list[PlannedTensor]:
     entries = read_headers(hf_dir)
     rules = rules_for(config)
     shapes = param_shapes_for(config)
-    expected = {}
-    for rule in rules:
+    expected = llada2_expected(config, shapes) if isinstance(config, LLaDA2Config) else {}
+    for rule in () if isinstance(config, LLaDA2Config) else rules:
         layers = range(config.num_layers) if rule.per_layer else [None]
         for layer in layers:
             target = tree_get(shapes, rule.path)

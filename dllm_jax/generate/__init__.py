@@ -10,14 +10,21 @@ import numpy as np
 from dllm_jax import validation
 from dllm_jax.attention.methods import check_family, make_method
 from dllm_jax.attention.policy import AttentionPolicy, Dense, check_policy
+from dllm_jax.attention.sharded import Sharded
 
+from dllm_jax.generate import dream as gen_dream
+from dllm_jax.generate import llada2 as gen_llada2
 from dllm_jax.generate import sdar as gen_sdar
+from dllm_jax.generate.dream import DreamOptions
+from dllm_jax.generate.llada2 import LLaDA2Options
 from dllm_jax.generate.llada import LLaDAOptions, check_prompt, generate_llada_fast_jit, generate_llada_jit
 from dllm_jax.generate.progress import progress_bar, tick
 from dllm_jax.generate.sdar import SDAROptions
+from dllm_jax.models.dream import Dream
 from dllm_jax.models.llada import LLaDA
+from dllm_jax.models.llada2 import LLaDA2
 from dllm_jax.models.sdar import SDAR
-from dllm_jax.sharding import batch_sharding
+from dllm_jax.sharding import batch_sharding, to_host
 
 
 def generate(model, prompt_ids, *, attention_mask=None, seed: int = 0, method=None, progress: bool = False,
@@ -56,6 +63,12 @@ def generate(model, prompt_ids, *, attention_mask=None, seed: int = 0, method=No
       official sampler, a step commits its n[j] (about block_size / denoising_steps) positions
       without a mask guard: once fewer masks than n[j] remain, prompt tokens of that block can
       be replaced (only with denoising_steps < block_size, where n[j] > 1).
+    Dream options (static; `dllm_jax.generate.dream`, the official `diffusion_generate`): max_new_tokens=128,
+      steps=128, eps=1e-3, alg="origin" | "maskgit_plus" | "topk_margin" | "entropy", alg_temp=0.0,
+      temperature=0.0, top_p=1.0, top_k=0 (1.0 / 0: off). Returns int32 [B, P + max_new_tokens] (no stop:
+      the tokens after the first EOS are Dream's padding). `attention_mask` [B, P] (padding anywhere, as the
+      official code: positions count real tokens, padding keys are hidden; dense attention only). Mask ids
+      in the prompt are infilled (the same number in every row).
     Fast-dLLM (NVlabs/Fast-dLLM, LLaDA; `dllm_jax.generate.llada.generate_llada_fast`): `cache="prefix"`
       reuses every layer's keys and values of the positions before the block from the block's first
       step, `cache="dual"` those after it too (the block's later steps then run the block alone);
@@ -70,7 +83,7 @@ def generate(model, prompt_ids, *, attention_mask=None, seed: int = 0, method=No
     `method=None` is dense attention; a name ("sparsed", "mage", ...) is the method with its
     defaults (`dllm_jax.attention.methods.make_method`); otherwise an attention policy (dllm_jax.attention.policy)
     whose per-layer state rides in the loop carry: `dllm_jax.SparseD(...)`, `dllm_jax.PulseCol(...)` or
-    `dllm_jax.SpargeAttn(...)` for LLaDA (generation without padding masks); `dllm_jax.MAGE(...)`, `dllm_jax.FlashBlock(...)` or
+    `dllm_jax.SpargeAttn(...)` for LLaDA and Dream (generation without padding masks); `dllm_jax.MAGE(...)`, `dllm_jax.FlashBlock(...)` or
     `dllm_jax.FlashBlock(..., inner=dllm_jax.MAGE(...))` for SDAR.
     A model loaded with `mesh=` (dllm_jax.sharding) runs the same loops sharded: prompt rows are placed
     over the mesh's "dp" axis (dp must divide the batch).
@@ -87,38 +100,118 @@ def generate(model, prompt_ids, *, attention_mask=None, seed: int = 0, method=No
     mesh = getattr(model, "mesh", None)
     if isinstance(model, LLaDA):
         opts, prompt_ids, method = prepare_llada(model, prompt_ids, attention_mask, method, options)
+        if opts.fast:
+            check_fast(model.config, prompt_ids, method, opts)
+        method = on_devices(mesh, method, prompt_ids.shape[1] + opts.gen_length)
         mask = None if attention_mask is None else np.asarray(attention_mask, np.int32)
         placed_ids, placed_mask = on_mesh(mesh, prompt_ids, mask)  # the host arrays stay for the checks
         if opts.fast:
-            check_fast(model.config, prompt_ids, method, opts)
             with progress_bar(opts.steps, "LLaDA denoising (at most)", progress) as run_id:
                 out, nfe = generate_llada_fast_jit(model.params(), placed_ids, placed_mask, seed, np.int32(run_id),
                                                    config=model.config, options=opts, policy=method,
                                                    on_step=tick if progress else None)
-                return (np.asarray(out), int(nfe)) if return_nfe else np.asarray(out)
+                return (to_host(out), int(nfe)) if return_nfe else to_host(out)
         with progress_bar(opts.steps, "LLaDA denoising", progress) as run_id:
             out = generate_llada_jit(model.params(), placed_ids, placed_mask, seed,
                                      np.int32(run_id), config=model.config, options=opts,
                                      prompt_has_masks=bool((prompt_ids == model.config.mask_token_id).any()),
                                      policy=method, on_step=tick if progress else None)
-            return (np.asarray(out), opts.steps * (2 if opts.cfg_scale > 0 else 1)) if return_nfe else np.asarray(out)
+            return (to_host(out), opts.steps * (2 if opts.cfg_scale > 0 else 1)) if return_nfe else to_host(out)
     if isinstance(model, SDAR):
         if return_nfe:
             raise ValueError("return_nfe=True is for LLaDA models (SDAR's forwards per block follow its schedule)")
         opts, prompt_ids, mask, blocks = prepare_sdar(model, prompt_ids, attention_mask, method, options)
+        method = on_devices(mesh, method, None)
         placed_ids, placed_mask = on_mesh(mesh, prompt_ids, mask)
         with progress_bar(blocks, "SDAR blocks", progress) as run_id:
             x, end = gen_sdar.generate_sdar_jit(model.params(), placed_ids, placed_mask, seed,
                                                 np.int32(run_id), config=model.config, options=opts,
                                                 policy=method, on_step=tick if progress else None, mesh=mesh)
-            x, end = np.asarray(x), np.asarray(end)
+            x, end = to_host(x), to_host(end)
         lengths = np.full(len(x), prompt_ids.shape[1]) if mask is None else mask.sum(axis=1)
         rows = gen_sdar.trim(x, end, lengths, set(model.config.eos_token_ids))
         if mask is None and len(rows) == 1:
             return np.stack(rows)
         return gen_sdar.left_padded(rows, prompt_ids, np.ones_like(prompt_ids) if mask is None else mask,
                                     prompt_ids.shape[1] + opts.max_new_tokens, model.config.pad_token_id)
-    raise ValueError(f"generate supports LLaDA and SDAR models, got {type(model).__name__}")
+    if isinstance(model, Dream):
+        if return_nfe:
+            raise ValueError("return_nfe=True is for LLaDA models (Dream runs exactly `steps` forwards)")
+        opts, prompt_ids, method = prepare_dream(model, prompt_ids, attention_mask, method, options)
+        method = on_devices(mesh, method, prompt_ids.shape[1] + opts.max_new_tokens)
+        mask = None if attention_mask is None else np.asarray(attention_mask, np.int32)
+        placed_ids, placed_mask = on_mesh(mesh, prompt_ids, mask)
+        with progress_bar(opts.steps, "Dream denoising", progress) as run_id:
+            out = gen_dream.generate_dream_jit(
+                model.params(), placed_ids, placed_mask, seed, np.int32(run_id), config=model.config, options=opts,
+                prompt_has_masks=bool((prompt_ids == model.config.mask_token_id).any()), policy=method,
+                on_step=tick if progress else None)
+            return to_host(out)
+    if isinstance(model, LLaDA2):
+        return generate_llada2(model, prompt_ids, attention_mask, seed, method, mesh, progress, return_nfe, options)
+    raise ValueError(f"generate supports LLaDA, SDAR, Dream and LLaDA2 models, got {type(model).__name__}")
+
+
+def generate_llada2(model, prompt_ids, attention_mask, seed, method, mesh, progress, return_nfe, options: dict):
+    """LLaDA2 (dllm_jax.generate.llada2): options gen_length=2048, block_length=32, steps=32 (per block),
+    temperature=0.0 (greedy), top_k=0, top_p=1.0, threshold=0.95, minimal_topk=1; block diffusion with a
+    prefix KV cache, so MAGE and FlashBlock run on it as on SDAR. Prompts of one length; one prompt returns
+    int32 [1, n] (prompt + answer up to and including the first eos), a batch int32 [B, P + gen_length]
+    with config.pad_token_id after each row's eos."""
+    if return_nfe:
+        raise ValueError("return_nfe=True is for LLaDA models (LLaDA2's forwards per block follow its schedule)")
+    check_family(method, "SDAR")  # block diffusion with a prefix cache: the SDAR methods apply
+    opts = make_options(LLaDA2Options, "LLaDA2", options)
+    prompt_ids = as_array("prompt_ids", prompt_ids)
+    check_prompt(model.config, prompt_ids, attention_mask)
+    gen_llada2.check_request(model.config, prompt_ids, attention_mask, opts)
+    check_context(model.config, prompt_ids.shape[1], opts.gen_length)
+    prompt_ids = prompt_ids.astype(np.int32)
+    method = on_devices(mesh, method, None)
+    placed_ids, _ = on_mesh(mesh, prompt_ids, None)
+    blocks = -(-(prompt_ids.shape[1] + opts.gen_length) // opts.block_length) - prompt_ids.shape[1] // opts.block_length
+    with progress_bar(blocks, "LLaDA2 blocks", progress) as run_id:
+        x, _ = gen_llada2.generate_llada2_jit(model.params(), placed_ids, seed, np.int32(run_id), config=model.config,
+                                              options=opts, policy=method, on_step=tick if progress else None,
+                                              mesh=mesh)
+        x = to_host(x)
+    rows = gen_llada2.answers(x, prompt_ids.shape[1], opts, model.config.eos_token_id)
+    if len(rows) == 1:
+        return np.stack(rows)
+    out = np.full((len(rows), prompt_ids.shape[1] + opts.gen_length), model.config.pad_token_id, np.int32)
+    for b, row in enumerate(rows):
+        out[b, :len(row)] = row
+    return out
+
+
+def prepare_dream(model, prompt_ids, attention_mask, method, options: dict):
+    """Checks a Dream request (method, options, prompt, padding, context) before anything compiles;
+    returns (DreamOptions, int32 prompt_ids, the method bound to this generation's schedule)."""
+    gen_dream.check_method(method)
+    opts = make_options(DreamOptions, "Dream", options)
+    prompt_ids = as_array("prompt_ids", prompt_ids)
+    check_prompt(model.config, prompt_ids, attention_mask)
+    gen_dream.check_request(model.config, prompt_ids, attention_mask, method, opts)
+    check_context(model.config, prompt_ids.shape[-1], opts.max_new_tokens)
+    method = method.bind(total_steps=opts.steps, prompt_length=prompt_ids.shape[1], gen_length=opts.max_new_tokens)
+    return opts, prompt_ids.astype(np.int32), method
+
+
+def on_devices(mesh, method: AttentionPolicy, length: int | None) -> AttentionPolicy:
+    """`method` run per device of `mesh` (unchanged without one); ValueError unless the sequence of
+    `length` positions splits over "sp" into whole rows of the method's pattern (None: the family has
+    no sequence parallelism)."""
+    if mesh is None:
+        return method
+    sp = mesh.shape["sp"]
+    if sp > 1 and length is None:
+        raise ValueError(f"the mesh's sp={sp} splits LLaDA's full-sequence forwards; SDAR's block steps take tp "
+                         "and dp only")
+    if length is not None and length % (sp * method.query_block):
+        raise ValueError(f"sp={sp} needs the sequence (prompt + gen_length = {length}) to be a multiple of "
+                         f"{sp * method.query_block} (sp x the method's query block of {method.query_block}): "
+                         "pad the prompt on the left (attention_mask) or change gen_length")
+    return Sharded(method, mesh)
 
 
 def on_mesh(mesh, prompt_ids: np.ndarray, mask):
@@ -251,4 +344,4 @@ def make_options(cls, family: str, options: dict):
     return cls(**options)
 
 
-__all__ = ["LLaDAOptions", "SDAROptions", "generate"]
+__all__ = ["DreamOptions", "LLaDA2Options", "LLaDAOptions", "SDAROptions", "generate"]

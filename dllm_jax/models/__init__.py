@@ -1,6 +1,8 @@
-"""Model families: LLaDA (bidirectional masked diffusion), SDAR/TraDo (block diffusion)."""
+"""Model families: LLaDA and Dream (bidirectional masked diffusion), SDAR/TraDo (block diffusion)."""
 
+from dllm_jax.models.dream import Dream
 from dllm_jax.models.llada import LLaDA
+from dllm_jax.models.llada2 import LLaDA2
 from dllm_jax.models.sdar import SDAR, KVCache
 
-__all__ = ["LLaDA", "SDAR", "KVCache"]
+__all__ = ["Dream", "LLaDA", "LLaDA2", "SDAR", "KVCache"]

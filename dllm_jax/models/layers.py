@@ -5,14 +5,15 @@ Two parameter layouts (L = layers, H/K = query/kv heads, D = head_dim, d = hidde
 I = intermediate size):
   * checkpoint layout (what the converter writes, `lm_param_shapes`): layers stacked on a leading
     axis, one tensor per projection: attn_norm [L, d]; q_proj [L, d, H, D]; k_proj, v_proj
-    [L, d, K, D]; o_proj [L, H, D, d]; q_norm, k_norm [L, D] (only with qk_norm); mlp_norm [L, d];
+    [L, d, K, D]; o_proj [L, H, D, d]; q_norm, k_norm [L, D] (only with qk_norm); q_bias [L, H, D],
+    k_bias, v_bias [L, K, D] (only with qkv_bias: Qwen2 / Dream); mlp_norm [L, d];
     gate_proj, up_proj [L, d, I]; down_proj [L, I, d].
   * inference layout (`prepare_params`, done once at load): the projections a sublayer applies to
     the same input fused into one matrix, qkv_proj [d, (H + 2K) * D] and gate_up_proj [d, 2I]
     (one GEMM reads each weight once instead of three or two launches), o_proj [H * D, d]. The fused
     columns are grouped so that any contiguous split of them is a Megatron tensor-parallel shard:
     qkv_proj per KV head k, [its G = H / K query heads k*G .. k*G + G - 1, its key, its value] (each
-    D wide), and gate_up_proj interleaved, column 2j gate j and 2j + 1 up j (`dllm_jax.sharding`
+    D wide; the optional qkv_bias [(H + 2K) * D] grouped the same way), and gate_up_proj interleaved, column 2j gate j and 2j + 1 up j (`dllm_jax.sharding`
     splits the columns over "tp"). Then
     either one dict per layer in a tuple ("unrolled", the default: the layers are traced one after
     the other under jit, every GEMM reads its weights in place) or the same names stacked on a
@@ -81,6 +82,8 @@ def attention_sublayer(p, x, cos, sin, attend, state, layer, config):
     b, n, _ = x.shape
     h, kv, hd = config.num_heads, config.num_kv_heads, config.head_dim
     qkv = jnp.matmul(rms_norm(x, p["attn_norm"], eps), p["qkv_proj"], precision=precision)
+    if has_qkv_bias(config):
+        qkv = qkv + p["qkv_bias"]  # HF Linear: the bias added to the projection, before RoPE
     qkv = qkv.reshape(b, n, kv, h // kv + 2, hd)  # per KV head: its query heads, its key, its value
     q, k, v = qkv[:, :, :, :-2].reshape(b, n, h, hd), qkv[:, :, :, -2], qkv[:, :, :, -1]
     if config.qk_norm:
@@ -134,6 +137,11 @@ def decoder_stack(layers, x, cos, sin, attend, config, state=()):
     return carry.x, carry.state
 
 
+def has_qkv_bias(config) -> bool:
+    """Whether the family's q/k/v projections carry biases (Qwen2 / Dream; a class attribute, static)."""
+    return getattr(config, "qkv_bias", False)
+
+
 def check_execution(execution: str) -> None:
     if execution not in EXECUTIONS:
         raise ValueError(f"execution={execution!r} is not one of {EXECUTIONS} (unrolled: fastest, the default; "
@@ -149,6 +157,9 @@ def fuse_layers(stacked: dict, config) -> dict:
     # [L, d, K, G + 2, D]: each KV head's query heads, key and value side by side (module docstring)
     grouped = [stacked.pop(name).reshape(n, d, kv, -1, hd) for name in ("q_proj", "k_proj", "v_proj")]
     fused["qkv_proj"] = jnp.concatenate(grouped, axis=3).reshape(n, d, -1)
+    if has_qkv_bias(config):
+        biases = [stacked.pop(name).reshape(n, kv, -1, hd) for name in ("q_bias", "k_bias", "v_bias")]
+        fused["qkv_bias"] = jnp.concatenate(biases, axis=2).reshape(n, -1)  # the columns of qkv_proj
     fused["o_proj"] = stacked.pop("o_proj").reshape(n, -1, d)
     gate_up = [stacked.pop("gate_proj"), stacked.pop("up_proj")]
     fused["gate_up_proj"] = jnp.stack(gate_up, axis=-1).reshape(n, d, -1)
@@ -242,6 +253,8 @@ def layer_param_shapes(config) -> dict[str, tuple[int, ...]]:
     }
     if config.qk_norm:
         shapes |= {"q_norm": (n, hd), "k_norm": (n, hd)}
+    if has_qkv_bias(config):
+        shapes |= {"q_bias": (n, h, hd), "k_bias": (n, kv, hd), "v_bias": (n, kv, hd)}
     return shapes
 
 
@@ -253,6 +266,8 @@ def inference_layer_shapes(config) -> dict[str, tuple[int, ...]]:
               "gate_up_proj": (d, 2 * i), "down_proj": (i, d)}
     if config.qk_norm:
         shapes |= {"q_norm": (hd,), "k_norm": (hd,)}
+    if has_qkv_bias(config):
+        shapes |= {"qkv_bias": ((h + 2 * kv) * hd,)}
     return shapes
 
 

@@ -1,0 +1,259 @@
+"""Dream generation as one compiled loop: the official `diffusion_generate` (the `_sample` loop of the
+Dream model repository's generation_utils.py).
+
+The prompt is followed by `max_new_tokens` mask ids; each of `steps` steps runs the whole sequence,
+shifts the logits one position right (position i reads logits[i - 1], position 0 its own), predicts
+every masked position and commits some of them:
+  * timesteps t = linspace(1, eps, steps + 1) (float32); step i goes from t[i] to s = t[i + 1].
+  * alg="origin": each masked position is committed with probability 1 - s / t (1 at the last step),
+    with a token sampled from its (filtered) distribution.
+  * alg="maskgit_plus" / "topk_margin" / "entropy": every masked position gets a token (sampled, or
+    the argmax at temperature 0) and a confidence: the token's probability, top1 - top2 probability,
+    or the negative entropy sum p log(p + 1e-10); then int(m * (1 - s / t)) of them are committed
+    (all remaining at the last step), m = the batch's masked positions / batch size: the most confident
+    ones, or with alg_temp > 0 a draw without replacement from softmax(confidence / alg_temp).
+  * the distribution: logits / temperature (if temperature > 0), then top-p (the first token always
+    kept), then top-k, the removed logits set to float32's lowest value, then softmax.
+All steps run in one `lax.scan`.
+
+Random numbers (reproducible from `seed`): step i draws `step_uniforms(seed, i, shape)`: float32
+uniforms [B, L] for the token draws (inverse CDF of each position's distribution), for origin's
+transfer decisions, and for alg_temp's selection (Gumbel top-k: the same distribution as torch's
+multinomial without replacement). The official code draws with torch's generators; only the
+distributions are the same.
+
+The timesteps are computed on the host, bit for bit as torch.linspace (`timesteps`; tested against it
+for 1..1100 steps and five eps, 1..400 in the suite), and the commit count in float32 as torch does (tested).
+Departures, each refused or documented: rows with different numbers of masks (mask ids inside prompts) are
+refused, since the official batched count then commits unmasked positions of some rows; ties between
+equal confidences commit the lowest position (torch.topk leaves the order unspecified). Not ported:
+the user hooks (generation_tokens_hook_func, generation_logits_hook_func), output_history and
+num_return_sequences (repeat the prompt rows instead).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import functools
+from typing import Any
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+from flax import struct
+
+from dllm_jax import validation as check
+from dllm_jax.attention.policy import AttentionPolicy, Dense, check_policy
+from dllm_jax.config import DreamConfig
+from dllm_jax.generate.sampling import commit_top
+from dllm_jax.models import dream as dream_model
+from dllm_jax.models.llada import init_policy_state
+
+ALGS = ("origin", "maskgit_plus", "topk_margin", "entropy")
+LOWEST = float(np.finfo(np.float32).min)  # the official filters' masked_fill value (torch.finfo(dtype).min)
+
+
+@dataclasses.dataclass(frozen=True, kw_only=True)
+class DreamOptions:
+    """Static options of Dream generation (a change recompiles); see the module docstring.
+
+    The official defaults, except steps (512 there, with max_length 20): max_new_tokens=128, steps=128.
+    top_p=1.0 and top_k=0 are "off" (the official None); alg_temp=0.0 is the official None / 0.
+    """
+
+    max_new_tokens: int = 128
+    steps: int = 128
+    eps: float = 1e-3
+    alg: str = "origin"
+    alg_temp: float = 0.0
+    temperature: float = 0.0
+    top_p: float = 1.0
+    top_k: int = 0
+
+    def __post_init__(self):
+        def store(name, value):  # canonical int / float: equal options hash equal as static jit arguments
+            object.__setattr__(self, name, value)
+
+        store("max_new_tokens", check.integer("max_new_tokens", self.max_new_tokens))
+        store("steps", check.integer("steps", self.steps))
+        check.choice("alg", self.alg, ALGS)
+        # eps is the last timestep: in (0, 1); 0 would make the last ratio s / t exactly 0
+        store("eps", check.real("eps", self.eps, low=0, high=1, low_open=True, high_open=True))
+        store("alg_temp", check.real("alg_temp", self.alg_temp, low=0, hint=" (0: the most confident, no draw)"))
+        store("temperature", check.real("temperature", self.temperature, low=0, hint=" (0: argmax)"))
+        store("top_p", check.real("top_p", self.top_p, low=0, high=1, low_open=True, hint=" (1: off)"))
+        store("top_k", check.integer("top_k", self.top_k, minimum=0, hint=" (0: off)"))
+        if self.alg == "origin" and self.alg_temp:
+            raise ValueError(f"alg_temp={self.alg_temp} applies to the confidence-based algs (maskgit_plus, "
+                             "topk_margin, entropy); alg='origin' commits random positions")
+
+
+def timesteps(steps: int, eps: float) -> np.ndarray:
+    """float32 [steps + 1]: torch.linspace(1, eps, steps + 1) bit for bit: a float32 step (end - start) /
+    (n - 1), then start + i * step below the halfway index and end - (n - 1 - i) * step from it, each a
+    fused multiply-add (one rounding; exact here in float64, then rounded once to float32). That is what
+    torch's CPU kernel returns (its vectorized arange) and what its CUDA kernel compiles to (nvcc
+    contracts a * b + c to an FMA by default); with two roundings 22 of 100 entries of linspace(1, 0.01,
+    100) differ by an ulp, enough to change a commit count."""
+    n = steps + 1
+    start, end = np.float32(1.0), np.float32(eps)
+    step = np.float64((end - start) / np.float32(max(n - 1, 1)))
+    i = np.arange(n, dtype=np.float64)
+    low = np.float64(start) + step * i
+    high = np.float64(end) - step * (n - 1 - i)
+    return np.where(i < n // 2, low, high).astype(np.float32)
+
+
+def transfer_ratios(steps: int, eps: float) -> np.ndarray:
+    """float32 [steps]: 1 - s / t of every step, in float32 as the official code computes it; the
+    last step's is 1 (everything left is committed)."""
+    t = timesteps(steps, eps)
+    ratios = np.float32(1.0) - t[1:] / t[:-1]
+    ratios[-1] = np.float32(1.0)
+    return ratios.astype(np.float32)
+
+
+def transfer_count(masked_total, batch: int, ratio, last):
+    """int32: how many positions each row commits: int(m * ratio) with m = masked_total / batch in
+    float32 (the official `mask_index.sum() / mask_index.shape[0]`), int(m) at the last step."""
+    m = masked_total.astype(jnp.float32) / jnp.float32(batch)
+    return jnp.where(last, m, m * ratio).astype(jnp.int32)  # truncation toward zero, as int()
+
+
+def step_uniforms(seed, step, shape) -> dict:
+    """The step's float32 uniforms [B, L] in [0, 1): token draws, origin transfers, alg_temp selection."""
+    key = jax.random.fold_in(jax.random.key(seed), step)
+    return {name: jax.random.uniform(jax.random.fold_in(key, i), shape, jnp.float32)
+            for i, name in enumerate(("token", "transfer", "select"))}
+
+
+def filtered_probs(logits, o: DreamOptions):
+    """The official sample_tokens' distribution: / temperature, top-p, top-k, softmax (float32)."""
+    if o.temperature > 0:
+        logits = logits / o.temperature
+    if o.top_p < 1.0:
+        order = jnp.argsort(-logits, axis=-1, stable=True)
+        sorted_logits = jnp.take_along_axis(logits, order, axis=-1)
+        remove = jnp.cumsum(jax.nn.softmax(sorted_logits, axis=-1), axis=-1) > o.top_p
+        remove = jnp.concatenate([jnp.zeros_like(remove[..., :1]), remove[..., :-1]], axis=-1)
+        removed = jnp.take_along_axis(remove, jnp.argsort(order, axis=-1), axis=-1)  # back to vocab order
+        logits = jnp.where(removed, LOWEST, logits)
+    if o.top_k > 0:
+        kth = jax.lax.top_k(logits, min(o.top_k, logits.shape[-1]))[0][..., -1:]
+        logits = jnp.where(logits < kth, LOWEST, logits)
+    return jax.nn.softmax(logits, axis=-1)
+
+
+def tokens_and_confidence(probs, u, o: DreamOptions):
+    """(tokens, confidence) of probs [B, n, V]: a draw by inverse CDF with uniforms u [B, n] at
+    temperature > 0, else the argmax; the confidence of `o.alg`."""
+    if o.temperature > 0:
+        cdf = jnp.cumsum(probs, axis=-1)
+        tokens = jnp.argmax(cdf >= u[..., None] * cdf[..., -1:], axis=-1)
+    else:
+        tokens = jnp.argmax(probs, axis=-1)
+    if o.alg == "topk_margin":
+        top2 = jax.lax.top_k(probs, 2)[0]
+        return tokens, top2[..., 0] - top2[..., 1]
+    if o.alg == "entropy":
+        return tokens, jnp.sum(probs * jnp.log(probs + 1e-10), axis=-1)
+    return tokens, jnp.take_along_axis(probs, tokens[..., None], axis=-1)[..., 0]
+
+
+def select_positions(confidence, count, u, alg_temp: float):
+    """bool [B, n]: per row the `count` positions of highest confidence (-inf where not masked), or
+    with alg_temp > 0 `count` drawn without replacement from softmax(confidence / alg_temp) (Gumbel
+    top-k with uniforms u)."""
+    if alg_temp > 0:
+        scores = jax.nn.log_softmax(confidence / alg_temp, axis=-1)
+        confidence = jnp.where(jnp.isfinite(scores), scores - jnp.log(-jnp.log(u)), -jnp.inf)
+    return commit_top(confidence, jnp.broadcast_to(count, confidence.shape[:1]))
+
+
+@struct.dataclass
+class DreamCarry:
+    """The carry of the scan over denoising steps."""
+
+    x: jax.Array  # int32 [B, P + max_new_tokens]: the sequence being denoised
+    policy_state: Any  # the attention policy's per-layer state (leading layer axis)
+
+
+def generate_dream(params, prompt_ids, attention_mask, seed, run_id=0, *, config: DreamConfig, options: DreamOptions,
+                   prompt_has_masks: bool = False, policy: AttentionPolicy = Dense(), on_step=None):
+    """The whole generation, traceable as one function. Returns int32 [B, P + max_new_tokens].
+
+    prompt_ids int32 [B, P] (left-padded if rows differ); attention_mask [B, P] or None (the official
+    cumsum positions and hidden padding keys, `dllm_jax.models.dream`). Unless `prompt_has_masks`
+    (static), logits are computed from position P - 1 on only (after the shift, the answer region's).
+    `on_step(run_id, step)` (static), if given, is called on the host after every step.
+    """
+    check_policy(policy)
+    b, p = prompt_ids.shape
+    o = options
+    mask_id = config.mask_token_id
+    total = p + o.max_new_tokens
+    x = jnp.concatenate([prompt_ids.astype(jnp.int32), jnp.full((b, o.max_new_tokens), mask_id, jnp.int32)], axis=1)
+    if attention_mask is not None:
+        attention_mask = jnp.concatenate([attention_mask.astype(jnp.int32),
+                                          jnp.ones((b, o.max_new_tokens), jnp.int32)], axis=1)
+    start = 0 if prompt_has_masks else p  # the first position that can be masked
+    model = functools.partial(dream_model.forward, config=config, policy=policy, logits_from=max(start - 1, 0))
+    ratios = jnp.asarray(transfer_ratios(o.steps, o.eps))
+
+    def shifted_logits(x, policy_state, i):
+        logits, policy_state = model(params, x, attention_mask, policy_state, i)
+        if start == 0:  # position 0 keeps its own logits (the official cat(logits[:, :1], logits[:, :-1]))
+            return jnp.concatenate([logits[:, :1], logits[:, :-1]], axis=1), policy_state
+        return logits[:, :-1], policy_state  # positions start - 1 .. total - 2 predict start .. total - 1
+
+    def step(carry: DreamCarry, i):
+        region = carry.x[:, start:]
+        masked = region == mask_id
+        logits, policy_state = shifted_logits(carry.x, carry.policy_state, i)
+        u = step_uniforms(seed, i, (b, total))
+        u = {name: value[:, start:] for name, value in u.items()}
+        tokens, confidence = tokens_and_confidence(filtered_probs(logits, o), u["token"], o)
+        if o.alg == "origin":
+            transfer = masked & (u["transfer"] < ratios[i])
+            region = jnp.where(transfer, tokens, region)
+        else:
+            count = transfer_count(jnp.sum(masked), b, ratios[i], i == o.steps - 1)
+            chosen = select_positions(jnp.where(masked, confidence, -jnp.inf), count, u["select"], o.alg_temp)
+            region = jnp.where(chosen, jnp.where(masked, tokens, mask_id), region)
+        if on_step is not None:
+            jax.debug.callback(on_step, run_id, i, ordered=False)
+        return DreamCarry(x=carry.x.at[:, start:].set(region), policy_state=policy_state), None
+
+    carry = DreamCarry(x=x, policy_state=init_policy_state(policy, config, b, total))
+    carry, _ = jax.lax.scan(step, carry, jnp.arange(o.steps, dtype=jnp.int32))
+    return carry.x
+
+
+generate_dream_jit = jax.jit(generate_dream, static_argnames=("config", "options", "prompt_has_masks", "policy",
+                                                              "on_step"))
+
+
+def check_method(method) -> None:
+    """Dream is bidirectional like LLaDA: LLaDA's methods (SparseD, PulseCol, SpargeAttn) apply, the SDAR
+    ones (which attend a query block against a block-causal KV cache) do not."""
+    from dllm_jax.attention.methods import FAMILY_OF_CLASS, method_names
+
+    if FAMILY_OF_CLASS.get(type(method)) == "SDAR":
+        raise ValueError(f"{type(method).__name__} is a method for SDAR models (it attends a query block against "
+                         f"SDAR's KV cache); Dream is bidirectional: use one of {method_names('LLaDA')} (or "
+                         "method=None for dense attention)")
+
+
+def check_request(config: DreamConfig, prompt_ids: np.ndarray, attention_mask, method, options: DreamOptions) -> None:
+    """What Dream's sampler needs of prompts, masks and method together (before anything compiles)."""
+    if options.top_k > config.vocab_size:
+        raise ValueError(f"top_k={options.top_k} exceeds the vocabulary (vocab_size={config.vocab_size})")
+    masks = (prompt_ids == config.mask_token_id).sum(axis=1)
+    if len(set(masks.tolist())) > 1:
+        raise ValueError(f"prompt rows hold different numbers of mask ids {masks.tolist()} (mask id "
+                         f"{config.mask_token_id}): Dream's official sampler commits the same count in every row, "
+                         "which would re-mask unmasked tokens of the rows with fewer; generate them separately")
+    padded = attention_mask is not None and not np.asarray(attention_mask).all()
+    if padded and not isinstance(method, Dense):
+        raise ValueError(f"{type(method).__name__} takes no padding mask: generate left-padded Dream prompts with "
+                         "dense attention (method=None), or prompts of one length")

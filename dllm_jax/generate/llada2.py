@@ -1,0 +1,232 @@
+"""LLaDA2 block-diffusion generation as one compiled loop (the official `LLaDA2MoeModelLM.generate`).
+
+The official sampler (facts: dllm_jax/configs/llada2.0-mini/README.md), for one prompt of P tokens:
+  * steps = min(steps, gen_length // minimal_topk); the sequence is ceil((P + gen_length) / block_length)
+    blocks of masks with the prompt written in; decoding starts at block P // block_length (its first
+    P % block_length tokens are prompt);
+  * per block, at most `steps` forwards, stopping early once the block has no mask; forward j samples
+    every block position (greedy when temperature == 0 and neither top-k nor top-p filters: argmax, the
+    confidence its softmax probability; otherwise logits / T when T > 0 and T != 1, top-k, top-p,
+    softmax, one multinomial draw, the confidence the drawn token's probability after filtering) and
+    commits, among the block's masked positions, every one of confidence > threshold if there are at
+    least n[j] of them, else the min(n[j], masks left) most confident (n: block_length // steps per
+    step, the remainder on the first steps);
+  * after a block: stop if an eos appears anywhere in the generated part so far; the answer is the
+    prompt and the generated tokens up to and including the first eos (else gen_length of them).
+The official code runs a full forward over every block so far under the block-diffusion mask at every
+step; the block-causal mask makes the keys and values of finished blocks final, so here they live in a
+KV cache (prefill of the complete prompt blocks, then one block forward per step and a commit per block,
+the commit riding on the next block's first step: `dllm_jax.models.llada2.commit_and_step`). That is
+exact: tested token for token against a port of the official sampler. `eos_early_stop` (the official
+option) only ends a block's steps sooner once an eos with no mask before it is committed: the returned
+tokens are the same, so it is not an option here.
+
+Batches: rows are prompts of one length (no padding), all at the same positions; each row keeps its own
+masks, step count, random stream and stop; a row whose block is finished waits (its forwards discarded,
+SPARSE policy mode) until every row is finished, as in `dllm_jax.generate.sdar`. Random draws: the
+uniforms of row b's t-th denoising forward are `uniform(fold_in(key(seed), t), [1, block_length])`, the
+token the first whose cumulative probability reaches u * total (an inverse-CDF multinomial draw).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+
+from dllm_jax import validation as check
+from dllm_jax.attention.policy import AttentionPolicy, Dense, Mode, check_policy, unmasked_since_refresh
+from dllm_jax.config import LLaDA2Config
+from dllm_jax.generate.sampling import commit_top, sample_tokens, transfer_counts
+from dllm_jax.generate.sdar import BlockCarry, DecodeCarry, Finished
+from dllm_jax.models import llada2 as llada2_model
+from dllm_jax.sharding import shard_kv_cache
+
+CACHE_TILE = 128
+
+
+@dataclasses.dataclass(frozen=True, kw_only=True)
+class LLaDA2Options:
+    """Static options of LLaDA2 generation (the official generate's arguments; a change recompiles).
+    top_k=0 and top_p=1.0 stand for the official None (no filter)."""
+
+    gen_length: int = 2048
+    block_length: int = 32
+    steps: int = 32
+    temperature: float = 0.0
+    top_k: int = 0
+    top_p: float = 1.0
+    threshold: float = 0.95
+    minimal_topk: int = 1
+
+    def __post_init__(self):
+        def store(name, value):
+            object.__setattr__(self, name, value)
+
+        for name in ("gen_length", "block_length", "steps", "minimal_topk"):
+            store(name, check.integer(name, getattr(self, name)))
+        if self.minimal_topk > self.gen_length:
+            raise ValueError(f"minimal_topk={self.minimal_topk} exceeds gen_length={self.gen_length}: the official "
+                             "code would run min(steps, gen_length // minimal_topk) = 0 steps and decode nothing")
+        store("temperature", check.real("temperature", self.temperature, low=0,
+                                        hint=" (0 is greedy: argmax, as the official sampler)"))
+        store("top_k", check.integer("top_k", self.top_k, minimum=0, hint=" (0 turns the filter off)"))
+        store("top_p", check.real("top_p", self.top_p, low=0, high=1, low_open=True))
+        store("threshold", check.real("threshold", self.threshold, low=0, high=1))
+
+    @property
+    def greedy(self) -> bool:
+        return self.temperature == 0 and self.top_k == 0 and self.top_p >= 1.0
+
+    @property
+    def effective_steps(self) -> int:
+        return min(self.steps, self.gen_length // self.minimal_topk)
+
+
+def sample(logits, u, options: LLaDA2Options):
+    """(tokens, confidences) of logits [B, n, V] as the official `_sample_with_temperature_topk_topp`."""
+    if options.greedy:
+        tokens = jnp.argmax(logits, axis=-1)
+        probs = jax.nn.softmax(logits, axis=-1)
+        return tokens, jnp.take_along_axis(probs, tokens[..., None], axis=-1)[..., 0]
+    # T = 0 with a filter samples at T = 1 in the official code (it divides only when T > 0)
+    temperature = options.temperature if options.temperature > 0 else 1.0
+    return sample_tokens(logits, u, temperature=temperature, top_k=options.top_k, top_p=options.top_p)
+
+
+def transfer_mask(mask_index, confidence, count, threshold: float):
+    """bool [B, n]: every masked position of confidence > threshold if there are >= count of them,
+    else the min(count, masks) most confident masked ones (ties: lower position)."""
+    count = jnp.broadcast_to(count, mask_index.shape[:1])
+    confidence = jnp.where(mask_index, confidence, -jnp.inf)
+    high = confidence > threshold
+    top = commit_top(confidence, jnp.minimum(count, jnp.sum(mask_index, axis=1)))
+    return jnp.where(jnp.sum(high, axis=1, keepdims=True) >= count[:, None], high, top)
+
+
+def denoise_block(params, cur, cache, policy_state, key, draws, active, finished: Finished, *, config: LLaDA2Config,
+                  options: LLaDA2Options, policy: AttentionPolicy = Dense()):
+    """Denoises one block per row, cur int32 [B, bl], against the cache until no active row has a mask
+    left or `effective_steps` forwards ran; the first forward also commits `finished`. Returns (cur,
+    cache, policy_state, draws, Finished of this block); as `dllm_jax.generate.sdar.denoise_block`."""
+    o, mask_id = options, config.mask_token_id
+    steps = o.effective_steps
+    schedule = transfer_counts(cur.shape[1], steps)
+    b, n = cur.shape
+
+    def denoising_rows(s: BlockCarry):
+        return jnp.any(s.cur == mask_id, axis=1) & active
+
+    def step_with(s: BlockCarry, logits, mode, denoising) -> BlockCarry:
+        mask_index = s.cur == mask_id
+        u = jax.vmap(lambda t: jax.random.uniform(jax.random.fold_in(key, t), (1, n), jnp.float32)[0])(s.draws)
+        x0, x0_p = sample(logits, u, o)
+        count = schedule[jnp.minimum(s.row_step, steps - 1)]
+        transfer = transfer_mask(mask_index, x0_p, count, o.threshold) & denoising[:, None]
+        unmasked = unmasked_since_refresh(s.unmasked, mode, jnp.sum(transfer, axis=1, dtype=jnp.int32))
+        one = denoising.astype(jnp.int32)
+        return s.replace(cur=jnp.where(transfer, x0, s.cur), draws=s.draws + one, step=s.step + 1,
+                         row_step=s.row_step + one, unmasked=jnp.where(denoising, unmasked, s.unmasked))
+
+    def mode_of(s: BlockCarry, denoising):
+        return jnp.where(denoising, policy.block_mode(s.row_step, unmasked=s.unmasked, commit=False),
+                         int(Mode.SPARSE))
+
+    zeros = jnp.zeros((b,), jnp.int32)
+    s = BlockCarry(cur=cur, cache=cache, policy_state=policy_state, draws=draws, step=jnp.int32(0), row_step=zeros,
+                   unmasked=zeros)
+    denoising = denoising_rows(s)
+    mode = mode_of(s, denoising)
+    logits, cache, policy_state = llada2_model.commit_and_step(params, finished.ids, finished.pending & active,
+                                                               s.cur, s.cache, s.policy_state, finished.mode, mode,
+                                                               config=config, policy=policy)
+    s = step_with(s.replace(cache=cache, policy_state=policy_state), logits, mode, denoising)
+
+    def body(s: BlockCarry) -> BlockCarry:
+        denoising = denoising_rows(s)
+        mode = mode_of(s, denoising)
+        logits, cache, policy_state = llada2_model.block_step(params, s.cur, s.cache, s.policy_state, mode,
+                                                              config=config, policy=policy)
+        return step_with(s.replace(cache=cache, policy_state=policy_state), logits, mode, denoising)
+
+    s = jax.lax.while_loop(lambda s: jnp.any(denoising_rows(s)) & (s.step < steps), body, s)
+    commit_mode = jnp.broadcast_to(policy.block_mode(s.row_step, unmasked=s.unmasked, commit=True), (b,))
+    return s.cur, s.cache, s.policy_state, s.draws, Finished(ids=s.cur, pending=active,
+                                                            mode=commit_mode.astype(jnp.int32))
+
+
+def generate_llada2(params, prompt_ids, seed, run_id=0, *, config: LLaDA2Config, options: LLaDA2Options,
+                    policy: AttentionPolicy = Dense(), on_step=None, mesh=None):
+    """The whole generation, traceable as one function: prompt_ids int32 [B, P] (no padding) ->
+    (x int32 [B, width], stopped bool [B]); x holds the prompt, the decoded blocks and masks after a
+    row's stop. width = ceil((P + gen_length) / block_length) * block_length. `on_step(run_id, i)`
+    (static, optional) runs on the host after every decoded block."""
+    check_policy(policy)
+    o, bl = options, options.block_length
+    b, p = prompt_ids.shape
+    num_blocks = -(-(p + o.gen_length) // bl)
+    width, first = num_blocks * bl, p // bl
+    x = jnp.full((b, width), config.mask_token_id, jnp.int32).at[:, :p].set(prompt_ids.astype(jnp.int32))
+    params = llada2_model.inference(params, config)
+    cache = llada2_model.init_cache(config, b, -(-(width + bl) // CACHE_TILE) * CACHE_TILE, params["embed"].dtype)
+    cache = shard_kv_cache(cache, mesh)
+    if first:
+        cache = llada2_model.prefill(params, x[:, :first * bl], cache, config=config, block_length=bl)
+    key = jax.random.key(seed)
+
+    def decode(carry: DecodeCarry, block) -> DecodeCarry:
+        active = ~carry.stopped
+        cur = jax.lax.dynamic_slice_in_dim(carry.x, block * bl, bl, axis=1)
+        cur, cache, policy_state, draws, finished = denoise_block(
+            params, cur, carry.cache, carry.policy_state, key, carry.draws, active, carry.finished, config=config,
+            options=o, policy=policy)
+        if on_step is not None:
+            jax.debug.callback(on_step, run_id, block - first, ordered=False)
+        generated = block * bl + jnp.arange(bl) >= p
+        stopped = carry.stopped | (active & jnp.any((cur == config.eos_token_id) & generated, axis=1))
+        new_x = jax.lax.dynamic_update_slice_in_dim(carry.x, cur, block * bl, axis=1)
+        return carry.replace(x=jnp.where(active[:, None], new_x, carry.x), cache=cache, policy_state=policy_state,
+                             finished=finished, draws=draws,
+                             decoded=jnp.where(active, (block + 1) * bl, carry.decoded), stopped=stopped)
+
+    def per_block(carry: DecodeCarry, block):
+        return jax.lax.cond(jnp.all(carry.stopped), lambda c, i: c, decode, carry, block), None
+
+    nothing = Finished(ids=jnp.zeros((b, bl), jnp.int32), pending=jnp.zeros((b,), bool),
+                       mode=jnp.full((b,), int(Mode.SPARSE), jnp.int32))
+    carry = DecodeCarry(x=x, cache=cache, policy_state=llada2_model.init_policy_state(policy, config, b, width,
+                                                                                       block_length=bl),
+                        finished=nothing, draws=jnp.zeros((b,), jnp.int32), decoded=jnp.full((b,), first * bl),
+                        stopped=jnp.zeros((b,), bool))
+    carry, _ = jax.lax.scan(per_block, carry, jnp.arange(first, num_blocks, dtype=jnp.int32))
+    return carry.x, carry.stopped
+
+
+STATIC = ("config", "options", "policy", "on_step", "mesh")
+generate_llada2_jit = jax.jit(generate_llada2, static_argnames=STATIC)
+
+
+def answers(x: np.ndarray, prompt_length: int, options: LLaDA2Options, eos_id: int) -> list[np.ndarray]:
+    """Host-side: each row's prompt and generated tokens up to and including its first eos, else
+    gen_length of them (the official return, with the prompt in front)."""
+    rows = []
+    for row in x:
+        row = row[: prompt_length + options.gen_length]
+        hits = np.flatnonzero(row[prompt_length:] == eos_id)
+        rows.append(row[: prompt_length + int(hits[0]) + 1] if hits.size else row)
+    return rows
+
+
+def check_request(config: LLaDA2Config, prompt_ids: np.ndarray, attention_mask, options: LLaDA2Options) -> None:
+    """What the LLaDA2 sampler supports: prompts of one length without mask ids, within the context."""
+    if attention_mask is not None and not np.all(np.asarray(attention_mask) != 0):
+        raise ValueError("LLaDA2 generation takes prompts of one length (no padding): attention_mask must be all "
+                         "ones or None; generate prompts of different lengths separately")
+    if options.top_k > config.vocab_size:
+        raise ValueError(f"top_k={options.top_k} exceeds the vocabulary (vocab_size={config.vocab_size})")
+    masks = np.argwhere(prompt_ids == config.mask_token_id)
+    if masks.size:
+        raise ValueError(f"prompt_ids hold the mask id {config.mask_token_id} at [row, position] "
+                         f"{masks[:5].tolist()}: the official sampler denoises the answer blocks only")

@@ -1,0 +1,477 @@
+"""LLaDA2.0 / 2.1 (inclusionAI) in Flax NNX: a Ling 2.0 (BailingMoeV2) MoE decoder run as block diffusion.
+
+Architecture (the official `modeling_llada2_moe.py`; facts in dllm_jax/configs/llada2.0-mini/README.md):
+  * attention: one fused `query_key_value` projection ([all query heads | all key heads | all value
+    heads] rows, optional bias), per-head q/k RMSNorm, RoPE on the first rotary_dim =
+    head_dim * partial_rotary_factor dimensions of each head (half rotation; the rest pass through),
+    scale 1/sqrt(head_dim), output projection `dense` (optional bias);
+  * layers 0..first_k_dense_replace-1: a dense SwiGLU MLP; the others: a sparse MoE block, the routed
+    experts' weighted sum plus the shared experts' SwiGLU of the same input;
+  * router (`gate`), all in fp32: logits = x @ W^T, scores = sigmoid(logits); experts are selected on
+    scores + expert_bias (the bias only selects): the n_group groups score by the sum of their top-2
+    biased scores, the topk_group best groups are kept, then the top num_experts_per_tok experts among
+    them; the weights are the *unbiased* scores of those experts, divided by their sum (+1e-20) when
+    top-k > 1, times routed_scaling_factor. Expert outputs (in the activation dtype) are weighted and
+    summed in fp32, then cast back.
+Block diffusion: attention is bidirectional inside each block and causal across blocks (the official
+sampler's `block_diffusion_attention_mask`), so the K/V of finished blocks never change and the cached
+path (`prefill`, `block_step`, `commit_and_step`, on SDAR's static `KVCache`) equals the full forward.
+
+Routed experts run as two grouped GEMMs (`jax.lax.ragged_dot`) over the token copies sorted by expert:
+each expert's weights are read once for all its tokens, nothing is computed for unselected experts.
+
+Parameter layouts (L layers, Ld = first_k_dense_replace dense ones, Lm = L - Ld MoE ones; E experts):
+  * checkpoint layout (`param_shapes`, what the converter writes): "layers" stacks the attention of all
+    L layers: attn_norm [L, d], qkv_proj [L, d, (H + 2K) D] (the HF row order, transposed),
+    qkv_bias [L, (H + 2K) D], q_norm / k_norm [L, D], o_proj [L, H D, d], o_bias [L, d], mlp_norm [L, d];
+    "dense": gate_proj / up_proj [Ld, d, I], down_proj [Ld, I, d]; "moe": router [Lm, d, E] (HF gate
+    weight, transposed), expert_bias [Lm, E], gate_proj / up_proj [Lm, E, d, Im], down_proj
+    [Lm, E, Im, d] (experts stacked at conversion), shared_gate_proj / shared_up_proj [Lm, d, Is],
+    shared_down_proj [Lm, Is, d] (Is = num_shared_experts * Im).
+  * inference layout (`prepare_params`): a tuple of per-layer dicts; qkv_proj regrouped per KV head
+    as `dllm_jax.models.layers` does (each KV head's query heads, its key, its value), gate/up pairs
+    interleaved into one matrix (gate_up_proj [d, 2I], experts_gate_up [E, d, 2Im], shared_gate_up
+    [d, 2Is]) so one GEMM reads both and a contiguous split is a tensor-parallel shard.
+"""
+
+from __future__ import annotations
+
+import functools
+
+import jax
+import jax.numpy as jnp
+from flax import nnx
+
+from dllm_jax.attention.dense import matmul_precision
+from dllm_jax.attention.policy import AttentionPolicy, Dense, Mode, attend_layer, check_policy, stacked_state
+from dllm_jax.config import LLaDA2Config
+from dllm_jax.models.layers import apply_rope, check_inputs, lm_head, mlp_sublayer, rms_norm, rope_tables
+from dllm_jax.models.sdar import (KVCache, Segment, block_causal_mask, check_cache, init_cache, replace_layer,
+                                  write_rows)
+from dllm_jax.sharding import shard_kv_cache
+
+__all__ = ["LLaDA2", "KVCache", "forward", "prefill", "block_step", "commit_and_step", "init_cache"]
+
+
+# --- parameter shapes and layouts ----------------------------------------------------------------
+
+def attention_shapes(config: LLaDA2Config) -> dict[str, tuple[int, ...]]:
+    """One layer's attention parameters in the checkpoint layout (no layer axis)."""
+    d, h, kv, hd = config.hidden_size, config.num_heads, config.num_kv_heads, config.head_dim
+    qkv = (h + 2 * kv) * hd
+    shapes = {"attn_norm": (d,), "qkv_proj": (d, qkv), "o_proj": (h * hd, d), "mlp_norm": (d,)}
+    if config.use_qkv_bias:
+        shapes["qkv_bias"] = (qkv,)
+    if config.use_bias:
+        shapes["o_bias"] = (d,)
+    if config.use_qk_norm:
+        shapes |= {"q_norm": (hd,), "k_norm": (hd,)}
+    return shapes
+
+
+def moe_shapes(config: LLaDA2Config) -> dict[str, tuple[int, ...]]:
+    """One MoE layer's MLP parameters in the checkpoint layout (no layer axis)."""
+    d, e, im = config.hidden_size, config.num_experts, config.moe_intermediate_size
+    shapes = {"router": (d, e), "expert_bias": (e,), "gate_proj": (e, d, im), "up_proj": (e, d, im),
+              "down_proj": (e, im, d)}
+    if config.num_shared_experts:
+        s = config.num_shared_experts * im
+        shapes |= {"shared_gate_proj": (d, s), "shared_up_proj": (d, s), "shared_down_proj": (s, d)}
+    return shapes
+
+
+def param_shapes(config: LLaDA2Config) -> dict:
+    """Shapes of the checkpoint-layout parameter tree (module docstring)."""
+    d, i = config.hidden_size, config.intermediate_size
+    stack = lambda n, shapes: {name: (n, *shape) for name, shape in shapes.items()}  # noqa: E731
+    shapes = {"embed": (config.vocab_size, d), "final_norm": (d,),
+              "layers": stack(config.num_layers, attention_shapes(config))}
+    if config.num_dense_layers:
+        shapes["dense"] = stack(config.num_dense_layers, {"gate_proj": (d, i), "up_proj": (d, i), "down_proj": (i, d)})
+    if config.num_moe_layers:
+        shapes["moe"] = stack(config.num_moe_layers, moe_shapes(config))
+    if not config.tie_word_embeddings:
+        shapes["lm_head"] = (d, config.vocab_size)
+    return shapes
+
+
+def interleave(gate, up):
+    """[..., n] gate and up -> [..., 2n] with column 2j gate j, 2j + 1 up j."""
+    return jnp.stack([gate, up], axis=-1).reshape(*gate.shape[:-1], -1)
+
+
+def group_qkv(w, config: LLaDA2Config):
+    """The HF column order [all q | all k | all v] of w [..., (H + 2K) D] -> per KV head [its G query
+    heads, its key, its value] (the layout `dllm_jax.models.layers` and the sharding table expect)."""
+    h, kv, hd = config.num_heads, config.num_kv_heads, config.head_dim
+    lead = w.shape[:-1]
+    q = w[..., :h * hd].reshape(*lead, kv, h // kv, hd)
+    k = w[..., h * hd:(h + kv) * hd].reshape(*lead, kv, 1, hd)
+    v = w[..., (h + kv) * hd:].reshape(*lead, kv, 1, hd)
+    return jnp.concatenate([q, k, v], axis=-2).reshape(*lead, -1)
+
+
+def inference_layer_shapes(config: LLaDA2Config, layer: int) -> dict[str, tuple[int, ...]]:
+    """One layer's parameters in the inference layout."""
+    shapes = attention_shapes(config)
+    d, i, e, im = config.hidden_size, config.intermediate_size, config.num_experts, config.moe_intermediate_size
+    if layer < config.first_k_dense_replace:
+        return shapes | {"gate_up_proj": (d, 2 * i), "down_proj": (i, d)}
+    shapes |= {"router": (d, e), "expert_bias": (e,), "experts_gate_up": (e, d, 2 * im), "experts_down": (e, im, d)}
+    if config.num_shared_experts:
+        s = config.num_shared_experts * im
+        shapes |= {"shared_gate_up": (d, 2 * s), "shared_down": (s, d)}
+    return shapes
+
+
+def prepare_layer(config: LLaDA2Config, layer: int, attn: dict, mlp: dict) -> dict:
+    """One layer's inference dict from its checkpoint-layout slices `attn` and `mlp` (dense or MoE)."""
+    p = dict(attn)
+    p["qkv_proj"] = group_qkv(p["qkv_proj"], config)
+    if "qkv_bias" in p:
+        p["qkv_bias"] = group_qkv(p["qkv_bias"], config)
+    if layer < config.first_k_dense_replace:
+        return p | {"gate_up_proj": interleave(mlp["gate_proj"], mlp["up_proj"]), "down_proj": mlp["down_proj"]}
+    p |= {"router": mlp["router"], "expert_bias": mlp["expert_bias"],
+          "experts_gate_up": interleave(mlp["gate_proj"], mlp["up_proj"]), "experts_down": mlp["down_proj"]}
+    if config.num_shared_experts:
+        p |= {"shared_gate_up": interleave(mlp["shared_gate_proj"], mlp["shared_up_proj"]),
+              "shared_down": mlp["shared_down_proj"]}
+    return p
+
+
+def prepare_params(params: dict, config: LLaDA2Config, *, execution: str = "unrolled") -> dict:
+    """The checkpoint layout -> the inference layout (a tree already in it is returned as is). Takes
+    ownership: `params` is emptied as its tensors move (each stacked tensor is dropped once sliced)."""
+    if execution != "unrolled":
+        raise ValueError(f"LLaDA2 runs its layers unrolled (dense and MoE layers differ), got execution={execution!r}")
+    if isinstance(params.get("layers"), tuple):
+        return dict(params)
+    attn, dense, moe = params.pop("layers"), params.pop("dense", {}), params.pop("moe", {})
+    layers = []
+    for layer in range(config.num_layers):
+        mlp_tree, index = (dense, layer) if layer < config.first_k_dense_replace else (
+            moe, layer - config.first_k_dense_replace)
+        layers.append(prepare_layer(config, layer, {n: w[layer] for n, w in attn.items()},
+                                    {n: w[index] for n, w in mlp_tree.items()}))
+    attn.clear(), dense.clear(), moe.clear()
+    return {name: params.pop(name) for name in list(params)} | {"layers": tuple(layers)}
+
+
+def to_module_tree(params: dict) -> dict:
+    """The inference tree -> nnx's pure dict (what `nnx.replace_by_pure_dict` takes)."""
+    return dict(params, layers=dict(enumerate(params["layers"])))
+
+
+# --- the forward pass ----------------------------------------------------------------------------
+
+def rotate(x, cos, sin, config: LLaDA2Config):
+    """RoPE on the first rotary_dim dimensions of each head of x [B, L, H, D]; the rest pass through."""
+    r = config.rotary_dim
+    if r == x.shape[-1]:
+        return apply_rope(x, cos, sin, in_fp32=config.rope_in_fp32)
+    rotated = apply_rope(x[..., :r], cos, sin, in_fp32=config.rope_in_fp32)
+    return jnp.concatenate([rotated, x[..., r:]], axis=-1)
+
+
+def attention_sublayer(p, x, cos, sin, attend, state, layer, config: LLaDA2Config):
+    """x + dense(attend(rope(qk_norm(q)), rope(qk_norm(k)), v)) of attn_norm(x); `attend` as in
+    `dllm_jax.models.layers.attention_sublayer`."""
+    precision = matmul_precision(x.dtype)
+    b, n, _ = x.shape
+    h, kv, hd = config.num_heads, config.num_kv_heads, config.head_dim
+    qkv = jnp.matmul(rms_norm(x, p["attn_norm"], config.rms_norm_eps), p["qkv_proj"], precision=precision)
+    if config.use_qkv_bias:
+        qkv = qkv + p["qkv_bias"]
+    qkv = qkv.reshape(b, n, kv, h // kv + 2, hd)
+    q, k, v = qkv[:, :, :, :-2].reshape(b, n, h, hd), qkv[:, :, :, -2], qkv[:, :, :, -1]
+    if config.use_qk_norm:
+        q = rms_norm(q, p["q_norm"], config.rms_norm_eps)
+        k = rms_norm(k, p["k_norm"], config.rms_norm_eps)
+    q, k = rotate(q, cos, sin, config), rotate(k, cos, sin, config)
+    with jax.named_scope("attention"):
+        out, state = attend(q, k, v, state, layer)
+    out = jnp.matmul(out.reshape(b, n, h * hd), p["o_proj"], precision=precision)
+    if config.use_bias:
+        out = out + p["o_bias"]
+    return x + out, state
+
+
+def route(x, router, expert_bias, config: LLaDA2Config):
+    """(expert indices int32 [T, k], fp32 weights [T, k]) of tokens x [T, d] (official LLaDA2MoeGate)."""
+    t, e, g = x.shape[0], config.num_experts, config.n_group
+    logits = jnp.matmul(x.astype(jnp.float32), router.astype(jnp.float32), precision=jax.lax.Precision.HIGHEST)
+    scores = jax.nn.sigmoid(logits)
+    biased = scores + expert_bias.astype(jnp.float32)
+    group_scores = jnp.sum(jax.lax.top_k(biased.reshape(t, g, e // g), 2)[0], axis=-1)  # [T, G]
+    _, groups = jax.lax.top_k(group_scores, config.topk_group)
+    kept = jnp.any(groups[:, :, None] == jnp.arange(g), axis=1)  # [T, G]
+    masked = jnp.where(jnp.repeat(kept, e // g, axis=1), biased, -jnp.inf)
+    _, idx = jax.lax.top_k(masked, config.num_experts_per_tok)
+    weights = jnp.take_along_axis(scores, idx, axis=1)
+    if config.num_experts_per_tok > 1:
+        weights = weights / (jnp.sum(weights, axis=-1, keepdims=True) + 1e-20)
+    return idx.astype(jnp.int32), weights * config.routed_scaling_factor
+
+
+def routed_experts(x, idx, weights, gate_up, down):
+    """sum_j weights[:, j] * expert_{idx[:, j]}(x) for tokens x [T, d], as two grouped GEMMs over the T * k
+    token copies sorted by expert (`jax.lax.ragged_dot`); returns fp32 [T, d]."""
+    t, k = idx.shape
+    precision = matmul_precision(x.dtype)
+    flat = idx.reshape(-1)
+    order = jnp.argsort(flat, stable=True)  # copy order -> expert-sorted position
+    sizes = jnp.bincount(flat, length=gate_up.shape[0]).astype(jnp.int32)
+    h = jax.lax.ragged_dot(x[order // k], gate_up, sizes, precision=precision)  # [T k, 2 Im]
+    h = jax.nn.silu(h[:, 0::2]) * h[:, 1::2]
+    y = jax.lax.ragged_dot(h, down, sizes, precision=precision)  # [T k, d], expert-sorted
+    y = jnp.zeros_like(y).at[order].set(y).reshape(t, k, -1)  # back to (token, slot) order
+    return jnp.sum(y.astype(jnp.float32) * weights[..., None], axis=1)
+
+
+def swiglu(x, gate_up, down):
+    both = jnp.matmul(x, gate_up, precision=matmul_precision(x.dtype))
+    return jnp.matmul(jax.nn.silu(both[..., 0::2]) * both[..., 1::2], down, precision=matmul_precision(x.dtype))
+
+
+def moe_sublayer(p, x, config: LLaDA2Config):
+    """x + routed experts + shared experts of mlp_norm(x) (official LLaDA2MoeSparseMoeBlock)."""
+    b, n, d = x.shape
+    h = rms_norm(x, p["mlp_norm"], config.rms_norm_eps).reshape(b * n, d)
+    idx, weights = route(h, p["router"], p["expert_bias"], config)
+    out = routed_experts(h, idx, weights, p["experts_gate_up"], p["experts_down"]).astype(x.dtype)
+    if config.num_shared_experts:
+        out = out + swiglu(h, p["shared_gate_up"], p["shared_down"])
+    return x + out.reshape(b, n, d)
+
+
+def decoder_stack(layers: tuple, x, cos, sin, attend, config: LLaDA2Config, state=()):
+    """All layers (inference layout) over x [B, L, d]; returns (x, state), `state` threaded through
+    every layer's `attend` call."""
+    for index, p in enumerate(layers):
+        x, state = attention_sublayer(p, x, cos, sin, attend, state, index, config)
+        if index < config.first_k_dense_replace:
+            x = mlp_sublayer(p, x, eps=config.rms_norm_eps)
+        else:
+            x = moe_sublayer(p, x, config)
+    return x, state
+
+
+def tables(positions, config: LLaDA2Config):
+    return rope_tables(positions, config.rotary_dim, config.rope_theta)
+
+
+def inference(params, config: LLaDA2Config) -> dict:
+    """params in the inference layout (prepared on the fly from the checkpoint layout: for tests)."""
+    return params if isinstance(params["layers"], tuple) else prepare_params(dict(params), config)
+
+
+def init_policy_state(policy: AttentionPolicy, config: LLaDA2Config, batch: int, max_length: int, *,
+                      block_length: int | None = None):
+    """The policy's state for every layer: `block_length` queries against `max_length` keys."""
+    return stacked_state(policy, config.num_layers, batch=batch, num_heads=config.num_heads,
+                         num_kv_heads=config.num_kv_heads, q_len=block_length or config.block_size,
+                         kv_len=max_length, head_dim=config.head_dim)
+
+
+def forward(params, input_ids, policy_state=None, step=0, *, config: LLaDA2Config, block_length: int | None = None,
+            policy: AttentionPolicy = Dense()):
+    """Full-sequence forward under the block-causal mask: int32 [B, L] -> (float32 logits [B, L, V],
+    policy_state). The last block may be partial."""
+    params = inference(params, config)
+    b, n = input_ids.shape
+    if policy_state is None:
+        policy_state = init_policy_state(policy, config, b, n, block_length=n)
+    mask = block_causal_mask(n, block_length or config.block_size)
+    mode = policy.mode(step)
+    cos, sin = tables(jnp.arange(n), config)
+
+    def attend(q, k, v, states, layer):
+        return attend_layer(policy, mode, q, k, v, states, layer, mask=mask)
+
+    x, policy_state = decoder_stack(params["layers"], params["embed"][input_ids], cos, sin, attend, config,
+                                    policy_state)
+    return lm_head(params, x, config), policy_state
+
+
+def prefill(params, input_ids, cache: KVCache, lengths=None, *, config: LLaDA2Config, block_length: int | None = None,
+            policy: AttentionPolicy = Dense()) -> KVCache:
+    """Writes the K/V of the complete prompt blocks input_ids [B, P] at positions 0..P-1 and sets the
+    fill lengths to `lengths` (default P); as `dllm_jax.models.sdar.prefill` (dense, exact)."""
+    params = inference(params, config)
+    b, n = input_ids.shape
+    mask = block_causal_mask(n, block_length or config.block_size)
+    cos, sin = tables(jnp.arange(n), config)
+
+    def attend(q, k, v, state, layer):
+        cache, policy_state = state
+        write = lambda buf, x: jax.lax.dynamic_update_slice_in_dim(buf, x.astype(buf.dtype), 0, axis=1)  # noqa: E731
+        cache = cache.replace(k=replace_layer(cache.k, layer, write(cache.k[layer], k)),
+                              v=replace_layer(cache.v, layer, write(cache.v[layer], v)))
+        out, policy_state = attend_layer(policy, Mode.DENSE, q, k, v, policy_state, layer, mask=mask)
+        return out, (cache, policy_state)
+
+    state = (cache, init_policy_state(policy, config, b, n, block_length=n))
+    _, (cache, _) = decoder_stack(params["layers"], params["embed"][input_ids], cos, sin, attend, config, state)
+    lengths = jnp.full((b,), n, jnp.int32) if lengths is None else jnp.asarray(lengths, jnp.int32)
+    return cache.replace(length=lengths)
+
+
+def cached_forward(params, segments: tuple, cache: KVCache, policy_state, *, config: LLaDA2Config,
+                   policy: AttentionPolicy):
+    """One forward of the concatenated segments against the cache (`dllm_jax.models.sdar.cached_forward`):
+    per layer every segment's K/V is written at its positions, then each attends to its row's keys below
+    its end. Returns (float32 logits of the last segment, cache, policy_state)."""
+    params = inference(params, config)
+    sizes = [seg.ids.shape[1] for seg in segments]
+    bounds = [sum(sizes[:i]) for i in range(1, len(sizes))]
+    positions = jnp.concatenate([seg.start[:, None] + jnp.arange(n) for seg, n in zip(segments, sizes)], axis=1)
+    cos, sin = tables(positions, config)
+
+    def attend(q, k, v, state, layer):
+        cache, policy_state = state
+        ck, cv = cache.k[layer], cache.v[layer]
+        parts = [jnp.split(x, bounds, axis=1) for x in (q, k, v)]
+        for seg, k_seg, v_seg in zip(segments, parts[1], parts[2]):
+            ck, cv = write_rows(ck, k_seg, seg.start), write_rows(cv, v_seg, seg.start)
+        outs = []
+        for seg, q_seg, n in zip(segments, parts[0], sizes):
+            out, policy_state = attend_layer(policy, seg.mode, q_seg, ck, cv, policy_state, layer,
+                                             kv_len=seg.start + n)
+            outs.append(out)
+        cache = cache.replace(k=replace_layer(cache.k, layer, ck), v=replace_layer(cache.v, layer, cv))
+        return jnp.concatenate(outs, axis=1), (cache, policy_state)
+
+    ids = jnp.concatenate([seg.ids for seg in segments], axis=1)
+    x, (cache, policy_state) = decoder_stack(params["layers"], params["embed"][ids], cos, sin, attend, config,
+                                             (cache, policy_state))
+    return lm_head(params, x[:, -sizes[-1]:], config), cache, policy_state
+
+
+def block_step(params, block_ids, cache: KVCache, policy_state=None, mode=None, *, config: LLaDA2Config,
+               policy: AttentionPolicy = Dense(), commit=False):
+    """One block block_ids [B, n] at positions length[b].. against the cache (every block token sees the
+    filled prefix and the whole block); with commit=True the fill length advances by n. Returns
+    (float32 logits [B, n, V], cache, policy_state); as `dllm_jax.models.sdar.block_step`."""
+    b, n = block_ids.shape
+    if policy_state is None:
+        policy_state = init_policy_state(policy, config, b, cache.max_length, block_length=n)
+    if mode is None:
+        mode = policy.block_mode(0, unmasked=jnp.zeros((b,), jnp.int32), commit=commit)
+    segment = Segment(ids=block_ids, start=cache.length, mode=mode)
+    logits, new_cache, policy_state = cached_forward(params, (segment,), cache, policy_state, config=config,
+                                                     policy=policy)
+    return logits, new_cache.replace(length=jnp.where(commit, cache.length + n, cache.length)), policy_state
+
+
+def commit_and_step(params, finished_ids, pending, block_ids, cache: KVCache, policy_state, finished_mode, mode, *,
+                    config: LLaDA2Config, policy: AttentionPolicy = Dense()):
+    """The commit of a finished block (rows where `pending`) and the next block's first step in one
+    forward; exact under the block-causal mask (`dllm_jax.models.sdar.commit_and_step`)."""
+    n = block_ids.shape[1]
+    start = cache.length + jnp.where(pending, n, 0)
+    finished = Segment(ids=finished_ids, start=cache.length, mode=jnp.where(pending, finished_mode, int(Mode.SPARSE)))
+    logits, cache, policy_state = cached_forward(params, (finished, Segment(ids=block_ids, start=start, mode=mode)),
+                                                 cache, policy_state, config=config, policy=policy)
+    return logits, cache.replace(length=start), policy_state
+
+
+@functools.partial(jax.jit, static_argnames=("config", "block_length", "policy"))
+def _logits_jit(params, input_ids, *, config: LLaDA2Config, block_length: int | None, policy: AttentionPolicy):
+    return forward(params, input_ids, config=config, block_length=block_length, policy=policy)[0]
+
+
+_prefill_jit = jax.jit(prefill, static_argnames=("config", "block_length", "policy"))
+
+
+@functools.partial(jax.jit, static_argnames=("config", "commit", "policy"))
+def _block_step_jit(params, block_ids, cache: KVCache, *, config: LLaDA2Config, commit: bool, policy: AttentionPolicy):
+    logits, cache, _ = block_step(params, block_ids, cache, config=config, commit=commit, policy=policy)
+    return logits, cache
+
+
+# --- the module ----------------------------------------------------------------------------------
+
+def random_params(shapes: dict, *, dtype, rngs: nnx.Rngs) -> dict:
+    """nnx.Params of `shapes`: norms 1, expert biases 0.1 * normal, other weights normal(0.02)."""
+    init = nnx.initializers.normal(stddev=0.02)
+
+    def one(name, shape):
+        if name.endswith("norm"):
+            return jnp.ones(shape, dtype)
+        if name == "expert_bias":
+            return (0.1 * jax.random.normal(rngs.params(), shape)).astype(dtype)
+        return init(rngs.params(), shape, dtype)
+
+    return {name: nnx.Param(one(name, shape)) for name, shape in shapes.items()}
+
+
+class LLaDA2Layer(nnx.Module):
+    """One layer's parameters in the inference layout (dense or MoE by its index)."""
+
+    def __init__(self, config: LLaDA2Config, layer: int, *, dtype, rngs: nnx.Rngs):
+        self.names = tuple(inference_layer_shapes(config, layer))
+        for name, param in random_params(inference_layer_shapes(config, layer), dtype=dtype, rngs=rngs).items():
+            setattr(self, name, param)
+
+
+class LLaDA2(nnx.Module):
+    """LLaDA2 MoE block-diffusion LM. `model(input_ids)` is the full block-causal forward (block length
+    from the config, 32); `init_cache`, `prefill`, `block_step` the cached path the sampler runs."""
+
+    def __init__(self, config: LLaDA2Config, *, dtype=jnp.bfloat16, rngs: nnx.Rngs, execution: str = "unrolled"):
+        if execution != "unrolled":
+            raise ValueError(f"LLaDA2 runs its layers unrolled, got execution={execution!r}")
+        self.config = config
+        self.execution = execution
+        init = nnx.initializers.normal(stddev=0.02)
+        self.embed = nnx.Param(init(rngs.params(), (config.vocab_size, config.hidden_size), dtype))
+        self.layers = nnx.List([LLaDA2Layer(config, i, dtype=dtype, rngs=rngs) for i in range(config.num_layers)])
+        self.final_norm = nnx.Param(jnp.ones((config.hidden_size,), dtype))
+        if not config.tie_word_embeddings:
+            self.lm_head = nnx.Param(init(rngs.params(), (config.hidden_size, config.vocab_size), dtype))
+
+    @property
+    def dtype(self):
+        return self.embed[...].dtype
+
+    def params(self) -> dict:
+        """The inference-layout tree as plain arrays (a tuple of per-layer dicts)."""
+        layers = tuple({name: getattr(layer, name).get_value() for name in layer.names} for layer in self.layers)
+        tree = {name: getattr(self, name).get_value() for name in ("embed", "final_norm", "lm_head") if hasattr(self, name)}
+        return dict(tree, layers=layers)
+
+    def __call__(self, input_ids, *, block_length: int | None = None, policy: AttentionPolicy = Dense()):
+        """float32 logits [B, L, V] under the block-causal mask."""
+        input_ids = jnp.asarray(input_ids)
+        check_inputs(self.config, input_ids)
+        if block_length is not None and block_length <= 0:
+            raise ValueError(f"block_length must be positive, got {block_length}")
+        check_policy(policy)
+        return _logits_jit(self.params(), input_ids, config=self.config, block_length=block_length, policy=policy)
+
+    def init_cache(self, batch: int, max_length: int) -> KVCache:
+        """An empty cache for `batch` rows and up to `max_length` positions, in the model's dtype."""
+        if batch <= 0 or max_length <= 0:
+            raise ValueError(f"batch and max_length must be positive, got {batch=}, {max_length=}")
+        return shard_kv_cache(init_cache(self.config, batch, max_length, self.dtype), getattr(self, "mesh", None))
+
+    def prefill(self, input_ids, cache: KVCache, *, policy: AttentionPolicy = Dense()) -> KVCache:
+        """Fills an empty cache with the complete prompt blocks input_ids [B, P] (P % block_size == 0)."""
+        input_ids = jnp.asarray(input_ids)
+        check_inputs(self.config, input_ids)
+        n, bs = input_ids.shape[1], self.config.block_size
+        if n % bs:
+            raise ValueError(f"prefill takes complete blocks: prompt length {n} is not a multiple of "
+                             f"block_size={bs} (run the trailing {n % bs} tokens as the first block)")
+        check_cache(cache, input_ids.shape[0], 0, n, self.config)
+        check_policy(policy)
+        return _prefill_jit(self.params(), input_ids, cache, config=self.config, policy=policy)
+
+    def block_step(self, block_ids, cache: KVCache, *, commit: bool = False, policy: AttentionPolicy = Dense()):
+        """(logits [B, n, V], cache) of one block against the cache; see `block_step`."""
+        block_ids = jnp.asarray(block_ids)
+        check_inputs(self.config, block_ids)
+        check_cache(cache, block_ids.shape[0], None, block_ids.shape[1], self.config)
+        check_policy(policy)
+        return _block_step_jit(self.params(), block_ids, cache, config=self.config, commit=commit, policy=policy)
