@@ -172,8 +172,8 @@ def encode_prompt(args):
 class Request:
     """The generate / analyze flags, checked against the checkpoint's config.json before any weights load."""
 
-    config: object  # the checkpoint's LLaDAConfig, SDARConfig or DreamConfig
-    family: str  # "LLaDA", "SDAR" or "Dream"
+    config: object  # the checkpoint's LLaDAConfig, SDARConfig, DreamConfig or LLaDA2Config
+    family: str  # "LLaDA", "SDAR", "Dream" or "LLaDA2"
     method: object  # the --method attention policy; None for dense
     options: dict  # generate's options of the family
 
@@ -186,7 +186,9 @@ FAMILY_FLAGS = {"block_length": ("--block-length", "LLaDA"), "cfg_scale": ("--cf
                 "threshold": ("--threshold", "LLaDA"), "factor": ("--factor", "LLaDA"),
                 "cache_refresh": ("--cache-refresh", "LLaDA"), "alg_temp": ("--alg-temp", "Dream")}
 # Flags a second family's sampler reads too (Dream's official sampler has top-k and top-p, as SDAR's).
-SHARED_FLAGS = {"top_k": ("Dream",), "top_p": ("Dream",)}
+# LLaDA2's official sampler reads block length, threshold, top-k and top-p.
+SHARED_FLAGS = {"top_k": ("Dream", "LLaDA2"), "top_p": ("Dream", "LLaDA2"), "block_length": ("LLaDA2",),
+                "threshold": ("LLaDA2",)}
 
 
 def flag_families(dest: str) -> tuple[str, ...]:
@@ -206,22 +208,27 @@ def checked_request(args) -> Request:
     """The request of the generate / analyze flags; ValueError naming the flag for anything the
     checkpoint's family would refuse or ignore (reads config.json only)."""
     from dllm_jax.attention.methods import check_family
-    from dllm_jax.config import DreamConfig, LLaDAConfig, read_hf_config
+    from dllm_jax.config import DreamConfig, LLaDA2Config, LLaDAConfig, read_hf_config
     from dllm_jax.generate import DreamOptions, LLaDAOptions, SDAROptions
+    from dllm_jax.generate.llada2 import LLaDA2Options
 
     method = method_from_args(args)
     _, config = read_hf_config(args.model)
-    family = "LLaDA" if isinstance(config, LLaDAConfig) else "Dream" if isinstance(config, DreamConfig) else "SDAR"
+    families = {LLaDAConfig: "LLaDA", DreamConfig: "Dream", LLaDA2Config: "LLaDA2"}
+    family = families.get(type(config), "SDAR")
     check_family_flags(args, family)
     if family == "Dream":  # bidirectional: LLaDA's methods apply
         from dllm_jax.generate.dream import check_method
 
         check_method(method)
-    else:
-        check_family(method, family)
+    else:  # LLaDA2 is block diffusion over a prefix cache: SDAR's methods apply
+        check_family(method, "SDAR" if family == "LLaDA2" else family)
     if family == "Dream":
         options = dream_options(args)
         DreamOptions(**options)
+    elif family == "LLaDA2":
+        options = llada2_options(args)
+        LLaDA2Options(**options)
     elif family == "LLaDA":
         options = llada_options(args)
         LLaDAOptions(**options)  # generate's own checks (e.g. block divisibility), before loading
@@ -266,6 +273,15 @@ def dream_options(args) -> dict:
                 alg=args.remasking or "origin", alg_temp=args.alg_temp or 0.0,
                 temperature=0.0 if args.temperature is None else args.temperature,
                 top_k=0 if args.top_k is None else args.top_k, top_p=1.0 if args.top_p is None else args.top_p)
+
+
+def llada2_options(args) -> dict:
+    """generate's LLaDA2 options from the flags; unset flags take the official sampler's defaults."""
+    return dict(gen_length=args.gen_length, block_length=32 if args.block_length is None else args.block_length,
+                steps=32 if args.steps is None else args.steps,
+                temperature=0.0 if args.temperature is None else args.temperature,
+                top_k=0 if args.top_k is None else args.top_k, top_p=1.0 if args.top_p is None else args.top_p,
+                threshold=0.95 if args.threshold is None else args.threshold)
 
 
 def sdar_options(args, config) -> dict:
@@ -389,9 +405,9 @@ def cmd_analyze(args) -> None:
     from dllm_jax.checkpoint import load_model
 
     request = checked_request(args)
-    if request.family == "Dream":
-        raise ValueError("analyze supports LLaDA and SDAR checkpoints; this one is Dream (its pattern diagnostics "
-                         "are not built yet: generate --method runs its sparse methods)")
+    if request.family in ("Dream", "LLaDA2"):
+        raise ValueError(f"analyze supports LLaDA and SDAR checkpoints; this one is {request.family} (its pattern "
+                         "diagnostics are not built yet: generate --method runs its sparse methods)")
     if request.method is None:
         raise ValueError("analyze compares a sparse --method with dense attention: pass one")
     layer = checked_layer(args.layer, request)
@@ -478,9 +494,9 @@ def cmd_eval(args) -> None:
 
     method = method_from_args(args)  # every flag and sample error before the slow loading
     _, config = read_hf_config(args.model)
-    if config.family == "dream":
+    if config.family in ("dream", "llada2"):
         raise ValueError("eval supports LLaDA and SDAR checkpoints (the synthetic tasks' tiny trained models); this "
-                         "one is Dream")
+                         f"one is {type(config).__name__.removesuffix('Config')}")
     check_family(method, "LLaDA" if isinstance(config, LLaDAConfig) else "SDAR")
     out = None if args.json is None else Path(args.json)
     if out is not None and out.is_dir():

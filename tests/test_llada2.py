@@ -254,3 +254,21 @@ def test_mage_and_flashblock_run_and_keeping_every_key_is_dense(small, rng):
         np.testing.assert_array_equal(generate(model, prompt, method=method, **opts), dense)
     with pytest.raises(ValueError, match="SDAR"):
         generate(model, prompt, method="sparsed", **opts)
+
+
+def test_cli_generates_with_llada2_flags(tmp_path, capsys):
+    from dllm_jax.cli import main
+    from dllm_jax.testing import write_tiny_tokenizer
+
+    cfg = dataclasses.replace(TINY, num_hidden_layers=2)
+    write_checkpoint(tmp_path, cfg, seed=2)
+    model = str(write_tiny_tokenizer(tmp_path, cfg.vocab_size, mask_token_id=MASK, eos_token_id=EOS))
+    flags = ["--gen-length", "8", "--block-length", "4", "--steps", "4", "--threshold", "0.5", "--top-k", "1"]
+    assert main(["generate", "--model", model, "--prompt", "w5 w6 w7", *flags]) == 0
+    assert "[LLaDA2: " in capsys.readouterr().err
+    for flags, message in ((["--cfg-scale", "1"], "--cfg-scale applies to LLaDA models; this checkpoint is LLaDA2"),
+                           (["--method", "sparsed"], "SparseD is a method for LLaDA models")):
+        assert main(["generate", "--model", model, "--prompt", "w5", *flags]) == 2
+        assert message in capsys.readouterr().err
+    assert main(["analyze", "--model", model, "--prompt", "w5", "--method", "mage"]) == 2
+    assert "this one is LLaDA2" in capsys.readouterr().err

@@ -39,4 +39,12 @@ def test_the_wheel_ships_the_configs_and_shipped_config_reads_them_there(tmp_pat
     out = subprocess.run([sys.executable, "-c", script, *shipped], cwd=tmp_path, capture_output=True, text=True,
                          env={"PYTHONPATH": str(site), "JAX_PLATFORMS": "cpu", "PATH": ""}, check=True).stdout.split()
     assert Path(out[0]).is_relative_to(site)
-    assert out[1:] == ["LLaDAConfig" if name.startswith("llada") else "SDARConfig" for name in shipped]
+    assert out[1:] == [expected_class(name) for name in shipped]
+
+
+def expected_class(name: str) -> str:
+    """The config class of a shipped config directory, from its family prefix."""
+    for prefix, cls in (("llada2", "LLaDA2Config"), ("llada", "LLaDAConfig"), ("dream", "DreamConfig")):
+        if name.startswith(prefix):
+            return cls
+    return "SDARConfig"
