@@ -77,6 +77,13 @@ def main(root: Path, out: Path) -> None:
     except ValueError as e:
         refused = str(e)
     refusals = {"tp4": refused}
+    # without "sp", a sequence need not split into whole pattern rows: 40 + 16 positions, SparseD at tp=2
+    sparsed = make_method("sparsed", **METHODS["llada"]["sparsed"])
+    short = prompts["llada"][:, 8:]
+    plain = load_model(root / "llada", dtype="float32", progress=False)
+    sharded = load_model(root / "llada", dtype="float32", progress=False, mesh=make_mesh("tp=2"))
+    tp_short_equal = bool(np.array_equal(generate(sharded, short, method=sparsed, **OPTIONS["llada"]),
+                                         generate(plain, short, method=sparsed, **OPTIONS["llada"])))
     flops = {spec: forward_flops(root / "llada", spec, prompts["llada"]) for spec in ("", "sp=2", "tp=2", "sp=2,tp=2")}
     for key, family, spec, prompt in [("sdar_sp", "sdar", "sp=2", prompts["sdar"]),
                                       ("llada_sp_length", "llada", "sp=2", prompts["llada"][:, 8:])]:
@@ -87,7 +94,8 @@ def main(root: Path, out: Path) -> None:
             refusals[key] = None
         except ValueError as e:
             refusals[key] = str(e)
-    out.write_text(json.dumps(dict(devices=len(jax.devices()), rows=rows, refused=refusals, flops=flops)))
+    out.write_text(json.dumps(dict(devices=len(jax.devices()), rows=rows, refused=refusals, flops=flops,
+                               tp_short_equal=tp_short_equal)))
 
 
 def forward_flops(checkpoint: Path, spec: str, ids) -> float:

@@ -30,7 +30,7 @@ def sharded(tmp_path_factory):
     data = json.loads(out.read_text())
     assert data["devices"] == 4
     rows = {(r["family"], r["mesh"], r["method"]): r for r in data["rows"]}
-    return rows | {"refused": data["refused"], "flops": data["flops"]}
+    return rows | {key: data[key] for key in ("refused", "flops", "tp_short_equal")}
 
 
 def env_path() -> str:
@@ -64,6 +64,8 @@ def test_sequence_parallelism_is_refused_where_it_cannot_split(sharded):
     assert "SDAR's block steps take tp and dp only" in (sharded["refused"]["sdar_sp"] or "")
     # 40 + 16 positions do not split into whole 16-query rows of SparseD's pattern on 2 devices
     assert "multiple of 32" in (sharded["refused"]["llada_sp_length"] or "")
+    # the same sequence without "sp" is not refused, and generates what one device does
+    assert sharded["tp_short_equal"]
 
 
 @pytest.mark.parametrize("spec, message", [

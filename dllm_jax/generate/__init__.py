@@ -207,7 +207,7 @@ def on_devices(mesh, method: AttentionPolicy, length: int | None) -> AttentionPo
     if sp > 1 and length is None:
         raise ValueError(f"the mesh's sp={sp} splits LLaDA's full-sequence forwards; SDAR's block steps take tp "
                          "and dp only")
-    if length is not None and length % (sp * method.query_block):
+    if sp > 1 and length % (sp * method.query_block):
         raise ValueError(f"sp={sp} needs the sequence (prompt + gen_length = {length}) to be a multiple of "
                          f"{sp * method.query_block} (sp x the method's query block of {method.query_block}): "
                          "pad the prompt on the left (attention_mask) or change gen_length")
