@@ -185,6 +185,9 @@ def attention_rows(lengths, densities, *, heads: int, head_dim: int, block: int 
     return rows
 
 
+FAMILIES = {"llada": "LLaDA", "sdar": "SDAR", "dream": "Dream", "llada2": "LLaDA2"}  # config.family -> name
+
+
 def family_methods(family: str, small: bool) -> dict:
     """The methods timed per family: the defaults at real sizes, scaled-down blocks for tiny ones."""
     from dllm_jax.attention.methods import make_method
@@ -220,14 +223,15 @@ def model_for(name: str, *, layers: int | None, context: int, dtype, execution: 
 def generate_rows(model_names, *, context: int, new_tokens: int, layers, dtype, progress: bool):
     from dllm_jax.attention.methods import describe
     from dllm_jax.generate import generate
-    from dllm_jax.models import Dream, LLaDA
-
     rows = []
     for name in model_names:
         model, config = model_for(name, layers=layers, context=context, dtype=dtype)
-        family = "LLaDA" if isinstance(model, LLaDA) else "Dream" if isinstance(model, Dream) else "SDAR"
+        family = FAMILIES[config.family]
         prompt_len = context - new_tokens
-        if family == "SDAR":
+        if family == "LLaDA2":  # 8 steps per 32-token block (4 tokens each); a block's commit rides on the next
+            options = dict(gen_length=new_tokens, block_length=32, steps=8)  # block's first step: 8 forwards
+            forwards = 8 * (-(-(prompt_len + new_tokens) // 32) - prompt_len // 32)
+        elif family == "SDAR":
             bs = config.block_size
             options = dict(max_new_tokens=new_tokens, denoising_steps=bs, remasking="low_confidence_static")
             blocks = -(-(prompt_len + new_tokens) // bs) - prompt_len // bs

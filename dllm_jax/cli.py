@@ -405,9 +405,6 @@ def cmd_analyze(args) -> None:
     from dllm_jax.checkpoint import load_model
 
     request = checked_request(args)
-    if request.family in ("Dream", "LLaDA2"):
-        raise ValueError(f"analyze supports LLaDA and SDAR checkpoints; this one is {request.family} (its pattern "
-                         "diagnostics are not built yet: generate --method runs its sparse methods)")
     if request.method is None:
         raise ValueError("analyze compares a sparse --method with dense attention: pass one")
     layer = checked_layer(args.layer, request)
@@ -415,10 +412,10 @@ def cmd_analyze(args) -> None:
     tokenizer, ids = encode_prompt(args)
     model = load_model(args.model, dtype=args.dtype)
     start = time.perf_counter()
-    if request.family == "LLaDA":
+    if request.family in BIDIRECTIONAL:
         report = analyze(model, ids, request.method, seed=args.seed, **request.options)
         plots = {"recall": plot_recall, "jaccard": plot_jaccard, "error": plot_error}
-    else:
+    else:  # SDAR, LLaDA2: block diffusion over a prefix cache
         report = analyze_blocks(model, ids, request.method, seed=args.seed, **request.options)
         plots = {"recall": plot_recall, "error": plot_error}
     figures = {f"{name}.png": plot(report).figure for name, plot in plots.items()}
@@ -434,11 +431,16 @@ def cmd_analyze(args) -> None:
           file=sys.stderr)
 
 
+BIDIRECTIONAL = ("LLaDA", "Dream")  # analyze's families (per-step patterns); the others: analyze_blocks
+
+
 def checked_layer(layer: int | None, request: Request) -> int | None:
-    """The layer of LLaDA's per-head heat maps (default the last; None for SDAR, which has no such plot)."""
-    if request.family != "LLaDA":
+    """The layer of the per-head heat maps of LLaDA and Dream (default the last; None for SDAR and LLaDA2,
+    which have no such plot)."""
+    if request.family not in BIDIRECTIONAL:
         if layer is not None:
-            raise ValueError("--layer applies to LLaDA models (the per-head heat maps); this checkpoint is SDAR")
+            raise ValueError(f"--layer applies to LLaDA models and Dream ones (the per-head heat maps); this "
+                             f"checkpoint is {request.family}")
         return None
     count = request.config.num_layers
     if layer is None:
@@ -729,12 +731,13 @@ def build_parser() -> argparse.ArgumentParser:
                              help="pattern diagnostics of a sparse method for a prompt (PNG plots)",
                              description="Generates with --method under a probe that also computes dense attention "
                                          "and writes to --out: recall.png (kept pattern vs the per-step top-k "
-                                         "oracle), error.png (relative L1 vs dense), for LLaDA jaccard.png (oracle "
-                                         "stability over steps) and head_patterns.png (per-head heat maps), and "
+                                         "oracle), error.png (relative L1 vs dense), for LLaDA and Dream "
+                                         "jaccard.png (oracle stability over steps) and head_patterns.png (per-head "
+                                         "heat maps), and "
                                          "summary.json. Builds [B, H, N, N] arrays: for short prompts.")
     analyze.add_argument("--out", default="analysis", help="output directory (default ./analysis)")
     analyze.add_argument("--layer", type=non_negative_int, default=None, metavar="N",
-                         help="LLaDA: layer of the per-head heat maps (default the last)")
+                         help="LLaDA, Dream: layer of the per-head heat maps (default the last)")
     analyze.set_defaults(fn=cmd_analyze)
 
     evaluation = sub.add_parser("eval", parents=[dtype, methods], help="accuracy on a synthetic long-context task",

@@ -14,7 +14,7 @@ import numpy as np
 from safetensors.numpy import save_file
 
 from dllm_jax.checkpoint.hf import TARGET_DTYPES, Rule, hf_name, hf_shape, param_shapes_for, rules_for, tree_get
-from dllm_jax.config import DreamConfig, LLaDAConfig, SDARConfig
+from dllm_jax.config import DreamConfig, LLaDA2Config, LLaDAConfig, SDARConfig
 
 
 def tiny_llada_config(**overrides) -> LLaDAConfig:
@@ -41,6 +41,18 @@ def tiny_dream_config(**overrides) -> DreamConfig:
                   vocab_size=176, rope_theta=1000000.0, rms_norm_eps=1e-6, max_position_embeddings=512,
                   mask_token_id=170, eos_token_id=171, pad_token_id=171, bos_token_id=171)
     return DreamConfig(**(values | overrides))
+
+
+def tiny_llada2_config(**overrides) -> LLaDA2Config:
+    """A small LLaDA2 config (2 layers: the first dense, then MoE with 8 experts of width 24 in 2 groups,
+    1 kept, top-2, a shared expert; d=64, GQA 4:2, qk-norm, half-rotary; block size 32): the 2-layer
+    version of tests/test_llada2.py's TINY. Its HF tensors: `checkpoint.hf.llada2_expected` names them."""
+    values = dict(hidden_size=64, num_layers=2, num_heads=4, num_kv_heads=2, head_dim=16, intermediate_size=96,
+                  moe_intermediate_size=24, num_experts=8, num_experts_per_tok=2, num_shared_experts=1, n_group=2,
+                  topk_group=1, routed_scaling_factor=2.5, first_k_dense_replace=1, vocab_size=160,
+                  rope_theta=600000.0, partial_rotary_factor=0.5, rms_norm_eps=1e-6, max_position_embeddings=512,
+                  mask_token_id=150, eos_token_id=141, pad_token_id=141)
+    return LLaDA2Config(**(values | overrides))
 
 
 def random_weight(z, rule: Rule, hf_tensor_shape: tuple[int, ...]):
@@ -76,6 +88,11 @@ def random_params(config, key, dtype=jnp.bfloat16) -> dict:
     device, leaf by leaf, with the scheme of `random_weight`: full-size models (8B benchmarks) never
     pass through host memory. The values differ from `random_hf_tensors`' (another generator)."""
     shapes = param_shapes_for(config)
+    if isinstance(config, LLaDA2Config):  # its HF tensors map to stacked experts: draw the tree's leaves directly
+        leaves, tree = jax.tree.flatten_with_path(shapes, is_leaf=lambda x: isinstance(x, tuple))
+        keys = jax.random.split(key, len(leaves))
+        return jax.tree.unflatten(tree, [random_tree_leaf(k, name=path[-1].key, shape=shape, dtype=jnp.dtype(dtype))
+                                         for k, (path, shape) in zip(keys, leaves)])
     rules = rules_for(config)
     params: dict = {}
     for rule, k in zip(rules, jax.random.split(key, len(rules))):
@@ -93,6 +110,19 @@ def random_leaf(key, *, rule: Rule, shape: tuple[int, ...], hf_tensor_shape: tup
     """One weight of `random_params`, jitted on its own: the float32 draw of a full-size tensor never
     coexists with the others."""
     return random_weight(jax.random.normal(key, shape, jnp.float32), rule, hf_tensor_shape).astype(dtype)
+
+
+@functools.partial(jax.jit, static_argnames=("name", "shape", "dtype"))
+def random_tree_leaf(key, *, name: str, shape: tuple[int, ...], dtype):
+    """One leaf of a parameter tree in its own [.., in, out] layout with `random_weight`'s scheme, drawn in
+    `dtype` (LLaDA2's [layers, experts, d, Im] stacks would need 20 GB as a float32 draw)."""
+    z = jax.random.normal(key, shape, dtype)
+    if name.endswith("norm"):
+        return (1.0 + 0.1 * z).astype(dtype)
+    if name == "embed":
+        return z
+    fan_in = shape[-1] if name.endswith("bias") else shape[-2]
+    return (z / np.sqrt(fan_in)).astype(dtype)
 
 
 def write_hf_checkpoint(directory, config, *, seed: int = 0, dtype: str = "float32", shards: int = 1,

@@ -1,4 +1,4 @@
-"""Pallas GPU attention kernels, one per module, each with a pure-JAX `<name>_reference` of the
+"""Pallas GPU attention kernels (and the grouped matmul of mixture-of-experts layers), one per module, each with a pure-JAX `<name>_reference` of the
 same signature computing the same function densely. Triton-lowered kernels run on any CUDA GPU
 (and in interpret mode on CPU); on Hopper (sm90+) `flash_attention`, `block_sparse_attention` and
 `flash_block_mass` run a warp-specialised Mosaic GPU kernel (`pallas_kernels.mosaic`; their
@@ -19,6 +19,7 @@ from pallas_kernels.block_sparse import block_sparse_attention, block_sparse_att
 from pallas_kernels.column_scores import column_scores, column_scores_reference
 from pallas_kernels.column_sparse import column_sparse_attention, column_sparse_attention_reference
 from pallas_kernels.flash import flash_attention, flash_attention_reference
+from pallas_kernels.grouped_matmul import grouped_matmul, grouped_matmul_reference
 from pallas_kernels.kv_scores import kv_scores, kv_scores_reference
 from pallas_kernels.merge import merge_attention, merge_attention_reference
 from pallas_kernels.sparge import (
@@ -43,6 +44,7 @@ __all__ = [
     "column_scores", "column_scores_reference",
     "column_sparse_attention", "column_sparse_attention_reference",
     "flash_attention", "flash_attention_reference",
+    "grouped_matmul", "grouped_matmul_reference",
     "kv_scores", "kv_scores_reference",
     "merge_attention", "merge_attention_reference",
     "SpargeSparsity", "predict_block_map",

@@ -46,6 +46,19 @@ def is_concrete(*xs) -> bool:
     return not any(isinstance(x, jax.core.Tracer) for x in xs)
 
 
+# Shared memory a Triton program may use for its pipelined K/V tiles: 227 KiB on Hopper per block, less
+# what the query tile and the compiler's scratch take
+PIPELINE_SMEM = 200 * 1024
+
+
+def fitting_stages(preferred: int, *, rows: int, head_dim: int, dtype) -> int:
+    """`preferred` pipeline stages, fewer where that many K and V tiles of `rows` x `head_dim` would not
+    fit in shared memory (float32 at head_dim 128 with 128-row tiles: 3 stages ask 384 KiB and the
+    launch fails with RESOURCE_EXHAUSTED)."""
+    per_stage = 2 * rows * head_dim * jnp.dtype(dtype).itemsize
+    return max(1, min(preferred, PIPELINE_SMEM // per_stage))
+
+
 def compiler_params(head_dim: int, num_warps: int | None, num_stages: int | None):
     return pltriton.CompilerParams(
         num_warps=num_warps if num_warps is not None else (4 if head_dim <= 64 else 8),

@@ -85,7 +85,8 @@ def _block_sparse(q, k, v, indices, counts, kv_len, *, scale, block_q, block_kv,
         ],
         out_shape=[jax.ShapeDtypeStruct((b, nq_pad, hq, d), q.dtype),
                    jax.ShapeDtypeStruct((b, hq, nq_pad), jnp.float32)],
-        compiler_params=c.compiler_params(d, num_warps, num_stages if num_stages is not None else NUM_STAGES),
+        compiler_params=c.compiler_params(d, num_warps, num_stages if num_stages is not None else c.fitting_stages(
+            NUM_STAGES, rows=block_kv, head_dim=d, dtype=k.dtype)),
         interpret=interpret,
         name="block_sparse_attention",
     )(kv_len[:, None], counts[..., None], indices, q, k, v)

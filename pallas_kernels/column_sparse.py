@@ -85,7 +85,8 @@ def _column_sparse(q, k, v, indices, counts, *, scale, group_size, block_cols, p
         ],
         out_shape=[jax.ShapeDtypeStruct((b, nq_pad, hq, d), q.dtype),
                    jax.ShapeDtypeStruct((b, hq, nq_pad), jnp.float32)],
-        compiler_params=c.compiler_params(d, num_warps, num_stages if num_stages is not None else NUM_STAGES),
+        compiler_params=c.compiler_params(d, num_warps, num_stages if num_stages is not None else c.fitting_stages(
+            NUM_STAGES, rows=block_cols, head_dim=d, dtype=k.dtype)),
         interpret=interpret,
         name="column_sparse_attention",
     )(counts[..., None], indices, q, k, v)

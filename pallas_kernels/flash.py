@@ -63,7 +63,8 @@ def _flash(q, k, v, kv_len, *, scale, block_q, block_kv, num_warps, num_stages, 
         ],
         out_shape=[jax.ShapeDtypeStruct((b, nq_pad, hq, d), q.dtype),
                    jax.ShapeDtypeStruct((b, hq, nq_pad), jnp.float32)],
-        compiler_params=c.compiler_params(d, num_warps, num_stages if num_stages is not None else 3),
+        compiler_params=c.compiler_params(d, num_warps, num_stages if num_stages is not None else c.fitting_stages(
+            3, rows=block_kv, head_dim=d, dtype=k.dtype)),
         interpret=interpret,
         name="flash_attention",
     )(kv_len[:, None], q, k, v)

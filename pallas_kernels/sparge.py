@@ -230,7 +230,8 @@ def _pv_skip(q, k, v, indices, counts, kv_len, threshold, *, scale, block_q, blo
         out_shape=[jax.ShapeDtypeStruct((b, nq_pad, hq, d), q.dtype),
                    jax.ShapeDtypeStruct((b, hq, nq_pad), jnp.float32),
                    jax.ShapeDtypeStruct((b, hq, n_qb, 1), jnp.int32)],
-        compiler_params=c.compiler_params(d, num_warps, num_stages if num_stages is not None else NUM_STAGES),
+        compiler_params=c.compiler_params(d, num_warps, num_stages if num_stages is not None else c.fitting_stages(
+            NUM_STAGES, rows=block_kv, head_dim=d, dtype=k.dtype)),
         interpret=interpret,
         name="sparge_pv_skip_attention",
     )(kv_len[:, None], threshold[:, None], counts[..., None], indices, q, k, v)

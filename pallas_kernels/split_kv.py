@@ -92,7 +92,7 @@ def _unfold(o, lse, shape):
     return o.reshape(b, nq, hq, d), lse
 
 
-def _launch(kernel, lead, q, k, v, *, num_splits, num_warps, num_stages, interpret, name):
+def _launch(kernel, lead, q, k, v, *, block_kv, num_splits, num_warps, num_stages, interpret, name):
     """Runs `kernel` on (lead inputs..., folded q, k, v); `lead` is a list of (BlockSpec, array).
 
     Each program sees its (batch, KV head)'s whole cache row [Nk, D] of k and v and reads its share
@@ -117,7 +117,8 @@ def _launch(kernel, lead, q, k, v, *, num_splits, num_warps, num_stages, interpr
         ],
         out_shape=[jax.ShapeDtypeStruct((b, hkv, num_splits, rows, d), jnp.float32),
                    jax.ShapeDtypeStruct((b, hkv, num_splits, rows), jnp.float32)],
-        compiler_params=c.compiler_params(d, num_warps, num_stages if num_stages is not None else NUM_STAGES),
+        compiler_params=c.compiler_params(d, num_warps, num_stages if num_stages is not None else c.fitting_stages(
+            NUM_STAGES, rows=block_kv, head_dim=d, dtype=k.dtype)),
         interpret=interpret,
         name=name,
     )(*(x for _, x in lead), folded, k, v)
@@ -135,8 +136,8 @@ def _split_kv(q, k, v, kv_len, *, scale, block_kv, num_splits, num_warps, num_st
     kernel = functools.partial(_dense_kernel, scale_log2=scale * c.LOG2E, block_kv=block_kv,
                                num_splits=num_splits)
     lead = [(pl.BlockSpec((None, 1), lambda s, bi, h: (bi, 0)), kv_len[:, None])]
-    return _launch(kernel, lead, q, k, v, num_splits=num_splits, num_warps=num_warps, num_stages=num_stages,
-                   interpret=interpret, name="split_kv_attention")
+    return _launch(kernel, lead, q, k, v, block_kv=block_kv, num_splits=num_splits, num_warps=num_warps,
+                   num_stages=num_stages, interpret=interpret, name="split_kv_attention")
 
 
 @functools.partial(jax.jit, static_argnames=("scale", "block_kv", "num_splits", "num_warps", "num_stages",
@@ -148,8 +149,8 @@ def _split_kv_gather(q, k, v, indices, counts, *, scale, block_kv, num_splits, n
                                num_splits=num_splits)
     lead = [(pl.BlockSpec((None, None, 1), lambda s, bi, h: (bi, h, 0)), counts[..., None]),
             (pl.BlockSpec((None, None, width), lambda s, bi, h: (bi, h, 0)), indices)]
-    return _launch(kernel, lead, q, k, v, num_splits=num_splits, num_warps=num_warps, num_stages=num_stages,
-                   interpret=interpret, name="split_kv_gather_attention")
+    return _launch(kernel, lead, q, k, v, block_kv=block_kv, num_splits=num_splits, num_warps=num_warps,
+                   num_stages=num_stages, interpret=interpret, name="split_kv_gather_attention")
 
 
 def default_num_splits(batch: int, kv_heads: int, keys: int, block_kv: int) -> int:

@@ -270,8 +270,8 @@ def test_cli_generates_with_dream_flags(cli_checkpoint, capsys):
                            (["--method", "mage"], "MAGE is a method for SDAR models")):
         assert main(["generate", "--model", cli_checkpoint, "--prompt", "w5", *flags]) == 2
         assert message in capsys.readouterr().err
-    assert main(["analyze", "--model", cli_checkpoint, "--prompt", "w5", "--method", "sparsed"]) == 2
-    assert "this one is Dream" in capsys.readouterr().err
+    assert main(["analyze", "--model", cli_checkpoint, "--prompt", "w5", "--method", "mage"]) == 2
+    assert "MAGE is a method for SDAR models" in capsys.readouterr().err  # analyze: tests/test_analysis_families.py
 
 
 @pytest.mark.gpu

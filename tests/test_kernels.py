@@ -256,6 +256,30 @@ class KernelChecks:
         ref = pk.block_sparse_attention_reference(q, k, v, idx, cnt, block_q=32, block_kv=32, return_lse=True)
         assert_attention_close(run(q, k, v, idx, cnt), ref, F32)
 
+    # ---- grouped matmul (MoE experts) ----
+    @pytest.mark.parametrize("dtype", [F32, BF16])
+    @pytest.mark.parametrize("groups,k,n,block_m,tile_groups", [
+        (4, 64, 48, 16, [0, 0, 1, 3, 3, 3, 4, 4]),   # group 2 owns no tile, two unused tiles, N not a block
+        (3, 40, 128, 32, [1, 2]),                     # K not a block, group 0 empty, every tile used
+        (8, 128, 256, 16, [5, 8, 8, 8]),              # one used tile
+    ])
+    def test_grouped_matmul(self, rng, dtype, groups, k, n, block_m, tile_groups):
+        tiles = jnp.asarray(tile_groups, jnp.int32)
+        x = jnp.asarray(rng.standard_normal((len(tile_groups) * block_m, k)), dtype)
+        w = jnp.asarray(rng.standard_normal((groups, k, n)) / np.sqrt(k), dtype)
+        out = np.asarray(pk.grouped_matmul(x, w, tiles, block_m=block_m, block_k=32, block_n=64,
+                                           interpret=self.INTERPRET), np.float32)
+        ref = np.asarray(pk.grouped_matmul_reference(x, w, tiles, block_m=block_m), np.float32)
+        # the definition, tile by tile, in float64
+        want = np.zeros_like(ref)
+        for t, g in enumerate(tile_groups):
+            if g < groups:
+                rows = slice(t * block_m, (t + 1) * block_m)
+                want[rows] = np.asarray(x[rows], np.float64) @ np.asarray(w[g], np.float64)
+        for got in (out, ref):
+            assert got.shape == want.shape and np.isfinite(got).all()
+            assert np.abs(got - want).max() / np.abs(want).max() <= O_TOL[dtype]
+
 
 class TestKernelsInterpret(KernelChecks):
     INTERPRET = True
@@ -288,6 +312,20 @@ class TestKernelsGPU(KernelChecks):
         out, ref = self.both(pk.split_kv_attention, pk.split_kv_attention_reference, q[:, :32], k, v,
                              kv_len=jnp.asarray([1234]))
         assert_attention_close(out, ref, BF16)
+
+    def test_float32_head_dim_128_default_tiles(self, rng):
+        """fp32 at head_dim 128 with each kernel's default tiles: 3 pipeline stages of 128-row K/V tiles would
+        ask 384 KiB of shared memory (RESOURCE_EXHAUSTED at launch); the defaults fit it."""
+        q, k, v = qkv(rng, 1, 200, 600, 4, 2, 128, F32)
+        out, ref = self.both(pk.flash_attention, pk.flash_attention_reference, q, k, v)
+        assert_attention_close(out, ref, F32)
+        cols, counts = index_lists(rng, (1, 4, 4), 600, 300)
+        out, ref = self.both(pk.column_sparse_attention, pk.column_sparse_attention_reference, q, k, v, cols,
+                             counts, group_size=64)
+        assert_attention_close(out, ref, F32)
+        out, ref = self.both(pk.split_kv_attention, pk.split_kv_attention_reference, q[:, :32], k, v,
+                             kv_len=jnp.asarray([555]))
+        assert_attention_close(out, ref, F32)
 
 
 # ---- bad input: a ValueError naming the problem, checked on the host before any kernel runs ----
@@ -324,6 +362,14 @@ def _bad_calls():
         "lse shape": (lambda: pk.column_scores(q, k, lse[:, :2], group_size=32), "lse must be"),
         "merge shapes": (lambda: pk.merge_attention(q, lse, q[:, :10], lse), "same shape"),
         "merge bf16 lse": (lambda: pk.merge_attention(q, lse.astype(BF16), q, lse), "float32"),
+        "grouped rows": (lambda: pk.grouped_matmul(q[0, :, 0], q[0, :, :2].reshape(2, 64, 64), jnp.zeros(2, jnp.int32),
+                                                   block_m=48), "block_m=48"),
+        "grouped order": (lambda: pk.grouped_matmul(q[0, :, 0], q[0, :, :2].reshape(2, 64, 64),
+                                                    jnp.asarray([1, 0, 2, 2]), block_m=16), "nondecreasing"),
+        "grouped tiles": (lambda: pk.grouped_matmul(q[0, :, 0], q[0, :, :2].reshape(2, 64, 64), jnp.zeros(3, jnp.int32),
+                                                    block_m=16), "one per tile"),
+        "grouped shapes": (lambda: pk.grouped_matmul(q[0, :, 0], q[0, :32, :2].reshape(2, 32, 64),
+                                                     jnp.zeros(4, jnp.int32), block_m=16), "w [G, K, N]"),
         "merge +inf lse": (lambda: pk.merge_attention(q, lse.at[0, 1, 2].set(jnp.inf), q, lse), "lse1[0, 1, 2] = inf"),
     }
 

@@ -18,6 +18,7 @@ import torch_llada2 as ref
 from dllm_jax import generate, load_model
 from dllm_jax.config import LLaDA2Config, config_from_hf, shipped_config
 from dllm_jax.models import llada2 as m
+from dllm_jax.models.moe import routed_experts
 
 pytestmark = pytest.mark.filterwarnings("ignore::DeprecationWarning")
 
@@ -103,16 +104,19 @@ def test_routing_selects_what_the_official_gate_selects(tiny, rng):
                                np.take_along_axis(w_t.detach().numpy(), order_t, -1), rtol=1e-6)
 
 
-def test_ragged_experts_equal_a_dense_loop_over_experts(rng):
-    """The grouped GEMM against each token's selected experts applied one by one (float64 numpy)."""
-    t, d, e, im, k = 23, 16, 6, 8, 3
+@pytest.mark.parametrize("backend", ["reference", "interpret"])
+@pytest.mark.parametrize("t", [23, 200])  # 16- and 64-row tiles
+def test_routed_experts_equal_a_dense_loop_over_experts(rng, backend, t):
+    """The grouped GEMMs (ragged_dot, and the Pallas kernel in interpret mode) against each token's selected
+    experts applied one by one (float64 numpy)."""
+    d, e, im, k = 16, 6, 8, 3
     x = rng.standard_normal((t, d)).astype(np.float32)
     gate_up = rng.standard_normal((e, d, 2 * im)).astype(np.float32) / 4
     down = rng.standard_normal((e, im, d)).astype(np.float32) / 3
     idx = np.stack([rng.choice(e, k, replace=False) for _ in range(t)]).astype(np.int32)
     w = rng.random((t, k)).astype(np.float32)
-    got = np.asarray(m.routed_experts(jnp.asarray(x), jnp.asarray(idx), jnp.asarray(w), jnp.asarray(gate_up),
-                                      jnp.asarray(down)))
+    got = np.asarray(routed_experts(jnp.asarray(x), jnp.asarray(idx), jnp.asarray(w), jnp.asarray(gate_up),
+                                    jnp.asarray(down), backend=backend))
     want = np.zeros((t, d))
     for i in range(t):
         for j in range(k):
@@ -270,5 +274,26 @@ def test_cli_generates_with_llada2_flags(tmp_path, capsys):
                            (["--method", "sparsed"], "SparseD is a method for LLaDA models")):
         assert main(["generate", "--model", model, "--prompt", "w5", *flags]) == 2
         assert message in capsys.readouterr().err
-    assert main(["analyze", "--model", model, "--prompt", "w5", "--method", "mage"]) == 2
-    assert "this one is LLaDA2" in capsys.readouterr().err
+    assert main(["analyze", "--model", model, "--prompt", "w5", "--method", "sparsed"]) == 2
+    assert "SparseD is a method for LLaDA models" in capsys.readouterr().err  # analyze: tests/test_analysis_families.py
+
+
+@pytest.mark.gpu
+def test_gpu_bf16_and_the_block_methods_kernels(tmp_path, rng):
+    """On the GPU: the bf16 forward (cuDNN attention at head_dim 128, the grouped-matmul kernel) against the fp32
+    port; in fp32, the cached generation against the port's sampler, and MAGE's / FlashBlock's Pallas
+    kernels keeping every key equal dense."""
+    cfg = dataclasses.replace(TINY, hidden_size=256, num_attention_heads=2, num_key_value_heads=1, head_dim=128,
+                              num_hidden_layers=2)
+    torch_model = write_checkpoint(tmp_path, cfg, seed=11)
+    ids = rng.integers(0, 140, (2, 96))
+    model = load_model(tmp_path, dtype="bfloat16", progress=False)
+    assert rel_err(np.asarray(model(ids)), torch_logits(torch_model, ids, 32)) <= 3e-2
+    model = load_model(tmp_path, dtype="float32", progress=False)
+    opts = dict(gen_length=64, block_length=32, steps=8)
+    prompt = rng.integers(0, 140, (1, 40))
+    dense = ref.generate(torch_model, prompt, eos_id=EOS, mask_id=MASK, **opts).numpy()
+    np.testing.assert_array_equal(generate(model, prompt, **opts), dense)
+    from dllm_jax import FlashBlock, MAGE
+    for method in (MAGE(k=128, exact_layers=0), FlashBlock(tau=0, inner=MAGE(k=128, exact_layers=0))):
+        np.testing.assert_array_equal(generate(model, prompt, method=method, **opts), dense)

@@ -18,7 +18,8 @@ NOTEBOOKS = sorted((Path(__file__).parent.parent / "notebooks").glob("*.ipynb"))
 
 
 def test_every_notebook_is_tested():
-    assert {p.name for p in NOTEBOOKS} == {"quickstart.ipynb", "sparse_patterns.ipynb", "benchmarks.ipynb"}
+    assert {p.name for p in NOTEBOOKS} == {"quickstart.ipynb", "sparse_patterns.ipynb", "benchmarks.ipynb",
+                                         "families.ipynb"}
 
 
 @pytest.mark.parametrize("path", NOTEBOOKS, ids=[p.name for p in NOTEBOOKS])

@@ -1,7 +1,7 @@
 """Pattern diagnostics for sparse-attention methods: recall against the per-step oracle, Jaccard
 similarity of the oracle pattern over steps, output error against dense attention, and plots
-(LLaDA: `analyze`; SDAR block diffusion: `analyze_blocks`); SpargeAttn's per-head calibration
-(`calibrate_llada`, `save_calibration`)."""
+(bidirectional LLaDA and Dream: `analyze`; SDAR and LLaDA2 block diffusion: `analyze_blocks`);
+SpargeAttn's per-head calibration (`calibrate_llada`, `save_calibration`)."""
 
 from dllm_jax.analysis.blocks import BlockProbe, BlockReport, analyze_blocks
 from dllm_jax.analysis.calibration import Calibration, calibrate, calibrate_llada, save_calibration

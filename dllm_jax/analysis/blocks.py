@@ -1,5 +1,6 @@
-"""Diagnostics of SDAR block-diffusion methods (MAGE, FlashBlock, their combination), per forward,
-layer and head, measured inside the compiled generate loop.
+"""Diagnostics of block-diffusion methods (MAGE, FlashBlock, their combination) on SDAR and LLaDA2 (both
+decode block by block over a prefix KV cache), per forward, layer and head, measured inside the compiled
+generate loop.
 
 `BlockProbe(method, calls)` wraps a method and, at every block-step forward, records
   recall  per KV head: |S_1 ∩ S_t| / |S_1|, with S_1 the prefix set the method selected at the
@@ -25,6 +26,7 @@ import numpy as np
 
 import pallas_kernels as pk
 from dllm_jax import validation
+from dllm_jax.analysis.loops import BLOCK_DIFFUSION, loop_for
 from dllm_jax.attention.mage import prefix_counts, row_lengths, select_prefix
 from dllm_jax.attention.policy import AttentionPolicy, Mode, check_policy
 
@@ -41,7 +43,7 @@ def _recall(selected, oracle, count):
 
 @dataclasses.dataclass(frozen=True)
 class BlockProbe(AttentionPolicy):
-    """Wraps an SDAR method and records its metrics for up to `calls` block-step forwards."""
+    """Wraps a block-diffusion method and records its metrics for up to `calls` block-step forwards."""
 
     method: AttentionPolicy
     calls: int
@@ -123,17 +125,17 @@ class BlockReport:
 
 
 def analyze_blocks(model, prompt_ids, method, *, seed: int = 0, trajectory: str = "dense", **options) -> BlockReport:
-    """Generates with `method` on an SDAR `model` under a `BlockProbe`; returns the metrics."""
-    from dllm_jax.generate import prepare_sdar
-    from dllm_jax.generate.sdar import generate_sdar_jit
-
+    """Generates with `method` on a block-diffusion `model` (SDAR, or LLaDA2: the same prefix-cache loop)
+    under a `BlockProbe`; returns the metrics. `options` are generate's options of the model's family
+    (SDAR's, or LLaDA2's `LLaDA2Options`). The tokens are the loop's raw [B, width] output (generate trims
+    them at the stop token): on the "dense" trajectory those of dense generation, on "method" the method's.
+    Bidirectional models (LLaDA, Dream): `dllm_jax.analysis.analyze`."""
     if trajectory not in TRAJECTORIES:
         raise ValueError(f"trajectory must be one of {TRAJECTORIES}, got {trajectory!r}")
     check_policy(method)
-    opts, prompt_ids, _, blocks = prepare_sdar(model, prompt_ids, None, method, options)
-    probe = BlockProbe(method, blocks * (opts.denoising_steps + 1), trajectory)
-    tokens, _, state = generate_sdar_jit(model.params(), prompt_ids, None, validation.seed(seed), np.int32(0),
-                                         config=model.config, options=opts, policy=probe, return_policy_state=True)
+    seed = validation.seed(seed)
+    loop = loop_for(BLOCK_DIFFUSION, "analyze_blocks", model, prompt_ids, method, options)
+    tokens, state = loop.run(BlockProbe(loop.method, loop.calls, trajectory), seed)
     recall, l1, log = (np.asarray(x) for x in state[2:])
     used = log[0, 1] >= 0  # every layer logs the same calls
     # the first forward's commit part has no block to commit (its output is discarded): not a call

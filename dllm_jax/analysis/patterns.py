@@ -1,4 +1,5 @@
-"""Per-step, per-layer, per-head diagnostics of a method's pattern, measured inside the compiled loop.
+"""Per-step, per-layer, per-head diagnostics of a method's pattern, measured inside the compiled loop
+of a bidirectional model (LLaDA, Dream: `analyze`).
 
 `Probe(method)` is an attention policy wrapping a method: it attends exactly as the method does and,
 at every call, also computes dense attention and records, per (batch row, head):
@@ -28,6 +29,7 @@ import jax.numpy as jnp
 import numpy as np
 
 from dllm_jax import validation
+from dllm_jax.analysis.loops import BIDIRECTIONAL, loop_for
 from dllm_jax.attention.dense import dense_attention
 from dllm_jax.attention.policy import AttentionPolicy, Mode, check_policy
 
@@ -144,26 +146,24 @@ class PatternReport:
 
 def analyze(model, prompt_ids, method, *, seed: int = 0, snapshot_step: int | None = None,
             **options) -> PatternReport:
-    """Generates with `method` on a LLaDA `model` and returns the per-step pattern metrics.
+    """Generates with `method` on a bidirectional `model` (LLaDA or Dream) under a `Probe` and returns
+    the per-step pattern metrics; the tokens are generate's for the same method, options and seed.
 
     `snapshot_step`: the step whose per-head patterns are kept (default: the first sparse step, else
-    the last step). `options` are generate's LLaDA options.
+    the last step). `options` are generate's options of the model's family (LLaDA's, or Dream's
+    `DreamOptions`). Block-diffusion models (SDAR, LLaDA2): `dllm_jax.analysis.analyze_blocks`.
     """
-    from dllm_jax.generate import prepare_llada
-    from dllm_jax.generate.llada import generate_llada_jit
-
     check_policy(method)
-    opts, prompt_ids, method = prepare_llada(model, prompt_ids, None, method, options)
-    modes = np.array([int(method.mode(jnp.int32(t))) for t in range(opts.steps)])
+    seed = validation.seed(seed)
+    loop = loop_for(BIDIRECTIONAL, "analyze", model, prompt_ids, method, options)
+    method, steps = loop.method, loop.calls
+    modes = np.array([int(method.mode(jnp.int32(t))) for t in range(steps)])
     if snapshot_step is None:
         sparse_steps = np.flatnonzero(modes == int(Mode.SPARSE))
-        snapshot_step = int(sparse_steps[0]) if len(sparse_steps) else opts.steps - 1
-    if not 0 <= snapshot_step < opts.steps:
-        raise ValueError(f"snapshot_step={snapshot_step} is not a step of this generation (0..{opts.steps - 1})")
-    tokens, state = generate_llada_jit(model.params(), prompt_ids, None, validation.seed(seed), np.int32(0),
-                                       config=model.config, options=opts,
-                                       prompt_has_masks=bool((prompt_ids == model.config.mask_token_id).any()),
-                                       policy=Probe(method, opts.steps, snapshot_step), return_policy_state=True)
+        snapshot_step = int(sparse_steps[0]) if len(sparse_steps) else steps - 1
+    if not 0 <= snapshot_step < steps:
+        raise ValueError(f"snapshot_step={snapshot_step} is not a step of this generation (0..{steps - 1})")
+    tokens, state = loop.run(Probe(method, steps, snapshot_step), seed)
     metrics = np.asarray(state[3])  # [layers, 3, steps, B, H]
     snapshot = np.asarray(state[4])  # [layers, 2, B, H, rows, cols]
     return PatternReport(recall=metrics[:, 0], jaccard=metrics[:, 1], l1=metrics[:, 2], modes=modes, method=method,

@@ -160,16 +160,9 @@ def generate_llada2(model, prompt_ids, attention_mask, seed, method, mesh, progr
     with config.pad_token_id after each row's eos."""
     if return_nfe:
         raise ValueError("return_nfe=True is for LLaDA models (LLaDA2's forwards per block follow its schedule)")
-    check_family(method, "SDAR")  # block diffusion with a prefix cache: the SDAR methods apply
-    opts = make_options(LLaDA2Options, "LLaDA2", options)
-    prompt_ids = as_array("prompt_ids", prompt_ids)
-    check_prompt(model.config, prompt_ids, attention_mask)
-    gen_llada2.check_request(model.config, prompt_ids, attention_mask, opts)
-    check_context(model.config, prompt_ids.shape[1], opts.gen_length)
-    prompt_ids = prompt_ids.astype(np.int32)
+    opts, prompt_ids, blocks = prepare_llada2(model, prompt_ids, attention_mask, method, options)
     method = on_devices(mesh, method, None)
     placed_ids, _ = on_mesh(mesh, prompt_ids, None)
-    blocks = -(-(prompt_ids.shape[1] + opts.gen_length) // opts.block_length) - prompt_ids.shape[1] // opts.block_length
     with progress_bar(blocks, "LLaDA2 blocks", progress) as run_id:
         x, _ = gen_llada2.generate_llada2_jit(model.params(), placed_ids, seed, np.int32(run_id), config=model.config,
                                               options=opts, policy=method, on_step=tick if progress else None,
@@ -182,6 +175,19 @@ def generate_llada2(model, prompt_ids, attention_mask, seed, method, mesh, progr
     for b, row in enumerate(rows):
         out[b, :len(row)] = row
     return out
+
+
+def prepare_llada2(model, prompt_ids, attention_mask, method, options: dict):
+    """Checks an LLaDA2 request (method family, options, prompt, context) before anything compiles;
+    returns (LLaDA2Options, int32 prompt_ids, the number of blocks decoded)."""
+    check_family(method, "SDAR")  # block diffusion with a prefix cache: the SDAR methods apply
+    opts = make_options(LLaDA2Options, "LLaDA2", options)
+    prompt_ids = as_array("prompt_ids", prompt_ids)
+    check_prompt(model.config, prompt_ids, attention_mask)
+    gen_llada2.check_request(model.config, prompt_ids, attention_mask, opts)
+    check_context(model.config, prompt_ids.shape[1], opts.gen_length)
+    p, bl = prompt_ids.shape[1], opts.block_length
+    return opts, prompt_ids.astype(np.int32), -(-(p + opts.gen_length) // bl) - p // bl
 
 
 def prepare_dream(model, prompt_ids, attention_mask, method, options: dict):

@@ -179,13 +179,16 @@ class DreamCarry:
 
 
 def generate_dream(params, prompt_ids, attention_mask, seed, run_id=0, *, config: DreamConfig, options: DreamOptions,
-                   prompt_has_masks: bool = False, policy: AttentionPolicy = Dense(), on_step=None):
+                   prompt_has_masks: bool = False, policy: AttentionPolicy = Dense(), on_step=None,
+                   return_policy_state: bool = False):
     """The whole generation, traceable as one function. Returns int32 [B, P + max_new_tokens].
 
     prompt_ids int32 [B, P] (left-padded if rows differ); attention_mask [B, P] or None (the official
     cumsum positions and hidden padding keys, `dllm_jax.models.dream`). Unless `prompt_has_masks`
     (static), logits are computed from position P - 1 on only (after the shift, the answer region's).
     `on_step(run_id, step)` (static), if given, is called on the host after every step.
+    `return_policy_state` (static) also returns the policy's final per-layer state: (tokens, state),
+    for diagnostics (dllm_jax.analysis); the tokens are the same either way.
     """
     check_policy(policy)
     b, p = prompt_ids.shape
@@ -226,11 +229,11 @@ def generate_dream(params, prompt_ids, attention_mask, seed, run_id=0, *, config
 
     carry = DreamCarry(x=x, policy_state=init_policy_state(policy, config, b, total))
     carry, _ = jax.lax.scan(step, carry, jnp.arange(o.steps, dtype=jnp.int32))
-    return carry.x
+    return (carry.x, carry.policy_state) if return_policy_state else carry.x
 
 
 generate_dream_jit = jax.jit(generate_dream, static_argnames=("config", "options", "prompt_has_masks", "policy",
-                                                              "on_step"))
+                                                              "on_step", "return_policy_state"))
 
 
 def check_method(method) -> None:

@@ -158,11 +158,12 @@ def denoise_block(params, cur, cache, policy_state, key, draws, active, finished
 
 
 def generate_llada2(params, prompt_ids, seed, run_id=0, *, config: LLaDA2Config, options: LLaDA2Options,
-                    policy: AttentionPolicy = Dense(), on_step=None, mesh=None):
+                    policy: AttentionPolicy = Dense(), on_step=None, return_policy_state: bool = False, mesh=None):
     """The whole generation, traceable as one function: prompt_ids int32 [B, P] (no padding) ->
     (x int32 [B, width], stopped bool [B]); x holds the prompt, the decoded blocks and masks after a
     row's stop. width = ceil((P + gen_length) / block_length) * block_length. `on_step(run_id, i)`
-    (static, optional) runs on the host after every decoded block."""
+    (static, optional) runs on the host after every decoded block. With `return_policy_state` (static),
+    the final per-layer policy state comes third (for diagnostics: dllm_jax.analysis)."""
     check_policy(policy)
     o, bl = options, options.block_length
     b, p = prompt_ids.shape
@@ -201,10 +202,12 @@ def generate_llada2(params, prompt_ids, seed, run_id=0, *, config: LLaDA2Config,
                         finished=nothing, draws=jnp.zeros((b,), jnp.int32), decoded=jnp.full((b,), first * bl),
                         stopped=jnp.zeros((b,), bool))
     carry, _ = jax.lax.scan(per_block, carry, jnp.arange(first, num_blocks, dtype=jnp.int32))
+    if return_policy_state:
+        return carry.x, carry.stopped, carry.policy_state
     return carry.x, carry.stopped
 
 
-STATIC = ("config", "options", "policy", "on_step", "mesh")
+STATIC = ("config", "options", "policy", "on_step", "return_policy_state", "mesh")
 generate_llada2_jit = jax.jit(generate_llada2, static_argnames=STATIC)
 
 

@@ -322,13 +322,17 @@ class DecoderLM(nnx.Module):
         self.execution = execution
         init = nnx.initializers.normal(stddev=0.02)
         self.embed = nnx.Param(init(rngs.params(), (config.vocab_size, config.hidden_size), dtype))
-        if execution == "unrolled":
-            self.layers = nnx.List([DecoderLayer(config, dtype=dtype, rngs=rngs) for _ in range(config.num_layers)])
-        else:
-            self.layers = DecoderLayer(config, dtype=dtype, rngs=rngs, num_layers=config.num_layers)
+        self.layers = self.make_layers(config, dtype=dtype, rngs=rngs)
         self.final_norm = nnx.Param(jnp.ones((config.hidden_size,), dtype))
         if not config.tie_word_embeddings:
             self.lm_head = nnx.Param(init(rngs.params(), (config.hidden_size, config.vocab_size), dtype))
+
+    def make_layers(self, config, *, dtype, rngs: nnx.Rngs):
+        """The decoder layers' parameters in the inference layout of `self.execution` (a family whose
+        layers differ, such as LLaDA2's dense and MoE ones, overrides this and `layer_values`)."""
+        if self.execution == "unrolled":
+            return nnx.List([DecoderLayer(config, dtype=dtype, rngs=rngs) for _ in range(config.num_layers)])
+        return DecoderLayer(config, dtype=dtype, rngs=rngs, num_layers=config.num_layers)
 
     @property
     def dtype(self):
@@ -338,14 +342,17 @@ class DecoderLM(nnx.Module):
         """The parameter tree as plain arrays in the inference layout (a tuple of per-layer dicts when
         unrolled, see the module docstring). Read attribute by attribute: `nnx.state` over a few hundred
         per-layer variables costs milliseconds of host time per call, which a block step would pay."""
+        tree = {name: getattr(self, name).get_value() for name in ("embed", "final_norm", "lm_head") if hasattr(self, name)}
+        return dict(tree, layers=self.layer_values())
+
+    def layer_values(self):
+        """The layers' weights as plain arrays: one dict per layer (unrolled) or one stacked dict (scan)."""
         def values(module, names):
             return {name: getattr(module, name).get_value() for name in names}
 
         names = list(inference_layer_shapes(self.config))
-        layers = values(self.layers, names) if self.execution == "scan" else tuple(
+        return values(self.layers, names) if self.execution == "scan" else tuple(
             values(layer, names) for layer in self.layers)
-        tree = {name: getattr(self, name).get_value() for name in ("embed", "final_norm", "lm_head") if hasattr(self, name)}
-        return dict(tree, layers=layers)
 
 
 def to_module_tree(params: dict) -> dict:

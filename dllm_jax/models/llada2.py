@@ -16,9 +16,13 @@ Architecture (the official `modeling_llada2_moe.py`; facts in dllm_jax/configs/l
 Block diffusion: attention is bidirectional inside each block and causal across blocks (the official
 sampler's `block_diffusion_attention_mask`), so the K/V of finished blocks never change and the cached
 path (`prefill`, `block_step`, `commit_and_step`, on SDAR's static `KVCache`) equals the full forward.
+That path and the full forward are SDAR's (`dllm_jax.models.sdar`), run with this family's `FAMILY`
+(its decoder stack, partial-rotary RoPE tables and parameter preparation); the module's host methods
+are SDAR's `BlockDiffusionLM`.
 
-Routed experts run as two grouped GEMMs (`jax.lax.ragged_dot`) over the token copies sorted by expert:
-each expert's weights are read once for all its tokens, nothing is computed for unselected experts.
+Routed experts run as two grouped GEMMs over the token copies sorted by expert (`dllm_jax.models.moe`: a
+Pallas kernel on the GPU, `jax.lax.ragged_dot` elsewhere): each touched expert's weights are read about
+once for all its tokens, nothing is computed for unselected experts.
 
 Parameter layouts (L layers, Ld = first_k_dense_replace dense ones, Lm = L - Ld MoE ones; E experts):
   * checkpoint layout (`param_shapes`, what the converter writes): "layers" stacks the attention of all
@@ -36,21 +40,20 @@ Parameter layouts (L layers, Ld = first_k_dense_replace dense ones, Lm = L - Ld 
 
 from __future__ import annotations
 
-import functools
-
 import jax
 import jax.numpy as jnp
 from flax import nnx
 
 from dllm_jax.attention.dense import matmul_precision
-from dllm_jax.attention.policy import AttentionPolicy, Dense, Mode, attend_layer, check_policy, stacked_state
+from dllm_jax.attention.policy import AttentionPolicy, Dense
 from dllm_jax.config import LLaDA2Config
-from dllm_jax.models.layers import apply_rope, check_inputs, lm_head, mlp_sublayer, rms_norm, rope_tables
-from dllm_jax.models.sdar import (KVCache, Segment, block_causal_mask, check_cache, init_cache, replace_layer,
-                                  write_rows)
-from dllm_jax.sharding import shard_kv_cache
+from dllm_jax.models import sdar
+from dllm_jax.models.layers import apply_rope, mlp_sublayer, rms_norm, rope_tables
+from dllm_jax.models.moe import routed_experts
+from dllm_jax.models.sdar import BlockDiffusionLM, Family, KVCache, Segment, init_cache, init_policy_state
 
-__all__ = ["LLaDA2", "KVCache", "forward", "prefill", "block_step", "commit_and_step", "init_cache"]
+__all__ = ["LLaDA2", "FAMILY", "KVCache", "Segment", "forward", "prefill", "cached_forward", "block_step",
+           "commit_and_step", "init_cache", "init_policy_state"]
 
 
 # --- parameter shapes and layouts ----------------------------------------------------------------
@@ -214,21 +217,6 @@ def route(x, router, expert_bias, config: LLaDA2Config):
     return idx.astype(jnp.int32), weights * config.routed_scaling_factor
 
 
-def routed_experts(x, idx, weights, gate_up, down):
-    """sum_j weights[:, j] * expert_{idx[:, j]}(x) for tokens x [T, d], as two grouped GEMMs over the T * k
-    token copies sorted by expert (`jax.lax.ragged_dot`); returns fp32 [T, d]."""
-    t, k = idx.shape
-    precision = matmul_precision(x.dtype)
-    flat = idx.reshape(-1)
-    order = jnp.argsort(flat, stable=True)  # copy order -> expert-sorted position
-    sizes = jnp.bincount(flat, length=gate_up.shape[0]).astype(jnp.int32)
-    h = jax.lax.ragged_dot(x[order // k], gate_up, sizes, precision=precision)  # [T k, 2 Im]
-    h = jax.nn.silu(h[:, 0::2]) * h[:, 1::2]
-    y = jax.lax.ragged_dot(h, down, sizes, precision=precision)  # [T k, d], expert-sorted
-    y = jnp.zeros_like(y).at[order].set(y).reshape(t, k, -1)  # back to (token, slot) order
-    return jnp.sum(y.astype(jnp.float32) * weights[..., None], axis=1)
-
-
 def swiglu(x, gate_up, down):
     both = jnp.matmul(x, gate_up, precision=matmul_precision(x.dtype))
     return jnp.matmul(jax.nn.silu(both[..., 0::2]) * both[..., 1::2], down, precision=matmul_precision(x.dtype))
@@ -266,128 +254,47 @@ def inference(params, config: LLaDA2Config) -> dict:
     return params if isinstance(params["layers"], tuple) else prepare_params(dict(params), config)
 
 
-def init_policy_state(policy: AttentionPolicy, config: LLaDA2Config, batch: int, max_length: int, *,
-                      block_length: int | None = None):
-    """The policy's state for every layer: `block_length` queries against `max_length` keys."""
-    return stacked_state(policy, config.num_layers, batch=batch, num_heads=config.num_heads,
-                         num_kv_heads=config.num_kv_heads, q_len=block_length or config.block_size,
-                         kv_len=max_length, head_dim=config.head_dim)
+FAMILY = Family(decoder_stack=decoder_stack, rope_tables=tables, full_params=inference, cached_params=inference)
 
 
 def forward(params, input_ids, policy_state=None, step=0, *, config: LLaDA2Config, block_length: int | None = None,
             policy: AttentionPolicy = Dense()):
     """Full-sequence forward under the block-causal mask: int32 [B, L] -> (float32 logits [B, L, V],
-    policy_state). The last block may be partial."""
-    params = inference(params, config)
-    b, n = input_ids.shape
-    if policy_state is None:
-        policy_state = init_policy_state(policy, config, b, n, block_length=n)
-    mask = block_causal_mask(n, block_length or config.block_size)
-    mode = policy.mode(step)
-    cos, sin = tables(jnp.arange(n), config)
-
-    def attend(q, k, v, states, layer):
-        return attend_layer(policy, mode, q, k, v, states, layer, mask=mask)
-
-    x, policy_state = decoder_stack(params["layers"], params["embed"][input_ids], cos, sin, attend, config,
-                                    policy_state)
-    return lm_head(params, x, config), policy_state
+    policy_state). The last block may be partial; `dllm_jax.models.sdar.forward` with this family."""
+    return sdar.forward(params, input_ids, policy_state, step, config=config, block_length=block_length,
+                        policy=policy, family=FAMILY)
 
 
 def prefill(params, input_ids, cache: KVCache, lengths=None, *, config: LLaDA2Config, block_length: int | None = None,
             policy: AttentionPolicy = Dense()) -> KVCache:
     """Writes the K/V of the complete prompt blocks input_ids [B, P] at positions 0..P-1 and sets the
-    fill lengths to `lengths` (default P); as `dllm_jax.models.sdar.prefill` (dense, exact)."""
-    params = inference(params, config)
-    b, n = input_ids.shape
-    mask = block_causal_mask(n, block_length or config.block_size)
-    cos, sin = tables(jnp.arange(n), config)
-
-    def attend(q, k, v, state, layer):
-        cache, policy_state = state
-        write = lambda buf, x: jax.lax.dynamic_update_slice_in_dim(buf, x.astype(buf.dtype), 0, axis=1)  # noqa: E731
-        cache = cache.replace(k=replace_layer(cache.k, layer, write(cache.k[layer], k)),
-                              v=replace_layer(cache.v, layer, write(cache.v[layer], v)))
-        out, policy_state = attend_layer(policy, Mode.DENSE, q, k, v, policy_state, layer, mask=mask)
-        return out, (cache, policy_state)
-
-    state = (cache, init_policy_state(policy, config, b, n, block_length=n))
-    _, (cache, _) = decoder_stack(params["layers"], params["embed"][input_ids], cos, sin, attend, config, state)
-    lengths = jnp.full((b,), n, jnp.int32) if lengths is None else jnp.asarray(lengths, jnp.int32)
-    return cache.replace(length=lengths)
+    fill lengths to `lengths` (default P); `dllm_jax.models.sdar.prefill` (dense, exact) with this family."""
+    return sdar.prefill(params, input_ids, cache, lengths, config=config, block_length=block_length, policy=policy,
+                        family=FAMILY)
 
 
 def cached_forward(params, segments: tuple, cache: KVCache, policy_state, *, config: LLaDA2Config,
                    policy: AttentionPolicy):
-    """One forward of the concatenated segments against the cache (`dllm_jax.models.sdar.cached_forward`):
-    per layer every segment's K/V is written at its positions, then each attends to its row's keys below
-    its end. Returns (float32 logits of the last segment, cache, policy_state)."""
-    params = inference(params, config)
-    sizes = [seg.ids.shape[1] for seg in segments]
-    bounds = [sum(sizes[:i]) for i in range(1, len(sizes))]
-    positions = jnp.concatenate([seg.start[:, None] + jnp.arange(n) for seg, n in zip(segments, sizes)], axis=1)
-    cos, sin = tables(positions, config)
-
-    def attend(q, k, v, state, layer):
-        cache, policy_state = state
-        ck, cv = cache.k[layer], cache.v[layer]
-        parts = [jnp.split(x, bounds, axis=1) for x in (q, k, v)]
-        for seg, k_seg, v_seg in zip(segments, parts[1], parts[2]):
-            ck, cv = write_rows(ck, k_seg, seg.start), write_rows(cv, v_seg, seg.start)
-        outs = []
-        for seg, q_seg, n in zip(segments, parts[0], sizes):
-            out, policy_state = attend_layer(policy, seg.mode, q_seg, ck, cv, policy_state, layer,
-                                             kv_len=seg.start + n)
-            outs.append(out)
-        cache = cache.replace(k=replace_layer(cache.k, layer, ck), v=replace_layer(cache.v, layer, cv))
-        return jnp.concatenate(outs, axis=1), (cache, policy_state)
-
-    ids = jnp.concatenate([seg.ids for seg in segments], axis=1)
-    x, (cache, policy_state) = decoder_stack(params["layers"], params["embed"][ids], cos, sin, attend, config,
-                                             (cache, policy_state))
-    return lm_head(params, x[:, -sizes[-1]:], config), cache, policy_state
+    """One forward of the concatenated segments against the cache; `dllm_jax.models.sdar.cached_forward`
+    with this family."""
+    return sdar.cached_forward(params, segments, cache, policy_state, config=config, policy=policy, family=FAMILY)
 
 
 def block_step(params, block_ids, cache: KVCache, policy_state=None, mode=None, *, config: LLaDA2Config,
                policy: AttentionPolicy = Dense(), commit=False):
-    """One block block_ids [B, n] at positions length[b].. against the cache (every block token sees the
-    filled prefix and the whole block); with commit=True the fill length advances by n. Returns
-    (float32 logits [B, n, V], cache, policy_state); as `dllm_jax.models.sdar.block_step`."""
-    b, n = block_ids.shape
-    if policy_state is None:
-        policy_state = init_policy_state(policy, config, b, cache.max_length, block_length=n)
-    if mode is None:
-        mode = policy.block_mode(0, unmasked=jnp.zeros((b,), jnp.int32), commit=commit)
-    segment = Segment(ids=block_ids, start=cache.length, mode=mode)
-    logits, new_cache, policy_state = cached_forward(params, (segment,), cache, policy_state, config=config,
-                                                     policy=policy)
-    return logits, new_cache.replace(length=jnp.where(commit, cache.length + n, cache.length)), policy_state
+    """One block block_ids [B, n] at positions length[b].. against the cache; with commit=True the fill
+    length advances by n. Returns (float32 logits [B, n, V], cache, policy_state);
+    `dllm_jax.models.sdar.block_step` with this family."""
+    return sdar.block_step(params, block_ids, cache, policy_state, mode, config=config, policy=policy, commit=commit,
+                           family=FAMILY)
 
 
 def commit_and_step(params, finished_ids, pending, block_ids, cache: KVCache, policy_state, finished_mode, mode, *,
                     config: LLaDA2Config, policy: AttentionPolicy = Dense()):
     """The commit of a finished block (rows where `pending`) and the next block's first step in one
-    forward; exact under the block-causal mask (`dllm_jax.models.sdar.commit_and_step`)."""
-    n = block_ids.shape[1]
-    start = cache.length + jnp.where(pending, n, 0)
-    finished = Segment(ids=finished_ids, start=cache.length, mode=jnp.where(pending, finished_mode, int(Mode.SPARSE)))
-    logits, cache, policy_state = cached_forward(params, (finished, Segment(ids=block_ids, start=start, mode=mode)),
-                                                 cache, policy_state, config=config, policy=policy)
-    return logits, cache.replace(length=start), policy_state
-
-
-@functools.partial(jax.jit, static_argnames=("config", "block_length", "policy"))
-def _logits_jit(params, input_ids, *, config: LLaDA2Config, block_length: int | None, policy: AttentionPolicy):
-    return forward(params, input_ids, config=config, block_length=block_length, policy=policy)[0]
-
-
-_prefill_jit = jax.jit(prefill, static_argnames=("config", "block_length", "policy"))
-
-
-@functools.partial(jax.jit, static_argnames=("config", "commit", "policy"))
-def _block_step_jit(params, block_ids, cache: KVCache, *, config: LLaDA2Config, commit: bool, policy: AttentionPolicy):
-    logits, cache, _ = block_step(params, block_ids, cache, config=config, commit=commit, policy=policy)
-    return logits, cache
+    forward; exact under the block-causal mask (`dllm_jax.models.sdar.commit_and_step` with this family)."""
+    return sdar.commit_and_step(params, finished_ids, pending, block_ids, cache, policy_state, finished_mode, mode,
+                                config=config, policy=policy, family=FAMILY)
 
 
 # --- the module ----------------------------------------------------------------------------------
@@ -415,63 +322,21 @@ class LLaDA2Layer(nnx.Module):
             setattr(self, name, param)
 
 
-class LLaDA2(nnx.Module):
+class LLaDA2(BlockDiffusionLM):
     """LLaDA2 MoE block-diffusion LM. `model(input_ids)` is the full block-causal forward (block length
-    from the config, 32); `init_cache`, `prefill`, `block_step` the cached path the sampler runs."""
+    from the config, 32); `init_cache`, `prefill`, `block_step` the cached path the sampler runs
+    (`BlockDiffusionLM`); embedding, final norm and head as `DecoderLM`, layers dense or MoE by index."""
+
+    family = FAMILY
 
     def __init__(self, config: LLaDA2Config, *, dtype=jnp.bfloat16, rngs: nnx.Rngs, execution: str = "unrolled"):
         if execution != "unrolled":
             raise ValueError(f"LLaDA2 runs its layers unrolled, got execution={execution!r}")
-        self.config = config
-        self.execution = execution
-        init = nnx.initializers.normal(stddev=0.02)
-        self.embed = nnx.Param(init(rngs.params(), (config.vocab_size, config.hidden_size), dtype))
-        self.layers = nnx.List([LLaDA2Layer(config, i, dtype=dtype, rngs=rngs) for i in range(config.num_layers)])
-        self.final_norm = nnx.Param(jnp.ones((config.hidden_size,), dtype))
-        if not config.tie_word_embeddings:
-            self.lm_head = nnx.Param(init(rngs.params(), (config.hidden_size, config.vocab_size), dtype))
+        super().__init__(config, dtype=dtype, rngs=rngs, execution=execution)
 
-    @property
-    def dtype(self):
-        return self.embed[...].dtype
+    def make_layers(self, config: LLaDA2Config, *, dtype, rngs: nnx.Rngs):
+        return nnx.List([LLaDA2Layer(config, i, dtype=dtype, rngs=rngs) for i in range(config.num_layers)])
 
-    def params(self) -> dict:
-        """The inference-layout tree as plain arrays (a tuple of per-layer dicts)."""
-        layers = tuple({name: getattr(layer, name).get_value() for name in layer.names} for layer in self.layers)
-        tree = {name: getattr(self, name).get_value() for name in ("embed", "final_norm", "lm_head") if hasattr(self, name)}
-        return dict(tree, layers=layers)
-
-    def __call__(self, input_ids, *, block_length: int | None = None, policy: AttentionPolicy = Dense()):
-        """float32 logits [B, L, V] under the block-causal mask."""
-        input_ids = jnp.asarray(input_ids)
-        check_inputs(self.config, input_ids)
-        if block_length is not None and block_length <= 0:
-            raise ValueError(f"block_length must be positive, got {block_length}")
-        check_policy(policy)
-        return _logits_jit(self.params(), input_ids, config=self.config, block_length=block_length, policy=policy)
-
-    def init_cache(self, batch: int, max_length: int) -> KVCache:
-        """An empty cache for `batch` rows and up to `max_length` positions, in the model's dtype."""
-        if batch <= 0 or max_length <= 0:
-            raise ValueError(f"batch and max_length must be positive, got {batch=}, {max_length=}")
-        return shard_kv_cache(init_cache(self.config, batch, max_length, self.dtype), getattr(self, "mesh", None))
-
-    def prefill(self, input_ids, cache: KVCache, *, policy: AttentionPolicy = Dense()) -> KVCache:
-        """Fills an empty cache with the complete prompt blocks input_ids [B, P] (P % block_size == 0)."""
-        input_ids = jnp.asarray(input_ids)
-        check_inputs(self.config, input_ids)
-        n, bs = input_ids.shape[1], self.config.block_size
-        if n % bs:
-            raise ValueError(f"prefill takes complete blocks: prompt length {n} is not a multiple of "
-                             f"block_size={bs} (run the trailing {n % bs} tokens as the first block)")
-        check_cache(cache, input_ids.shape[0], 0, n, self.config)
-        check_policy(policy)
-        return _prefill_jit(self.params(), input_ids, cache, config=self.config, policy=policy)
-
-    def block_step(self, block_ids, cache: KVCache, *, commit: bool = False, policy: AttentionPolicy = Dense()):
-        """(logits [B, n, V], cache) of one block against the cache; see `block_step`."""
-        block_ids = jnp.asarray(block_ids)
-        check_inputs(self.config, block_ids)
-        check_cache(cache, block_ids.shape[0], None, block_ids.shape[1], self.config)
-        check_policy(policy)
-        return _block_step_jit(self.params(), block_ids, cache, config=self.config, commit=commit, policy=policy)
+    def layer_values(self) -> tuple:
+        """The inference-layout layers as plain arrays (a tuple of per-layer dicts, each its own names)."""
+        return tuple({name: getattr(layer, name).get_value() for name in layer.names} for layer in self.layers)

@@ -19,12 +19,18 @@ inside a jitted loop the update happens in place. Rows of a batch may sit at dif
 (batched generation keeps each row's own block alignment): positions, writes and `kv_len` are per
 row. The cached path runs the layers unrolled (each layer's cache is its own buffer, indexed by a
 static layer number); parameters in the scan layout are sliced into layers first.
+
+The forward and the cached path are shared by every block-diffusion family: a `Family` names the
+family's decoder stack, RoPE tables and parameter preparation (SDAR's by default; LLaDA2's MoE
+stack in `dllm_jax.models.llada2` runs the same functions with its own), and `BlockDiffusionLM`
+holds the host-side methods (input checks, the jitted calls) of both families' modules.
 """
 
 from __future__ import annotations
 
+import dataclasses
 import functools
-from typing import Any
+from typing import Any, Callable
 
 import jax
 import jax.numpy as jnp
@@ -74,6 +80,31 @@ def unrolled(params, config: SDARConfig) -> dict:
     return dict(params, layers=inference_layers(params["layers"], config, execution="unrolled"))
 
 
+def qwen3_tables(positions, config: SDARConfig):
+    """RoPE cos/sin tables over the whole head (Qwen3 rotates every dimension)."""
+    return rope_tables(positions, config.head_dim, config.rope_theta)
+
+
+def as_given(params, config: SDARConfig) -> dict:
+    """params unchanged: `layers.decoder_stack` takes every layout (the scan one runs as a scan)."""
+    return params
+
+
+@dataclasses.dataclass(frozen=True)
+class Family:
+    """What a block-diffusion family plugs into this module's forward and cached path. Every field is a
+    module-level function, so a Family hashes and compares by those functions: a static jit argument."""
+
+    decoder_stack: Callable  # (layers, x [B, L, d], cos, sin, attend, config, state) -> (x, state)
+    rope_tables: Callable  # (positions int32 [...], config) -> fp32 (cos, sin) [..., rotated dims]
+    full_params: Callable  # (params, config) -> the tree `forward` runs
+    cached_params: Callable  # (params, config) -> the tree with per-layer dicts (the cached path indexes layers)
+
+
+SDAR_FAMILY = Family(decoder_stack=decoder_stack, rope_tables=qwen3_tables, full_params=as_given,
+                     cached_params=unrolled)
+
+
 def block_causal_mask(n: int, block_length: int):
     """bool [n, n]: query i may attend key j iff j's block is not after i's block."""
     blocks = jnp.arange(n) // block_length
@@ -81,52 +112,54 @@ def block_causal_mask(n: int, block_length: int):
 
 
 def forward(params, input_ids, policy_state=None, step=0, *, config: SDARConfig, block_length: int | None = None,
-            policy: AttentionPolicy = Dense()):
+            policy: AttentionPolicy = Dense(), family: Family = SDAR_FAMILY):
     """Full-sequence forward under the block-causal mask: int32 [B, L] -> (float32 logits [B, L, V],
     new policy_state), attention through `policy` at `step` (its state as in `llada.forward`).
 
-    The last block may be partial (L need not be a multiple of the block length).
+    The last block may be partial (L need not be a multiple of the block length). `family` supplies
+    the layers, RoPE and parameter preparation (SDAR's by default), here and in the cached path.
     """
+    params = family.full_params(params, config)
     b, n = input_ids.shape
     if policy_state is None:
         policy_state = init_policy_state(policy, config, b, n, block_length=n)
     mask = block_causal_mask(n, block_length or config.block_size)
     mode = policy.mode(step)
-    cos, sin = rope_tables(jnp.arange(n), config.head_dim, config.rope_theta)
+    cos, sin = family.rope_tables(jnp.arange(n), config)
 
     def attend(q, k, v, states, layer):
         return attend_layer(policy, mode, q, k, v, states, layer, mask=mask)
 
-    x, policy_state = decoder_stack(params["layers"], params["embed"][input_ids], cos, sin, attend, config,
+    x, policy_state = family.decoder_stack(params["layers"], params["embed"][input_ids], cos, sin, attend, config,
                                     policy_state)
     return lm_head(params, x, config), policy_state
 
 
-def prefill(params, input_ids, cache: KVCache, lengths=None, *, config: SDARConfig,
-            policy: AttentionPolicy = Dense()) -> KVCache:
+def prefill(params, input_ids, cache: KVCache, lengths=None, *, config: SDARConfig, block_length: int | None = None,
+            policy: AttentionPolicy = Dense(), family: Family = SDAR_FAMILY) -> KVCache:
     """Writes the K/V of the complete prompt blocks input_ids [B, P] (P % block_size == 0) at
     positions 0..P-1 and sets the fill lengths to `lengths` (int32 [B], multiples of the block size,
     <= P; default P): a row with fewer complete blocks than P has junk past its length, which is
     scratch (the block-causal mask keeps it out of the earlier positions' K/V).
 
     The cache must hold exact keys and values, so `policy` runs in its DENSE mode, from its initial
-    state (discarded).
+    state (discarded). The blocks are `block_length` long (the config's block size by default).
     """
+    params = family.cached_params(params, config)
     b, n = input_ids.shape
-    mask = block_causal_mask(n, config.block_size)
-    cos, sin = rope_tables(jnp.arange(n), config.head_dim, config.rope_theta)
+    mask = block_causal_mask(n, block_length or config.block_size)
+    cos, sin = family.rope_tables(jnp.arange(n), config)
 
     def attend(q, k, v, state, layer):
         cache, policy_state = state
-        cache = cache.replace(
-            k=replace_layer(cache.k, layer, jax.lax.dynamic_update_slice_in_dim(cache.k[layer], k.astype(cache.k[layer].dtype), 0, axis=1)),
-            v=replace_layer(cache.v, layer, jax.lax.dynamic_update_slice_in_dim(cache.v[layer], v.astype(cache.v[layer].dtype), 0, axis=1)))
+        write = lambda buf, x: jax.lax.dynamic_update_slice_in_dim(buf, x.astype(buf.dtype), 0, axis=1)  # noqa: E731
+        cache = cache.replace(k=replace_layer(cache.k, layer, write(cache.k[layer], k)),
+                              v=replace_layer(cache.v, layer, write(cache.v[layer], v)))
         out, policy_state = attend_layer(policy, Mode.DENSE, q, k, v, policy_state, layer, mask=mask)
         return out, (cache, policy_state)
 
-    params = unrolled(params, config)
     state = (cache, init_policy_state(policy, config, b, n, block_length=n))
-    _, (cache, _) = decoder_stack(params["layers"], params["embed"][input_ids], cos, sin, attend, config, state)
+    _, (cache, _) = family.decoder_stack(params["layers"], params["embed"][input_ids], cos, sin, attend, config, state)
     lengths = jnp.full((b,), n, jnp.int32) if lengths is None else jnp.asarray(lengths, jnp.int32)
     return cache.replace(length=lengths)
 
@@ -142,16 +175,17 @@ class Segment:
 
 
 def cached_forward(params, segments: tuple, cache: KVCache, policy_state, *, config: SDARConfig,
-                   policy: AttentionPolicy):
+                   policy: AttentionPolicy, family: Family = SDAR_FAMILY):
     """One forward over the concatenated segments against the cache: per layer, every segment's K/V
     is written at its positions (in order: a later segment overwrites an earlier one at the same
     positions), then each segment attends (in order, the policy state threaded through). Returns
     (float32 logits of the last segment [B, n, V], cache with the writes, policy_state); fill
     lengths unchanged."""
+    params = family.cached_params(params, config)
     sizes = [seg.ids.shape[1] for seg in segments]
     bounds = [sum(sizes[:i]) for i in range(1, len(sizes))]
     positions = jnp.concatenate([seg.start[:, None] + jnp.arange(n) for seg, n in zip(segments, sizes)], axis=1)
-    cos, sin = rope_tables(positions, config.head_dim, config.rope_theta)
+    cos, sin = family.rope_tables(positions, config)
 
     def attend(q, k, v, state, layer):
         cache, policy_state = state
@@ -167,15 +201,14 @@ def cached_forward(params, segments: tuple, cache: KVCache, policy_state, *, con
         cache = cache.replace(k=replace_layer(cache.k, layer, ck), v=replace_layer(cache.v, layer, cv))
         return jnp.concatenate(outs, axis=1), (cache, policy_state)
 
-    params = unrolled(params, config)
     ids = jnp.concatenate([seg.ids for seg in segments], axis=1)
-    x, (cache, policy_state) = decoder_stack(params["layers"], params["embed"][ids], cos, sin, attend, config,
+    x, (cache, policy_state) = family.decoder_stack(params["layers"], params["embed"][ids], cos, sin, attend, config,
                                              (cache, policy_state))
     return lm_head(params, x[:, -sizes[-1]:], config), cache, policy_state
 
 
 def block_step(params, block_ids, cache: KVCache, policy_state=None, mode=None, *, config: SDARConfig,
-               policy: AttentionPolicy = Dense(), commit=False):
+               policy: AttentionPolicy = Dense(), commit=False, family: Family = SDAR_FAMILY):
     """One block of tokens block_ids [B, n], row b at positions length[b]..length[b]+n-1, against the cache.
 
     Every block token attends to its row's whole filled prefix and to every token of the block,
@@ -195,12 +228,12 @@ def block_step(params, block_ids, cache: KVCache, policy_state=None, mode=None, 
         mode = policy.block_mode(0, unmasked=jnp.zeros((b,), jnp.int32), commit=commit)
     segment = Segment(ids=block_ids, start=cache.length, mode=mode)
     logits, new_cache, policy_state = cached_forward(params, (segment,), cache, policy_state, config=config,
-                                                     policy=policy)
+                                                     policy=policy, family=family)
     return logits, new_cache.replace(length=jnp.where(commit, cache.length + n, cache.length)), policy_state
 
 
 def commit_and_step(params, finished_ids, pending, block_ids, cache: KVCache, policy_state, finished_mode, mode, *,
-                    config: SDARConfig, policy: AttentionPolicy = Dense()):
+                    config: SDARConfig, policy: AttentionPolicy = Dense(), family: Family = SDAR_FAMILY):
     """The commit of a finished block and the first step of the next one in one forward (the weights
     are read once for both): in rows where `pending` (bool [B]), finished_ids [B, n] are appended at
     length..length+n-1 (attending as a commit forward would, in `finished_mode`) and block_ids
@@ -216,7 +249,7 @@ def commit_and_step(params, finished_ids, pending, block_ids, cache: KVCache, po
     finished = Segment(ids=finished_ids, start=cache.length, mode=jnp.where(pending, finished_mode, int(Mode.SPARSE)))
     # a row without a pending block writes its block's K/V over the ignored segment's (same positions)
     logits, cache, policy_state = cached_forward(params, (finished, Segment(ids=block_ids, start=start, mode=mode)),
-                                                 cache, policy_state, config=config, policy=policy)
+                                                 cache, policy_state, config=config, policy=policy, family=family)
     return logits, cache.replace(length=start), policy_state
 
 
@@ -229,27 +262,29 @@ def init_policy_state(policy: AttentionPolicy, config: SDARConfig, batch: int, m
                          kv_len=max_length, head_dim=config.head_dim)
 
 
-@functools.partial(jax.jit, static_argnames=("config", "block_length", "policy"))
-def _logits_jit(params, input_ids, *, config: SDARConfig, block_length: int | None, policy: AttentionPolicy):
-    return forward(params, input_ids, config=config, block_length=block_length, policy=policy)[0]
+@functools.partial(jax.jit, static_argnames=("config", "block_length", "policy", "family"))
+def _logits_jit(params, input_ids, *, config: SDARConfig, block_length: int | None, policy: AttentionPolicy,
+                family: Family):
+    return forward(params, input_ids, config=config, block_length=block_length, policy=policy, family=family)[0]
 
 
-_prefill_jit = jax.jit(prefill, static_argnames=("config", "policy"))
+_prefill_jit = jax.jit(prefill, static_argnames=("config", "block_length", "policy", "family"))
 
 
-@functools.partial(jax.jit, static_argnames=("config", "commit", "policy"))
-def _block_step_jit(params, block_ids, cache: KVCache, *, config: SDARConfig, commit: bool, policy: AttentionPolicy):
-    logits, cache, _ = block_step(params, block_ids, cache, config=config, commit=commit, policy=policy)
+@functools.partial(jax.jit, static_argnames=("config", "commit", "policy", "family"))
+def _block_step_jit(params, block_ids, cache: KVCache, *, config: SDARConfig, commit: bool, policy: AttentionPolicy,
+                    family: Family):
+    logits, cache, _ = block_step(params, block_ids, cache, config=config, commit=commit, policy=policy, family=family)
     return logits, cache
 
 
-class SDAR(DecoderLM):
-    """SDAR / TraDo block-diffusion LM (Qwen3 architecture).
+class BlockDiffusionLM(DecoderLM):
+    """The host-side methods of a block-diffusion LM (a subclass sets its `family`, a class attribute).
 
-    `model(input_ids)` is the full block-causal forward; `init_cache`, `prefill` and `block_step`
-    are the cached path the block-diffusion loop runs. Each method takes an attention `policy`
-    (`Dense()` by default) and runs it from its initial state (the pure functions of this module
-    thread the state).
+    `model(input_ids)` is the full block-causal forward; `init_cache`, `prefill` and `block_step` are
+    the cached path the block-diffusion loop runs. Each method checks its inputs on the host, takes an
+    attention `policy` (`Dense()` by default) and runs it from its initial state (the pure functions
+    of this module thread the state).
     """
 
     def __call__(self, input_ids, *, block_length: int | None = None, policy: AttentionPolicy = Dense()):
@@ -259,7 +294,8 @@ class SDAR(DecoderLM):
         if block_length is not None and block_length <= 0:
             raise ValueError(f"block_length must be positive, got {block_length}")
         check_policy(policy)
-        return _logits_jit(self.params(), input_ids, config=self.config, block_length=block_length, policy=policy)
+        return _logits_jit(self.params(), input_ids, config=self.config, block_length=block_length, policy=policy,
+                           family=self.family)
 
     def init_cache(self, batch: int, max_length: int) -> KVCache:
         """An empty cache for `batch` rows and up to `max_length` positions, in the model's dtype (on a
@@ -278,7 +314,7 @@ class SDAR(DecoderLM):
                              f"block_size={bs} (run the trailing {n % bs} tokens as the first block)")
         check_cache(cache, input_ids.shape[0], 0, n, self.config)
         check_policy(policy)
-        return _prefill_jit(self.params(), input_ids, cache, config=self.config, policy=policy)
+        return _prefill_jit(self.params(), input_ids, cache, config=self.config, policy=policy, family=self.family)
 
     def block_step(self, block_ids, cache: KVCache, *, commit: bool = False, policy: AttentionPolicy = Dense()):
         """(logits [B, n, V], cache) of one block against the cache; see `block_step`."""
@@ -286,7 +322,14 @@ class SDAR(DecoderLM):
         check_inputs(self.config, block_ids)
         check_cache(cache, block_ids.shape[0], None, block_ids.shape[1], self.config)
         check_policy(policy)
-        return _block_step_jit(self.params(), block_ids, cache, config=self.config, commit=commit, policy=policy)
+        return _block_step_jit(self.params(), block_ids, cache, config=self.config, commit=commit, policy=policy,
+                               family=self.family)
+
+
+class SDAR(BlockDiffusionLM):
+    """SDAR / TraDo block-diffusion LM (Qwen3 architecture); methods as `BlockDiffusionLM`."""
+
+    family = SDAR_FAMILY
 
 
 def check_cache(cache: KVCache, batch: int, expected_length: int | None, n: int, config: SDARConfig) -> None:

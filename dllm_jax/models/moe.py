@@ -1,0 +1,57 @@
+"""Routed experts of a mixture-of-experts layer as two grouped GEMMs over row tiles.
+
+The T * k token copies (token t routed to experts idx[t, :]) are sorted by expert into a buffer where
+each expert's rows are padded to whole tiles of `block_m`; `pallas_kernels.grouped_matmul` multiplies
+every tile by its expert's weights (on a GPU; `jax.lax.ragged_dot` elsewhere, the kernel's reference),
+so each touched expert's weights are read about once and nothing is computed for the others.
+"""
+
+from __future__ import annotations
+
+import functools
+
+import jax
+import jax.numpy as jnp
+
+import pallas_kernels as pk
+from dllm_jax.attention.kernels import call
+
+
+def tile_rows(copies: int, num_experts: int) -> int:
+    """block_m: 16 rows while an expert gets about one tile's worth of copies or fewer (decoding), up to
+    64 when they are many (prefill), where a taller tile reads each weight block for more rows."""
+    per_expert = copies // num_experts
+    return 16 if per_expert <= 16 else 32 if per_expert <= 64 else 64
+
+
+def dispatch(idx, num_experts: int, block_m: int):
+    """(row of each token copy [T * k] in the tile-padded expert-sorted buffer, expert of each tile
+    [tiles]; num_experts marks unused tiles). The buffer size is static: T * k rows plus at most
+    block_m - 1 padding rows per expert that has copies."""
+    copies = idx.size
+    flat = idx.reshape(-1)
+    sizes = jnp.bincount(flat, length=num_experts)
+    padded = (sizes + block_m - 1) // block_m * block_m
+    order = jnp.argsort(flat, stable=True)
+    expert = flat[order]
+    rank = jnp.arange(copies) - (jnp.cumsum(sizes) - sizes)[expert]
+    rows = jnp.zeros((copies,), jnp.int32).at[order].set((jnp.cumsum(padded) - padded)[expert] + rank)
+    tiles = -(-(copies + min(num_experts, copies) * (block_m - 1)) // block_m)
+    tile_expert = jnp.searchsorted(jnp.cumsum(padded), jnp.arange(tiles) * block_m, side="right")
+    return rows, tile_expert.astype(jnp.int32), tiles * block_m
+
+
+@functools.partial(jax.named_call, name="routed_experts")
+def routed_experts(x, idx, weights, gate_up, down, *, backend: str = "auto"):
+    """sum_j weights[:, j] * expert_{idx[:, j]}(x) for tokens x [T, d]: SwiGLU experts with interleaved
+    gate/up columns gate_up [E, d, 2 Im] and down [E, Im, d]; idx int32 [T, k], weights fp32 [T, k].
+    Returns fp32 [T, d]. `backend` as `dllm_jax.attention.kernels` takes it."""
+    t, k = idx.shape
+    block_m = tile_rows(t * k, gate_up.shape[0])
+    rows, tile_expert, buffer_rows = dispatch(idx, gate_up.shape[0], block_m)
+    copies = jnp.zeros((buffer_rows, x.shape[1]), x.dtype).at[rows].set(jnp.repeat(x, k, axis=0))
+    grouped = functools.partial(call, pk.grouped_matmul, pk.grouped_matmul_reference, backend, block_m=block_m)
+    h = grouped(copies, gate_up, tile_expert)
+    h = jax.nn.silu(h[:, 0::2]) * h[:, 1::2]  # padding rows stay 0: silu(0) * 0
+    y = grouped(h, down, tile_expert)[rows].reshape(t, k, -1)
+    return jnp.sum(y.astype(jnp.float32) * weights[..., None], axis=1)
