@@ -186,6 +186,8 @@ def generate_rows(args):
         ids = np.random.default_rng(batch).integers(0, config.mask_token_id, (batch, prompt)).astype(np.int32)
         dense_tps = None
         for method_name, method in family_methods(family, small=False).items():
+            if args.methods and method_name not in args.methods.split(","):
+                continue
             what = dict(section="generate", model=name, family=family, batch=batch, context=context,
                         new_tokens=args.new_tokens, method=method_name, options=options)
             try:
@@ -254,6 +256,7 @@ def main(argv=None):
     parser.add_argument("--new-tokens", type=int, default=256)
     parser.add_argument("--dream-steps", type=int, default=64, help="Dream steps for all new tokens")
     parser.add_argument("--llada2-steps", type=int, default=8, help="LLaDA2 steps per 32-token block")
+    parser.add_argument("--methods", default="", help="comma-separated subset of the family's methods (default all)")
     parser.add_argument("--layers", type=int, default=None, help="override the layer count (smoke runs)")
     parser.add_argument("--repeats", type=int, default=5)
     parser.add_argument("--tag", default="")
