@@ -217,12 +217,7 @@ def checked_request(args) -> Request:
     families = {LLaDAConfig: "LLaDA", DreamConfig: "Dream", LLaDA2Config: "LLaDA2"}
     family = families.get(type(config), "SDAR")
     check_family_flags(args, family)
-    if family == "Dream":  # bidirectional: LLaDA's methods apply
-        from dllm_jax.generate.dream import check_method
-
-        check_method(method)
-    else:  # LLaDA2 is block diffusion over a prefix cache: SDAR's methods apply
-        check_family(method, "SDAR" if family == "LLaDA2" else family)
+    check_family(method, family)
     if family == "Dream":
         options = dream_options(args)
         DreamOptions(**options)

@@ -256,7 +256,7 @@ def test_mage_and_flashblock_run_and_keeping_every_key_is_dense(small, rng):
     # MAGE keeping every prefix key; FlashBlock refreshing at every step around a 3-key MAGE selection
     for method in (MAGE(k=64, exact_layers=0), FlashBlock(tau=0, inner=MAGE(k=3, exact_layers=0))):
         np.testing.assert_array_equal(generate(model, prompt, method=method, **opts), dense)
-    with pytest.raises(ValueError, match="SDAR"):
+    with pytest.raises(ValueError, match=r"SparseD is a method for LLaDA models .*for LLaDA2 use one of \['mage'"):
         generate(model, prompt, method="sparsed", **opts)
 
 

@@ -88,14 +88,22 @@ def method_names(family: str | None = None) -> list[str]:
     return [name for name, (fam, _) in METHODS.items() if family is None or fam == family]
 
 
+# the kind of methods each model family takes: Dream is bidirectional like LLaDA; LLaDA2 is block diffusion
+# over a prefix cache like SDAR
+METHOD_KIND = {"LLaDA": "LLaDA", "Dream": "LLaDA", "SDAR": "SDAR", "LLaDA2": "SDAR"}
+
+
 def check_family(method, family: str) -> None:
-    """Raises ValueError if `method` is one of the published methods and serves the other family."""
+    """Raises ValueError if `method` is one of the published methods and serves the other kind of model
+    (`family`: "LLaDA", "SDAR", "Dream" or "LLaDA2")."""
+    if family not in METHOD_KIND:
+        raise ValueError(f"unknown model family {family!r}; known: {list(METHOD_KIND)}")
     expected = FAMILY_OF_CLASS.get(type(method))
-    if expected is not None and expected != family:
+    if expected is not None and expected != METHOD_KIND[family]:
         why = {"SDAR": "it attends a query block against SDAR's KV cache",
                "LLaDA": "it estimates its pattern from the full bidirectional sequence of a LLaDA step"}[expected]
         raise ValueError(f"{type(method).__name__} is a method for {expected} models ({why}); for "
-                         f"{family} use one of {method_names(family)} (or method=None for dense attention)")
+                         f"{family} use one of {method_names(METHOD_KIND[family])} (or method=None for dense attention)")
 
 
 def _lookup(name: str):

@@ -180,7 +180,7 @@ def generate_llada2(model, prompt_ids, attention_mask, seed, method, mesh, progr
 def prepare_llada2(model, prompt_ids, attention_mask, method, options: dict):
     """Checks an LLaDA2 request (method family, options, prompt, context) before anything compiles;
     returns (LLaDA2Options, int32 prompt_ids, the number of blocks decoded)."""
-    check_family(method, "SDAR")  # block diffusion with a prefix cache: the SDAR methods apply
+    check_family(method, "LLaDA2")
     opts = make_options(LLaDA2Options, "LLaDA2", options)
     prompt_ids = as_array("prompt_ids", prompt_ids)
     check_prompt(model.config, prompt_ids, attention_mask)
@@ -193,7 +193,7 @@ def prepare_llada2(model, prompt_ids, attention_mask, method, options: dict):
 def prepare_dream(model, prompt_ids, attention_mask, method, options: dict):
     """Checks a Dream request (method, options, prompt, padding, context) before anything compiles;
     returns (DreamOptions, int32 prompt_ids, the method bound to this generation's schedule)."""
-    gen_dream.check_method(method)
+    check_family(method, "Dream")
     opts = make_options(DreamOptions, "Dream", options)
     prompt_ids = as_array("prompt_ids", prompt_ids)
     check_prompt(model.config, prompt_ids, attention_mask)

@@ -236,17 +236,6 @@ generate_dream_jit = jax.jit(generate_dream, static_argnames=("config", "options
                                                               "on_step", "return_policy_state"))
 
 
-def check_method(method) -> None:
-    """Dream is bidirectional like LLaDA: LLaDA's methods (SparseD, PulseCol, SpargeAttn) apply, the SDAR
-    ones (which attend a query block against a block-causal KV cache) do not."""
-    from dllm_jax.attention.methods import FAMILY_OF_CLASS, method_names
-
-    if FAMILY_OF_CLASS.get(type(method)) == "SDAR":
-        raise ValueError(f"{type(method).__name__} is a method for SDAR models (it attends a query block against "
-                         f"SDAR's KV cache); Dream is bidirectional: use one of {method_names('LLaDA')} (or "
-                         "method=None for dense attention)")
-
-
 def check_request(config: DreamConfig, prompt_ids: np.ndarray, attention_mask, method, options: DreamOptions) -> None:
     """What Dream's sampler needs of prompts, masks and method together (before anything compiles)."""
     if options.top_k > config.vocab_size:
