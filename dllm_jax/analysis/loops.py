@@ -7,6 +7,7 @@ loop with `return_policy_state=True` under a given probe policy."""
 from __future__ import annotations
 
 import dataclasses
+import functools
 from typing import Any, Callable
 
 import numpy as np
@@ -21,30 +22,18 @@ class Loop:
     run: Callable[[AttentionPolicy, Any], tuple]  # (probe, seed) -> (tokens, the probe's per-layer state)
 
 
-def _llada(model, prompt_ids, method, options: dict) -> Loop:
-    from dllm_jax.generate import prepare_llada
-    from dllm_jax.generate.llada import generate_llada_jit
+def _bidirectional(model, prompt_ids, method, options: dict, *, family: str) -> Loop:
+    """LLaDA and Dream: the same loop contract (one policy call per step and layer)."""
+    from dllm_jax.generate import dream, llada, prepare_dream, prepare_llada
 
-    opts, prompt_ids, method = prepare_llada(model, prompt_ids, None, method, options)
+    prepare, loop = {"llada": (prepare_llada, llada.generate_llada_jit),
+                     "dream": (prepare_dream, dream.generate_dream_jit)}[family]
+    opts, prompt_ids, method = prepare(model, prompt_ids, None, method, options)
     has_masks = bool((prompt_ids == model.config.mask_token_id).any())
 
     def run(probe, seed):
-        return generate_llada_jit(model.params(), prompt_ids, None, seed, np.int32(0), config=model.config,
-                                  options=opts, prompt_has_masks=has_masks, policy=probe, return_policy_state=True)
-
-    return Loop(method, opts.steps, run)
-
-
-def _dream(model, prompt_ids, method, options: dict) -> Loop:
-    from dllm_jax.generate import prepare_dream
-    from dllm_jax.generate.dream import generate_dream_jit
-
-    opts, prompt_ids, method = prepare_dream(model, prompt_ids, None, method, options)
-    has_masks = bool((prompt_ids == model.config.mask_token_id).any())
-
-    def run(probe, seed):
-        return generate_dream_jit(model.params(), prompt_ids, None, seed, np.int32(0), config=model.config,
-                                  options=opts, prompt_has_masks=has_masks, policy=probe, return_policy_state=True)
+        return loop(model.params(), prompt_ids, None, seed, np.int32(0), config=model.config, options=opts,
+                    prompt_has_masks=has_masks, policy=probe, return_policy_state=True)
 
     return Loop(method, opts.steps, run)
 
@@ -79,7 +68,8 @@ def _llada2(model, prompt_ids, method, options: dict) -> Loop:
 
 
 # config.family -> (name, runner)
-BIDIRECTIONAL = {"llada": ("LLaDA", _llada), "dream": ("Dream", _dream)}
+BIDIRECTIONAL = {"llada": ("LLaDA", functools.partial(_bidirectional, family="llada")),
+                 "dream": ("Dream", functools.partial(_bidirectional, family="dream"))}
 BLOCK_DIFFUSION = {"sdar": ("SDAR", _sdar), "llada2": ("LLaDA2", _llada2)}
 
 
