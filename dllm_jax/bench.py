@@ -202,13 +202,15 @@ def family_methods(family: str, small: bool) -> dict:
 
 
 def model_for(name: str, *, layers: int | None, context: int, dtype, execution: str | None = None, mesh=None):
-    """(model, config) with random weights: a shipped config name, or "tiny-llada" / "tiny-sdar";
-    `execution` and `mesh` as `load_model` takes them (None: its default, one device)."""
+    """(model, config) with random weights: a shipped config name, or "tiny-llada" / "tiny-sdar" / "tiny-dream" /
+    "tiny-llada2"; `execution` and `mesh` as `load_model` takes them (None: its default, one device)."""
     from dllm_jax.checkpoint.api import model_from_params
     from dllm_jax.config import shipped_config
-    from dllm_jax.testing import random_params, tiny_dream_config, tiny_llada_config, tiny_sdar_config
+    from dllm_jax.testing import (random_params, tiny_dream_config, tiny_llada2_config, tiny_llada_config,
+                                  tiny_sdar_config)
 
-    tiny = {"tiny-llada": tiny_llada_config, "tiny-sdar": tiny_sdar_config, "tiny-dream": tiny_dream_config}
+    tiny = {"tiny-llada": tiny_llada_config, "tiny-sdar": tiny_sdar_config, "tiny-dream": tiny_dream_config,
+            "tiny-llada2": tiny_llada2_config}
     config = tiny.get(name, lambda: shipped_config(name))()
     changes = dict(max_position_embeddings=max(config.max_position_embeddings, context))  # random weights: no limit
     if layers is not None:

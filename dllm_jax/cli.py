@@ -773,9 +773,8 @@ def build_parser() -> argparse.ArgumentParser:
                        help="fractions of key blocks / columns kept by the sparse kernels")
     bench.add_argument("--heads", type=positive_int, default=32, help="attention heads (head_dim 128; at most 4 on a CPU)")
     bench.add_argument("--models", nargs="+", default=None,
-                       help="shipped config names (e.g. dream-v0-instruct-7b) or tiny-llada / tiny-sdar / tiny-dream (GPU "
-                            "llada-8b-instruct sdar-8b-chat; "
-                            "CPU tiny-llada tiny-sdar)")
+                       help="shipped config names (e.g. dream-v0-instruct-7b) or tiny-llada / tiny-sdar / tiny-dream / "
+                            "tiny-llada2 (GPU llada-8b-instruct sdar-8b-chat; CPU tiny-llada tiny-sdar)")
     bench.add_argument("--context", type=positive_int, default=None, help="prompt + new tokens (GPU 8192; CPU 256)")
     bench.add_argument("--new-tokens", type=positive_int, default=None, help="generated tokens (GPU 128; CPU 32)")
     bench.add_argument("--layers", type=positive_int, default=None, help="use only this many layers (faster, same per-layer shapes)")

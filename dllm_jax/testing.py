@@ -13,7 +13,8 @@ import jax.numpy as jnp
 import numpy as np
 from safetensors.numpy import save_file
 
-from dllm_jax.checkpoint.hf import TARGET_DTYPES, Rule, hf_name, hf_shape, param_shapes_for, rules_for, tree_get
+from dllm_jax.checkpoint.hf import (TARGET_DTYPES, Rule, hf_name, hf_shape, llada2_expected, param_shapes_for,
+                                    rules_for, tree_get)
 from dllm_jax.config import DreamConfig, LLaDA2Config, LLaDAConfig, SDARConfig
 
 
@@ -67,20 +68,30 @@ def random_weight(z, rule: Rule, hf_tensor_shape: tuple[int, ...]):
     return z / np.sqrt(hf_tensor_shape[-1])
 
 
-def random_hf_tensors(config, *, seed: int = 0, dtype: str = "float32") -> dict[str, np.ndarray]:
-    """{HF name: random tensor} for every weight of `config`, in the HF (torch) layout, drawn on the
-    host with numpy (`random_weight`)."""
-    rng = np.random.default_rng(seed)
+def hf_tensor_specs(config) -> list[tuple[str, Rule, tuple[int, ...]]]:
+    """(HF name, rule, HF shape) of every tensor of `config`'s checkpoint, in its name map's order (rule by
+    rule, then layer by layer, then expert by expert). LLaDA2's tensors map onto "layers"/"dense"/"moe" groups
+    and stacked experts (one tensor per routed expert), so `llada2_expected` names them; the dense families'
+    rules each give one tensor per layer (or one in all)."""
     shapes = param_shapes_for(config)
-    tensors = {}
+    if isinstance(config, LLaDA2Config):
+        return [(name, rule, hf_shape(rule.transform, target))
+                for name, (rule, _, target) in llada2_expected(config, shapes).items()]
+    specs = []
     for rule in rules_for(config):
         target = tree_get(shapes, rule.path)
-        target = target[1:] if rule.per_layer else target
-        shape = hf_shape(rule.transform, target)
-        for layer in (range(config.num_layers) if rule.per_layer else [None]):
-            value = random_weight(rng.standard_normal(shape), rule, shape)
-            tensors[hf_name(rule, layer)] = value.astype(TARGET_DTYPES[dtype])
-    return tensors
+        shape = hf_shape(rule.transform, target[1:] if rule.per_layer else target)
+        specs += [(hf_name(rule, layer), rule, shape)
+                  for layer in (range(config.num_layers) if rule.per_layer else [None])]
+    return specs
+
+
+def random_hf_tensors(config, *, seed: int = 0, dtype: str = "float32") -> dict[str, np.ndarray]:
+    """{HF name: random tensor} for every weight of `config` (any family), in the HF (torch) layout,
+    drawn on the host with numpy (`random_weight`) in `hf_tensor_specs`' order."""
+    rng = np.random.default_rng(seed)
+    return {name: random_weight(rng.standard_normal(shape), rule, shape).astype(TARGET_DTYPES[dtype])
+            for name, rule, shape in hf_tensor_specs(config)}
 
 
 def random_params(config, key, dtype=jnp.bfloat16) -> dict:

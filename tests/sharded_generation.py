@@ -19,21 +19,23 @@ from dllm_jax.attention.policy import Dense  # noqa: E402
 from dllm_jax.attention.sharded import Sharded  # noqa: E402
 from dllm_jax.models import llada  # noqa: E402
 from dllm_jax.sharding import make_mesh  # noqa: E402
-from dllm_jax.testing import tiny_llada_config, tiny_sdar_config, write_hf_checkpoint  # noqa: E402
+from dllm_jax.testing import tiny_llada2_config, tiny_llada_config, tiny_sdar_config, write_hf_checkpoint  # noqa: E402
 
 METHODS = {  # tiny-size parameters, as the methods' own tests use them
     "llada": {"sparsed": dict(block_size=16), "pulsecol": dict(group_size=16, refreshes=2),
               "sparge": dict(block_q=16, block_kv=16)},
     "sdar": {"mage": dict(k=16, exact_layers=1), "flashblock": {}, "flashblock+mage": dict(k=16, exact_layers=1)},
+    "llada2": {"mage": dict(k=16, exact_layers=1)},
 }
-OPTIONS = {"llada": dict(gen_length=16, steps=8, block_length=8), "sdar": dict(max_new_tokens=8)}
+OPTIONS = {"llada": dict(gen_length=16, steps=8, block_length=8), "sdar": dict(max_new_tokens=8),
+           "llada2": dict(gen_length=16, block_length=8, steps=4)}
 FAST = dict(cache="dual", threshold=0.9)  # the "/dual" cases: Fast-dLLM's cached windows
 
 
 def cases():
     """(family, mesh spec, method name) of every comparison: dense on each mesh, each method on tp x dp
     and (LLaDA) on sp x tp; a name ending in "/dual" decodes with Fast-dLLM's dual cache."""
-    for family in ("llada", "sdar"):
+    for family in ("llada", "sdar", "llada2"):  # LLaDA2: experts' hidden dimension over tp
         yield family, "tp=2", "dense"
         yield family, "tp=2,dp=2", "dense"
         for name in METHODS[family]:
@@ -44,15 +46,26 @@ def cases():
         yield "llada", "sp=2,tp=2", name
 
 
-def main(root: Path, out: Path) -> None:
-    configs = {"llada": tiny_llada_config(num_heads=4, num_kv_heads=2), "sdar": tiny_sdar_config()}
-    rng = np.random.default_rng(0)
-    # LLaDA: 48 + 16 positions, whole 16-query pattern rows on each of 4 "sp" devices
-    prompts = {"llada": rng.integers(3, 100, (4, 48)).astype(np.int32),  # no mask id: the methods' prompts
-               "sdar": rng.integers(3, 100, (4, 24)).astype(np.int32)}
-    rows = []
+def write_checkpoints(root: Path) -> dict:
+    """The tiny models' checkpoints under root/<family>; returns {family: config}."""
+    configs = {"llada": tiny_llada_config(num_heads=4, num_kv_heads=2), "sdar": tiny_sdar_config(),
+               "llada2": tiny_llada2_config()}
     for family, config in configs.items():
         write_hf_checkpoint(root / family, config, seed=1)
+    return configs
+
+
+def make_prompts() -> dict:
+    rng = np.random.default_rng(0)
+    # LLaDA: 48 + 16 positions, whole 16-query pattern rows on each of 4 "sp" devices
+    return {"llada": rng.integers(3, 100, (4, 48)).astype(np.int32),  # no mask id: the methods' prompts
+            "sdar": rng.integers(3, 100, (4, 24)).astype(np.int32),
+            "llada2": rng.integers(3, 100, (4, 20)).astype(np.int32)}
+
+
+def main(root: Path, out: Path) -> None:
+    configs, prompts = write_checkpoints(root), make_prompts()
+    rows = []
     for family, spec, name in cases():
         method_name, _, cache = name.partition("/")
         method = None if method_name == "dense" else make_method(method_name, **METHODS[family][method_name])
@@ -63,9 +76,13 @@ def main(root: Path, out: Path) -> None:
         got = generate(sharded, prompts[family], method=method, **options)
         qkv = sharded.params()["layers"][0]["qkv_proj"]
         row = dict(family=family, mesh=spec, method=name, equal=bool(np.array_equal(got, want)),
-                   generated=int((got[:, prompts[family].shape[1]:] != config.mask_token_id).sum()),
+                   generated=int((got[:, prompts[family].shape[1]:] != configs[family].mask_token_id).sum()),
                    qkv_shape=list(qkv.shape), qkv_shard_shapes=sorted({tuple(s.data.shape) for s in qkv.addressable_shards}),
                    qkv_spec=str(qkv.sharding.spec))
+        if family == "llada2":  # layer 1 is the MoE layer
+            experts = sharded.params()["layers"][1]["experts_gate_up"]
+            row["experts_shape"] = list(experts.shape)
+            row["experts_shard_shapes"] = sorted({tuple(s.data.shape) for s in experts.addressable_shards})
         if family == "sdar":
             cache = sharded.init_cache(4, 32)
             row["cache_shard_shape"] = list(cache.k[0].addressable_shards[0].data.shape)

@@ -202,6 +202,30 @@ def test_convert_then_load_gives_the_same_logits(tmp_path, rng):
     np.testing.assert_array_less(rel_err(np.asarray(model(ids)), torch_logits(torch_model, ids, 32)), 1e-4)
 
 
+@pytest.mark.parametrize("overrides", [{}, dict(use_qkv_bias=True, use_bias=True, use_qk_norm=False,
+                                                 num_shared_experts=0, tie_word_embeddings=True)],
+                         ids=["tiny", "biases, no qk-norm, no shared expert, tied head"])
+def test_random_checkpoint_of_testing_loads_into_the_official_module(tmp_path, rng, overrides):
+    """write_hf_checkpoint's random LLaDA2 checkpoint (notebooks/families.ipynb's,
+    tests/sharded_generation.py's) has exactly the
+    official module's tensor names and shapes, and loads to the port's logits."""
+    from safetensors.numpy import load_file
+
+    from dllm_jax.testing import tiny_llada2_config, write_hf_checkpoint
+    hf = write_hf_checkpoint(tmp_path, tiny_llada2_config(**overrides), seed=2)
+    hf_config = json.loads((hf / "config.json").read_text())
+    torch_model = ref.LLaDA2MoeModelLM(ref.Cfg(**{f.name: hf_config[f.name] for f in dataclasses.fields(ref.Cfg)}))
+    tensors = load_file(str(hf / "model.safetensors"))
+    if hf_config["tie_word_embeddings"]:  # the port always has a head: the tied one is the embedding
+        assert "lm_head.weight" not in tensors
+        tensors["lm_head.weight"] = tensors["model.word_embeddings.weight"]
+    torch_model.load_state_dict({k: torch.from_numpy(v) for k, v in tensors.items()}, strict=True)
+    model = load_model(hf, dtype="float32", progress=False)
+    ids = rng.integers(0, 140, (2, 11))
+    got = np.asarray(model(ids, block_length=4))
+    np.testing.assert_array_less(rel_err(got, torch_logits(torch_model.eval(), ids, 4)), 1e-4)
+
+
 def replay(seed, n):
     """The JAX loop's uniforms of a one-row generation's t-th forward (generate.llada2 module docstring)."""
     key = jax.random.key(seed)

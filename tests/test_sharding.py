@@ -1,6 +1,6 @@
 """Tensor and data parallelism (dllm_jax.sharding): the mesh grammar and its errors in this process;
 sharded greedy generation against unsharded, token for token, on a 4-device CPU mesh in a process of
-its own (tests/sharded_generation.py), for LLaDA and SDAR, dense and every method."""
+its own (tests/sharded_generation.py), for LLaDA, SDAR and LLaDA2, dense and every method."""
 
 import json
 import os
@@ -12,9 +12,10 @@ from pathlib import Path
 import pytest
 
 from dllm_jax import generate, load_model
+from dllm_jax.attention.methods import make_method
 from dllm_jax.sharding import make_mesh, parse_mesh
 from dllm_jax.testing import tiny_llada_config, tiny_sdar_config, write_hf_checkpoint
-from sharded_generation import cases
+from sharded_generation import METHODS, OPTIONS, cases, make_prompts, write_checkpoints
 
 HERE = Path(__file__).parent
 
@@ -44,11 +45,14 @@ def test_sharded_generation_equals_unsharded(sharded, family, mesh, method):
     assert row["generated"] > 0
 
 
-@pytest.mark.parametrize("family", ["llada", "sdar"])
+@pytest.mark.parametrize("family", ["llada", "sdar", "llada2"])
 def test_weights_and_sdar_cache_are_split_over_tp(sharded, family):
     row = sharded[(family, "tp=2", "dense")]
     d, columns = row["qkv_shape"]
     assert row["qkv_shard_shapes"] == [[d, columns // 2]], row  # each device holds half of the columns
+    if family == "llada2":  # each device holds half of every expert's (gate, up) pairs
+        e, d, pairs = row["experts_shape"]
+        assert row["experts_shard_shapes"] == [[e, d, pairs // 2]], row
     if family == "sdar":
         b, s, heads, dim = row["cache_shape"]
         assert row["cache_shard_shape"] == [b, s, heads // 2, dim]
@@ -123,3 +127,24 @@ def test_two_processes_under_jax_distributed_generate_what_one_process_does(tmp_
         for family, prompt in prompts().items():
             model = load_model(tmp_path / family, dtype="float32", progress=False)
             assert got[family] == generate(model, prompt, **OPTIONS[family]).tolist(), (i, family)
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("family,spec,method", [("llada", "tp=2", "dense"), ("llada", "sp=2", "sparsed"),
+                                                ("llada", "tp=2", "pulsecol"), ("sdar", "tp=2", "dense"),
+                                                ("sdar", "tp=2", "mage"), ("llada2", "tp=2", "dense")])
+def test_gpu_two_devices_generate_what_one_does(tmp_path, family, spec, method):
+    """On two GPUs (nvidia-h200-x2): greedy fp32 generation on a mesh equals one GPU's, with the Pallas
+    kernels running per device inside the shard_map."""
+    import jax
+
+    if jax.device_count() < 2:
+        pytest.skip("needs two GPUs")
+    write_checkpoints(tmp_path)
+    prompt = make_prompts()[family]
+    policy = None if method == "dense" else make_method(method, **METHODS[family][method])
+    one = load_model(tmp_path / family, dtype="float32", progress=False)
+    two = load_model(tmp_path / family, dtype="float32", progress=False, mesh=make_mesh(spec))
+    want = generate(one, prompt, method=policy, **OPTIONS[family])
+    assert (generate(two, prompt, method=policy, **OPTIONS[family]) == want).all()
+
