@@ -23,24 +23,27 @@ tokens are the same, so it is not an option here.
 
 Batches: rows are prompts of one length (no padding), all at the same positions; each row keeps its own
 masks, step count, random stream and stop; a row whose block is finished waits (its forwards discarded,
-SPARSE policy mode) until every row is finished, as in `dllm_jax.generate.sdar`. Random draws: the
-uniforms of row b's t-th denoising forward are `uniform(fold_in(key(seed), t), [1, block_length])`, the
-token the first whose cumulative probability reaches u * total (an inverse-CDF multinomial draw).
+SPARSE policy mode) until every row is finished: the loops are `dllm_jax.generate.sdar`'s (`denoise_block`,
+`decode_blocks`) run with this module's `SAMPLER`. Random draws: the uniforms of row b's t-th denoising
+forward are `uniform(fold_in(key(seed), t), [1, block_length])`, the token the first whose cumulative
+probability reaches u * total (an inverse-CDF multinomial draw).
 """
 
 from __future__ import annotations
 
 import dataclasses
+import functools
 
 import jax
 import jax.numpy as jnp
 import numpy as np
 
 from dllm_jax import validation as check
-from dllm_jax.attention.policy import AttentionPolicy, Dense, Mode, check_policy, unmasked_since_refresh
+from dllm_jax.attention.policy import AttentionPolicy, Dense, check_policy
 from dllm_jax.config import LLaDA2Config
 from dllm_jax.generate.sampling import commit_top, sample_tokens, transfer_counts
-from dllm_jax.generate.sdar import BlockCarry, DecodeCarry, Finished
+from dllm_jax.generate import sdar
+from dllm_jax.generate.sdar import BlockSampler, Finished, decode_blocks
 from dllm_jax.models import llada2 as llada2_model
 from dllm_jax.sharding import shard_kv_cache
 
@@ -106,55 +109,28 @@ def transfer_mask(mask_index, confidence, count, threshold: float):
     return jnp.where(jnp.sum(high, axis=1, keepdims=True) >= count[:, None], high, top)
 
 
+def schedule(options: LLaDA2Options, config: LLaDA2Config, n: int):
+    """The official transfer counts: the block's n tokens spread over `effective_steps` forwards."""
+    return transfer_counts(n, options.effective_steps)
+
+
+def commit(logits, u, mask_index, count, options: LLaDA2Options):
+    """The official step: sample every block position (`sample`), commit by `transfer_mask`."""
+    x0, x0_p = sample(logits, u, options)
+    return x0, transfer_mask(mask_index, x0_p, count, options.threshold)
+
+
+SAMPLER = BlockSampler(schedule=schedule, commit=commit, commit_and_step=llada2_model.commit_and_step,
+                       block_step=llada2_model.block_step)
+
+
 def denoise_block(params, cur, cache, policy_state, key, draws, active, finished: Finished, *, config: LLaDA2Config,
                   options: LLaDA2Options, policy: AttentionPolicy = Dense()):
     """Denoises one block per row, cur int32 [B, bl], against the cache until no active row has a mask
     left or `effective_steps` forwards ran; the first forward also commits `finished`. Returns (cur,
     cache, policy_state, draws, Finished of this block); as `dllm_jax.generate.sdar.denoise_block`."""
-    o, mask_id = options, config.mask_token_id
-    steps = o.effective_steps
-    schedule = transfer_counts(cur.shape[1], steps)
-    b, n = cur.shape
-
-    def denoising_rows(s: BlockCarry):
-        return jnp.any(s.cur == mask_id, axis=1) & active
-
-    def step_with(s: BlockCarry, logits, mode, denoising) -> BlockCarry:
-        mask_index = s.cur == mask_id
-        u = jax.vmap(lambda t: jax.random.uniform(jax.random.fold_in(key, t), (1, n), jnp.float32)[0])(s.draws)
-        x0, x0_p = sample(logits, u, o)
-        count = schedule[jnp.minimum(s.row_step, steps - 1)]
-        transfer = transfer_mask(mask_index, x0_p, count, o.threshold) & denoising[:, None]
-        unmasked = unmasked_since_refresh(s.unmasked, mode, jnp.sum(transfer, axis=1, dtype=jnp.int32))
-        one = denoising.astype(jnp.int32)
-        return s.replace(cur=jnp.where(transfer, x0, s.cur), draws=s.draws + one, step=s.step + 1,
-                         row_step=s.row_step + one, unmasked=jnp.where(denoising, unmasked, s.unmasked))
-
-    def mode_of(s: BlockCarry, denoising):
-        return jnp.where(denoising, policy.block_mode(s.row_step, unmasked=s.unmasked, commit=False),
-                         int(Mode.SPARSE))
-
-    zeros = jnp.zeros((b,), jnp.int32)
-    s = BlockCarry(cur=cur, cache=cache, policy_state=policy_state, draws=draws, step=jnp.int32(0), row_step=zeros,
-                   unmasked=zeros)
-    denoising = denoising_rows(s)
-    mode = mode_of(s, denoising)
-    logits, cache, policy_state = llada2_model.commit_and_step(params, finished.ids, finished.pending & active,
-                                                               s.cur, s.cache, s.policy_state, finished.mode, mode,
-                                                               config=config, policy=policy)
-    s = step_with(s.replace(cache=cache, policy_state=policy_state), logits, mode, denoising)
-
-    def body(s: BlockCarry) -> BlockCarry:
-        denoising = denoising_rows(s)
-        mode = mode_of(s, denoising)
-        logits, cache, policy_state = llada2_model.block_step(params, s.cur, s.cache, s.policy_state, mode,
-                                                              config=config, policy=policy)
-        return step_with(s.replace(cache=cache, policy_state=policy_state), logits, mode, denoising)
-
-    s = jax.lax.while_loop(lambda s: jnp.any(denoising_rows(s)) & (s.step < steps), body, s)
-    commit_mode = jnp.broadcast_to(policy.block_mode(s.row_step, unmasked=s.unmasked, commit=True), (b,))
-    return s.cur, s.cache, s.policy_state, s.draws, Finished(ids=s.cur, pending=active,
-                                                            mode=commit_mode.astype(jnp.int32))
+    return sdar.denoise_block(params, cur, cache, policy_state, key, draws, active, finished, config=config,
+                              options=options, policy=policy, sampler=SAMPLER)
 
 
 def generate_llada2(params, prompt_ids, seed, run_id=0, *, config: LLaDA2Config, options: LLaDA2Options,
@@ -175,33 +151,13 @@ def generate_llada2(params, prompt_ids, seed, run_id=0, *, config: LLaDA2Config,
     cache = shard_kv_cache(cache, mesh)
     if first:
         cache = llada2_model.prefill(params, x[:, :first * bl], cache, config=config, block_length=bl)
-    key = jax.random.key(seed)
-
-    def decode(carry: DecodeCarry, block) -> DecodeCarry:
-        active = ~carry.stopped
-        cur = jax.lax.dynamic_slice_in_dim(carry.x, block * bl, bl, axis=1)
-        cur, cache, policy_state, draws, finished = denoise_block(
-            params, cur, carry.cache, carry.policy_state, key, carry.draws, active, carry.finished, config=config,
-            options=o, policy=policy)
-        if on_step is not None:
-            jax.debug.callback(on_step, run_id, block - first, ordered=False)
-        generated = block * bl + jnp.arange(bl) >= p
-        stopped = carry.stopped | (active & jnp.any((cur == config.eos_token_id) & generated, axis=1))
-        new_x = jax.lax.dynamic_update_slice_in_dim(carry.x, cur, block * bl, axis=1)
-        return carry.replace(x=jnp.where(active[:, None], new_x, carry.x), cache=cache, policy_state=policy_state,
-                             finished=finished, draws=draws,
-                             decoded=jnp.where(active, (block + 1) * bl, carry.decoded), stopped=stopped)
-
-    def per_block(carry: DecodeCarry, block):
-        return jax.lax.cond(jnp.all(carry.stopped), lambda c, i: c, decode, carry, block), None
-
-    nothing = Finished(ids=jnp.zeros((b, bl), jnp.int32), pending=jnp.zeros((b,), bool),
-                       mode=jnp.full((b,), int(Mode.SPARSE), jnp.int32))
-    carry = DecodeCarry(x=x, cache=cache, policy_state=llada2_model.init_policy_state(policy, config, b, width,
-                                                                                       block_length=bl),
-                        finished=nothing, draws=jnp.zeros((b,), jnp.int32), decoded=jnp.full((b,), first * bl),
-                        stopped=jnp.zeros((b,), bool))
-    carry, _ = jax.lax.scan(per_block, carry, jnp.arange(first, num_blocks, dtype=jnp.int32))
+    # every row at the same positions: the shared scan with one prompt length, first and last block
+    rows = functools.partial(jnp.full, (b,), dtype=jnp.int32)
+    carry = decode_blocks(params, x, cache, llada2_model.init_policy_state(policy, config, b, width, block_length=bl),
+                          jax.random.key(seed), lengths=rows(p), first=rows(first), last=rows(num_blocks),
+                          iterations=num_blocks - first, block_length=bl,
+                          stop_ids=jnp.asarray([config.eos_token_id], jnp.int32), config=config, options=o,
+                          policy=policy, sampler=SAMPLER, on_step=on_step, run_id=run_id)
     if return_policy_state:
         return carry.x, carry.stopped, carry.policy_state
     return carry.x, carry.stopped

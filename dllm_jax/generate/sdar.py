@@ -31,12 +31,16 @@ The draw is by inverse CDF from uniforms `uniform(fold_in(key(seed), t), [1, n])
 that row's denoising forwards from 0 (commit forwards draw nothing). Ties in confidence (e.g. top_k=1, where
 every probability is 1) are broken towards the lower position; torch.topk leaves that order
 unspecified.
+
+Both loops (`denoise_block`: one block's steps; `decode_blocks`: the scan over blocks) serve every
+block-diffusion sampler: a `BlockSampler` names what differs (the per-step transfer counts, the
+sample-and-commit rule, the model's block steps); `dllm_jax.generate.llada2` runs them with LLaDA2's.
 """
 
 from __future__ import annotations
 
 import dataclasses
-from typing import Any
+from typing import Any, Callable
 
 import jax
 import jax.numpy as jnp
@@ -117,23 +121,51 @@ class DecodeCarry:
     stopped: jax.Array  # bool [B]: a stop token has been generated
 
 
+@dataclasses.dataclass(frozen=True)
+class BlockSampler:
+    """What a block-diffusion sampler plugs into the shared loops (`denoise_block`, `decode_blocks`): every
+    field a module-level function, so a BlockSampler hashes and compares by them (a static argument)."""
+
+    schedule: Callable  # (options, config, n) -> int32 [steps]: tokens to commit at each forward of a block of n
+    commit: Callable  # (logits, u, mask_index, count, options) -> (tokens int32 [B, n], transfer bool [B, n])
+    commit_and_step: Callable  # the model's `commit_and_step` (`dllm_jax.models.sdar.commit_and_step`)
+    block_step: Callable  # the model's `block_step`
+
+
+def sdar_schedule(options: SDAROptions, config: SDARConfig, n: int):
+    """SDAR's transfer counts: the block size spread over `denoising_steps` forwards."""
+    return transfer_counts(config.block_size, options.denoising_steps)
+
+
+def sdar_commit(logits, u, mask_index, count, options: SDAROptions):
+    """SDAR's step: sample every position (generate.py's sampler), commit by the remasking strategy."""
+    x0, x0_p = sample_tokens(logits, u, temperature=options.temperature, top_k=options.top_k, top_p=options.top_p)
+    return x0, transfer_mask(options.remasking, mask_index, x0_p, count, options.confidence_threshold)
+
+
+SDAR_SAMPLER = BlockSampler(schedule=sdar_schedule, commit=sdar_commit, commit_and_step=sdar_model.commit_and_step,
+                            block_step=sdar_model.block_step)
+
+
 def denoise_block(params, cur, cache, policy_state, key, draws, active, finished: Finished, *, config: SDARConfig,
-                  options: SDAROptions, policy: AttentionPolicy = Dense()):
+                  options: SDAROptions, policy: AttentionPolicy = Dense(), sampler: BlockSampler = SDAR_SAMPLER):
     """Denoises one block per row, cur int32 [B, bl], against the cache until no active row (bool [B]
-    `active`) has a mask left or the step limit is reached.
+    `active`) has a mask left or the step limit (the length of `sampler.schedule`) is reached; forward j
+    of a row commits `sampler.commit(..., count=schedule[j])` of its masked positions (SDAR's sampler by
+    default; `config` and `options` are the sampler's family's).
 
     The first forward also commits `finished` (the previous block of each row that has one pending:
-    `sdar_model.commit_and_step`). Each forward's policy mode comes from
+    `sampler.commit_and_step`). Each forward's policy mode comes from
     `policy.block_mode(row_step, unmasked=..., commit=False)`, with `unmasked` the block tokens
     unmasked since the row's last forward whose mode was not SPARSE; rows that wait (finished or
     inactive) run SPARSE. `draws` int32 [B] counts each row's random draws so far. Returns
     (cur, cache, policy_state, draws, Finished of this block: pending where active, with the
     commit mode each row's own progress gives).
     """
-    o = options
     mask_id = config.mask_token_id
-    schedule = transfer_counts(config.block_size, o.denoising_steps)
     b, n = cur.shape
+    schedule = sampler.schedule(options, config, n)
+    steps = schedule.shape[0]
 
     def denoising_rows(s: BlockCarry):
         return jnp.any(s.cur == mask_id, axis=1) & active
@@ -141,9 +173,9 @@ def denoise_block(params, cur, cache, policy_state, key, draws, active, finished
     def sample(s: BlockCarry, logits, mode, denoising) -> BlockCarry:
         mask_index = s.cur == mask_id
         u = jax.vmap(lambda t: jax.random.uniform(jax.random.fold_in(key, t), (1, n), jnp.float32)[0])(s.draws)
-        x0, x0_p = sample_tokens(logits, u, temperature=o.temperature, top_k=o.top_k, top_p=o.top_p)
-        count = schedule[jnp.minimum(s.row_step, o.denoising_steps - 1)]
-        transfer = transfer_mask(o.remasking, mask_index, x0_p, count, o.confidence_threshold) & denoising[:, None]
+        count = schedule[jnp.minimum(s.row_step, steps - 1)]
+        x0, transfer = sampler.commit(logits, u, mask_index, count, options)
+        transfer = transfer & denoising[:, None]
         unmasked = unmasked_since_refresh(s.unmasked, mode, jnp.sum(transfer, axis=1, dtype=jnp.int32))
         step = denoising.astype(jnp.int32)
         return s.replace(cur=jnp.where(transfer, x0, s.cur), draws=s.draws + step, step=s.step + 1,
@@ -158,20 +190,20 @@ def denoise_block(params, cur, cache, policy_state, key, draws, active, finished
                    unmasked=zeros)
     denoising = denoising_rows(s)
     mode = mode_of(s, denoising)
-    logits, cache, policy_state = sdar_model.commit_and_step(params, finished.ids, finished.pending & active, s.cur,
-                                                             s.cache, s.policy_state, finished.mode, mode,
-                                                             config=config, policy=policy)
+    logits, cache, policy_state = sampler.commit_and_step(params, finished.ids, finished.pending & active, s.cur,
+                                                          s.cache, s.policy_state, finished.mode, mode,
+                                                          config=config, policy=policy)
     s = sample(s.replace(cache=cache, policy_state=policy_state), logits, mode, denoising)
 
     def body(s: BlockCarry) -> BlockCarry:
         denoising = denoising_rows(s)
         mode = mode_of(s, denoising)
-        logits, cache, policy_state = sdar_model.block_step(params, s.cur, s.cache, s.policy_state, mode,
-                                                            config=config, policy=policy)
+        logits, cache, policy_state = sampler.block_step(params, s.cur, s.cache, s.policy_state, mode,
+                                                         config=config, policy=policy)
         return sample(s.replace(cache=cache, policy_state=policy_state), logits, mode, denoising)
 
-    # the official loop denoises for at most denoising_steps forwards, then commits
-    s = jax.lax.while_loop(lambda s: jnp.any(denoising_rows(s)) & (s.step < o.denoising_steps), body, s)
+    # the official loops denoise for at most `steps` forwards, then commit
+    s = jax.lax.while_loop(lambda s: jnp.any(denoising_rows(s)) & (s.step < steps), body, s)
     commit_mode = jnp.broadcast_to(policy.block_mode(s.row_step, unmasked=s.unmasked, commit=True), (b,))
     return s.cur, s.cache, s.policy_state, s.draws, Finished(ids=s.cur, pending=active,
                                                             mode=commit_mode.astype(jnp.int32))
@@ -180,6 +212,47 @@ def denoise_block(params, cur, cache, policy_state, key, draws, active, finished
 def row_slices(x, starts, width: int):
     """int32 [B, width]: row b of x from column starts[b] (clamped inside x)."""
     return jax.vmap(lambda row, s: jax.lax.dynamic_slice_in_dim(row, s, width))(x, starts)
+
+
+def decode_blocks(params, x, cache, policy_state, key, *, lengths, first, last, iterations: int, block_length: int,
+                  stop_ids, config, options, policy: AttentionPolicy, sampler: BlockSampler, on_step=None,
+                  run_id=0) -> DecodeCarry:
+    """The scan over blocks shared by the block-diffusion samplers, in row-local coordinates (module
+    docstring): iteration i decodes row b's block first[b] + i of x int32 [B, width] (prompt, then masks)
+    by `denoise_block` (with `sampler`) while it is below last[b] and no stop token (int32 `stop_ids`)
+    appeared at or past lengths[b]. `on_step(run_id, i)` (static), if given, is called on the host after
+    every iteration. Returns the final DecodeCarry."""
+    bl = block_length
+    b, width = x.shape
+
+    def decode(carry: DecodeCarry, i) -> DecodeCarry:
+        block = first + i
+        active = (block < last) & ~carry.stopped
+        starts = jnp.minimum(block * bl, width - bl)
+        cur = row_slices(carry.x, starts, bl)
+        cur, cache, policy_state, draws, finished = denoise_block(
+            params, cur, carry.cache, carry.policy_state, key, carry.draws, active, carry.finished, config=config,
+            options=options, policy=policy, sampler=sampler)
+        if on_step is not None:
+            # a count needs no ordering, and an unordered callback adds no sync point per step
+            jax.debug.callback(on_step, run_id, i, ordered=False)
+        generated = starts[:, None] + jnp.arange(bl) >= lengths[:, None]
+        stopped = carry.stopped | (active & jnp.any(jnp.isin(cur, stop_ids) & generated, axis=1))
+        x = jax.vmap(lambda row, new, s, a: jnp.where(a, jax.lax.dynamic_update_slice_in_dim(row, new, s, 0), row))(
+            carry.x, cur, starts, active)
+        return carry.replace(x=x, cache=cache, policy_state=policy_state, finished=finished, draws=draws,
+                             decoded=jnp.where(active, (block + 1) * bl, carry.decoded), stopped=stopped)
+
+    def per_block(carry: DecodeCarry, i):
+        idle = jnp.all(carry.stopped | (first + i >= last))
+        return jax.lax.cond(idle, lambda carry, i: carry, decode, carry, i), None
+
+    nothing = Finished(ids=jnp.zeros((b, bl), jnp.int32), pending=jnp.zeros((b,), bool),
+                       mode=jnp.full((b,), int(Mode.SPARSE), jnp.int32))
+    carry = DecodeCarry(x=x, cache=cache, policy_state=policy_state, finished=nothing,
+                        draws=jnp.zeros((b,), jnp.int32), decoded=first * bl, stopped=jnp.zeros((b,), bool))
+    carry, _ = jax.lax.scan(per_block, carry, jnp.arange(iterations, dtype=jnp.int32))
+    return carry
 
 
 def generate_sdar(params, prompt_ids, attention_mask, seed, run_id=0, *, config: SDARConfig, options: SDAROptions,
@@ -220,37 +293,10 @@ def generate_sdar(params, prompt_ids, attention_mask, seed, run_id=0, *, config:
     prefill_width = p // bl * bl
     if prefill_width:
         cache = sdar_model.prefill(params, x[:, :prefill_width], cache, first * bl, config=config)
-    key = jax.random.key(seed)
-    stop_ids = jnp.asarray(config.eos_token_ids, jnp.int32)
-
-    def decode(carry: DecodeCarry, i) -> DecodeCarry:
-        block = first + i
-        active = (block < last) & ~carry.stopped
-        starts = jnp.minimum(block * bl, width - bl)
-        cur = row_slices(carry.x, starts, bl)
-        cur, cache, policy_state, draws, finished = denoise_block(
-            params, cur, carry.cache, carry.policy_state, key, carry.draws, active, carry.finished, config=config,
-            options=o, policy=policy)
-        if on_step is not None:
-            # a count needs no ordering, and an unordered callback adds no sync point per step
-            jax.debug.callback(on_step, run_id, i, ordered=False)
-        generated = starts[:, None] + jnp.arange(bl) >= lengths[:, None]
-        stopped = carry.stopped | (active & jnp.any(jnp.isin(cur, stop_ids) & generated, axis=1))
-        x = jax.vmap(lambda row, new, s, a: jnp.where(a, jax.lax.dynamic_update_slice_in_dim(row, new, s, 0), row))(
-            carry.x, cur, starts, active)
-        return carry.replace(x=x, cache=cache, policy_state=policy_state, finished=finished, draws=draws,
-                             decoded=jnp.where(active, (block + 1) * bl, carry.decoded), stopped=stopped)
-
-    def per_block(carry: DecodeCarry, i):
-        idle = jnp.all(carry.stopped | (first + i >= last))
-        return jax.lax.cond(idle, lambda carry, i: carry, decode, carry, i), None
-
-    nothing = Finished(ids=jnp.zeros((b, bl), jnp.int32), pending=jnp.zeros((b,), bool),
-                       mode=jnp.full((b,), int(Mode.SPARSE), jnp.int32))
-    carry = DecodeCarry(x=x, cache=cache, policy_state=sdar_model.init_policy_state(policy, config, b, width),
-                        finished=nothing, draws=jnp.zeros((b,), jnp.int32), decoded=first * bl,
-                        stopped=jnp.zeros((b,), bool))
-    carry, _ = jax.lax.scan(per_block, carry, jnp.arange(iterations, dtype=jnp.int32))
+    carry = decode_blocks(params, x, cache, sdar_model.init_policy_state(policy, config, b, width),
+                          jax.random.key(seed), lengths=lengths, first=first, last=last, iterations=iterations,
+                          block_length=bl, stop_ids=jnp.asarray(config.eos_token_ids, jnp.int32), config=config,
+                          options=o, policy=policy, sampler=SDAR_SAMPLER, on_step=on_step, run_id=run_id)
     if return_policy_state:
         return carry.x, carry.decoded, carry.policy_state
     return carry.x, carry.decoded
