@@ -44,14 +44,11 @@ from dllm_jax import generate
 from dllm_jax.attention.methods import describe
 from dllm_jax.bench import FAMILIES, call_times, family_methods, fmt, model_for, time_calls, write_results
 from dllm_jax.config import shipped_config
+from dllm_jax.models.layers import swiglu_gate
 from dllm_jax.models.llada2 import route
 from dllm_jax.models.moe import routed_experts
 
 # --- the MoE alternatives (measured against the earlier ragged_dot path) -------------------------------
-
-def swiglu_halves(h):
-    return jax.nn.silu(h[..., 0::2]) * h[..., 1::2]
-
 
 def ragged_experts(x, idx, weights, gate_up, down):
     """The wave-2 model path before the kernel: the T * k copies sorted by expert, unpadded, through
@@ -60,7 +57,7 @@ def ragged_experts(x, idx, weights, gate_up, down):
     flat = idx.reshape(-1)
     order = jnp.argsort(flat, stable=True)
     sizes = jnp.bincount(flat, length=gate_up.shape[0]).astype(jnp.int32)
-    h = swiglu_halves(jax.lax.ragged_dot(x[order // k], gate_up, sizes))
+    h = swiglu_gate(jax.lax.ragged_dot(x[order // k], gate_up, sizes))
     y = jax.lax.ragged_dot(h, down, sizes)
     y = jnp.zeros_like(y).at[order].set(y).reshape(t, k, -1)
     return jnp.sum(y.astype(jnp.float32) * weights[..., None], axis=1)
@@ -77,7 +74,7 @@ def padded_experts(x, idx, weights, gate_up, down):
     sizes = jnp.bincount(flat, length=e)
     slot = jnp.arange(t * k) - (jnp.cumsum(sizes) - sizes)[expert]
     buffer = jnp.zeros((e, t, d), x.dtype).at[expert, slot].set(x[order // k])
-    h = swiglu_halves(jnp.einsum("ecd,edf->ecf", buffer, gate_up))
+    h = swiglu_gate(jnp.einsum("ecd,edf->ecf", buffer, gate_up))
     y = jnp.einsum("ecf,efd->ecd", h, down)[expert, slot]
     y = jnp.zeros_like(y).at[order].set(y).reshape(t, k, d)
     return jnp.sum(y.astype(jnp.float32) * weights[..., None], axis=1)
@@ -85,7 +82,7 @@ def padded_experts(x, idx, weights, gate_up, down):
 
 def gathered_experts(x, idx, weights, gate_up, down):
     """Each token copy's expert weights gathered ([T, k, d, 2 Im]: memory grows with T), then einsums."""
-    h = swiglu_halves(jnp.einsum("td,tkdf->tkf", x, gate_up[idx]))
+    h = swiglu_gate(jnp.einsum("td,tkdf->tkf", x, gate_up[idx]))
     y = jnp.einsum("tkf,tkfd->tkd", h, down[idx])
     return jnp.sum(y.astype(jnp.float32) * weights[..., None], axis=1)
 
@@ -93,7 +90,7 @@ def gathered_experts(x, idx, weights, gate_up, down):
 def all_experts(x, idx, weights, gate_up, down):
     """Every token through every expert, zero-weighted where not routed: the dense loop."""
     t, e = x.shape[0], gate_up.shape[0]
-    h = swiglu_halves(jnp.einsum("td,edf->tef", x, gate_up))
+    h = swiglu_gate(jnp.einsum("td,edf->tef", x, gate_up))
     y = jnp.einsum("tef,efd->ted", h, down)
     dense_w = jnp.zeros((t, e), jnp.float32).at[jnp.arange(t)[:, None], idx].set(weights)
     return jnp.einsum("ted,te->td", y.astype(jnp.float32), dense_w)

@@ -57,15 +57,20 @@ def tiny_llada2_config(**overrides) -> LLaDA2Config:
 
 
 def random_weight(z, rule: Rule, hf_tensor_shape: tuple[int, ...]):
-    """The random-weight scheme of every random model here: a standard-normal draw z (numpy or JAX) for
-    the tensor of `rule` made into its weight. Projections are N(0, 1/fan_in) (fan_in: the last axis
-    of the HF tensor), embeddings N(0, 1), norm weights 1 + N(0, 0.1²): logits of order one, so
-    numerical differences are visible."""
-    if rule.path[-1].endswith("norm"):
+    """The random-weight scheme of every random model here (`leaf_weight`) for the tensor of `rule`,
+    whose fan-in is the last axis of its HF tensor."""
+    return leaf_weight(z, rule.path[-1], hf_tensor_shape[-1])
+
+
+def leaf_weight(z, name: str, fan_in: int):
+    """A standard-normal draw z (numpy or JAX) made into the weight of parameter leaf `name`: projections
+    N(0, 1/fan_in), embeddings N(0, 1), norm weights 1 + N(0, 0.1²): logits of order one, so numerical
+    differences are visible."""
+    if name.endswith("norm"):
         return 1.0 + 0.1 * z
-    if rule.path == ("embed",):
+    if name == "embed":
         return z
-    return z / np.sqrt(hf_tensor_shape[-1])
+    return z / np.sqrt(fan_in)
 
 
 def hf_tensor_specs(config) -> list[tuple[str, Rule, tuple[int, ...]]]:
@@ -125,15 +130,11 @@ def random_leaf(key, *, rule: Rule, shape: tuple[int, ...], hf_tensor_shape: tup
 
 @functools.partial(jax.jit, static_argnames=("name", "shape", "dtype"))
 def random_tree_leaf(key, *, name: str, shape: tuple[int, ...], dtype):
-    """One leaf of a parameter tree in its own [.., in, out] layout with `random_weight`'s scheme, drawn in
+    """One leaf of a parameter tree in its own [.., in, out] layout with `leaf_weight`'s scheme, drawn in
     `dtype` (LLaDA2's [layers, experts, d, Im] stacks would need 20 GB as a float32 draw)."""
-    z = jax.random.normal(key, shape, dtype)
-    if name.endswith("norm"):
-        return (1.0 + 0.1 * z).astype(dtype)
-    if name == "embed":
-        return z
-    fan_in = shape[-1] if name.endswith("bias") else shape[-2]
-    return (z / np.sqrt(fan_in)).astype(dtype)
+    # the HF tensor's last axis: [out, in] for a matrix, [out] for a bias or a norm (which ignores it)
+    fan_in = shape[-2] if len(shape) > 1 and not name.endswith(("bias", "norm")) else shape[-1]
+    return leaf_weight(jax.random.normal(key, shape, dtype), name, fan_in).astype(dtype)
 
 
 def write_hf_checkpoint(directory, config, *, seed: int = 0, dtype: str = "float32", shards: int = 1,

@@ -335,6 +335,7 @@ def _bad_calls():
     lse = jnp.zeros((1, 4, 64), F32)
     bs = functools.partial(pk.block_sparse_attention, block_q=32, block_kv=32)
     cs = functools.partial(pk.column_sparse_attention, group_size=32)
+    gm, gx, gw = pk.grouped_matmul, q[0, :, 0], q[0, :, :2].reshape(2, 64, 64)  # x [64, 64], w [2, 64, 64]
     return {
         "rank": (lambda: pk.flash_attention(q[0], k, v), "must be [batch, seq, heads, head_dim]"),
         "dtype": (lambda: pk.flash_attention(q.astype(jnp.int8), k, v), "not supported"),
@@ -362,14 +363,10 @@ def _bad_calls():
         "lse shape": (lambda: pk.column_scores(q, k, lse[:, :2], group_size=32), "lse must be"),
         "merge shapes": (lambda: pk.merge_attention(q, lse, q[:, :10], lse), "same shape"),
         "merge bf16 lse": (lambda: pk.merge_attention(q, lse.astype(BF16), q, lse), "float32"),
-        "grouped rows": (lambda: pk.grouped_matmul(q[0, :, 0], q[0, :, :2].reshape(2, 64, 64), jnp.zeros(2, jnp.int32),
-                                                   block_m=48), "block_m=48"),
-        "grouped order": (lambda: pk.grouped_matmul(q[0, :, 0], q[0, :, :2].reshape(2, 64, 64),
-                                                    jnp.asarray([1, 0, 2, 2]), block_m=16), "nondecreasing"),
-        "grouped tiles": (lambda: pk.grouped_matmul(q[0, :, 0], q[0, :, :2].reshape(2, 64, 64), jnp.zeros(3, jnp.int32),
-                                                    block_m=16), "one per tile"),
-        "grouped shapes": (lambda: pk.grouped_matmul(q[0, :, 0], q[0, :32, :2].reshape(2, 32, 64),
-                                                     jnp.zeros(4, jnp.int32), block_m=16), "w [G, K, N]"),
+        "grouped rows": (lambda: gm(gx, gw, jnp.zeros(2, jnp.int32), block_m=48), "block_m=48"),
+        "grouped order": (lambda: gm(gx, gw, jnp.asarray([1, 0, 2, 2]), block_m=16), "nondecreasing"),
+        "grouped tiles": (lambda: gm(gx, gw, jnp.zeros(3, jnp.int32), block_m=16), "one per tile"),
+        "grouped shapes": (lambda: gm(gx, gw[:, :32], jnp.zeros(4, jnp.int32), block_m=16), "w [G, K, N]"),
         "merge +inf lse": (lambda: pk.merge_attention(q, lse.at[0, 1, 2].set(jnp.inf), q, lse), "lse1[0, 1, 2] = inf"),
     }
 

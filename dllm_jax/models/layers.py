@@ -96,12 +96,16 @@ def attention_sublayer(p, x, cos, sin, attend, state, layer, config):
     return x + jnp.matmul(out.reshape(b, n, h * hd), p["o_proj"], precision=precision), state
 
 
+def swiglu_gate(both):
+    """silu(gate) * up of one GEMM's output with interleaved columns [..., 2n] (module docstring)."""
+    return jax.nn.silu(both[..., 0::2]) * both[..., 1::2]
+
+
 def mlp_sublayer(p, x, *, eps: float):
     """x + down(silu(gate(h)) * up(h)) with h = mlp_norm(x) (SwiGLU; gate and up as one GEMM)."""
     precision = matmul_precision(x.dtype)
     both = jnp.matmul(rms_norm(x, p["mlp_norm"], eps), p["gate_up_proj"], precision=precision)
-    gate, up = both[..., 0::2], both[..., 1::2]  # interleaved columns (module docstring)
-    return x + jnp.matmul(jax.nn.silu(gate) * up, p["down_proj"], precision=precision)
+    return x + jnp.matmul(swiglu_gate(both), p["down_proj"], precision=precision)
 
 
 @struct.dataclass

@@ -48,7 +48,7 @@ from dllm_jax.attention.dense import matmul_precision
 from dllm_jax.attention.policy import AttentionPolicy, Dense
 from dllm_jax.config import LLaDA2Config
 from dllm_jax.models import sdar
-from dllm_jax.models.layers import apply_rope, mlp_sublayer, rms_norm, rope_tables
+from dllm_jax.models.layers import apply_rope, mlp_sublayer, rms_norm, rope_tables, swiglu_gate
 from dllm_jax.models.moe import routed_experts
 from dllm_jax.models.sdar import BlockDiffusionLM, Family, KVCache, Segment, init_cache, init_policy_state
 
@@ -219,7 +219,7 @@ def route(x, router, expert_bias, config: LLaDA2Config):
 
 def swiglu(x, gate_up, down):
     both = jnp.matmul(x, gate_up, precision=matmul_precision(x.dtype))
-    return jnp.matmul(jax.nn.silu(both[..., 0::2]) * both[..., 1::2], down, precision=matmul_precision(x.dtype))
+    return jnp.matmul(swiglu_gate(both), down, precision=matmul_precision(x.dtype))
 
 
 def moe_sublayer(p, x, config: LLaDA2Config):

@@ -15,6 +15,7 @@ import jax.numpy as jnp
 
 import pallas_kernels as pk
 from dllm_jax.attention.kernels import call
+from dllm_jax.models.layers import swiglu_gate
 
 
 def tile_rows(copies: int, num_experts: int) -> int:
@@ -52,6 +53,6 @@ def routed_experts(x, idx, weights, gate_up, down, *, backend: str = "auto"):
     copies = jnp.zeros((buffer_rows, x.shape[1]), x.dtype).at[rows].set(jnp.repeat(x, k, axis=0))
     grouped = functools.partial(call, pk.grouped_matmul, pk.grouped_matmul_reference, backend, block_m=block_m)
     h = grouped(copies, gate_up, tile_expert)
-    h = jax.nn.silu(h[:, 0::2]) * h[:, 1::2]  # padding rows stay 0: silu(0) * 0
+    h = swiglu_gate(h)  # padding rows stay 0: silu(0) * 0
     y = grouped(h, down, tile_expert)[rows].reshape(t, k, -1)
     return jnp.sum(y.astype(jnp.float32) * weights[..., None], axis=1)
