@@ -132,7 +132,8 @@ def test_cached_path_equals_the_full_forward(small, rng):
     bl = 4
     model_cfg = dataclasses.replace(model.config, block_size=bl)
     jit = lambda f, *static: jax.jit(f, static_argnames=("config", *static))  # noqa: E731
-    forward, prefill, block_step, commit_and_step = (jit(m.forward), jit(m.prefill), jit(m.block_step, "commit"),
+    forward, prefill, block_step, commit_and_step = (jit(m.forward), jit(m.prefill, "chunk_tokens"),
+                                                     jit(m.block_step, "commit"),
                                                      jit(m.commit_and_step))
     params = model.params()
     ids = jnp.asarray(rng.integers(0, 140, (2, 16)))
@@ -145,8 +146,8 @@ def test_cached_path_equals_the_full_forward(small, rng):
     _, cache, _ = block_step(params, ids[:, 8:12], cache, config=model_cfg, commit=True)
     logits, cache, _ = block_step(params, ids[:, 12:16], cache, config=model_cfg)
     np.testing.assert_allclose(np.asarray(logits), full[:, 12:16], rtol=1e-4, atol=1e-4)
-    # the commit of one block fused with the next block's first step
-    cache = prefill(params, ids[:, :8], m.init_cache(model_cfg, 2, 32, jnp.float32), config=model_cfg)
+    # the commit of one block fused with the next block's first step, after a prefill in one-block chunks
+    cache = prefill(params, ids[:, :8], m.init_cache(model_cfg, 2, 32, jnp.float32), config=model_cfg, chunk_tokens=8)
     zeros = jnp.zeros((2,), jnp.int32)
     logits, cache, _ = commit_and_step(params, ids[:, 8:12], jnp.ones((2,), bool), ids[:, 12:16], cache,
                                          m.init_policy_state(m.Dense(), model_cfg, 2, 32), zeros, zeros,

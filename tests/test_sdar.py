@@ -9,6 +9,7 @@ import pytest
 
 from dllm_jax import SDAR, SDARConfig, convert_hf_checkpoint, load_model, shipped_config
 from dllm_jax.config import config_from_hf
+from dllm_jax.models import sdar
 from dllm_jax.models.sdar import block_causal_mask, forward, param_shapes
 from dllm_jax.testing import random_hf_tensors, tiny_sdar_config, write_hf_checkpoint
 from test_llada_numerics import BF16_BOUND, FP32_BOUND, relative_error
@@ -54,6 +55,26 @@ def test_bf16_close_to_fp32(checkpoint, rng):
     fp32 = load_model(directory, dtype="float32", progress=False)(ids)
     bf16 = load_model(directory, progress=False)(ids)
     assert relative_error(bf16, np.asarray(fp32, np.float64)) <= BF16_BOUND
+
+
+@pytest.mark.parametrize("blocks_per_chunk", [1, 2])  # 2: the last chunk overlaps the one before
+def test_prefill_in_chunks_writes_the_one_pass_cache(tiny_checkpoint, rng, blocks_per_chunk):
+    """A prompt of 3 blocks over 2 rows prefilled in chunks of `blocks_per_chunk` blocks writes the
+    K/V and lengths of one pass over the whole prompt (which the test below checks against the full
+    forward)."""
+    config = tiny_sdar_config()
+    model = load_model(tiny_checkpoint(config), dtype="float32", progress=False)
+    bs = config.block_size
+    ids = jnp.asarray(rng.integers(0, config.vocab_size, (2, 3 * bs)))
+    prefill = jax.jit(sdar.prefill, static_argnames=("config", "chunk_tokens"))
+    empty = sdar.init_cache(config, 2, 5 * bs, jnp.float32)
+    assert sdar.prefill_chunk_length(2, 3 * bs, bs) == 3 * bs
+    assert sdar.prefill_chunk_length(2, 3 * bs, bs, 2 * blocks_per_chunk * bs) == blocks_per_chunk * bs
+    one_pass = prefill(model.params(), ids, empty, config=config)
+    chunked = prefill(model.params(), ids, empty, config=config, chunk_tokens=2 * blocks_per_chunk * bs)
+    np.testing.assert_array_equal(np.asarray(chunked.length), np.asarray(one_pass.length))
+    for want, got in zip(one_pass.k + one_pass.v, chunked.k + chunked.v):
+        assert relative_error(got[:, :3 * bs], np.asarray(want[:, :3 * bs], np.float64)) <= 1e-5
 
 
 @pytest.mark.parametrize("dtype,bound", [("float32", 1e-5), ("bfloat16", BF16_BOUND)])

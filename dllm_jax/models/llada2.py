@@ -266,11 +266,12 @@ def forward(params, input_ids, policy_state=None, step=0, *, config: LLaDA2Confi
 
 
 def prefill(params, input_ids, cache: KVCache, lengths=None, *, config: LLaDA2Config, block_length: int | None = None,
-            policy: AttentionPolicy = Dense()) -> KVCache:
+            policy: AttentionPolicy = Dense(), chunk_tokens: int = sdar.PREFILL_TOKENS) -> KVCache:
     """Writes the K/V of the complete prompt blocks input_ids [B, P] at positions 0..P-1 and sets the
-    fill lengths to `lengths` (default P); `dllm_jax.models.sdar.prefill` (dense, exact) with this family."""
+    fill lengths to `lengths` (default P); `dllm_jax.models.sdar.prefill` (dense, exact, in chunks)
+    with this family."""
     return sdar.prefill(params, input_ids, cache, lengths, config=config, block_length=block_length, policy=policy,
-                        family=FAMILY)
+                        family=FAMILY, chunk_tokens=chunk_tokens)
 
 
 def cached_forward(params, segments: tuple, cache: KVCache, policy_state, *, config: LLaDA2Config,

@@ -135,31 +135,59 @@ def forward(params, input_ids, policy_state=None, step=0, *, config: SDARConfig,
     return lm_head(params, x, config), policy_state
 
 
+PREFILL_TOKENS = 16384  # query tokens per prefill chunk, all rows together
+
+
+def prefill_chunk_length(batch: int, n: int, block_length: int, chunk_tokens: int = PREFILL_TOKENS) -> int:
+    """Prompt positions per prefill chunk: whole blocks, about chunk_tokens / batch of them (at least
+    one block), at most the prompt."""
+    return min(n, max(block_length, chunk_tokens // batch // block_length * block_length))
+
+
 def prefill(params, input_ids, cache: KVCache, lengths=None, *, config: SDARConfig, block_length: int | None = None,
-            policy: AttentionPolicy = Dense(), family: Family = SDAR_FAMILY) -> KVCache:
+            policy: AttentionPolicy = Dense(), family: Family = SDAR_FAMILY,
+            chunk_tokens: int = PREFILL_TOKENS) -> KVCache:
     """Writes the K/V of the complete prompt blocks input_ids [B, P] (P % block_size == 0) at
     positions 0..P-1 and sets the fill lengths to `lengths` (int32 [B], multiples of the block size,
     <= P; default P): a row with fewer complete blocks than P has junk past its length, which is
     scratch (the block-causal mask keeps it out of the earlier positions' K/V).
+
+    The prompt runs in chunks of whole blocks (`prefill_chunk_length`: about `chunk_tokens` query
+    tokens per chunk over all rows), each attending to the cache under the block-causal mask, so a
+    long prompt's activations (MoE dispatch buffers, attention masks) stay those of one chunk: one
+    pass over 16 rows of 8k positions needed about 77 GB of temporaries for LLaDA2.0-mini. The last
+    chunk ends at P and may overlap the one before; the positions written twice get the same K/V.
 
     The cache must hold exact keys and values, so `policy` runs in its DENSE mode, from its initial
     state (discarded). The blocks are `block_length` long (the config's block size by default).
     """
     params = family.cached_params(params, config)
     b, n = input_ids.shape
-    mask = block_causal_mask(n, block_length or config.block_size)
-    cos, sin = family.rope_tables(jnp.arange(n), config)
+    bl = block_length or config.block_size
+    chunk = prefill_chunk_length(b, n, bl, chunk_tokens)
+    starts = jnp.minimum(jnp.arange(-(-n // chunk)) * chunk, n - chunk).astype(jnp.int32)
+    key_blocks = jnp.arange(cache.max_length) // bl
+    policy_state = init_policy_state(policy, config, b, cache.max_length, block_length=chunk)
 
-    def attend(q, k, v, state, layer):
-        cache, policy_state = state
-        write = lambda buf, x: jax.lax.dynamic_update_slice_in_dim(buf, x.astype(buf.dtype), 0, axis=1)  # noqa: E731
-        cache = cache.replace(k=replace_layer(cache.k, layer, write(cache.k[layer], k)),
-                              v=replace_layer(cache.v, layer, write(cache.v[layer], v)))
-        out, policy_state = attend_layer(policy, Mode.DENSE, q, k, v, policy_state, layer, mask=mask)
-        return out, (cache, policy_state)
+    def chunk_forward(cache: KVCache, start):
+        positions = start + jnp.arange(chunk)
+        mask = key_blocks[None, :] <= (positions // bl)[:, None]  # [chunk, max_length]: earlier blocks and its own
+        cos, sin = family.rope_tables(positions, config)
 
-    state = (cache, init_policy_state(policy, config, b, n, block_length=n))
-    _, (cache, _) = family.decoder_stack(params["layers"], params["embed"][input_ids], cos, sin, attend, config, state)
+        def attend(q, k, v, state, layer):
+            cache, policy_state = state
+            write = lambda buf, x: jax.lax.dynamic_update_slice_in_dim(buf, x.astype(buf.dtype), start, axis=1)  # noqa: E731
+            ck, cv = write(cache.k[layer], k), write(cache.v[layer], v)
+            cache = cache.replace(k=replace_layer(cache.k, layer, ck), v=replace_layer(cache.v, layer, cv))
+            out, policy_state = attend_layer(policy, Mode.DENSE, q, ck, cv, policy_state, layer, mask=mask)
+            return out, (cache, policy_state)
+
+        ids = jax.lax.dynamic_slice_in_dim(input_ids, start, chunk, axis=1)
+        _, (cache, _) = family.decoder_stack(params["layers"], params["embed"][ids], cos, sin, attend, config,
+                                             (cache, policy_state))
+        return cache, None
+
+    cache, _ = jax.lax.scan(chunk_forward, cache, starts)
     lengths = jnp.full((b,), n, jnp.int32) if lengths is None else jnp.asarray(lengths, jnp.int32)
     return cache.replace(length=lengths)
 
