@@ -28,6 +28,7 @@ shards of the weights and prompts (all processes read the same checkpoint and pr
 
 from __future__ import annotations
 
+import contextlib
 import math
 
 import jax
@@ -152,6 +153,12 @@ def shard_kv_cache(cache, mesh: Mesh | None):
         return jax.lax.with_sharding_constraint(x, NamedSharding(mesh, spec))
 
     return jax.tree.map(place, cache)
+
+
+def tracing_on(mesh: Mesh | None):
+    """The context in which traced model code sees `mesh` as `jax.sharding.get_abstract_mesh()` (inside
+    jit: the code that must run per device, LLaDA2's routed experts, reads it there); a no-op without one."""
+    return contextlib.nullcontext() if mesh is None else jax.sharding.use_abstract_mesh(mesh.abstract_mesh)
 
 
 def to_host(x) -> np.ndarray:

@@ -18,6 +18,7 @@ from dllm_jax.attention.methods import make_method  # noqa: E402
 from dllm_jax.attention.policy import Dense  # noqa: E402
 from dllm_jax.attention.sharded import Sharded  # noqa: E402
 from dllm_jax.models import llada  # noqa: E402
+from dllm_jax.models.moe import routed_experts  # noqa: E402
 from dllm_jax.sharding import make_mesh  # noqa: E402
 from dllm_jax.testing import tiny_llada2_config, tiny_llada_config, tiny_sdar_config, write_hf_checkpoint  # noqa: E402
 
@@ -112,7 +113,28 @@ def main(root: Path, out: Path) -> None:
         except ValueError as e:
             refusals[key] = str(e)
     out.write_text(json.dumps(dict(devices=len(jax.devices()), rows=rows, refused=refusals, flops=flops,
-                               tp_short_equal=tp_short_equal)))
+                               tp_short_equal=tp_short_equal, moe=sharded_experts())))
+
+
+def sharded_experts() -> dict:
+    """LLaDA2's routed experts on a tp=2 x dp=2 mesh against one device: the result, and what each device
+    computes on (its rows, its slice of every expert: the shapes inside the shard_map)."""
+    rng = np.random.default_rng(1)
+    t, d, experts, hidden, k = 12, 16, 6, 8, 2
+    x = rng.standard_normal((t, d)).astype(np.float32)
+    idx = np.stack([rng.choice(experts, k, replace=False) for _ in range(t)]).astype(np.int32)
+    weights = rng.random((t, k)).astype(np.float32)
+    gate_up = rng.standard_normal((experts, d, 2 * hidden)).astype(np.float32)
+    down = rng.standard_normal((experts, hidden, d)).astype(np.float32)
+    mesh = make_mesh("tp=2,dp=2")
+    want = np.asarray(routed_experts(x, idx, weights, gate_up, down))
+    run = jax.jit(lambda *a: routed_experts(*a, mesh=mesh))
+    got = np.asarray(run(x, idx, weights, gate_up, down))
+    jaxpr = jax.make_jaxpr(lambda *a: routed_experts(*a, mesh=mesh))(x, idx, weights, gate_up, down)
+    inner = next(e for e in jaxpr.eqns if e.primitive.name == "shard_map").params["jaxpr"]
+    return dict(max_diff=float(np.max(np.abs(got - want))), scale=float(np.max(np.abs(want))),
+                local_shapes=[list(v.aval.shape) for v in inner.invars],
+                psum=any(e.primitive.name.startswith("psum") for e in inner.eqns))
 
 
 def forward_flops(checkpoint: Path, spec: str, ids) -> float:

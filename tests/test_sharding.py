@@ -31,7 +31,7 @@ def sharded(tmp_path_factory):
     data = json.loads(out.read_text())
     assert data["devices"] == 4
     rows = {(r["family"], r["mesh"], r["method"]): r for r in data["rows"]}
-    return rows | {key: data[key] for key in ("refused", "flops", "tp_short_equal")}
+    return rows | {key: data[key] for key in ("refused", "flops", "tp_short_equal", "moe")}
 
 
 def env_path() -> str:
@@ -58,6 +58,16 @@ def test_weights_and_sdar_cache_are_split_over_tp(sharded, family):
         assert row["cache_shard_shape"] == [b, s, heads // 2, dim]
         row = sharded[(family, "tp=2,dp=2", "dense")]
         assert row["cache_shard_shape"] == [b // 2, s, heads // 2, dim]
+
+
+def test_routed_experts_run_per_device_on_their_slice(sharded):
+    """On a tp=2 x dp=2 mesh each device dispatches its 6 of 12 token rows to its half of every expert's
+    hidden dimension, and the halves are summed over tp: equal to one device (XLA cannot partition the
+    grouped-matmul kernel, so without the shard_map it would gather every expert to every device)."""
+    moe = sharded["moe"]
+    assert moe["max_diff"] <= 1e-5 * moe["scale"], moe
+    assert moe["local_shapes"] == [[6, 16], [6, 2], [6, 2], [6, 16, 8], [6, 4, 16]], moe
+    assert moe["psum"], moe
 
 
 def test_tp_that_does_not_divide_the_kv_heads_is_refused(sharded):

@@ -45,7 +45,7 @@ from dllm_jax.generate.sampling import commit_top, sample_tokens, transfer_count
 from dllm_jax.generate import sdar
 from dllm_jax.generate.sdar import BlockSampler, Finished, decode_blocks
 from dllm_jax.models import llada2 as llada2_model
-from dllm_jax.sharding import shard_kv_cache
+from dllm_jax.sharding import shard_kv_cache, tracing_on
 
 CACHE_TILE = 128
 
@@ -141,26 +141,27 @@ def generate_llada2(params, prompt_ids, seed, run_id=0, *, config: LLaDA2Config,
     (static, optional) runs on the host after every decoded block. With `return_policy_state` (static),
     the final per-layer policy state comes third (for diagnostics: dllm_jax.analysis)."""
     check_policy(policy)
-    o, bl = options, options.block_length
-    b, p = prompt_ids.shape
-    num_blocks = -(-(p + o.gen_length) // bl)
-    width, first = num_blocks * bl, p // bl
-    x = jnp.full((b, width), config.mask_token_id, jnp.int32).at[:, :p].set(prompt_ids.astype(jnp.int32))
-    params = llada2_model.inference(params, config)
-    cache = llada2_model.init_cache(config, b, -(-(width + bl) // CACHE_TILE) * CACHE_TILE, params["embed"].dtype)
-    cache = shard_kv_cache(cache, mesh)
-    if first:
-        cache = llada2_model.prefill(params, x[:, :first * bl], cache, config=config, block_length=bl)
-    # every row at the same positions: the shared scan with one prompt length, first and last block
-    rows = functools.partial(jnp.full, (b,), dtype=jnp.int32)
-    carry = decode_blocks(params, x, cache, llada2_model.init_policy_state(policy, config, b, width, block_length=bl),
-                          jax.random.key(seed), lengths=rows(p), first=rows(first), last=rows(num_blocks),
-                          iterations=num_blocks - first, block_length=bl,
-                          stop_ids=jnp.asarray([config.eos_token_id], jnp.int32), config=config, options=o,
-                          policy=policy, sampler=SAMPLER, on_step=on_step, run_id=run_id)
-    if return_policy_state:
-        return carry.x, carry.stopped, carry.policy_state
-    return carry.x, carry.stopped
+    with tracing_on(mesh):  # the routed experts run per device (dllm_jax.models.moe)
+        o, bl = options, options.block_length
+        b, p = prompt_ids.shape
+        num_blocks = -(-(p + o.gen_length) // bl)
+        width, first = num_blocks * bl, p // bl
+        x = jnp.full((b, width), config.mask_token_id, jnp.int32).at[:, :p].set(prompt_ids.astype(jnp.int32))
+        params = llada2_model.inference(params, config)
+        cache = llada2_model.init_cache(config, b, -(-(width + bl) // CACHE_TILE) * CACHE_TILE, params["embed"].dtype)
+        cache = shard_kv_cache(cache, mesh)
+        if first:
+            cache = llada2_model.prefill(params, x[:, :first * bl], cache, config=config, block_length=bl)
+        # every row at the same positions: the shared scan with one prompt length, first and last block
+        rows = functools.partial(jnp.full, (b,), dtype=jnp.int32)
+        policy_state = llada2_model.init_policy_state(policy, config, b, width, block_length=bl)
+        carry = decode_blocks(params, x, cache, policy_state, jax.random.key(seed), lengths=rows(p), first=rows(first),
+                              last=rows(num_blocks), iterations=num_blocks - first, block_length=bl,
+                              stop_ids=jnp.asarray([config.eos_token_id], jnp.int32), config=config, options=o,
+                              policy=policy, sampler=SAMPLER, on_step=on_step, run_id=run_id)
+        if return_policy_state:
+            return carry.x, carry.stopped, carry.policy_state
+        return carry.x, carry.stopped
 
 
 STATIC = ("config", "options", "policy", "on_step", "return_policy_state", "mesh")

@@ -227,7 +227,10 @@ def moe_sublayer(p, x, config: LLaDA2Config):
     b, n, d = x.shape
     h = rms_norm(x, p["mlp_norm"], config.rms_norm_eps).reshape(b * n, d)
     idx, weights = route(h, p["router"], p["expert_bias"], config)
-    out = routed_experts(h, idx, weights, p["experts_gate_up"], p["experts_down"]).astype(x.dtype)
+    # under `jax.set_mesh` (generation on a model loaded with mesh=) the experts run per device
+    mesh = jax.sharding.get_abstract_mesh()
+    out = routed_experts(h, idx, weights, p["experts_gate_up"], p["experts_down"],
+                         mesh=None if mesh.empty else mesh).astype(x.dtype)
     if config.num_shared_experts:
         out = out + swiglu(h, p["shared_gate_up"], p["shared_down"])
     return x + out.reshape(b, n, d)

@@ -4,6 +4,12 @@ The T * k token copies (token t routed to experts idx[t, :]) are sorted by exper
 each expert's rows are padded to whole tiles of `block_m`; `pallas_kernels.grouped_matmul` multiplies
 every tile by its expert's weights (on a GPU; `jax.lax.ragged_dot` elsewhere, the kernel's reference),
 so each touched expert's weights are read about once and nothing is computed for the others.
+
+On a mesh (`dllm_jax.sharding`: the experts' hidden dimension over "tp", token rows over "dp") the
+routed experts run per device in a `shard_map`, because XLA cannot partition the kernel and would
+otherwise gather every expert's weights to every device: each device dispatches its own rows to its
+slice of every expert, and the slices' down projections are summed over "tp" (the layer's one
+all-reduce, as in a Megatron MLP).
 """
 
 from __future__ import annotations
@@ -12,6 +18,7 @@ import functools
 
 import jax
 import jax.numpy as jnp
+from jax.sharding import PartitionSpec as P
 
 import pallas_kernels as pk
 from dllm_jax.attention.kernels import call
@@ -43,10 +50,20 @@ def dispatch(idx, num_experts: int, block_m: int):
 
 
 @functools.partial(jax.named_call, name="routed_experts")
-def routed_experts(x, idx, weights, gate_up, down, *, backend: str = "auto"):
+def routed_experts(x, idx, weights, gate_up, down, *, backend: str = "auto", mesh=None):
     """sum_j weights[:, j] * expert_{idx[:, j]}(x) for tokens x [T, d]: SwiGLU experts with interleaved
     gate/up columns gate_up [E, d, 2 Im] and down [E, Im, d]; idx int32 [T, k], weights fp32 [T, k].
-    Returns fp32 [T, d]. `backend` as `dllm_jax.attention.kernels` takes it."""
+    Returns fp32 [T, d]. `backend` as `dllm_jax.attention.kernels` takes it. With a `mesh` (axes "dp",
+    "sp", "tp"; a Mesh or the AbstractMesh of `jax.sharding.get_abstract_mesh()`), each device takes
+    its "dp" rows and its "tp" slice of the experts' hidden dimension (T must split over "dp")."""
+    if mesh is not None and mesh.shape["dp"] * mesh.shape["tp"] > 1:
+        def per_device(x, idx, weights, gate_up, down):
+            return jax.lax.psum(routed_experts(x, idx, weights, gate_up, down, backend=backend), "tp")
+
+        rows = P("dp", None)
+        return jax.shard_map(per_device, mesh=mesh, out_specs=rows,
+                             in_specs=(rows, rows, rows, P(None, None, "tp"), P(None, "tp", None)))(
+            x, idx, weights, gate_up, down)
     t, k = idx.shape
     block_m = tile_rows(t * k, gate_up.shape[0])
     rows, tile_expert, buffer_rows = dispatch(idx, gate_up.shape[0], block_m)
