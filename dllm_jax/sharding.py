@@ -161,6 +161,13 @@ def tracing_on(mesh: Mesh | None):
     return contextlib.nullcontext() if mesh is None else jax.sharding.use_abstract_mesh(mesh.abstract_mesh)
 
 
+def traced_mesh():
+    """The mesh `tracing_on` put in the trace context (an AbstractMesh over AXES), else None (a mesh of
+    other axes that the caller set is not ours to split by)."""
+    mesh = jax.sharding.get_abstract_mesh()
+    return None if mesh.empty or tuple(mesh.axis_names) != AXES else mesh
+
+
 def to_host(x) -> np.ndarray:
     """A (possibly sharded) array as one numpy array on this host: under `jax.distributed` the shards
     other processes hold are gathered first."""

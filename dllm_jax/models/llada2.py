@@ -50,6 +50,7 @@ from dllm_jax.config import LLaDA2Config
 from dllm_jax.models import sdar
 from dllm_jax.models.layers import apply_rope, mlp_sublayer, rms_norm, rope_tables, swiglu_gate
 from dllm_jax.models.moe import routed_experts
+from dllm_jax.sharding import traced_mesh
 from dllm_jax.models.sdar import BlockDiffusionLM, Family, KVCache, Segment, init_cache, init_policy_state
 
 __all__ = ["LLaDA2", "FAMILY", "KVCache", "Segment", "forward", "prefill", "cached_forward", "block_step",
@@ -227,10 +228,8 @@ def moe_sublayer(p, x, config: LLaDA2Config):
     b, n, d = x.shape
     h = rms_norm(x, p["mlp_norm"], config.rms_norm_eps).reshape(b * n, d)
     idx, weights = route(h, p["router"], p["expert_bias"], config)
-    # under `jax.set_mesh` (generation on a model loaded with mesh=) the experts run per device
-    mesh = jax.sharding.get_abstract_mesh()
-    out = routed_experts(h, idx, weights, p["experts_gate_up"], p["experts_down"],
-                         mesh=None if mesh.empty else mesh).astype(x.dtype)
+    # in generation on a model loaded with mesh=, the experts run per device
+    out = routed_experts(h, idx, weights, p["experts_gate_up"], p["experts_down"], mesh=traced_mesh()).astype(x.dtype)
     if config.num_shared_experts:
         out = out + swiglu(h, p["shared_gate_up"], p["shared_down"])
     return x + out.reshape(b, n, d)
