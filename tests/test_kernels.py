@@ -305,13 +305,7 @@ class TestKernelsGPU(KernelChecks):
         out, ref = self.both(pk.block_sparse_attention, pk.block_sparse_attention_reference, q, k, v, idx, cnt,
                              block_q=128, block_kv=128)
         assert_attention_close(out, ref, BF16)
-        cols, counts = index_lists(rng, (1, 8, 16), 1500, 300)
-        out, ref = self.both(pk.column_sparse_attention, pk.column_sparse_attention_reference, q, k, v, cols,
-                             counts, group_size=64)
-        assert_attention_close(out, ref, BF16)
-        out, ref = self.both(pk.split_kv_attention, pk.split_kv_attention_reference, q[:, :32], k, v,
-                             kv_len=jnp.asarray([1234]))
-        assert_attention_close(out, ref, BF16)
+        self.check_column_sparse_and_split_kv(rng, q, k, v, 1234, BF16)
 
     def test_float32_head_dim_128_default_tiles(self, rng):
         """fp32 at head_dim 128 with each kernel's default tiles: 3 pipeline stages of 128-row K/V tiles would
@@ -319,13 +313,19 @@ class TestKernelsGPU(KernelChecks):
         q, k, v = qkv(rng, 1, 200, 600, 4, 2, 128, F32)
         out, ref = self.both(pk.flash_attention, pk.flash_attention_reference, q, k, v)
         assert_attention_close(out, ref, F32)
-        cols, counts = index_lists(rng, (1, 4, 4), 600, 300)
+        self.check_column_sparse_and_split_kv(rng, q, k, v, 555, F32)
+
+    def check_column_sparse_and_split_kv(self, rng, q, k, v, kv_len: int, dtype):
+        """The column-sparse kernel (64-query groups, up to 300 columns each) and the split-KV kernel (the
+        first 32 queries over kv_len keys) against their references on q, k, v [1, L, H, D]."""
+        _, n, heads, _ = q.shape
+        cols, counts = index_lists(rng, (1, heads, n // 64 + 1), k.shape[1], 300)
         out, ref = self.both(pk.column_sparse_attention, pk.column_sparse_attention_reference, q, k, v, cols,
                              counts, group_size=64)
-        assert_attention_close(out, ref, F32)
+        assert_attention_close(out, ref, dtype)
         out, ref = self.both(pk.split_kv_attention, pk.split_kv_attention_reference, q[:, :32], k, v,
-                             kv_len=jnp.asarray([555]))
-        assert_attention_close(out, ref, F32)
+                             kv_len=jnp.asarray([kv_len]))
+        assert_attention_close(out, ref, dtype)
 
 
 # ---- bad input: a ValueError naming the problem, checked on the host before any kernel runs ----

@@ -42,8 +42,7 @@ from dllm_jax import validation as check
 from dllm_jax.attention.policy import AttentionPolicy, Dense, check_policy
 from dllm_jax.config import LLaDA2Config
 from dllm_jax.generate.sampling import commit_top, sample_tokens, transfer_counts
-from dllm_jax.generate import sdar
-from dllm_jax.generate.sdar import BlockSampler, Finished, decode_blocks
+from dllm_jax.generate.sdar import BlockSampler, decode_blocks
 from dllm_jax.models import llada2 as llada2_model
 from dllm_jax.sharding import shard_kv_cache, tracing_on
 
@@ -122,15 +121,6 @@ def commit(logits, u, mask_index, count, options: LLaDA2Options):
 
 SAMPLER = BlockSampler(schedule=schedule, commit=commit, commit_and_step=llada2_model.commit_and_step,
                        block_step=llada2_model.block_step)
-
-
-def denoise_block(params, cur, cache, policy_state, key, draws, active, finished: Finished, *, config: LLaDA2Config,
-                  options: LLaDA2Options, policy: AttentionPolicy = Dense()):
-    """Denoises one block per row, cur int32 [B, bl], against the cache until no active row has a mask
-    left or `effective_steps` forwards ran; the first forward also commits `finished`. Returns (cur,
-    cache, policy_state, draws, Finished of this block); as `dllm_jax.generate.sdar.denoise_block`."""
-    return sdar.denoise_block(params, cur, cache, policy_state, key, draws, active, finished, config=config,
-                              options=options, policy=policy, sampler=SAMPLER)
 
 
 def generate_llada2(params, prompt_ids, seed, run_id=0, *, config: LLaDA2Config, options: LLaDA2Options,

@@ -105,10 +105,12 @@ SDAR_FAMILY = Family(decoder_stack=decoder_stack, rope_tables=qwen3_tables, full
                      cached_params=unrolled)
 
 
-def block_causal_mask(n: int, block_length: int):
-    """bool [n, n]: query i may attend key j iff j's block is not after i's block."""
+def block_causal_mask(n: int, block_length: int, positions=None):
+    """bool [len(positions), n]: the query at position p may attend key j < n iff j's block is not after
+    p's block; positions default to 0..n-1 (the square mask of a full forward)."""
     blocks = jnp.arange(n) // block_length
-    return blocks[None, :] <= blocks[:, None]
+    query_blocks = blocks if positions is None else positions // block_length
+    return blocks[None, :] <= query_blocks[:, None]
 
 
 def forward(params, input_ids, policy_state=None, step=0, *, config: SDARConfig, block_length: int | None = None,
@@ -166,12 +168,11 @@ def prefill(params, input_ids, cache: KVCache, lengths=None, *, config: SDARConf
     bl = block_length or config.block_size
     chunk = prefill_chunk_length(b, n, bl, chunk_tokens)
     starts = jnp.minimum(jnp.arange(-(-n // chunk)) * chunk, n - chunk).astype(jnp.int32)
-    key_blocks = jnp.arange(cache.max_length) // bl
     policy_state = init_policy_state(policy, config, b, cache.max_length, block_length=chunk)
 
     def chunk_forward(cache: KVCache, start):
         positions = start + jnp.arange(chunk)
-        mask = key_blocks[None, :] <= (positions // bl)[:, None]  # [chunk, max_length]: earlier blocks and its own
+        mask = block_causal_mask(cache.max_length, bl, positions)  # [chunk, max_length]
         cos, sin = family.rope_tables(positions, config)
 
         def attend(q, k, v, state, layer):
