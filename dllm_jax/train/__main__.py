@@ -12,8 +12,12 @@ and, after every invocation, OUT/hf: the weights so far as an HF checkpoint with
 from __future__ import annotations
 
 import argparse
+import dataclasses
+import functools
+import os
 import sys
 from pathlib import Path
+from typing import Any
 
 import numpy as np
 
@@ -23,10 +27,16 @@ from dllm_jax.train.data import TRAIN_SEED_FLOOR
 SDAR_BLOCK = 4  # the block size of the trained SDAR models (and of --init checkpoints, which are checked)
 
 
+# "medium" is "small" twice as deep (6.6M parameters; 13 MB stored in bfloat16, --export-dtype): the
+# layers a lookup-then-copy task (variable tracking) needs beyond finding one needle
+SIZES = {"tiny": dict(hidden_size=64, num_layers=2, num_heads=4, num_kv_heads=2, intermediate_size=192),
+         "small": dict(hidden_size=256, num_layers=4, num_heads=8, num_kv_heads=4, intermediate_size=768),
+         "medium": dict(hidden_size=256, num_layers=8, num_heads=8, num_kv_heads=4, intermediate_size=768)}
+
+
 def model_config(family: str, size: str, *, vocab_size: int, special, max_positions: int):
-    """The "tiny" or "small" architecture of `family` over the task vocabulary."""
-    shapes = {"tiny": dict(hidden_size=64, num_layers=2, num_heads=4, num_kv_heads=2, intermediate_size=192),
-              "small": dict(hidden_size=256, num_layers=4, num_heads=8, num_kv_heads=4, intermediate_size=768)}[size]
+    """The architecture `size` (a key of SIZES) of `family` over the task vocabulary."""
+    shapes = SIZES[size]
     if family == "llada":
         # RoPE base 1e4, not LLaDA-8B's 5e5: with 32-wide heads the larger base leaves too few angles
         # that resolve single-token offsets, and a bidirectional model must order its answer by position
@@ -38,17 +48,26 @@ def model_config(family: str, size: str, *, vocab_size: int, special, max_positi
                       pad_token_id=special.pad)
 
 
-def task_sampler(tasks: list[str], tokenizer):
-    """sample_fn(seed, count, context): `count` samples of `context` tokens, each of a task drawn from the
-    list (the batch's context is drawn per step, `dllm_jax.train.data.BucketedSource`)."""
-    from dllm_jax.eval import make_samples
+@dataclasses.dataclass(frozen=True)
+class TaskSampler:
+    """sample_fn(seed, count, context): `count` samples of `context` tokens, each of a task drawn from
+    `tasks` (the batch's context is drawn per step, `dllm_jax.train.data.BucketedSource`). A picklable
+    value, so background processes can build batches (`dllm_jax.train.data.Prefetcher`)."""
 
-    def sample_fn(seed: int, count: int, context: int):
+    tasks: tuple[str, ...]
+    tokenizer: Any
+
+    def __call__(self, seed: int, count: int, context: int):
+        from dllm_jax.eval import make_samples
+
         rng = np.random.default_rng(seed)
-        return [make_samples(str(rng.choice(tasks)), context, 1, int(rng.integers(TRAIN_SEED_FLOOR, 2**62)),
-                             tokenizer)[0] for _ in range(count)]
-
-    return sample_fn
+        drawn = rng.choice(len(self.tasks), count)
+        samples = []
+        for task in sorted(set(self.tasks)):  # one make_samples call per task: its checks run once
+            n = int(sum(self.tasks[i] == task for i in drawn))
+            if n:
+                samples += make_samples(task, context, n, int(rng.integers(TRAIN_SEED_FLOOR, 2**62)), self.tokenizer)
+        return [samples[i] for i in rng.permutation(count)]
 
 
 BUCKET_MULTIPLE = 8
@@ -72,10 +91,10 @@ def batch_source(args, tokenizer):
     from dllm_jax.eval import vocab
     from dllm_jax.train.data import BucketedSource
 
-    return BucketedSource(task_sampler(args.task, tokenizer), batch_size=args.batch, contexts=args.context,
+    return BucketedSource(TaskSampler(tuple(args.task), tokenizer), batch_size=args.batch, contexts=args.context,
                           lengths=bucket_lengths(args.task, args.context, args.family),
                           pad_id=vocab.special_ids(tokenizer).pad, seed=args.seed,
-                          answer_room=(lambda s: room_for(s.task, args.family)) if args.pad_in_loss else None)
+                          answer_room=functools.partial(sample_room, family=args.family) if args.pad_in_loss else None)
 
 
 def comma_list(kind):
@@ -99,7 +118,7 @@ def arguments() -> argparse.ArgumentParser:
     """The training flags, as a parent parser (no -h) shared by this module and `dllm-jax train`."""
     p = argparse.ArgumentParser(add_help=False)
     p.add_argument("--family", choices=("llada", "sdar"), required=True)
-    p.add_argument("--config", choices=("tiny", "small"), default="tiny", help="model size")
+    p.add_argument("--config", choices=tuple(SIZES), default="tiny", help="model size")
     p.add_argument("--task", type=comma_list(str), default=["passkey"],
                    help="task(s), comma-separated (dllm_jax.eval.TASKS); each sample draws one")
     p.add_argument("--context", type=comma_list(int), default=[1024],
@@ -122,6 +141,8 @@ def arguments() -> argparse.ArgumentParser:
                    help="draw each batch's masking ratios stratified over [eps, 1) (one per 1/n of it, for the n rows "
                         "(LLaDA) or blocks (SDAR)) instead of iid: lower variance of the 1/t weights")
     p.add_argument("--seed", type=int, default=0)
+    p.add_argument("--data-workers", type=int, default=min(4, max(1, (os.cpu_count() or 2) - 1)),
+                   help="background processes building the batches ahead of the step (0: build them in the loop)")
     p.add_argument("--checkpoint-every", type=int, default=500)
     p.add_argument("--log-every", type=int, default=10)
     p.add_argument("--export-dtype", choices=("float32", "bfloat16"), default="float32")
@@ -160,7 +181,8 @@ def run(args) -> Path:
                          checkpoint_every=args.checkpoint_every, log_every=args.log_every, seed=args.seed,
                          stratified_t=args.stratified_t)
     result = train(config, batches, params=params, resume=args.resume, stop_at=args.stop_at,
-                   max_seconds=None if args.max_minutes is None else 60 * args.max_minutes, progress=args.progress)
+                   max_seconds=None if args.max_minutes is None else 60 * args.max_minutes, progress=args.progress,
+                   data_workers=args.data_workers)
     hf_dir = export_hf(result.params, model, args.out / "hf", dtype=args.export_dtype)
     build_tokenizer(hf_dir)
     last = result.history[-1] if result.history else None
@@ -179,6 +201,11 @@ def room_for(task: str, family: str) -> int:
     from dllm_jax.eval.evaluate import answer_window
 
     return answer_window(max_answer_length(task), None if family == "llada" else SDAR_BLOCK)
+
+
+def sample_room(sample, *, family: str) -> int:
+    """`room_for` the sample's task: a module-level function, so a batch source that uses it pickles."""
+    return room_for(sample.task, family)
 
 
 def initial_weights(args, special, *, vocab_size: int, length: int):

@@ -164,3 +164,47 @@ class BucketedSource:
 
     def __iter__(self) -> Iterator[Batch]:
         return map(self, itertools.count())
+
+
+class Prefetcher:
+    """`source(step)` computed ahead in background processes: calling it with steps start, start + 1,
+    ... returns exactly the batches `source` returns (it is a pure function of the step), while
+    `workers` processes already build the next `ahead` ones. Building task samples is Python work that
+    would otherwise leave a small model's GPU step waiting on the host.
+
+    `source` must pickle (e.g. `BucketedSource` of module-level callables). Workers start with
+    "spawn" (a forked JAX process can deadlock); an exception in a worker is raised by the call that
+    asks for that step. A step out of order restarts the read-ahead from it. Use as a context manager
+    (or `close()`), which stops the workers.
+    """
+
+    def __init__(self, source: Callable[[int], Batch], workers: int, ahead: int | None = None):
+        import concurrent.futures
+        import multiprocessing
+
+        self.source = source
+        self.workers = integer("workers", workers)
+        self.ahead = 4 * self.workers if ahead is None else integer("ahead", ahead)
+        self.pending: dict[int, Any] = {}
+        self.pool = concurrent.futures.ProcessPoolExecutor(self.workers,
+                                                           mp_context=multiprocessing.get_context("spawn"))
+
+    def __call__(self, step: int) -> Batch:
+        if step not in self.pending:
+            for future in self.pending.values():
+                future.cancel()
+            self.pending = {}
+        for ahead in range(step, step + self.ahead + 1):
+            if ahead not in self.pending:
+                self.pending[ahead] = self.pool.submit(self.source, ahead)
+        return self.pending.pop(step).result()
+
+    def close(self) -> None:
+        self.pool.shutdown(wait=True, cancel_futures=True)
+        self.pending = {}
+
+    def __enter__(self) -> "Prefetcher":
+        return self
+
+    def __exit__(self, *exc) -> None:
+        self.close()

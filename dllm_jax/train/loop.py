@@ -15,6 +15,7 @@ A run directory holds:
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 import functools
 import json
@@ -38,7 +39,7 @@ from dllm_jax.config import LLaDAConfig, SDARConfig
 from dllm_jax.models import llada
 from dllm_jax.models.layers import lm_param_shapes
 from dllm_jax.testing import write_hf_checkpoint
-from dllm_jax.train.data import Batch
+from dllm_jax.train.data import Batch, Prefetcher
 from dllm_jax.train.losses import LossMetrics, llada_loss, sdar_loss
 from dllm_jax.validation import flag, integer, real
 
@@ -242,7 +243,8 @@ def train_step(state: TrainState, tokens, loss_mask, lengths, *, config: TrainCo
 
 
 def train(config: TrainConfig, batches: Callable[[int], Batch], *, params: dict | None = None, resume: bool = False,
-          stop_at: int | None = None, max_seconds: float | None = None, progress: bool = True) -> TrainResult:
+          stop_at: int | None = None, max_seconds: float | None = None, progress: bool = True,
+          data_workers: int = 0) -> TrainResult:
     """Trains from step 0 (or the latest checkpoint of `config.run_dir` with resume=True) up to
     `config.steps`, or only up to `stop_at` (a partial run of the same schedule, to resume later).
 
@@ -257,6 +259,8 @@ def train(config: TrainConfig, batches: Callable[[int], Batch], *, params: dict 
       max_seconds: also stop once this much wall time has passed in the loop (checked after each step;
         the state is checkpointed as at `stop_at`, so the run resumes from there).
       progress: a tqdm bar with the loss and tokens/s, refreshed every `log_every` steps.
+      data_workers: build the batches ahead in this many background processes (`data.Prefetcher`;
+        `batches` must then pickle); 0 builds each one in the loop.
     Returns:
       TrainResult with the final state (checkpointed to run_dir if set) and the per-step loss history.
     """
@@ -269,8 +273,11 @@ def train(config: TrainConfig, batches: Callable[[int], Batch], *, params: dict 
             state = restore_state(manager, state)
             history = [r for r in read_history(run_dir) if r["step"] <= int(state.step)]
         deadline = None if max_seconds is None else time.monotonic() + real("max_seconds", max_seconds, low=0)
-        state, records = run_steps(config, batches, state, end=end, manager=manager, progress=progress,
-                                   deadline=deadline)
+        with contextlib.ExitStack() as stack:
+            if integer("data_workers", data_workers, minimum=0):
+                batches = stack.enter_context(Prefetcher(batches, data_workers))
+            state, records = run_steps(config, batches, state, end=end, manager=manager, progress=progress,
+                                       deadline=deadline)
         history += records
         if manager is not None:
             if manager.latest_step() != int(state.step):
