@@ -16,7 +16,8 @@ from dllm_jax.models import llada, sdar
 from dllm_jax.testing import tiny_llada_config, tiny_sdar_config
 from dllm_jax.train import (Batch, BatchSource, TrainConfig, export_hf, init_params, llada_loss, pack, sdar_loss,
                             train, two_copy_mask)
-from dllm_jax.train.__main__ import batch_source, build_parser, model_config, room_for
+from dllm_jax.train.__main__ import build_parser, model_config
+from dllm_jax.train.task_batches import batch_source, room_for
 from dllm_jax.train.__main__ import main as train_main
 from dllm_jax.train.data import BucketedSource
 from dllm_jax.train.loop import check_same_run, loss_fn

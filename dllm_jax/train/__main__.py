@@ -12,20 +12,12 @@ and, after every invocation, OUT/hf: the weights so far as an HF checkpoint with
 from __future__ import annotations
 
 import argparse
-import dataclasses
-import functools
 import os
 import sys
 from pathlib import Path
-from typing import Any
-
-import numpy as np
 
 from dllm_jax.config import LLaDAConfig, SDARConfig
-from dllm_jax.train.data import TRAIN_SEED_FLOOR
-
-SDAR_BLOCK = 4  # the block size of the trained SDAR models (and of --init checkpoints, which are checked)
-
+from dllm_jax.train.task_batches import SDAR_BLOCK, batch_source
 
 # "medium" is "small" twice as deep (6.6M parameters; 13 MB stored in bfloat16, --export-dtype): the
 # layers a lookup-then-copy task (variable tracking) needs beyond finding one needle
@@ -46,55 +38,6 @@ def model_config(family: str, size: str, *, vocab_size: int, special, max_positi
     return SDARConfig(**shapes, head_dim=32, vocab_size=vocab_size, max_position_embeddings=max_positions,
                       block_size=SDAR_BLOCK, mask_token_id=special.mask, eos_token_ids=(special.eos,),
                       pad_token_id=special.pad)
-
-
-@dataclasses.dataclass(frozen=True)
-class TaskSampler:
-    """sample_fn(seed, count, context): `count` samples of `context` tokens, each of a task drawn from
-    `tasks` (the batch's context is drawn per step, `dllm_jax.train.data.BucketedSource`). A picklable
-    value, so background processes can build batches (`dllm_jax.train.data.Prefetcher`)."""
-
-    tasks: tuple[str, ...]
-    tokenizer: Any
-
-    def __call__(self, seed: int, count: int, context: int):
-        from dllm_jax.eval import make_samples
-
-        rng = np.random.default_rng(seed)
-        drawn = rng.choice(len(self.tasks), count)
-        samples = []
-        for task in sorted(set(self.tasks)):  # one make_samples call per task: its checks run once
-            n = int(sum(self.tasks[i] == task for i in drawn))
-            if n:
-                samples += make_samples(task, context, n, int(rng.integers(TRAIN_SEED_FLOOR, 2**62)), self.tokenizer)
-        return [samples[i] for i in rng.permutation(count)]
-
-
-BUCKET_MULTIPLE = 8
-
-
-def bucket_lengths(tasks: list[str], contexts: list[int], family: str) -> dict[int, int]:
-    """{context: its batches' length}: the longest prompt + answer room over the tasks at that context,
-    rounded up to a multiple of BUCKET_MULTIPLE (cuDNN's training attention with a mask takes even
-    lengths only: a 73-token bucket fails on the GPU)."""
-    from dllm_jax.eval.tasks import prompt_length
-
-    def rounded(n: int) -> int:
-        return -(-n // BUCKET_MULTIPLE) * BUCKET_MULTIPLE
-
-    return {c: rounded(max(prompt_length(t, c) + room_for(t, family) for t in tasks)) for c in sorted(set(contexts))}
-
-
-def batch_source(args, tokenizer):
-    """The run's batches: each step draws one --context (a context listed twice twice as often), its
-    samples draw their tasks, packed to that context's bucket (`bucket_lengths`)."""
-    from dllm_jax.eval import vocab
-    from dllm_jax.train.data import BucketedSource
-
-    return BucketedSource(TaskSampler(tuple(args.task), tokenizer), batch_size=args.batch, contexts=args.context,
-                          lengths=bucket_lengths(args.task, args.context, args.family),
-                          pad_id=vocab.special_ids(tokenizer).pad, seed=args.seed,
-                          answer_room=functools.partial(sample_room, family=args.family) if args.pad_in_loss else None)
 
 
 def comma_list(kind):
@@ -190,22 +133,6 @@ def run(args) -> Path:
     loss = f"; loss {last['loss']:.4f}" if last else ""
     print(f"{done}{loss}; HF checkpoint in {hf_dir}")
     return hf_dir
-
-
-def room_for(task: str, family: str) -> int:
-    """The answer window `dllm_jax.eval.evaluate` generates into for `task` (`answer_window`). For SDAR
-    that is whole blocks (every task prompt fills whole blocks of 4): a block is denoised as one, so its
-    positions after the EOS must be trained as masked positions too, not shown as padding that gives
-    away where the answer ends."""
-    from dllm_jax.eval import max_answer_length
-    from dllm_jax.eval.evaluate import answer_window
-
-    return answer_window(max_answer_length(task), None if family == "llada" else SDAR_BLOCK)
-
-
-def sample_room(sample, *, family: str) -> int:
-    """`room_for` the sample's task: a module-level function, so a batch source that uses it pickles."""
-    return room_for(sample.task, family)
 
 
 def initial_weights(args, special, *, vocab_size: int, length: int):

@@ -12,8 +12,10 @@ packs the batch to that context's bucket, so short contexts are not padded to th
 
 from __future__ import annotations
 
+import concurrent.futures
 import dataclasses
 import itertools
+import multiprocessing
 from collections.abc import Callable, Iterator, Mapping, Sequence
 from typing import Any
 
@@ -179,9 +181,6 @@ class Prefetcher:
     """
 
     def __init__(self, source: Callable[[int], Batch], workers: int, ahead: int | None = None):
-        import concurrent.futures
-        import multiprocessing
-
         self.source = source
         self.workers = integer("workers", workers)
         self.ahead = 4 * self.workers if ahead is None else integer("ahead", ahead)
@@ -197,7 +196,12 @@ class Prefetcher:
         for ahead in range(step, step + self.ahead + 1):
             if ahead not in self.pending:
                 self.pending[ahead] = self.pool.submit(self.source, ahead)
-        return self.pending.pop(step).result()
+        try:
+            return self.pending.pop(step).result()
+        except concurrent.futures.process.BrokenProcessPool as e:
+            raise RuntimeError("a batch-building worker process died (its traceback is printed above); with no "
+                               "workers (data_workers=0, --data-workers 0) the batches are built in the training loop"
+                               ) from e
 
     def close(self) -> None:
         self.pool.shutdown(wait=True, cancel_futures=True)

@@ -1,0 +1,83 @@
+"""Training batches of the synthetic tasks of `dllm_jax.eval`: which tasks and contexts a step draws, the
+answer window each sample is padded to, and the bucket length of each context.
+
+Everything here is a module-level value or function, so a batch source pickles and background
+processes can build the batches (`dllm_jax.train.data.Prefetcher`): a class defined in the
+`python -m dllm_jax.train` script would pickle as `__main__.X`, which a spawned worker cannot import.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import functools
+from typing import Any
+
+import numpy as np
+
+from dllm_jax.train.data import TRAIN_SEED_FLOOR, BucketedSource
+
+SDAR_BLOCK = 4  # the block size of the trained SDAR models (and of --init checkpoints, which are checked)
+
+
+@dataclasses.dataclass(frozen=True)
+class TaskSampler:
+    """sample_fn(seed, count, context): `count` samples of `context` tokens, each of a task drawn from
+    `tasks` (the batch's context is drawn per step, `dllm_jax.train.data.BucketedSource`). A picklable
+    value, so background processes can build batches (`dllm_jax.train.data.Prefetcher`)."""
+
+    tasks: tuple[str, ...]
+    tokenizer: Any
+
+    def __call__(self, seed: int, count: int, context: int):
+        from dllm_jax.eval import make_samples
+
+        rng = np.random.default_rng(seed)
+        drawn = rng.choice(len(self.tasks), count)
+        samples = []
+        for task in sorted(set(self.tasks)):  # one make_samples call per task: its checks run once
+            n = int(sum(self.tasks[i] == task for i in drawn))
+            if n:
+                samples += make_samples(task, context, n, int(rng.integers(TRAIN_SEED_FLOOR, 2**62)), self.tokenizer)
+        return [samples[i] for i in rng.permutation(count)]
+
+
+BUCKET_MULTIPLE = 8
+
+
+def bucket_lengths(tasks: list[str], contexts: list[int], family: str) -> dict[int, int]:
+    """{context: its batches' length}: the longest prompt + answer room over the tasks at that context,
+    rounded up to a multiple of BUCKET_MULTIPLE (cuDNN's training attention with a mask takes even
+    lengths only: a 73-token bucket fails on the GPU)."""
+    from dllm_jax.eval.tasks import prompt_length
+
+    def rounded(n: int) -> int:
+        return -(-n // BUCKET_MULTIPLE) * BUCKET_MULTIPLE
+
+    return {c: rounded(max(prompt_length(t, c) + room_for(t, family) for t in tasks)) for c in sorted(set(contexts))}
+
+
+def batch_source(args, tokenizer):
+    """The run's batches: each step draws one --context (a context listed twice twice as often), its
+    samples draw their tasks, packed to that context's bucket (`bucket_lengths`)."""
+    from dllm_jax.eval import vocab
+
+    return BucketedSource(TaskSampler(tuple(args.task), tokenizer), batch_size=args.batch, contexts=args.context,
+                          lengths=bucket_lengths(args.task, args.context, args.family),
+                          pad_id=vocab.special_ids(tokenizer).pad, seed=args.seed,
+                          answer_room=functools.partial(sample_room, family=args.family) if args.pad_in_loss else None)
+
+
+def room_for(task: str, family: str) -> int:
+    """The answer window `dllm_jax.eval.evaluate` generates into for `task` (`answer_window`). For SDAR
+    that is whole blocks (every task prompt fills whole blocks of 4): a block is denoised as one, so its
+    positions after the EOS must be trained as masked positions too, not shown as padding that gives
+    away where the answer ends."""
+    from dllm_jax.eval import max_answer_length
+    from dllm_jax.eval.evaluate import answer_window
+
+    return answer_window(max_answer_length(task), None if family == "llada" else SDAR_BLOCK)
+
+
+def sample_room(sample, *, family: str) -> int:
+    """`room_for` the sample's task: a module-level function, so a batch source that uses it pickles."""
+    return room_for(sample.task, family)
