@@ -81,8 +81,12 @@ def arguments() -> argparse.ArgumentParser:
                    help="train on the answer only; by default the answer is padded to the window `dllm-jax eval` "
                         "generates into (the task's longest answer) and the model learns to fill it")
     p.add_argument("--stratified-t", action="store_true",
-                   help="draw each batch's masking ratios stratified over [eps, 1) (one per 1/n of it, for the n rows "
+                   help="draw each batch's masking ratios stratified over [min_t, 1) (one per 1/n of it, for the n rows "
                         "(LLaDA) or blocks (SDAR)) instead of iid: lower variance of the 1/t weights")
+    p.add_argument("--min-t", type=float, default=1e-3,
+                   help="masking ratios are drawn from U(min_t, 1) (LLaDA's eps); a larger floor spends more of the "
+                        "loss on mostly-masked answers, where the needle must be found rather than read off the "
+                        "answer digits already shown")
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--data-workers", type=int, default=min(4, max(1, (os.cpu_count() or 2) - 1)),
                    help="background processes building the batches ahead of the step (0: build them in the loop)")
@@ -122,7 +126,7 @@ def run(args) -> Path:
                          learning_rate=args.lr, warmup_steps=args.warmup, weight_decay=args.weight_decay,
                          grad_clip=args.grad_clip, compute_dtype=args.dtype, run_dir=str(args.out),
                          checkpoint_every=args.checkpoint_every, log_every=args.log_every, seed=args.seed,
-                         stratified_t=args.stratified_t)
+                         stratified_t=args.stratified_t, eps=args.min_t)
     result = train(config, batches, params=params, resume=args.resume, stop_at=args.stop_at,
                    max_seconds=None if args.max_minutes is None else 60 * args.max_minutes, progress=args.progress,
                    data_workers=args.data_workers)
