@@ -17,9 +17,9 @@ from dllm_jax.testing import tiny_llada_config, tiny_sdar_config
 from dllm_jax.train import (Batch, BatchSource, TrainConfig, export_hf, init_params, llada_loss, pack, sdar_loss,
                             train, two_copy_mask)
 from dllm_jax.train.__main__ import build_parser, model_config
-from dllm_jax.train.task_batches import batch_source, room_for
+from dllm_jax.train.task_batches import TaskSampler, batch_source, room_for
 from dllm_jax.train.__main__ import main as train_main
-from dllm_jax.train.data import BucketedSource
+from dllm_jax.train.data import BucketedSource, Prefetcher
 from dllm_jax.train.loop import check_same_run, loss_fn
 from dllm_jax.train.losses import block_ratios, mask_tokens, row_ratios, two_copy_logits
 
@@ -386,3 +386,33 @@ def test_resume_accepts_a_run_written_before_a_config_field_existed(tmp_path):
     check_same_run(old, config, tmp_path / "train_config.json")  # read as the default: the same run
     with pytest.raises(ValueError, match="stratified_t"):
         check_same_run(old, dataclasses.replace(config, stratified_t=True), tmp_path / "train_config.json")
+
+
+def test_prefetched_batches_are_the_sources_batches():
+    """Prefetcher: the command line's batch source, built ahead in a background process, gives the batch
+    of every step exactly, also when the steps jump (a restart of the read-ahead)."""
+    source = bucketed_source("sdar")
+    with Prefetcher(source, workers=1, ahead=3) as prefetched:
+        for step in (0, 1, 2, 3, 4, 9, 10, 2):
+            got, want = prefetched(step), source(step)
+            np.testing.assert_array_equal(got.tokens, want.tokens)
+            np.testing.assert_array_equal(got.loss_mask, want.loss_mask)
+            np.testing.assert_array_equal(got.lengths, want.lengths)
+
+
+def test_prefetcher_raises_the_workers_error():
+    """A batch that cannot be built raises its ValueError where the loop asks for it, not a broken pool."""
+    from dllm_jax.eval import build_tokenizer
+
+    source = BucketedSource(TaskSampler(("niah_multikey",), build_tokenizer()), batch_size=2, contexts=[16],
+                            lengths={16: 32}, pad_id=0)
+    with Prefetcher(source, workers=1) as prefetched, pytest.raises(ValueError, match="too short for niah_multikey"):
+        prefetched(0)
+
+
+def test_command_line_min_t_sets_the_masking_floor(tmp_path):
+    out = tmp_path / "run"
+    assert train_main(["--family", "llada", "--task", "passkey", "--context", "64", "--batch", "2", "--steps", "2",
+                       "--warmup", "0", "--min-t", "0.4", "--data-workers", "0", "--no-progress",
+                       "--out", str(out)]) == 0
+    assert json.loads((out / "train_config.json").read_text())["eps"] == 0.4
