@@ -2,9 +2,9 @@
 (SDAR, two-copy BD3-LM mask) losses, batches from task samples, a checkpointed loop, HF export.
 Command line: `python -m dllm_jax.train --help`."""
 
-from dllm_jax.train.data import Batch, BatchSource, BucketedSource, pack
+from dllm_jax.train.data import Batch, BatchSource, BucketedSource, Prefetcher, pack
 from dllm_jax.train.losses import llada_loss, sdar_loss, two_copy_mask
 from dllm_jax.train.loop import TrainConfig, TrainResult, TrainState, export_hf, init_params, train
 
-__all__ = ["Batch", "BatchSource", "BucketedSource", "TrainConfig", "TrainResult", "TrainState", "export_hf", "init_params",
-           "llada_loss", "pack", "sdar_loss", "train", "two_copy_mask"]
+__all__ = ["Batch", "BatchSource", "BucketedSource", "Prefetcher", "TrainConfig", "TrainResult", "TrainState",
+           "export_hf", "init_params", "llada_loss", "pack", "sdar_loss", "train", "two_copy_mask"]
