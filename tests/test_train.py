@@ -20,7 +20,7 @@ from dllm_jax.train.__main__ import build_parser, model_config
 from dllm_jax.train.task_batches import TaskSampler, batch_source, room_for
 from dllm_jax.train.__main__ import main as train_main
 from dllm_jax.train.data import BucketedSource, Prefetcher
-from dllm_jax.train.loop import check_same_run, loss_fn
+from dllm_jax.train.loop import check_same_run, grow_layers, loss_fn
 from dllm_jax.train.losses import block_ratios, mask_tokens, row_ratios, two_copy_logits
 
 LLADA = tiny_llada_config(vocab_size=64, tokenizer_vocab_size=64, mask_token_id=60, eos_token_id=61, pad_token_id=61,
@@ -325,6 +325,16 @@ def test_command_line_starts_from_a_checkpoints_weights(tmp_path, capsys):
     assert train_main(["--family", "llada", *common, "--steps", "3", "--init", str(first),
                        "--out", str(tmp_path / "c")]) == 2
     assert "holds a sdar model" in capsys.readouterr().err
+    # --grow-layers: twice as deep, and (still at the zero learning rate) the checkpoint's function
+    assert train_main(["--family", "sdar", *common, "--steps", "3", "--stop-at", "1", "--init", str(first),
+                       "--grow-layers", "4", "--out", str(tmp_path / "d")]) == 0
+    small, grown = load_model(first, dtype="float32"), load_model(tmp_path / "d" / "hf", dtype="float32")
+    assert (small.config.num_layers, grown.config.num_layers) == (2, 4)
+    ids = np.arange(3, 19).reshape(1, 16)
+    np.testing.assert_allclose(np.asarray(grown(ids)), np.asarray(small(ids)), rtol=1e-6, atol=1e-6)
+    assert train_main(["--family", "sdar", *common, "--steps", "3", "--grow-layers", "4",
+                       "--out", str(tmp_path / "e")]) == 2
+    assert "--grow-layers deepens the model of an --init checkpoint" in capsys.readouterr().err
 
 
 def bucketed_source(family: str, seed: int = 0) -> BucketedSource:
@@ -416,3 +426,22 @@ def test_command_line_min_t_sets_the_masking_floor(tmp_path):
                        "--warmup", "0", "--min-t", "0.4", "--data-workers", "0", "--no-progress",
                        "--out", str(out)]) == 0
     assert json.loads((out / "train_config.json").read_text())["eps"] == 0.4
+
+
+@pytest.mark.parametrize("family", ["llada", "sdar"])
+def test_grown_model_computes_what_the_trained_one_did(family, rng):
+    """grow_layers: twice the layers, each trained layer followed by a copy of its weights with zero output
+    projections: the same logits (float32); a depth that is not a multiple is refused."""
+    model = tiny_llada_config() if family == "llada" else tiny_sdar_config()
+    params = init_params(model, jax.random.PRNGKey(3))
+    grown = grow_layers(params, 2 * model.num_layers)
+    deeper = dataclasses.replace(model, num_layers=2 * model.num_layers)
+    ids = jnp.asarray(rng.integers(3, model.vocab_size, (2, 12)))
+    forward = llada.forward if family == "llada" else sdar.forward
+    np.testing.assert_allclose(np.asarray(forward(grown, ids, config=deeper)[0]),
+                               np.asarray(forward(params, ids, config=model)[0]), rtol=1e-6, atol=1e-6)
+    np.testing.assert_array_equal(grown["layers"]["q_proj"][1], params["layers"]["q_proj"][0])
+    assert not np.any(grown["layers"]["o_proj"][1]) and np.array_equal(grown["layers"]["o_proj"][2],
+                                                                         params["layers"]["o_proj"][1])
+    with pytest.raises(ValueError, match="not a multiple"):
+        grow_layers(params, model.num_layers + 1)

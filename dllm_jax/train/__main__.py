@@ -12,6 +12,7 @@ and, after every invocation, OUT/hf: the weights so far as an HF checkpoint with
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import os
 import sys
 from pathlib import Path
@@ -98,6 +99,10 @@ def arguments() -> argparse.ArgumentParser:
     p.add_argument("--init", type=Path, default=None,
                    help="start a new run from the weights of this HF checkpoint (e.g. checkpoints/tiny-sdar-tasks, "
                         "to teach it more tasks); its config.json replaces --config")
+    p.add_argument("--grow-layers", type=int, default=None,
+                   help="with --init: deepen the checkpoint's model to this many layers (a multiple of its own): each "
+                        "layer is followed by copies with zero output projections, so training starts from exactly the "
+                        "checkpoint's function (dllm_jax.train.loop.grow_layers)")
     p.add_argument("--no-progress", dest="progress", action="store_false")
     return p
 
@@ -117,6 +122,8 @@ def run(args) -> Path:
     special = vocab.special_ids(tokenizer)
     batches = batch_source(args, tokenizer)
     length = batches.length  # the longest bucket
+    if args.grow_layers is not None and args.init is None:
+        raise ValueError("--grow-layers deepens the model of an --init checkpoint: give --init")
     if args.init is None:
         model, params = model_config(args.family, args.config, vocab_size=tokenizer.get_vocab_size(),
                                      special=special, max_positions=max(length, 4096)), None
@@ -144,6 +151,7 @@ def initial_weights(args, special, *, vocab_size: int, length: int):
     checked against the run: its family, the task tokenizer's ids and the sequence length."""
     from dllm_jax.checkpoint.hf import read_hf_params
     from dllm_jax.config import read_hf_config
+    from dllm_jax.train.loop import grow_layers
 
     if args.resume:
         raise ValueError("--init starts a new run from a checkpoint's weights; --resume continues a run: give one")
@@ -159,7 +167,11 @@ def initial_weights(args, special, *, vocab_size: int, length: int):
         raise ValueError(f"--init {args.init} has block size {model.block_size}; the task training uses {SDAR_BLOCK}")
     if model.max_position_embeddings < length:
         raise ValueError(f"--init {args.init} allows {model.max_position_embeddings} positions; the run needs {length}")
-    return model, read_hf_params(args.init, model, dtype="float32", progress=False)
+    params = read_hf_params(args.init, model, dtype="float32", progress=False)
+    if args.grow_layers is not None:
+        params = grow_layers(params, args.grow_layers)
+        model = dataclasses.replace(model, num_layers=args.grow_layers)
+    return model, params
 
 
 def main(argv: list[str] | None = None) -> int:

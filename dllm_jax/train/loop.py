@@ -158,6 +158,33 @@ def init_params(config: LLaDAConfig | SDARConfig, key) -> dict:
     return jax.tree.unflatten(treedef, values)
 
 
+RESIDUAL_OUTPUTS = ("o_proj", "down_proj")  # what a layer adds to the residual stream goes through these
+
+
+def grow_layers(params: dict, num_layers: int) -> dict:
+    """Checkpoint-layout `params` deepened to `num_layers` decoder layers (a multiple of the current n):
+    each trained layer is followed by num_layers / n - 1 copies of itself whose output projections
+    (`RESIDUAL_OUTPUTS`) are zero. A zero-output layer adds nothing to the residual stream, so the grown
+    model computes exactly what the trained one did, and training starts from there with the copies'
+    attention and MLP weights already meaningful (zero-initialised residual branches, as in ReZero and
+    progressive stacking). Returns new float32 arrays; ValueError for a depth that is not a multiple."""
+    layers = params["layers"]
+    n = int(np.shape(layers["o_proj"])[0])
+    num_layers = integer("num_layers", num_layers)
+    if num_layers % n:
+        raise ValueError(f"grow_layers: {num_layers} layers is not a multiple of the model's {n}")
+    copies = num_layers // n
+    order = np.repeat(np.arange(n), copies)  # layer i, then its copies
+    trained = np.arange(num_layers) % copies == 0
+    grown = {}
+    for name, value in layers.items():
+        value = jnp.asarray(value, jnp.float32)[order]
+        if name in RESIDUAL_OUTPUTS:
+            value = value * jnp.asarray(trained, jnp.float32).reshape((-1,) + (1,) * (value.ndim - 1))
+        grown[name] = value
+    return {**params, "layers": grown}
+
+
 def schedule(config: TrainConfig) -> optax.Schedule:
     return optax.warmup_cosine_decay_schedule(0.0, config.learning_rate, config.warmup_steps, config.steps,
                                               end_value=config.final_lr_fraction * config.learning_rate)
