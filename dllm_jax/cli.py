@@ -503,9 +503,21 @@ def cmd_eval(args) -> None:
     result = evaluate(model, samples, method=method, batch_size=args.batch_size, progress=not args.quiet)
     print(f"{args.task} at {args.context} tokens, {result.method}: accuracy {result.accuracy:.3f} "
           f"({result.num_correct}/{result.num_samples}) in {result.seconds:.1f} s")
+    wrong = result.num_samples - result.num_correct
+    if wrong and any(len(s.values) > 1 for s in samples):  # a task with distractors: which needle was taken
+        places = result.distractors()
+        taken = ", ".join(f"{ordinal(place)} {count}" for place, count in places.items())
+        print(f"wrong answers: {sum(places.values())} of {wrong} a distractor's whole value"
+              + (f" (by its place in the text: {taken})" if taken else ""))
     if out is not None:
         write_files(out.parent, {out.name: (json.dumps(result.to_dict(), indent=2) + "\n").encode()})
         print(f"wrote {out}", file=sys.stderr)
+
+
+def ordinal(n: int) -> str:
+    """1st, 2nd, 3rd, 4th, ..., 11th, 12th, 13th, 21st, ..."""
+    suffix = "th" if n % 100 in (11, 12, 13) else {1: "st", 2: "nd", 3: "rd"}.get(n % 10, "th")
+    return f"{n}{suffix}"
 
 
 def cmd_train(args) -> None:

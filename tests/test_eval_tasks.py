@@ -235,7 +235,47 @@ def test_eval_command_prints_the_accuracy_and_writes_json(tmp_path, capsys):
     expected = make_samples("passkey", 256, 2, 0, TOKENIZER)
     assert [r["answer"] for r in written["records"]] == [s.answer for s in expected]
 
+    assert "wrong answers" not in line  # passkey has no distractors
+    niah = tmp_path / "niah.json"
+    assert main(["eval", "--model", str(model), "--task", "niah_multikey", "--context", "128", "--samples", "3",
+                 "--dtype", "float32", "--quiet", "--json", str(niah)]) == 0
+    records = json.loads(niah.read_text())["records"]
+    wrong, taken = sum(not r["correct"] for r in records), sum(r["distractor"] is not None for r in records)
+    assert wrong == 0 or f"wrong answers: {taken} of {wrong} a distractor's whole value" in capsys.readouterr().out
+
     assert main(["eval", "--model", str(model), "--task", "passkey", "--context", "8"]) == 2
     assert "the minimum context_length" in capsys.readouterr().err
     assert main(["eval", "--model", str(model), "--task", "passkey", "--method", "mage"]) == 2
     assert "SDAR" in capsys.readouterr().err
+
+
+def test_samples_list_their_statements_values_in_text_order():
+    """Sample.values: every digit value the prompt states, in the order the text has them, the answer's among
+    them (NIAH: 4 needles, VT: 2 chains, passkey: the key; sanity: none)."""
+    expected = {"niah_multikey": 4, "variable_tracking": 2, "passkey": 1, "sanity": 0}
+    for task, count in expected.items():
+        for sample in make_samples(task, 256, 5, 3, TOKENIZER):
+            assert len(sample.values) == count and len(set(sample.values)) == count
+            text = TOKENIZER.decode(sample.prompt_ids.tolist())
+            places = [text.index(f" {value} .") for value in sample.values]
+            assert places == sorted(places)
+            assert count == 0 or sample.answer in sample.values
+
+
+def test_a_wrong_answer_that_is_a_distractor_records_its_place():
+    from dllm_jax.eval.evaluate import record
+
+    sample = make_samples("niah_multikey", 256, 1, 5, TOKENIZER)[0]
+    eos = int(sample.answer_ids[-1])
+
+    def ids(value):
+        return np.array([*TOKENIZER.encode(value, add_special_tokens=False).ids, eos, eos])
+
+    for place, value in enumerate(sample.values, 1):
+        got = record(sample, ids(value), TOKENIZER)
+        if value == sample.answer:
+            assert got.correct and got.distractor is None
+        else:
+            assert not got.correct and got.distractor == place
+    digits_of_none = next(v for v in ("1 2 3 4", "5 6 7 8", "9 0 9 0") if v not in sample.values)
+    assert record(sample, ids(digits_of_none), TOKENIZER).distractor is None

@@ -11,6 +11,7 @@ task, so a sample's prediction does not depend on which other samples are evalua
 
 from __future__ import annotations
 
+import collections
 import dataclasses
 import time
 from typing import Any
@@ -40,6 +41,8 @@ class EvalRecord:
     predicted: str  # the generated text before the first EOS (special tokens dropped)
     predicted_ids: tuple[int, ...]  # every generated id (after the prompt), as generate returned them
     correct: bool  # score(sample, predicted_ids)
+    distractor: int | None = None  # a wrong answer that is a distractor's whole value: that statement's place in
+    # the text (1 = first; the prompt's values, `Sample.values`): the model took the wrong needle; else None
 
 
 @dataclasses.dataclass(frozen=True)
@@ -59,6 +62,10 @@ class EvalResult:
     def to_dict(self) -> dict:
         """JSON-ready (lists for tuples)."""
         return dataclasses.asdict(self)
+
+    def distractors(self) -> dict[int, int]:
+        """{place in the text: number of wrong answers that were that distractor's whole value}, by place."""
+        return dict(sorted(collections.Counter(r.distractor for r in self.records if r.distractor).items()))
 
 
 def evaluate(model, samples, *, tokenizer=None, method=None, batch_size: int = 1, progress: bool = True,
@@ -166,6 +173,9 @@ def record(sample: Sample, generated: np.ndarray, tokenizer) -> EvalRecord:
     eos = int(sample.answer_ids[-1])
     ends = np.flatnonzero(generated == eos)
     text = tokenizer.decode(generated[:ends[0] if ends.size else len(generated)].tolist(), skip_special_tokens=True)
+    correct = score(sample, generated)
+    wrong_values = [place for place, value in enumerate(sample.values, 1) if value == text and value != sample.answer]
     return EvalRecord(index=sample.index, task=sample.task, context_length=sample.context_length, seed=sample.seed,
                       prompt_length=len(sample.prompt_ids), answer=sample.answer, predicted=text,
-                      predicted_ids=tuple(int(i) for i in generated), correct=score(sample, generated))
+                      predicted_ids=tuple(int(i) for i in generated), correct=correct,
+                      distractor=None if correct or not wrong_values else wrong_values[0])

@@ -54,6 +54,8 @@ class Sample:
     context_length: int       # the requested context length in tokens (prompt length is close to it, <= it)
     seed: int
     index: int
+    values: tuple[str, ...] = ()  # the digit values the prompt's statements hold, in text order, as `answer` is
+    # written: the answer's own and the distractors' (passkey: the key alone; sanity: none)
 
 
 @dataclasses.dataclass(frozen=True)
@@ -124,6 +126,12 @@ BUILDERS = {"passkey": passkey, "niah_multikey": niah_multikey, "variable_tracki
 MIN_CONTEXT = {"passkey": 13 + 8, "niah_multikey": NIAH_NEEDLES * 12 + 11,
                "variable_tracking": VT_CHAINS * (3 + VT_DIGITS + 1 + VT_HOPS * 6) + 10,
                "sanity": 1 + SANITY_DIGITS[1] + 3}
+
+
+def statement_values(parts: Parts) -> tuple[str, ...]:
+    """The digit values of the statements (each statement's digits, space-joined), in text order."""
+    held = (" ".join(word for word in statement if word.isdigit()) for statement in parts.statements)
+    return tuple(value for value in held if value)
 
 
 def min_context_length(task: str) -> int:
@@ -239,7 +247,7 @@ def make_samples(task: str, context_length: int, num_samples: int, seed: int, to
         prompt = encode(tokenizer, compose(rng, parts, prompt_length(task, context_length)))
         answer_ids = read_only([*encode(tokenizer, list(parts.answer)), eos])
         samples.append(Sample(task=task, prompt_ids=prompt, answer_ids=answer_ids, answer=" ".join(parts.answer),
-                              context_length=context_length, seed=seed, index=index))
+                              context_length=context_length, seed=seed, index=index, values=statement_values(parts)))
     return samples
 
 
