@@ -343,11 +343,14 @@ def run_row(spec: ModelSpec, plan: Plan, model, tokenizer, samples, setting: Set
     """One (model, task, context, setting): accuracy over all samples in one batch, then diagnostics."""
     row = dict(model=spec.name, family=spec.family, task=samples[0].task, context=context, method=setting.method,
                level=setting.level, name=setting.name, label=None, accuracy=None, correct=None, n=len(samples),
-               recall=None, l1=None, seconds=None, diagnostics_seconds=None, error=None, diagnostics_error=None)
+               distractor_answers=None, recall=None, l1=None, seconds=None, diagnostics_seconds=None, error=None,
+               diagnostics_error=None)
     try:
         method, row["label"] = build(setting, context, calibration, plan.out)
         result = evaluate(model, samples, tokenizer=tokenizer, method=method, batch_size=len(samples), progress=False)
-        row.update(accuracy=result.accuracy, correct=result.num_correct, seconds=result.seconds)
+        # wrong answers that were a distractor's whole value: the wrong needle taken, not a garbled copy
+        row.update(accuracy=result.accuracy, correct=result.num_correct, seconds=result.seconds,
+                   distractor_answers=sum(result.distractors().values()))
     except Exception as e:  # one failing row must not lose the others' results
         row["error"] = f"{type(e).__name__}: {e}"
         traceback.print_exc()

@@ -57,6 +57,7 @@ def test_quality_smoke_run_covers_every_task_and_method_asked(tmp_path):
     for r in rows:
         assert r["error"] is None, r
         assert 0.0 <= r["accuracy"] <= 1.0 and r["n"] == 2
+        assert r["distractor_answers"] == 0  # passkey and sanity state no distractor to take
     # the SDAR checkpoint is trained on passkey: dense retrieval at 128 tokens is a real check
     dense = next(r for r in rows if (r["model"], r["task"], r["method"]) == ("tiny-sdar-tasks", "passkey", "dense"))
     assert dense["correct"] == 2
