@@ -279,3 +279,30 @@ def test_a_wrong_answer_that_is_a_distractor_records_its_place():
             assert not got.correct and got.distractor == place
     digits_of_none = next(v for v in ("1 2 3 4", "5 6 7 8", "9 0 9 0") if v not in sample.values)
     assert record(sample, ids(digits_of_none), TOKENIZER).distractor is None
+
+
+def test_task_options_make_the_lookup_easier_or_harder():
+    """niah_multikey's `needles` and variable_tracking's `hops` (a curriculum's knobs): the prompt states that
+    many needles / that many assignments after each value; the defaults are the evaluated tasks, sample for
+    sample; bad options are refused."""
+    for needles in (1, 2, 6):
+        for sample in make_samples("niah_multikey", 256, 4, 2, TOKENIZER, options={"needles": needles}):
+            assert len(sample.values) == needles and sample.answer in sample.values
+            assert TOKENIZER.decode(sample.prompt_ids.tolist()).count("magic number for") == needles + 1
+    for hops in (0, 2):
+        for sample in make_samples("variable_tracking", 256, 4, 2, TOKENIZER, options={"hops": hops}):
+            text = TOKENIZER.decode(sample.prompt_ids.tolist())
+            assert text.count("= VAR") == 2 * hops and len(sample.values) == 2 and sample.answer in sample.values
+            asked = text.split("value of VAR ")[1].split()[0]
+            if hops == 0:  # the question names the variable the value is assigned to
+                assert f"VAR {asked} = {sample.answer} ." in text
+    for task, knob in (("niah_multikey", {"needles": 4}), ("variable_tracking", {"hops": 1})):
+        given, default = (make_samples(task, 300, 3, 9, TOKENIZER, options=o) for o in (knob, None))
+        assert all(np.array_equal(a.prompt_ids, b.prompt_ids) for a, b in zip(given, default))
+    assert min_context_length("niah_multikey", {"needles": 1}) < min_context_length("niah_multikey")
+    with pytest.raises(ValueError, match=r"needles must be an integer in \[1, 16\], got 0"):
+        make_samples("niah_multikey", 256, 1, 0, TOKENIZER, options={"needles": 0})
+    with pytest.raises(ValueError, match="passkey has no option"):
+        make_samples("passkey", 256, 1, 0, TOKENIZER, options={"hops": 0})
+    with pytest.raises(ValueError, match="too short for niah_multikey"):
+        make_samples("niah_multikey", 100, 1, 0, TOKENIZER, options={"needles": 8})

@@ -445,3 +445,18 @@ def test_grown_model_computes_what_the_trained_one_did(family, rng):
                                                                          params["layers"]["o_proj"][1])
     with pytest.raises(ValueError, match="not a multiple"):
         grow_layers(params, model.num_layers + 1)
+
+
+def test_command_line_task_options_reach_the_batches(tmp_path, capsys):
+    """--niah-needles / --vt-hops: the training prompts hold that many needles / hops (a curriculum)."""
+    from dllm_jax.eval import build_tokenizer
+
+    tokenizer = build_tokenizer()
+    args = build_parser().parse_args(["--family", "llada", "--task", "niah_multikey", "--context", "128",
+                                      "--batch", "3", "--steps", "5", "--niah-needles", "1", "--out", "unused"])
+    for step in range(3):
+        for row in batch_source(args, tokenizer)(step).tokens:
+            assert tokenizer.decode(row.tolist()).count("magic number for") == 2  # the one needle and the question
+    assert train_main(["--family", "llada", "--task", "passkey", "--context", "64", "--steps", "3", "--warmup", "1",
+                       "--vt-hops", "0", "--out", str(tmp_path)]) == 2
+    assert "which --task does not train" in capsys.readouterr().err

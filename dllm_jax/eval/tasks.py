@@ -7,11 +7,11 @@ answer is a digit sequence followed by EOS. Prompts are exactly `context_length`
 without padding.
 
 - passkey: "the pass key is D D D D D . remember it ." at a random depth; "what is the pass key ?".
-- niah_multikey (RULER's multi-key needle in a haystack): NIAH_NEEDLES needles
+- niah_multikey (RULER's multi-key needle in a haystack): NIAH_NEEDLES needles (option `needles`)
   "the special magic number for KEY is D D D D ." with distinct keys and numbers;
   "what is the special magic number for KEY ?" asks for one of them.
 - variable_tracking (RULER's, asked the other way round): VT_CHAINS chains
-  "VAR X = D D D D D ." "VAR Y = VAR X ." ... (VT_HOPS assignments after the value, each chain's
+  "VAR X = D D D D D ." "VAR Y = VAR X ." ... (VT_HOPS assignments after the value, option `hops`; each chain's
   statements in order, the chains interleaved); "what is the value of VAR Z ?" asks for the value of
   the last variable of one chain. Chains have distinct values and variables.
 - sanity: "copy D ... D ." or "reverse D ... D ." (4..8 digits) after a short filler; the answer is
@@ -87,25 +87,25 @@ def passkey(rng) -> Parts:
                  question=("what", "is", "the", "pass", "key", "?", "answer", ":"), answer=key)
 
 
-def niah_multikey(rng) -> Parts:
-    keys = rng.choice(vocab.KEYS, NIAH_NEEDLES, replace=False)
-    numbers = distinct_numbers(rng, NIAH_NEEDLES, NIAH_DIGITS)
-    needles = tuple(("the", "special", "magic", "number", "for", str(key), "is", *number, ".")
-                    for key, number in zip(keys, numbers))
-    order = rng.permutation(NIAH_NEEDLES)  # the queried needle (0) is not always the first in the text
-    return Parts(statements=tuple(needles[i] for i in order),
+def niah_multikey(rng, needles: int = NIAH_NEEDLES) -> Parts:
+    keys = rng.choice(vocab.KEYS, needles, replace=False)
+    numbers = distinct_numbers(rng, needles, NIAH_DIGITS)
+    sentences = tuple(("the", "special", "magic", "number", "for", str(key), "is", *number, ".")
+                      for key, number in zip(keys, numbers))
+    order = rng.permutation(needles)  # the queried needle (0) is not always the first in the text
+    return Parts(statements=tuple(sentences[i] for i in order),
                  question=("what", "is", "the", "special", "magic", "number", "for", str(keys[0]), "?", "answer", ":"),
                  answer=numbers[0])
 
 
-def variable_tracking(rng) -> Parts:
-    names = rng.choice(vocab.VARIABLES, (VT_CHAINS, VT_HOPS + 1), replace=False)
+def variable_tracking(rng, hops: int = VT_HOPS) -> Parts:
+    names = rng.choice(vocab.VARIABLES, (VT_CHAINS, hops + 1), replace=False)
     values = distinct_numbers(rng, VT_CHAINS, VT_DIGITS)
     chains = [[("VAR", str(chain[0]), "=", *value, ".")]
               + [("VAR", str(name), "=", "VAR", str(previous), ".") for previous, name in zip(chain, chain[1:])]
               for chain, value in zip(names, values)]
     # a random interleaving of the chains that keeps each chain's assignments in order
-    labels = rng.permutation(np.repeat(np.arange(VT_CHAINS), VT_HOPS + 1))
+    labels = rng.permutation(np.repeat(np.arange(VT_CHAINS), hops + 1))
     statements = tuple(chains[c].pop(0) for c in labels)
     return Parts(statements=statements,
                  question=("what", "is", "the", "value", "of", "VAR", str(names[0, -1]), "?", "answer", ":"),
@@ -122,21 +122,41 @@ def sanity(rng) -> Parts:
 BUILDERS = {"passkey": passkey, "niah_multikey": niah_multikey, "variable_tracking": variable_tracking,
             "sanity": sanity}
 
-# The longest statements + question of each task: the least context_length that fits every sample.
-MIN_CONTEXT = {"passkey": 13 + 8, "niah_multikey": NIAH_NEEDLES * 12 + 11,
-               "variable_tracking": VT_CHAINS * (3 + VT_DIGITS + 1 + VT_HOPS * 6) + 10,
-               "sanity": 1 + SANITY_DIGITS[1] + 3}
+# Each task's difficulty knobs and their defaults (what evaluation and the shipped models use); other values
+# make easier or harder variants, e.g. a training curriculum of the lookup (one needle, or no hop, first).
+OPTIONS = {"passkey": {}, "niah_multikey": {"needles": NIAH_NEEDLES}, "variable_tracking": {"hops": VT_HOPS},
+           "sanity": {}}
+LEAST = {"needles": 1, "hops": 0}
+MOST = {"needles": 16, "hops": len(vocab.VARIABLES) // VT_CHAINS - 1}  # distinct keys / variable names suffice
+
+
+def task_options(task: str, options: dict | None = None) -> dict[str, int]:
+    """The task's knobs (`OPTIONS`) with `options` applied; ValueError for a knob the task lacks or a value
+    out of range."""
+    defaults = OPTIONS[check.choice("task", task, TASKS)]
+    options = dict(options or {})
+    unknown = sorted(set(options) - set(defaults))
+    if unknown:
+        raise ValueError(f"task {task} has no option(s) {unknown}; its options: {sorted(defaults) or 'none'}")
+    return defaults | {name: check.integer(f"{task} {name}", value, minimum=LEAST[name], maximum=MOST[name])
+                       for name, value in options.items()}
+
+
+def min_context_length(task: str, options: dict | None = None) -> int:
+    """The least context_length `make_samples` accepts for `task` with `options` (its statements and
+    question, no filler)."""
+    knobs = task_options(task, options)
+    if task == "niah_multikey":
+        return knobs["needles"] * 12 + 11
+    if task == "variable_tracking":
+        return VT_CHAINS * (3 + VT_DIGITS + 1 + knobs["hops"] * 6) + 10
+    return {"passkey": 13 + 8, "sanity": 1 + SANITY_DIGITS[1] + 3}[task]
 
 
 def statement_values(parts: Parts) -> tuple[str, ...]:
     """The digit values of the statements (each statement's digits, space-joined), in text order."""
     held = (" ".join(word for word in statement if word.isdigit()) for statement in parts.statements)
     return tuple(value for value in held if value)
-
-
-def min_context_length(task: str) -> int:
-    """The least context_length `make_samples` accepts for `task` (its statements and question, no filler)."""
-    return MIN_CONTEXT[check.choice("task", task, TASKS)]
 
 
 def max_answer_length(task: str) -> int:
@@ -222,28 +242,32 @@ def read_only(ids) -> np.ndarray:
     return array
 
 
-def make_samples(task: str, context_length: int, num_samples: int, seed: int, tokenizer) -> list[Sample]:
+def make_samples(task: str, context_length: int, num_samples: int, seed: int, tokenizer, *,
+                 options: dict | None = None) -> list[Sample]:
     """`num_samples` samples of `task` (one of TASKS) whose prompts are `context_length` tokens
     (sanity: min(context_length, SANITY_CONTEXT)), generated from `seed` (any int) with `tokenizer`
-    (a tokenizers.Tokenizer or ChatTokenizer covering `dllm_jax.eval.vocab.VOCABULARY`).
+    (a tokenizers.Tokenizer or ChatTokenizer covering `dllm_jax.eval.vocab.VOCABULARY`). `options`
+    sets the task's difficulty knobs (`OPTIONS`: niah_multikey's `needles`, variable_tracking's `hops`);
+    the defaults are the tasks evaluation reports.
 
-    ValueError for an unknown task, num_samples < 1, context_length below `min_context_length(task)`,
-    or a tokenizer that lacks the task words.
+    ValueError for an unknown task or option, num_samples < 1, context_length below
+    `min_context_length(task, options)`, or a tokenizer that lacks the task words.
     """
-    check.choice("task", task, TASKS)
+    knobs = task_options(task, options)
     context_length = check.integer("context_length", context_length)
     num_samples = check.integer("num_samples", num_samples)
     seed = check.integer("seed", seed, minimum=None)
-    if context_length < MIN_CONTEXT[task]:
+    least = min_context_length(task, knobs)
+    if context_length < least:
         raise ValueError(f"context_length={context_length} is too short for {task}: its statements and question "
-                         f"alone take {MIN_CONTEXT[task]} tokens (the minimum context_length)")
+                         f"alone take {least} tokens (the minimum context_length)")
     tokenizer = as_tokenizer(tokenizer)
     check_coverage(tokenizer)
     eos = vocab.special_ids(tokenizer).eos
     samples = []
     for index in range(num_samples):
         rng = generator(task, context_length, seed, index)
-        parts = BUILDERS[task](rng)
+        parts = BUILDERS[task](rng, **knobs)
         prompt = encode(tokenizer, compose(rng, parts, prompt_length(task, context_length)))
         answer_ids = read_only([*encode(tokenizer, list(parts.answer)), eos])
         samples.append(Sample(task=task, prompt_ids=prompt, answer_ids=answer_ids, answer=" ".join(parts.answer),

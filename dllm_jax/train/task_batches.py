@@ -23,10 +23,13 @@ SDAR_BLOCK = 4  # the block size of the trained SDAR models (and of --init check
 class TaskSampler:
     """sample_fn(seed, count, context): `count` samples of `context` tokens, each of a task drawn from
     `tasks` (the batch's context is drawn per step, `dllm_jax.train.data.BucketedSource`). A picklable
-    value, so background processes can build batches (`dllm_jax.train.data.Prefetcher`)."""
+    value, so background processes can build batches (`dllm_jax.train.data.Prefetcher`). `options`:
+    {task: its difficulty knobs} (`make_samples`' options, e.g. {"variable_tracking": {"hops": 0}}), for
+    a curriculum; a task not in it is drawn at its defaults."""
 
     tasks: tuple[str, ...]
     tokenizer: Any
+    options: dict = dataclasses.field(default_factory=dict)
 
     def __call__(self, seed: int, count: int, context: int):
         from dllm_jax.eval import make_samples
@@ -37,7 +40,8 @@ class TaskSampler:
         for task in sorted(set(self.tasks)):  # one make_samples call per task: its checks run once
             n = int(sum(self.tasks[i] == task for i in drawn))
             if n:
-                samples += make_samples(task, context, n, int(rng.integers(TRAIN_SEED_FLOOR, 2**62)), self.tokenizer)
+                samples += make_samples(task, context, n, int(rng.integers(TRAIN_SEED_FLOOR, 2**62)), self.tokenizer,
+                                        options=self.options.get(task))
         return [samples[i] for i in rng.permutation(count)]
 
 
@@ -61,10 +65,18 @@ def batch_source(args, tokenizer):
     samples draw their tasks, packed to that context's bucket (`bucket_lengths`)."""
     from dllm_jax.eval import vocab
 
-    return BucketedSource(TaskSampler(tuple(args.task), tokenizer), batch_size=args.batch, contexts=args.context,
+    return BucketedSource(TaskSampler(tuple(args.task), tokenizer, task_options_of(args)), batch_size=args.batch,
+                          contexts=args.context,
                           lengths=bucket_lengths(args.task, args.context, args.family),
                           pad_id=vocab.special_ids(tokenizer).pad, seed=args.seed,
                           answer_room=functools.partial(sample_room, family=args.family) if args.pad_in_loss else None)
+
+
+def task_options_of(args) -> dict[str, dict[str, int]]:
+    """{task: options} from the command line's --niah-needles and --vt-hops (unset: the defaults)."""
+    options = {"niah_multikey": {"needles": args.niah_needles}, "variable_tracking": {"hops": args.vt_hops}}
+    return {task: {k: v for k, v in knobs.items() if v is not None} for task, knobs in options.items()
+            if any(v is not None for v in knobs.values())}
 
 
 def room_for(task: str, family: str) -> int:
