@@ -20,8 +20,9 @@ from pathlib import Path
 from dllm_jax.config import LLaDAConfig, SDARConfig
 from dllm_jax.train.task_batches import SDAR_BLOCK, batch_source, task_options_of
 
-# "medium" is "small" twice as deep (6.6M parameters; 13 MB stored in bfloat16, --export-dtype): the
-# layers a lookup-then-copy task (variable tracking) needs beyond finding one needle
+# "medium" is "small" twice as deep (6.6M parameters; 13 MB stored in bfloat16, --export-dtype), for tasks
+# that need a lookup before the copy; from scratch it had learned nothing yet after ~4k steps
+# (checkpoints/README.md)
 SIZES = {"tiny": dict(hidden_size=64, num_layers=2, num_heads=4, num_kv_heads=2, intermediate_size=192),
          "small": dict(hidden_size=256, num_layers=4, num_heads=8, num_kv_heads=4, intermediate_size=768),
          "medium": dict(hidden_size=256, num_layers=8, num_heads=8, num_kv_heads=4, intermediate_size=768)}
@@ -127,12 +128,12 @@ def run(args) -> Path:
              if c < min_context_length(t, options.get(t))]
     if short:
         raise ValueError(f"--context {args.context} too short: {sorted(set(short))}")
+    if args.grow_layers is not None and args.init is None:
+        raise ValueError("--grow-layers deepens the model of an --init checkpoint: give --init")
     tokenizer = build_tokenizer()
     special = vocab.special_ids(tokenizer)
     batches = batch_source(args, tokenizer)
     length = batches.length  # the longest bucket
-    if args.grow_layers is not None and args.init is None:
-        raise ValueError("--grow-layers deepens the model of an --init checkpoint: give --init")
     if args.init is None:
         model, params = model_config(args.family, args.config, vocab_size=tokenizer.get_vocab_size(),
                                      special=special, max_positions=max(length, 4096)), None
