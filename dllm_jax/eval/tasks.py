@@ -39,7 +39,7 @@ TASKS = ("passkey", "niah_multikey", "variable_tracking", "sanity")
 PASSKEY_DIGITS = 5
 NIAH_NEEDLES, NIAH_DIGITS = 4, 4  # one queried needle and three distractors
 VT_CHAINS, VT_HOPS, VT_DIGITS = 2, 1, 5  # one queried chain and one distractor, 2 variables each (one hop:
-# what the 4-layer trained models resolve; RULER uses 4 hops for billion-parameter models)
+# what the tiny trained models are trained on; RULER uses 4 hops for billion-parameter models)
 SANITY_DIGITS = (4, 8)  # the shortest and longest sequence
 SANITY_CONTEXT = 64  # the sanity task's prompts stop growing here
 SENTENCE_TOKENS = (5, 13)  # filler sentence length in tokens, the period included: [low, high)
