@@ -3,15 +3,18 @@ sampler vs prefix cache vs dual cache vs + confidence threshold vs + SparseD / P
 samples.
 
     PYTHONPATH=. python -m benchmarks.fastdllm_quality --out benchmarks/results [--samples 40 --context 1024]
+        [--tasks passkey,niah_multikey,variable_tracking,sanity] [--tag NAME]
 
 The answer window is the task's (`dllm_jax.eval.max_answer_length`) in blocks of `--block` tokens, one
-token per step for the schedule-driven rows; every row decodes the same samples (evaluation seed 1).
+token per step for the schedule-driven rows; every row decodes the same samples (evaluation seed 1). The
+long tasks run at `--context` tokens, sanity at its 64. Results: <out>/fastdllm_quality[_tag]_<device>_<date>.{json,md}.
 """
 
 from __future__ import annotations
 
 import argparse
 import datetime
+import re
 import time
 from pathlib import Path
 
@@ -64,17 +67,25 @@ def main(argv=None) -> Path:
     p.add_argument("--context", type=int, default=1024)
     p.add_argument("--block", type=int, default=3, help="block length (the answer window holds 2-3 blocks)")
     p.add_argument("--seed", type=int, default=1)
+    p.add_argument("--tasks", default=",".join(dev.TASKS), help="comma-separated tasks (dllm_jax.eval.TASKS)")
+    p.add_argument("--tag", default="", help="name suffix of the results files (letters, digits, '-', '_')")
     p.add_argument("--out", type=Path, default=Path("benchmarks/results"))
     args = p.parse_args(argv)
+    tasks = [t for t in args.tasks.split(",") if t]
+    unknown = sorted(set(tasks) - set(dev.TASKS))
+    if unknown or not tasks:
+        p.error(f"--tasks: unknown or no tasks {unknown}; choose from {', '.join(dev.TASKS)}")
+    if not re.fullmatch(r"[A-Za-z0-9_-]*", args.tag):
+        p.error(f"--tag {args.tag!r}: use letters, digits, '-' and '_' (it names files)")
     model = load_model(args.model, dtype="float32", progress=False)
     tokenizer = dev.load_tokenizer(args.model)
     rows = []
-    for task, context in (("passkey", args.context), ("sanity", 64)):
+    for task, context in ((t, 64 if t == "sanity" else args.context) for t in tasks):
         samples = dev.make_samples(task, context, args.samples, args.seed, tokenizer)
         rows += rows_for(model, samples, block=args.block, task=task, context=context)
     device = jax.devices()[0]
-    meta = dict(benchmark="fastdllm_quality", device=device.device_kind, platform=device.platform,
-                jax=jax.__version__, date=datetime.date.today().isoformat(), model=args.model,
+    meta = dict(benchmark="fastdllm_quality" + (f"_{args.tag}" if args.tag else ""), device=device.device_kind,
+                platform=device.platform, jax=jax.__version__, date=datetime.date.today().isoformat(), model=args.model,
                 samples=args.samples, seed=args.seed, block=args.block)
     lines = [f"# Fast-dLLM decoding on {Path(args.model).name} — {meta['device']}, jax {meta['jax']}, {meta['date']}",
              "",

@@ -15,7 +15,8 @@ from dllm_jax.train.data import TRAIN_SEED_FLOOR
 CHECKPOINTS = Path(__file__).parent.parent / "checkpoints"
 TRAINED = {"tiny-sdar-tasks": "SDAR", "tiny-llada-tasks": "LLaDA"}
 # what each model reaches >= 95% on with fresh seeds (checkpoints/README.md), checked here on small samples
-LEARNED = [("passkey", 1024), ("sanity", 64)]
+LEARNED = {"tiny-sdar-tasks": [("passkey", 1024), ("sanity", 64)],
+           "tiny-llada-tasks": [("passkey", 1024), ("niah_multikey", 1024), ("variable_tracking", 1024), ("sanity", 64)]}
 
 
 @pytest.fixture(scope="module", params=sorted(TRAINED))
@@ -50,9 +51,15 @@ def test_shipped_checkpoint_converts_to_the_same_model(trained, tmp_path, rng):
     np.testing.assert_allclose(np.asarray(converted(ids)), np.asarray(model(ids)), rtol=1e-6, atol=1e-6)
 
 
-@pytest.mark.parametrize("task, context", LEARNED)
-def test_shipped_checkpoint_answers_fresh_samples(trained, tokenizer, rng, task, context):
-    _, model = trained
+@pytest.fixture(scope="module")
+def models():
+    """{name: model in float32} of every shipped checkpoint."""
+    return {name: dllm_jax.load_model(CHECKPOINTS / name, dtype="float32", progress=False) for name in TRAINED}
+
+
+@pytest.mark.parametrize("name, task, context", [(n, t, c) for n, learned in LEARNED.items() for t, c in learned])
+def test_shipped_checkpoint_answers_fresh_samples(models, tokenizer, rng, name, task, context):
+    model = models[name]
     seed = int(rng.integers(0, TRAIN_SEED_FLOOR))  # a fresh evaluation seed, never a training one
     samples = dev.make_samples(task, context_length=context, num_samples=10, seed=seed, tokenizer=tokenizer)
     result = dev.evaluate(model, samples, tokenizer=tokenizer, batch_size=10, progress=False)
