@@ -14,13 +14,13 @@ from __future__ import annotations
 
 import argparse
 import datetime
-import re
 import time
 from pathlib import Path
 
 import jax
 import numpy as np
 
+from benchmarks.quality import checked_tag, split
 from dllm_jax import PulseCol, SparseD, generate, load_model
 from dllm_jax import eval as dev
 from dllm_jax.bench import write_results
@@ -71,12 +71,10 @@ def main(argv=None) -> Path:
     p.add_argument("--tag", default="", help="name suffix of the results files (letters, digits, '-', '_')")
     p.add_argument("--out", type=Path, default=Path("benchmarks/results"))
     args = p.parse_args(argv)
-    tasks = [t for t in args.tasks.split(",") if t]
-    unknown = sorted(set(tasks) - set(dev.TASKS))
-    if unknown or not tasks:
-        p.error(f"--tasks: unknown or no tasks {unknown}; choose from {', '.join(dev.TASKS)}")
-    if not re.fullmatch(r"[A-Za-z0-9_-]*", args.tag):
-        p.error(f"--tag {args.tag!r}: use letters, digits, '-' and '_' (it names files)")
+    try:  # the accuracy table's flag checks, so both benchmarks accept and refuse the same values
+        tasks, tag = split("--tasks", args.tasks, dev.TASKS), checked_tag(args.tag)
+    except ValueError as e:
+        p.error(str(e))
     model = load_model(args.model, dtype="float32", progress=False)
     tokenizer = dev.load_tokenizer(args.model)
     rows = []
@@ -84,7 +82,7 @@ def main(argv=None) -> Path:
         samples = dev.make_samples(task, context, args.samples, args.seed, tokenizer)
         rows += rows_for(model, samples, block=args.block, task=task, context=context)
     device = jax.devices()[0]
-    meta = dict(benchmark="fastdllm_quality" + (f"_{args.tag}" if args.tag else ""), device=device.device_kind,
+    meta = dict(benchmark="fastdllm_quality" + (f"_{tag}" if tag else ""), device=device.device_kind,
                 platform=device.platform, jax=jax.__version__, date=datetime.date.today().isoformat(), model=args.model,
                 samples=args.samples, seed=args.seed, block=args.block)
     lines = [f"# Fast-dLLM decoding on {Path(args.model).name} — {meta['device']}, jax {meta['jax']}, {meta['date']}",

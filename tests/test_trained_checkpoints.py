@@ -19,11 +19,16 @@ LEARNED = {"tiny-sdar-tasks": [("passkey", 1024), ("sanity", 64)],
            "tiny-llada-tasks": [("passkey", 1024), ("niah_multikey", 1024), ("variable_tracking", 1024), ("sanity", 64)]}
 
 
-@pytest.fixture(scope="module", params=sorted(TRAINED))
-def trained(request):
+@pytest.fixture(scope="module")
+def models():
+    """{name: model in float32} of every shipped checkpoint, loaded once for the module."""
+    return {name: dllm_jax.load_model(CHECKPOINTS / name, dtype="float32", progress=False) for name in TRAINED}
+
+
+@pytest.fixture(params=sorted(TRAINED))
+def trained(request, models):
     """(directory, model in float32) of one shipped checkpoint."""
-    directory = CHECKPOINTS / request.param
-    return directory, dllm_jax.load_model(directory, dtype="float32", progress=False)
+    return CHECKPOINTS / request.param, models[request.param]
 
 
 @pytest.fixture(scope="module")
@@ -49,12 +54,6 @@ def test_shipped_checkpoint_converts_to_the_same_model(trained, tmp_path, rng):
     converted = dllm_jax.load_model(out, dtype="float32", progress=False)
     ids = rng.integers(3, dev.VOCAB_SIZE, (1, 48))
     np.testing.assert_allclose(np.asarray(converted(ids)), np.asarray(model(ids)), rtol=1e-6, atol=1e-6)
-
-
-@pytest.fixture(scope="module")
-def models():
-    """{name: model in float32} of every shipped checkpoint."""
-    return {name: dllm_jax.load_model(CHECKPOINTS / name, dtype="float32", progress=False) for name in TRAINED}
 
 
 @pytest.mark.parametrize("name, task, context", [(n, t, c) for n, learned in LEARNED.items() for t, c in learned])
