@@ -1,5 +1,6 @@
 """dllm_jax.train on CPU with tiny models: the losses, the two-copy mask, packing, training, resume, export."""
 
+import collections
 import dataclasses
 import functools
 import json
@@ -457,6 +458,11 @@ def test_command_line_task_options_reach_the_batches(tmp_path, capsys):
     for step in range(3):
         for row in batch_source(args, tokenizer)(step).tokens:
             assert tokenizer.decode(row.tolist()).count("magic number for") == 2  # the one needle and the question
+    mixed = build_parser().parse_args(["--family", "sdar", "--task", "variable_tracking,passkey", "--context", "128",
+                                       "--batch", "24", "--steps", "5", "--vt-hops", "0,1", "--out", "unused"])
+    texts = [tokenizer.decode(row.tolist()) for row in batch_source(mixed, tokenizer)(0).tokens]
+    hops = collections.Counter(text.count("= VAR") for text in texts if "VAR" in text)
+    assert set(hops) == {0, 2} and min(hops.values()) >= 3  # two chains: no hop, or one hop each
     assert train_main(["--family", "llada", "--task", "passkey", "--context", "64", "--steps", "3", "--warmup", "1",
                        "--vt-hops", "0", "--out", str(tmp_path)]) == 2
     assert "which --task does not train" in capsys.readouterr().err

@@ -18,7 +18,7 @@ import sys
 from pathlib import Path
 
 from dllm_jax.config import LLaDAConfig, SDARConfig
-from dllm_jax.train.task_batches import SDAR_BLOCK, batch_source, task_options_of
+from dllm_jax.train.task_batches import SDAR_BLOCK, batch_source, option_variants, task_options_of
 
 # "medium" is "small" twice as deep (6.6M parameters; 13 MB stored in bfloat16, --export-dtype), the shape of the
 # shipped LLaDA, which got there by --grow-layers from a trained "small"; from scratch, on the full tasks, it had
@@ -69,11 +69,13 @@ def arguments() -> argparse.ArgumentParser:
     p.add_argument("--context", type=comma_list(int), default=[1024],
                    help="context length(s) in tokens, comma-separated; each batch draws one (a length listed twice "
                         "is drawn twice as often) and is padded only to that context's longest sample")
-    p.add_argument("--niah-needles", type=int, default=None,
-                   help="needles per niah_multikey sample (default: the task's 4); fewer make a curriculum's first step")
-    p.add_argument("--vt-hops", type=int, default=None,
+    p.add_argument("--niah-needles", type=comma_list(int), default=None,
+                   help="needles per niah_multikey sample (default: the task's 4); fewer make a curriculum's first "
+                        "step; several, comma-separated: each sample draws one")
+    p.add_argument("--vt-hops", type=comma_list(int), default=None,
                    help="assignments after the value in variable_tracking (default: the task's 1); 0 asks for the "
-                        "variable that holds the value, a curriculum's first step")
+                        "variable that holds the value, a curriculum's first step; several, comma-separated: each "
+                        "sample draws one (e.g. 0,1 keeps the one-lookup samples beside the hop)")
     p.add_argument("--steps", type=int, required=True, help="total optimizer steps of the run (the schedule's length)")
     p.add_argument("--stop-at", type=int, default=None, help="stop after this step (resume later with --resume)")
     p.add_argument("--max-minutes", type=float, default=None,
@@ -124,8 +126,8 @@ def run(args) -> Path:
     unused = sorted(set(options) - set(args.task))
     if unused:
         raise ValueError(f"--niah-needles / --vt-hops set options of {unused}, which --task does not train")
-    short = [f"{t} needs >= {min_context_length(t, options.get(t))}" for t in args.task for c in args.context
-             if c < min_context_length(t, options.get(t))]
+    least = {t: max(min_context_length(t, o) for o in option_variants(options.get(t))) for t in args.task}
+    short = [f"{t} needs >= {least[t]}" for t in args.task for c in args.context if c < least[t]]
     if short:
         raise ValueError(f"--context {args.context} too short: {sorted(set(short))}")
     if args.grow_layers is not None and args.init is None:

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import dataclasses
 import functools
+import itertools
 from typing import Any
 
 import numpy as np
@@ -24,8 +25,9 @@ class TaskSampler:
     """sample_fn(seed, count, context): `count` samples of `context` tokens, each of a task drawn from
     `tasks` (the batch's context is drawn per step, `dllm_jax.train.data.BucketedSource`). A picklable
     value, so background processes can build batches (`dllm_jax.train.data.Prefetcher`). `options`:
-    {task: its difficulty knobs} (`make_samples`' options, e.g. {"variable_tracking": {"hops": 0}}), for
-    a curriculum; a task not in it is drawn at its defaults."""
+    {task: {knob: the values it draws from}} (`make_samples`' options, e.g. {"variable_tracking": {"hops":
+    (0, 1)}}), for a curriculum: each sample of the task draws one combination of the values
+    (`option_variants`); a task not in it is drawn at its defaults."""
 
     tasks: tuple[str, ...]
     tokenizer: Any
@@ -35,14 +37,23 @@ class TaskSampler:
         from dllm_jax.eval import make_samples
 
         rng = np.random.default_rng(seed)
-        drawn = rng.choice(len(self.tasks), count)
+        variants = {task: option_variants(self.options.get(task)) for task in set(self.tasks)}
+        drawn = [(task, int(rng.integers(len(variants[task])))) for task in (self.tasks[i] for i in
+                                                                            rng.choice(len(self.tasks), count))]
         samples = []
-        for task in sorted(set(self.tasks)):  # one make_samples call per task: its checks run once
-            n = int(sum(self.tasks[i] == task for i in drawn))
-            if n:
-                samples += make_samples(task, context, n, int(rng.integers(TRAIN_SEED_FLOOR, 2**62)), self.tokenizer,
-                                        options=self.options.get(task))
+        for task, variant in sorted(set(drawn)):  # one make_samples call per kind of sample: its checks run once
+            samples += make_samples(task, context, drawn.count((task, variant)),
+                                    int(rng.integers(TRAIN_SEED_FLOOR, 2**62)), self.tokenizer,
+                                    options=variants[task][variant])
         return [samples[i] for i in rng.permutation(count)]
+
+
+def option_variants(knobs: dict[str, tuple[int, ...]] | None) -> list[dict[str, int] | None]:
+    """The `make_samples` options a task's samples draw from: every combination of its knobs' values
+    ({"needles": (2, 4)} -> [{"needles": 2}, {"needles": 4}]); [None] (the defaults) for no knobs."""
+    if not knobs:
+        return [None]
+    return [dict(zip(knobs, values)) for values in itertools.product(*knobs.values())]
 
 
 BUCKET_MULTIPLE = 8
@@ -72,10 +83,11 @@ def batch_source(args, tokenizer):
                           answer_room=functools.partial(sample_room, family=args.family) if args.pad_in_loss else None)
 
 
-def task_options_of(args) -> dict[str, dict[str, int]]:
-    """{task: options} from the command line's --niah-needles and --vt-hops (unset: the defaults)."""
+def task_options_of(args) -> dict[str, dict[str, tuple[int, ...]]]:
+    """{task: {knob: its values}} from the command line's --niah-needles and --vt-hops (unset: the
+    defaults), as `TaskSampler` takes them."""
     options = {"niah_multikey": {"needles": args.niah_needles}, "variable_tracking": {"hops": args.vt_hops}}
-    return {task: {k: v for k, v in knobs.items() if v is not None} for task, knobs in options.items()
+    return {task: {k: tuple(v) for k, v in knobs.items() if v is not None} for task, knobs in options.items()
             if any(v is not None for v in knobs.values())}
 
 
