@@ -309,18 +309,20 @@ def test_train_config_and_command_line_refuse_bad_input(tmp_path, capsys):
 
 def test_command_line_starts_from_a_checkpoints_weights(tmp_path, capsys):
     """--init: the run starts from the given HF checkpoint (one step at the warm-up's zero learning rate
-    leaves its weights exactly as they were) and refuses one of the other family."""
+    leaves its weights exactly as they were, its RoPE base included) and refuses one of the other family."""
     from safetensors.numpy import load_file
 
     common = ["--task", "sanity", "--context", "64", "--batch", "2", "--warmup", "1", "--no-progress"]
-    assert train_main(["--family", "sdar", *common, "--steps", "3", "--stratified-t",
+    assert train_main(["--family", "sdar", *common, "--steps", "3", "--stratified-t", "--rope-theta", "1e4",
                        "--out", str(tmp_path / "a")]) == 0
     assert json.loads((tmp_path / "a" / "train_config.json").read_text())["stratified_t"] is True
     first = tmp_path / "a" / "hf"
+    assert json.loads((first / "config.json").read_text())["rope_theta"] == 10000.0
     assert train_main(["--family", "sdar", *common, "--steps", "3", "--stop-at", "1", "--init", str(first),
                        "--out", str(tmp_path / "b")]) == 0
     before, after = load_file(first / "model.safetensors"), load_file(tmp_path / "b" / "hf" / "model.safetensors")
     assert before.keys() == after.keys()
+    assert json.loads((tmp_path / "b" / "hf" / "config.json").read_text())["rope_theta"] == 10000.0
     for name in before:
         np.testing.assert_array_equal(after[name], before[name])
     assert train_main(["--family", "llada", *common, "--steps", "3", "--init", str(first),
@@ -336,6 +338,12 @@ def test_command_line_starts_from_a_checkpoints_weights(tmp_path, capsys):
     assert train_main(["--family", "sdar", *common, "--steps", "3", "--grow-layers", "4",
                        "--out", str(tmp_path / "e")]) == 2
     assert "--grow-layers deepens the model of an --init checkpoint" in capsys.readouterr().err
+    assert train_main(["--family", "sdar", *common, "--steps", "3", "--init", str(first), "--rope-theta", "1e5",
+                       "--out", str(tmp_path / "f")]) == 2
+    assert "an --init checkpoint keeps its own" in capsys.readouterr().err
+    assert train_main(["--family", "sdar", *common, "--steps", "3", "--rope-theta", "1",
+                       "--out", str(tmp_path / "g")]) == 2
+    assert "rope_theta must be > 1" in capsys.readouterr().err
 
 
 def bucketed_source(family: str, seed: int = 0) -> BucketedSource:

@@ -28,18 +28,27 @@ SIZES = {"tiny": dict(hidden_size=64, num_layers=2, num_heads=4, num_kv_heads=2,
          "medium": dict(hidden_size=256, num_layers=8, num_heads=8, num_kv_heads=4, intermediate_size=768)}
 
 
-def model_config(family: str, size: str, *, vocab_size: int, special, max_positions: int):
-    """The architecture `size` (a key of SIZES) of `family` over the task vocabulary."""
+# RoPE bases of a new model. LLaDA's is 1e4, not LLaDA-8B's 5e5: with 32-wide heads the larger base leaves
+# too few angles that resolve single-token offsets, and a bidirectional model must order its answer by
+# position. SDAR's is SDAR-8B's 1e6, which the shipped tiny SDAR was trained with.
+ROPE_THETA = {"llada": 10000.0, "sdar": 1000000.0}
+
+
+def model_config(family: str, size: str, *, vocab_size: int, special, max_positions: int,
+                 rope_theta: float | None = None):
+    """The architecture `size` (a key of SIZES) of `family` over the task vocabulary; `rope_theta`
+    (default ROPE_THETA[family]) is its RoPE base."""
     shapes = SIZES[size]
+    theta = ROPE_THETA[family] if rope_theta is None else rope_theta
+    if not theta > 1:
+        raise ValueError(f"rope_theta must be > 1, got {theta}")
     if family == "llada":
-        # RoPE base 1e4, not LLaDA-8B's 5e5: with 32-wide heads the larger base leaves too few angles
-        # that resolve single-token offsets, and a bidirectional model must order its answer by position
-        return LLaDAConfig(**shapes, rope_theta=10000.0, vocab_size=vocab_size, tokenizer_vocab_size=vocab_size,
+        return LLaDAConfig(**shapes, rope_theta=theta, vocab_size=vocab_size, tokenizer_vocab_size=vocab_size,
                            max_position_embeddings=max_positions, mask_token_id=special.mask,
                            eos_token_id=special.eos, pad_token_id=special.pad, eot_token_id=special.eos)
-    return SDARConfig(**shapes, head_dim=32, vocab_size=vocab_size, max_position_embeddings=max_positions,
-                      block_size=SDAR_BLOCK, mask_token_id=special.mask, eos_token_ids=(special.eos,),
-                      pad_token_id=special.pad)
+    return SDARConfig(**shapes, head_dim=32, rope_theta=theta, vocab_size=vocab_size,
+                      max_position_embeddings=max_positions, block_size=SDAR_BLOCK, mask_token_id=special.mask,
+                      eos_token_ids=(special.eos,), pad_token_id=special.pad)
 
 
 def comma_list(kind):
@@ -64,6 +73,8 @@ def arguments() -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(add_help=False)
     p.add_argument("--family", choices=("llada", "sdar"), required=True)
     p.add_argument("--config", choices=tuple(SIZES), default="tiny", help="model size")
+    p.add_argument("--rope-theta", type=float, default=None,
+                   help="RoPE base of a new model (default: LLaDA 1e4, SDAR 1e6); an --init checkpoint keeps its own")
     p.add_argument("--task", type=comma_list(str), default=["passkey"],
                    help="task(s), comma-separated (dllm_jax.eval.TASKS); each sample draws one")
     p.add_argument("--context", type=comma_list(int), default=[1024],
@@ -132,13 +143,16 @@ def run(args) -> Path:
         raise ValueError(f"--context {args.context} too short: {sorted(set(short))}")
     if args.grow_layers is not None and args.init is None:
         raise ValueError("--grow-layers deepens the model of an --init checkpoint: give --init")
+    if args.rope_theta is not None and args.init is not None:
+        raise ValueError("--rope-theta sets a new model's RoPE base; an --init checkpoint keeps its own: give one")
     tokenizer = build_tokenizer()
     special = vocab.special_ids(tokenizer)
     batches = batch_source(args, tokenizer)
     length = batches.length  # the longest bucket
     if args.init is None:
         model, params = model_config(args.family, args.config, vocab_size=tokenizer.get_vocab_size(),
-                                     special=special, max_positions=max(length, 4096)), None
+                                     special=special, max_positions=max(length, 4096),
+                                     rope_theta=args.rope_theta), None
     else:
         model, params = initial_weights(args, special, vocab_size=tokenizer.get_vocab_size(), length=length)
     config = TrainConfig(model=model, steps=args.steps, batch_size=args.batch, seq_length=length,
