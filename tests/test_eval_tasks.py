@@ -2,6 +2,7 @@
 random models, and `dllm-jax eval`."""
 
 import json
+import re
 
 import numpy as np
 import pytest
@@ -282,9 +283,10 @@ def test_a_wrong_answer_that_is_a_distractor_records_its_place():
 
 
 def test_task_options_make_the_lookup_easier_or_harder():
-    """niah_multikey's `needles` and variable_tracking's `hops` (a curriculum's knobs): the prompt states that
-    many needles / that many assignments after each value; the defaults are the evaluated tasks, sample for
-    sample; bad options are refused."""
+    """niah_multikey's `needles` and variable_tracking's `hops` and `ask_back` (a curriculum's knobs): the
+    prompt states that many needles / that many assignments after each value / asks a variable that many
+    assignments before its chain's last; the defaults are the evaluated tasks, sample for sample; bad
+    options are refused."""
     for needles in (1, 2, 6):
         for sample in make_samples("niah_multikey", 256, 4, 2, TOKENIZER, options={"needles": needles}):
             assert len(sample.values) == needles and sample.answer in sample.values
@@ -296,12 +298,24 @@ def test_task_options_make_the_lookup_easier_or_harder():
             asked = text.split("value of VAR ")[1].split()[0]
             if hops == 0:  # the question names the variable the value is assigned to
                 assert f"VAR {asked} = {sample.answer} ." in text
-    for task, knob in (("niah_multikey", {"needles": 4}), ("variable_tracking", {"hops": 1})):
+    for hops, back in ((1, 1), (3, 2)):
+        for sample in make_samples("variable_tracking", 256, 4, 2, TOKENIZER, options={"hops": hops, "ask_back": back}):
+            text = TOKENIZER.decode(sample.prompt_ids.tolist())
+            asked = text.split("value of VAR ")[1].split()[0]
+            assigned = dict(re.findall(r"VAR (\S+) = ((?:VAR \S+)|(?:\d(?: \d)*)) \.", text))
+            steps, name = 0, asked
+            while assigned[name].startswith("VAR"):  # follow the chain to its value
+                steps, name = steps + 1, assigned[name].split()[1]
+            assert steps == hops - back and assigned[name] == sample.answer
+            assert f"= VAR {asked} ." in text  # not the chain's last: a later variable is assigned from it
+    for task, knob in (("niah_multikey", {"needles": 4}), ("variable_tracking", {"hops": 1, "ask_back": 0})):
         given, default = (make_samples(task, 300, 3, 9, TOKENIZER, options=o) for o in (knob, None))
         assert all(np.array_equal(a.prompt_ids, b.prompt_ids) for a, b in zip(given, default))
     assert min_context_length("niah_multikey", {"needles": 1}) < min_context_length("niah_multikey")
     with pytest.raises(ValueError, match=r"needles must be an integer in \[1, 16\], got 0"):
         make_samples("niah_multikey", 256, 1, 0, TOKENIZER, options={"needles": 0})
+    with pytest.raises(ValueError, match=r"ask_back=2 goes past the chain's first variable: at most hops=1"):
+        make_samples("variable_tracking", 256, 1, 0, TOKENIZER, options={"ask_back": 2})
     with pytest.raises(ValueError, match="passkey has no option"):
         make_samples("passkey", 256, 1, 0, TOKENIZER, options={"hops": 0})
     with pytest.raises(ValueError, match="too short for niah_multikey"):

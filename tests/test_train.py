@@ -457,7 +457,8 @@ def test_grown_model_computes_what_the_trained_one_did(family, rng):
 
 
 def test_command_line_task_options_reach_the_batches(tmp_path, capsys):
-    """--niah-needles / --vt-hops: the training prompts hold that many needles / hops (a curriculum)."""
+    """--niah-needles / --vt-hops / --vt-ask-back: the training prompts hold that many needles / hops and ask
+    that variable (a curriculum); several values mix; a combination the task refuses stops the run."""
     from dllm_jax.eval import build_tokenizer
 
     tokenizer = build_tokenizer()
@@ -471,6 +472,14 @@ def test_command_line_task_options_reach_the_batches(tmp_path, capsys):
     texts = [tokenizer.decode(row.tolist()) for row in batch_source(mixed, tokenizer)(0).tokens]
     hops = collections.Counter(text.count("= VAR") for text in texts if "VAR" in text)
     assert set(hops) == {0, 2} and min(hops.values()) >= 3  # two chains: no hop, or one hop each
+    first = build_parser().parse_args(["--family", "sdar", "--task", "variable_tracking", "--context", "64",
+                                       "--batch", "4", "--steps", "5", "--vt-ask-back", "1", "--out", "unused"])
+    for row in batch_source(first, tokenizer)(0).tokens:  # one hop: the question names the variable holding the value
+        text = tokenizer.decode(row.tolist())
+        assert f"VAR {text.split('value of VAR ')[1].split()[0]} = VAR" not in text
     assert train_main(["--family", "llada", "--task", "passkey", "--context", "64", "--steps", "3", "--warmup", "1",
                        "--vt-hops", "0", "--out", str(tmp_path)]) == 2
     assert "which --task does not train" in capsys.readouterr().err
+    assert train_main(["--family", "sdar", "--task", "variable_tracking", "--context", "64", "--steps", "3",
+                       "--vt-hops", "0,1", "--vt-ask-back", "1", "--out", str(tmp_path)]) == 2
+    assert "ask_back=1 goes past the chain's first variable: at most hops=0" in capsys.readouterr().err

@@ -13,7 +13,8 @@ without padding.
 - variable_tracking (RULER's, asked the other way round): VT_CHAINS chains
   "VAR X = D D D D D ." "VAR Y = VAR X ." ... (VT_HOPS assignments after the value, option `hops`; each chain's
   statements in order, the chains interleaved); "what is the value of VAR Z ?" asks for the value of
-  the last variable of one chain. Chains have distinct values and variables.
+  the last variable of one chain (option `ask_back` k > 0: the variable k assignments before it, e.g.
+  with one hop, 1 asks the variable the value is assigned to). Chains have distinct values and variables.
 - sanity: "copy D ... D ." or "reverse D ... D ." (4..8 digits) after a short filler; the answer is
   the digits, copied or reversed.
 
@@ -98,7 +99,7 @@ def niah_multikey(rng, needles: int = NIAH_NEEDLES) -> Parts:
                  answer=numbers[0])
 
 
-def variable_tracking(rng, hops: int = VT_HOPS) -> Parts:
+def variable_tracking(rng, hops: int = VT_HOPS, ask_back: int = 0) -> Parts:
     names = rng.choice(vocab.VARIABLES, (VT_CHAINS, hops + 1), replace=False)
     values = distinct_numbers(rng, VT_CHAINS, VT_DIGITS)
     chains = [[("VAR", str(chain[0]), "=", *value, ".")]
@@ -108,7 +109,8 @@ def variable_tracking(rng, hops: int = VT_HOPS) -> Parts:
     labels = rng.permutation(np.repeat(np.arange(VT_CHAINS), hops + 1))
     statements = tuple(chains[c].pop(0) for c in labels)
     return Parts(statements=statements,
-                 question=("what", "is", "the", "value", "of", "VAR", str(names[0, -1]), "?", "answer", ":"),
+                 question=("what", "is", "the", "value", "of", "VAR", str(names[0, hops - ask_back]), "?", "answer",
+                           ":"),
                  answer=values[0])
 
 
@@ -124,10 +126,14 @@ BUILDERS = {"passkey": passkey, "niah_multikey": niah_multikey, "variable_tracki
 
 # Each task's difficulty knobs and their defaults (what evaluation and the shipped models use); other values
 # make easier or harder variants, e.g. a training curriculum of the lookup (one needle, or no hop, first).
-OPTIONS = {"passkey": {}, "niah_multikey": {"needles": NIAH_NEEDLES}, "variable_tracking": {"hops": VT_HOPS},
-           "sanity": {}}
-LEAST = {"needles": 1, "hops": 0}
-MOST = {"needles": 16, "hops": len(vocab.VARIABLES) // VT_CHAINS - 1}  # distinct keys / variable names suffice
+# variable_tracking's ask_back (at most its hops) asks a variable before the chain's last: in a text with
+# hops, each earlier variable's name occurs twice (assigned, then assigned from), so "copy the digits
+# after the asked name" no longer answers it.
+OPTIONS = {"passkey": {}, "niah_multikey": {"needles": NIAH_NEEDLES},
+           "variable_tracking": {"hops": VT_HOPS, "ask_back": 0}, "sanity": {}}
+LEAST = {"needles": 1, "hops": 0, "ask_back": 0}
+VT_MOST_HOPS = len(vocab.VARIABLES) // VT_CHAINS - 1  # distinct variable names suffice
+MOST = {"needles": 16, "hops": VT_MOST_HOPS, "ask_back": VT_MOST_HOPS}  # distinct keys / names suffice
 
 
 def task_options(task: str, options: dict | None = None) -> dict[str, int]:
@@ -138,8 +144,12 @@ def task_options(task: str, options: dict | None = None) -> dict[str, int]:
     unknown = sorted(set(options) - set(defaults))
     if unknown:
         raise ValueError(f"task {task} has no option(s) {unknown}; its options: {sorted(defaults) or 'none'}")
-    return defaults | {name: check.integer(f"{task} {name}", value, minimum=LEAST[name], maximum=MOST[name])
-                       for name, value in options.items()}
+    knobs = defaults | {name: check.integer(f"{task} {name}", value, minimum=LEAST[name], maximum=MOST[name])
+                        for name, value in options.items()}
+    if knobs.get("ask_back", 0) > knobs.get("hops", 0):
+        raise ValueError(f"{task} ask_back={knobs['ask_back']} goes past the chain's first variable: at most "
+                         f"hops={knobs['hops']}")
+    return knobs
 
 
 def min_context_length(task: str, options: dict | None = None) -> int:
@@ -247,7 +257,8 @@ def make_samples(task: str, context_length: int, num_samples: int, seed: int, to
     """`num_samples` samples of `task` (one of TASKS) whose prompts are `context_length` tokens
     (sanity: min(context_length, SANITY_CONTEXT)), generated from `seed` (any int) with `tokenizer`
     (a tokenizers.Tokenizer or ChatTokenizer covering `dllm_jax.eval.vocab.VOCABULARY`). `options`
-    sets the task's difficulty knobs (`OPTIONS`: niah_multikey's `needles`, variable_tracking's `hops`);
+    sets the task's difficulty knobs (`OPTIONS`: niah_multikey's `needles`, variable_tracking's `hops`
+    and `ask_back`);
     the defaults are the tasks evaluation reports.
 
     ValueError for an unknown task or option, num_samples < 1, context_length below

@@ -87,6 +87,10 @@ def arguments() -> argparse.ArgumentParser:
                    help="assignments after the value in variable_tracking (default: the task's 1); 0 asks for the "
                         "variable that holds the value, a curriculum's first step; several, comma-separated: each "
                         "sample draws one (e.g. 0,1 keeps the one-lookup samples beside the hop)")
+    p.add_argument("--vt-ask-back", type=comma_list(int), default=None,
+                   help="variable_tracking asks the variable this many assignments before its chain's last (default "
+                        "0, at most every --vt-hops value); 0,1 with one hop mixes the task with questions a "
+                        "copy-after-the-name shortcut gets wrong")
     p.add_argument("--steps", type=int, required=True, help="total optimizer steps of the run (the schedule's length)")
     p.add_argument("--stop-at", type=int, default=None, help="stop after this step (resume later with --resume)")
     p.add_argument("--max-minutes", type=float, default=None,
@@ -136,7 +140,8 @@ def run(args) -> Path:
     options = task_options_of(args)
     unused = sorted(set(options) - set(args.task))
     if unused:
-        raise ValueError(f"--niah-needles / --vt-hops set options of {unused}, which --task does not train")
+        raise ValueError(f"--niah-needles / --vt-hops / --vt-ask-back set options of {unused}, which --task does "
+                         "not train")
     least = {t: max(min_context_length(t, o) for o in option_variants(options.get(t))) for t in args.task}
     short = [f"{t} needs >= {least[t]}" for t in args.task for c in args.context if c < least[t]]
     if short:

@@ -84,9 +84,10 @@ def batch_source(args, tokenizer):
 
 
 def task_options_of(args) -> dict[str, dict[str, tuple[int, ...]]]:
-    """{task: {knob: its values}} from the command line's --niah-needles and --vt-hops (unset: the
-    defaults), as `TaskSampler` takes them."""
-    options = {"niah_multikey": {"needles": args.niah_needles}, "variable_tracking": {"hops": args.vt_hops}}
+    """{task: {knob: its values}} from the command line's --niah-needles, --vt-hops and --vt-ask-back
+    (unset: the defaults), as `TaskSampler` takes them."""
+    options = {"niah_multikey": {"needles": args.niah_needles},
+               "variable_tracking": {"hops": args.vt_hops, "ask_back": args.vt_ask_back}}
     return {task: {k: tuple(v) for k, v in knobs.items() if v is not None} for task, knobs in options.items()
             if any(v is not None for v in knobs.values())}
 
