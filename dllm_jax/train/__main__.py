@@ -21,7 +21,7 @@ from dllm_jax.config import LLaDAConfig, SDARConfig
 from dllm_jax.train.task_batches import SDAR_BLOCK, batch_source, option_variants, task_options_of
 
 # "medium" is "small" twice as deep (6.6M parameters; 13 MB stored in bfloat16, --export-dtype), the shape of the
-# shipped LLaDA, which got there by --grow-layers from a trained "small"; from scratch, on the full tasks, it had
+# shipped models, which got there by --grow-layers from a trained "small"; from scratch, on the full tasks, it had
 # learned nothing yet after ~4k steps (checkpoints/README.md)
 SIZES = {"tiny": dict(hidden_size=64, num_layers=2, num_heads=4, num_kv_heads=2, intermediate_size=192),
          "small": dict(hidden_size=256, num_layers=4, num_heads=8, num_kv_heads=4, intermediate_size=768),
