@@ -8,6 +8,7 @@ processes can build the batches (`dllm_jax.train.data.Prefetcher`): a class defi
 
 from __future__ import annotations
 
+import collections
 import dataclasses
 import functools
 import itertools
@@ -38,12 +39,11 @@ class TaskSampler:
 
         rng = np.random.default_rng(seed)
         variants = {task: option_variants(self.options.get(task)) for task in set(self.tasks)}
-        drawn = [(task, int(rng.integers(len(variants[task])))) for task in (self.tasks[i] for i in
-                                                                            rng.choice(len(self.tasks), count))]
+        tasks = [self.tasks[i] for i in rng.choice(len(self.tasks), count)]
+        kinds = collections.Counter((task, int(rng.integers(len(variants[task])))) for task in tasks)
         samples = []
-        for task, variant in sorted(set(drawn)):  # one make_samples call per kind of sample: its checks run once
-            samples += make_samples(task, context, drawn.count((task, variant)),
-                                    int(rng.integers(TRAIN_SEED_FLOOR, 2**62)), self.tokenizer,
+        for (task, variant), n in sorted(kinds.items()):  # one make_samples call per kind: its checks run once
+            samples += make_samples(task, context, n, int(rng.integers(TRAIN_SEED_FLOOR, 2**62)), self.tokenizer,
                                     options=variants[task][variant])
         return [samples[i] for i in rng.permutation(count)]
 
