@@ -15,8 +15,8 @@ from dllm_jax.train.data import TRAIN_SEED_FLOOR
 CHECKPOINTS = Path(__file__).parent.parent / "checkpoints"
 TRAINED = {"tiny-sdar-tasks": "SDAR", "tiny-llada-tasks": "LLaDA"}
 # what each model reaches >= 95% on with fresh seeds (checkpoints/README.md), checked here on small samples
-LEARNED = {"tiny-sdar-tasks": [("passkey", 1024), ("niah_multikey", 1024), ("sanity", 64)],
-           "tiny-llada-tasks": [("passkey", 1024), ("niah_multikey", 1024), ("variable_tracking", 1024), ("sanity", 64)]}
+TASKS_AT_1K = [("passkey", 1024), ("niah_multikey", 1024), ("variable_tracking", 1024), ("sanity", 64)]
+LEARNED = {"tiny-sdar-tasks": TASKS_AT_1K, "tiny-llada-tasks": TASKS_AT_1K}
 
 
 @pytest.fixture(scope="module")
