@@ -60,12 +60,19 @@ def check_separate(hf_dir: Path, out_dir: Path, sources) -> None:
     out_real = out_dir.resolve()
     source_dirs = {hf_dir.resolve()} | {Path(f).resolve().parent for f in sources}
     for source in sorted(source_dirs):
-        relation = ("is" if out_real == source else "is inside" if out_real.is_relative_to(source)
-                    else "contains" if source.is_relative_to(out_real) else None)
+        relation = path_relation(out_real, source)
         if relation:
             where = "" if source == hf_dir.resolve() else f" (its files live in {source})"
             raise ValueError(f"out_dir {out_dir} (resolved: {out_real}) {relation} the source checkpoint "
                              f"{hf_dir}{where}: choose an out_dir outside the source")
+
+
+def path_relation(path, other) -> str | None:
+    """How `path` lies to `other` once both are resolved (symlinks followed): "is", "is inside",
+    "contains", or None when they are apart. The one rule for every writer that must keep off a source."""
+    path, other = Path(path).resolve(), Path(other).resolve()
+    return ("is" if path == other else "is inside" if path.is_relative_to(other)
+            else "contains" if other.is_relative_to(path) else None)
 
 
 def check_replaceable(out_dir: Path) -> None:
