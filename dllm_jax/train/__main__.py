@@ -13,10 +13,13 @@ from __future__ import annotations
 
 import argparse
 import dataclasses
+import json
 import os
 import sys
 from pathlib import Path
 
+from dllm_jax.cli import (finite_float, non_negative_float, non_negative_int, number, one_line, positive_float,
+                          positive_int)
 from dllm_jax.config import LLaDAConfig, SDARConfig
 from dllm_jax.train.task_batches import SDAR_BLOCK, batch_source, option_variants, task_options_of
 
@@ -51,12 +54,27 @@ def model_config(family: str, size: str, *, vocab_size: int, special, max_positi
                       eos_token_ids=(special.eos,), pad_token_id=special.pad)
 
 
+train_seed = number(int, "an integer in [0, 2**31)", lambda v: 0 <= v < 2**31)
+open_fraction = number(float, "a number in (0, 1)", lambda v: 0 < v < 1)
+
+# the flag that sets each field a resume compares (`dllm_jax.train.loop.run_differences`)
+FLAG_OF = {"learning_rate": "--lr", "batch_size": "--batch", "warmup_steps": "--warmup",
+           "weight_decay": "--weight-decay", "grad_clip": "--grad-clip", "compute_dtype": "--dtype", "eps": "--min-t",
+           "stratified_t": "--stratified-t", "seed": "--seed", "seq_length": "--context (its longest batch)",
+           "family": "--family", "model": "the model (--family, --config, --rope-theta, --init, --grow-layers)",
+           "batches.task": "--task", "batches.context": "--context", "batches.niah_needles": "--niah-needles",
+           "batches.vt_hops": "--vt-hops", "batches.vt_ask_back": "--vt-ask-back",
+           "batches.pad_in_loss": "--no-pad-loss"}
+
+
 def comma_list(kind):
+    """argparse type: a comma-separated list of `kind` (a type or one of the CLI's checked number types)."""
     def parse(text: str):
         try:
             values = [kind(part) for part in text.split(",") if part]
-        except ValueError:
-            raise argparse.ArgumentTypeError(f"expected a comma-separated list of {kind.__name__}, got {text!r}")
+        except (ValueError, argparse.ArgumentTypeError) as e:
+            raise argparse.ArgumentTypeError(f"expected a comma-separated list of {kind.__name__} ({e}), got "
+                                             f"{text!r}") from None
         if not values:
             raise argparse.ArgumentTypeError("expected at least one value")
         return values
@@ -73,33 +91,35 @@ def arguments() -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(add_help=False)
     p.add_argument("--family", choices=("llada", "sdar"), required=True)
     p.add_argument("--config", choices=tuple(SIZES), default="tiny", help="model size")
-    p.add_argument("--rope-theta", type=float, default=None,
+    p.add_argument("--rope-theta", type=finite_float, default=None,
                    help="RoPE base of a new model (default: LLaDA 1e4, SDAR 1e6); an --init checkpoint keeps its own")
     p.add_argument("--task", type=comma_list(str), default=["passkey"],
                    help="task(s), comma-separated (dllm_jax.eval.TASKS); each sample draws one")
-    p.add_argument("--context", type=comma_list(int), default=[1024],
+    p.add_argument("--context", type=comma_list(positive_int), default=[1024],
                    help="context length(s) in tokens, comma-separated; each batch draws one (a length listed twice "
                         "is drawn twice as often) and is padded only to that context's longest sample")
-    p.add_argument("--niah-needles", type=comma_list(int), default=None,
+    p.add_argument("--niah-needles", type=comma_list(positive_int), default=None,
                    help="needles per niah_multikey sample (default: the task's 4); fewer make a curriculum's first "
                         "step; several, comma-separated: each sample draws one")
-    p.add_argument("--vt-hops", type=comma_list(int), default=None,
+    p.add_argument("--vt-hops", type=comma_list(non_negative_int), default=None,
                    help="assignments after the value in variable_tracking (default: the task's 1); 0 asks for the "
                         "variable that holds the value, a curriculum's first step; several, comma-separated: each "
                         "sample draws one (e.g. 0,1 keeps the one-lookup samples beside the hop)")
-    p.add_argument("--vt-ask-back", type=comma_list(int), default=None,
+    p.add_argument("--vt-ask-back", type=comma_list(non_negative_int), default=None,
                    help="variable_tracking asks the variable this many assignments before its chain's last (default "
                         "0, at most every --vt-hops value); 0,1 with one hop mixes the task with questions a "
                         "copy-after-the-name shortcut gets wrong")
-    p.add_argument("--steps", type=int, required=True, help="total optimizer steps of the run (the schedule's length)")
-    p.add_argument("--stop-at", type=int, default=None, help="stop after this step (resume later with --resume)")
-    p.add_argument("--max-minutes", type=float, default=None,
+    p.add_argument("--steps", type=positive_int, required=True, help="total optimizer steps of the run (the schedule's length)")
+    p.add_argument("--stop-at", type=positive_int, default=None, help="stop after this step (resume later with --resume)")
+    p.add_argument("--max-minutes", type=positive_float, default=None,
                    help="also stop after this many minutes of training (resume later with --resume)")
-    p.add_argument("--batch", type=int, default=16)
-    p.add_argument("--lr", type=float, default=1e-3)
-    p.add_argument("--warmup", type=int, default=100)
-    p.add_argument("--weight-decay", type=float, default=0.1)
-    p.add_argument("--grad-clip", type=float, default=1.0)
+    p.add_argument("--batch", type=positive_int, default=16)
+    p.add_argument("--lr", type=positive_float, default=1e-3,
+                   help="peak learning rate; a run whose loss turns NaN or Inf stops with exit status 2, its last "
+                        "finite checkpoint and export kept")
+    p.add_argument("--warmup", type=non_negative_int, default=100)
+    p.add_argument("--weight-decay", type=non_negative_float, default=0.1)
+    p.add_argument("--grad-clip", type=positive_float, default=1.0)
     p.add_argument("--dtype", choices=("bfloat16", "float32"), default="bfloat16", help="compute dtype")
     p.add_argument("--no-pad-loss", dest="pad_in_loss", action="store_false",
                    help="train on the answer only; by default the answer is padded to the window `dllm-jax eval` "
@@ -107,22 +127,25 @@ def arguments() -> argparse.ArgumentParser:
     p.add_argument("--stratified-t", action="store_true",
                    help="draw each batch's masking ratios stratified over [min_t, 1) (one per 1/n of it, for the n rows "
                         "(LLaDA) or blocks (SDAR)) instead of iid: lower variance of the 1/t weights")
-    p.add_argument("--min-t", type=float, default=1e-3,
+    p.add_argument("--min-t", type=open_fraction, default=1e-3,
                    help="masking ratios are drawn from U(min_t, 1) (LLaDA's eps); a larger floor spends more of the "
                         "loss on mostly-masked answers, where the needle must be found rather than read off the "
                         "answer digits already shown")
-    p.add_argument("--seed", type=int, default=0)
-    p.add_argument("--data-workers", type=int, default=min(4, max(1, (os.cpu_count() or 2) - 1)),
+    p.add_argument("--seed", type=train_seed, default=0)
+    p.add_argument("--data-workers", type=non_negative_int, default=min(4, max(1, (os.cpu_count() or 2) - 1)),
                    help="background processes building the batches ahead of the step (0: build them in the loop)")
-    p.add_argument("--checkpoint-every", type=int, default=500)
-    p.add_argument("--log-every", type=int, default=10)
+    p.add_argument("--checkpoint-every", type=non_negative_int, default=500,
+                   help="checkpoint every this many steps (0: only at the end of each call); the last two are kept")
+    p.add_argument("--log-every", type=positive_int, default=10)
     p.add_argument("--export-dtype", choices=("float32", "bfloat16"), default="float32")
-    p.add_argument("--out", type=Path, required=True, help="run directory")
+    p.add_argument("--out", type=Path, required=True,
+                   help="run directory: new, empty, or this run's own (with --resume); never inside another run or "
+                        "overlapping --init")
     p.add_argument("--resume", action="store_true", help="continue from the latest checkpoint in --out")
     p.add_argument("--init", type=Path, default=None,
                    help="start a new run from the weights of this HF checkpoint (e.g. checkpoints/tiny-sdar-tasks, "
                         "to teach it more tasks); its config.json replaces --config")
-    p.add_argument("--grow-layers", type=int, default=None,
+    p.add_argument("--grow-layers", type=positive_int, default=None,
                    help="with --init: deepen the checkpoint's model to this many layers (a multiple of its own): each "
                         "layer is followed by copies with zero output projections, so training starts from exactly the "
                         "checkpoint's function (dllm_jax.train.loop.grow_layers)")
@@ -150,6 +173,11 @@ def run(args) -> Path:
         raise ValueError("--grow-layers deepens the model of an --init checkpoint: give --init")
     if args.rope_theta is not None and args.init is not None:
         raise ValueError("--rope-theta sets a new model's RoPE base; an --init checkpoint keeps its own: give one")
+    if args.stop_at is not None and args.stop_at > args.steps:
+        raise ValueError(f"--stop-at {args.stop_at} is past --steps {args.steps} (the run's last step)")
+    if args.warmup >= args.steps:
+        raise ValueError(f"--warmup {args.warmup} must be below --steps {args.steps}")
+    check_out(args)
     tokenizer = build_tokenizer()
     special = vocab.special_ids(tokenizer)
     batches = batch_source(args, tokenizer)
@@ -165,9 +193,12 @@ def run(args) -> Path:
                          grad_clip=args.grad_clip, compute_dtype=args.dtype, run_dir=str(args.out),
                          checkpoint_every=args.checkpoint_every, log_every=args.log_every, seed=args.seed,
                          stratified_t=args.stratified_t, eps=args.min_t)
+    settings = batch_settings(args)
+    if args.resume:
+        check_resume(args.out, config, settings)
     result = train(config, batches, params=params, resume=args.resume, stop_at=args.stop_at,
                    max_seconds=None if args.max_minutes is None else 60 * args.max_minutes, progress=args.progress,
-                   data_workers=args.data_workers)
+                   data_workers=args.data_workers, batch_settings=settings)
     hf_dir = export_hf(result.params, model, args.out / "hf", dtype=args.export_dtype)
     build_tokenizer(hf_dir)
     last = result.history[-1] if result.history else None
@@ -175,6 +206,51 @@ def run(args) -> Path:
     loss = f"; loss {last['loss']:.4f}" if last else ""
     print(f"{done}{loss}; HF checkpoint in {hf_dir}")
     return hf_dir
+
+
+def batch_settings(args) -> dict:
+    """What shapes the batches beyond TrainConfig, as train_config.json records it (a resume must match)."""
+    return {"task": args.task, "context": args.context, "niah_needles": args.niah_needles, "vt_hops": args.vt_hops,
+            "vt_ask_back": args.vt_ask_back, "pad_in_loss": args.pad_in_loss}
+
+
+def check_out(args) -> None:
+    """--out must be a place a run may own (`loop.check_run_location`) apart from --init: the run writes
+    OUT/hf, OUT/train_config.json and rotates OUT/checkpoints, which must never touch the checkpoint it
+    starts from (the converter's rule: not the same directory, not inside it, not containing it)."""
+    from dllm_jax.checkpoint.atomic import path_relation
+    from dllm_jax.train.loop import check_run_location
+
+    if args.init is not None:
+        relation = path_relation(args.out, args.init)
+        if relation:
+            raise ValueError(f"--out {args.out} {relation} --init {args.init}: the run would overwrite the checkpoint "
+                             "it starts from; choose an --out outside it")
+    try:
+        check_run_location(args.out)
+    except ValueError as e:
+        raise ValueError(f"--out: {e}") from None
+
+
+def check_resume(out: Path, config, settings: dict) -> None:
+    """Before any work: a run that holds checkpoints resumes only with its own settings; the flags that
+    differ are named with their stored and new values."""
+    from dllm_jax.train.loop import CONFIG_FILE, Run, read_json, run_differences
+
+    if Run(out).latest_step() is None:
+        return
+    stored = out / CONFIG_FILE
+    if not stored.is_file():
+        raise ValueError(f"--resume: {stored} is missing, so this call's flags cannot be checked against the run's")
+    changed = run_differences(read_json(stored, "the run's configuration"), config, settings)
+    if changed:
+        listed = "; ".join(f"{FLAG_OF.get(k, k)} was {short(old)}, now {short(new)}" for k, (old, new) in changed.items())
+        raise ValueError(f"--resume: this call's flags differ from the run's ({stored}): {listed}")
+
+
+def short(value) -> str:
+    text = json.dumps(value)
+    return text if len(text) <= 60 else text[:57] + "..."
 
 
 def initial_weights(args, special, *, vocab_size: int, length: int):
@@ -207,8 +283,6 @@ def initial_weights(args, special, *, vocab_size: int, length: int):
 
 def main(argv: list[str] | None = None) -> int:
     """0 on success; 2 on a bad flag (argparse) or a refused input (one line on stderr, no traceback)."""
-    from dllm_jax.cli import one_line
-
     args = build_parser().parse_args(argv)
     try:
         run(args)

@@ -7,10 +7,14 @@ per projection; what the HF name maps convert to and from) and kept in float32; 
 state stay float32).
 
 A run directory holds:
-  checkpoints/<step>/   Orbax (CheckpointManager) trees of {params, opt_state, step, rng}
-  train_config.json     the run's configuration (a resume must match it)
-  history.json          the per-step loss record
-  loss.png              the loss curve (when matplotlib is installed)
+  checkpoints/<step>/         Orbax (CheckpointManager) trees of {params, opt_state, step, rng}; the last two
+  checkpoint_checksums.json   CRC-32 of every array of each kept checkpoint, written before it commits
+  train_config.json           the run's configuration and batch settings (a resume must match them)
+  history.json                the per-step loss record, rewritten at every checkpoint
+  loss.png                    the loss curve (when matplotlib is installed)
+Every JSON file is replaced atomically (`dllm_jax.files.write_atomic`). A run directory is new, empty or
+a run's own, never inside another run (`check_run_location`); a non-finite loss or state stops the run
+before it is saved (`Diverged`), so the kept checkpoints are always finite.
 """
 
 from __future__ import annotations
@@ -18,8 +22,10 @@ from __future__ import annotations
 import contextlib
 import dataclasses
 import functools
+import io
 import json
-import shutil
+import math
+import sys
 import time
 from collections.abc import Callable
 from pathlib import Path
@@ -28,19 +34,21 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 import optax
+import safetensors.numpy
 import orbax.checkpoint as ocp
 from flax import struct
 from tqdm.auto import tqdm
 
 from dllm_jax.checkpoint.api import SIDE_FILES
 from dllm_jax.checkpoint.hf import hf_name, invert_transform, rules_for, tree_get
+from dllm_jax.checkpoint.manifest import CHUNK_BYTES, tree_checksums
 from dllm_jax.checkpoint.orbax import tree_paths
 from dllm_jax.config import LLaDAConfig, SDARConfig
 from dllm_jax.models import llada
 from dllm_jax.models.layers import lm_param_shapes
-from dllm_jax.testing import write_hf_checkpoint
 from dllm_jax.train.data import Batch, Prefetcher
 from dllm_jax.train.losses import LossMetrics, llada_loss, sdar_loss
+from dllm_jax.files import write_atomic
 from dllm_jax.validation import flag, integer, real
 
 COMPUTE_DTYPES = ("bfloat16", "float32")
@@ -271,9 +279,14 @@ def train_step(state: TrainState, tokens, loss_mask, lengths, *, config: TrainCo
 
 def train(config: TrainConfig, batches: Callable[[int], Batch], *, params: dict | None = None, resume: bool = False,
           stop_at: int | None = None, max_seconds: float | None = None, progress: bool = True,
-          data_workers: int = 0) -> TrainResult:
+          data_workers: int = 0, batch_settings: dict | None = None) -> TrainResult:
     """Trains from step 0 (or the latest checkpoint of `config.run_dir` with resume=True) up to
     `config.steps`, or only up to `stop_at` (a partial run of the same schedule, to resume later).
+
+    Nothing is lost: a loss, gradient or state that turns NaN or Inf stops the run with a ValueError
+    (`Diverged`) before anything non-finite is saved, so the last checkpoint on disk (and an export made
+    from it) stays the last finite one; checkpoints carry CRC-32 checksums, checked with the values'
+    finiteness when a run resumes; the JSON side files are replaced atomically.
 
     Args:
       batches: `batches(step) -> Batch` [batch_size, L <= seq_length] for every step (a pure function of
@@ -288,44 +301,71 @@ def train(config: TrainConfig, batches: Callable[[int], Batch], *, params: dict 
       progress: a tqdm bar with the loss and tokens/s, refreshed every `log_every` steps.
       data_workers: build the batches ahead in this many background processes (`data.Prefetcher`;
         `batches` must then pickle); 0 builds each one in the loop.
+      batch_settings: JSON values of whatever shapes the batches beyond `config` (tasks, contexts, task
+        options, ...): recorded in train_config.json under "batches", and a resume must match them.
     Returns:
       TrainResult with the final state (checkpointed to run_dir if set) and the per-step loss history.
     """
     end = config.steps if stop_at is None else integer("stop_at", stop_at, maximum=config.steps)
-    run_dir = None if config.run_dir is None else Path(config.run_dir)
+    deadline = None if max_seconds is None else time.monotonic() + real("max_seconds", max_seconds, low=0)
+    data_workers = integer("data_workers", data_workers, minimum=0)
+    run = None if config.run_dir is None else Run(Path(config.run_dir))
     state, history = initial_state(config, params), []
-    manager = None if run_dir is None else open_run(run_dir, config, resume=resume)
+    manager = None if run is None else run.open(config, resume=resume, batch_settings=batch_settings)
     try:
         if manager is not None and manager.latest_step() is not None:
-            state = restore_state(manager, state)
-            history = [r for r in read_history(run_dir) if r["step"] <= int(state.step)]
-        deadline = None if max_seconds is None else time.monotonic() + real("max_seconds", max_seconds, low=0)
+            state = run.restore(manager, state)
+            history = [r for r in run.read_history() if r["step"] <= int(state.step)]
         with contextlib.ExitStack() as stack:
-            if integer("data_workers", data_workers, minimum=0):
+            if data_workers:
                 batches = stack.enter_context(Prefetcher(batches, data_workers))
-            state, records = run_steps(config, batches, state, end=end, manager=manager, progress=progress,
-                                       deadline=deadline)
-        history += records
+            state, history = run_steps(config, batches, state, history, end=end, run=run, manager=manager,
+                                       progress=progress, deadline=deadline)
         if manager is not None:
             if manager.latest_step() != int(state.step):
-                save_state(manager, state)
+                run.save(manager, state, history)
             manager.wait_until_finished()
-            write_history(run_dir, history)
+            run.write_history(history, plot=True)
     finally:
         if manager is not None:
             manager.close()
     return TrainResult(state=state, history=tuple(history))
 
 
-def run_steps(config: TrainConfig, batches, state: TrainState, *, end: int, manager, progress: bool,
-              deadline: float | None = None) -> tuple[TrainState, list[dict]]:
-    """Steps state.step..end-1, or fewer if time.monotonic() passes `deadline`: (final state, their
-    history records). Metrics are fetched from the device only every log_every steps (no per-step host
-    sync), and at the last step."""
+class Diverged(ValueError):
+    """Training met a NaN or Inf (loss, gradient norm or state); nothing from that point was saved."""
+
+
+def run_steps(config: TrainConfig, batches, state: TrainState, history: list[dict], *, end: int, run, manager,
+              progress: bool, deadline: float | None = None) -> tuple[TrainState, list[dict]]:
+    """Steps state.step..end-1, or fewer if time.monotonic() passes `deadline`: (final state, `history`
+    followed by their records). Metrics are fetched from the device only every log_every steps (no
+    per-step host sync), before each checkpoint, and at the last step; a non-finite one raises `Diverged`
+    (after writing the history so far, the bad record included, for the plot)."""
     jit_config, start = step_config(config), int(state.step)
-    records, pending = [], []
+    history, pending = list(history), []
     bar = tqdm(total=config.steps, initial=start, desc=f"train {config.family}", unit="step", disable=not progress)
     clock, tokens_since = time.perf_counter(), 0
+
+    def fetch():
+        nonlocal pending, clock, tokens_since
+        if not pending:
+            return
+        fetched = jax.device_get([m for _, m in pending])
+        records = [{"step": s, "loss": float(m.loss), "ce": float(m.ce), "grad_norm": float(m.grad_norm),
+                    "learning_rate": float(m.learning_rate)} for (s, _), m in zip(pending, fetched)]
+        history.extend(records)
+        bad = next((r for r in records if not all(math.isfinite(r[k]) for k in ("loss", "grad_norm"))), None)
+        if bad is not None:
+            bar.close()
+            if run is not None:
+                run.write_history(history, plot=False)
+            raise Diverged(diverged_message(bad, run, manager))
+        now = time.perf_counter()
+        bar.set_postfix(loss=f"{records[-1]['loss']:.4f}", tok_s=f"{tokens_since / (now - clock):.0f}")
+        bar.update(len(pending))
+        pending, clock, tokens_since = [], now, 0
+
     for step in range(start, end):
         batch = batches(step)
         check_batch(batch, config, step)
@@ -334,20 +374,32 @@ def run_steps(config: TrainConfig, batches, state: TrainState, *, end: int, mana
         pending.append((step + 1, metrics))
         tokens_since += batch.tokens.size
         last = step + 1 == end or (deadline is not None and time.monotonic() > deadline)
-        if (step + 1) % config.log_every == 0 or last:
-            fetched = jax.device_get([m for _, m in pending])
-            records += [{"step": s, "loss": float(m.loss), "ce": float(m.ce), "grad_norm": float(m.grad_norm),
-                         "learning_rate": float(m.learning_rate)} for (s, _), m in zip(pending, fetched)]
-            now = time.perf_counter()
-            bar.set_postfix(loss=f"{records[-1]['loss']:.4f}", tok_s=f"{tokens_since / (now - clock):.0f}")
-            bar.update(len(pending))
-            pending, clock, tokens_since = [], now, 0
-        if manager is not None and config.checkpoint_every and (step + 1) % config.checkpoint_every == 0:
-            save_state(manager, state)
+        save = manager is not None and config.checkpoint_every and (step + 1) % config.checkpoint_every == 0
+        if (step + 1) % config.log_every == 0 or last or save:
+            fetch()
+        if save:
+            run.save(manager, state, history)
         if last:
             break
     bar.close()
-    return state, records
+    return state, history
+
+
+def diverged_message(record: dict, run, manager) -> str:
+    kept = None if manager is None else manager.latest_step()
+    where = ("nothing was saved" if run is None else
+             f"nothing after step {kept} was saved: {run.directory / CHECKPOINTS / str(kept)} is the last checkpoint"
+             if kept is not None else "no checkpoint was saved")
+    return (f"training diverged: loss {record['loss']}, gradient norm {record['grad_norm']} at step {record['step']} "
+            f"(learning rate {record['learning_rate']:.3g}); {where}. Try a lower learning rate or a stronger "
+            "gradient clip, from scratch or from an export of that checkpoint")
+
+
+def all_finite(tree) -> bool:
+    """Whether every floating leaf of `tree` is finite (one device reduction, one host sync)."""
+    leaves = [jnp.isfinite(x).all() for x in jax.tree.leaves(tree) if jnp.issubdtype(jnp.asarray(x).dtype,
+                                                                                        jnp.floating)]
+    return bool(jnp.stack(leaves).all()) if leaves else True
 
 
 def check_batch(batch: Batch, config: TrainConfig, step: int) -> None:
@@ -364,63 +416,168 @@ def check_batch(batch: Batch, config: TrainConfig, step: int) -> None:
 # --- run directory: checkpoints, configuration, history ---
 
 CONFIG_FILE, HISTORY_FILE, PLOT_FILE, CHECKPOINTS = "train_config.json", "history.json", "loss.png", "checkpoints"
+CHECKSUMS_FILE = "checkpoint_checksums.json"
+RUN_MARKERS = (CONFIG_FILE, CHECKPOINTS)  # what makes a directory a training run's
 
 
-def open_run(run_dir: Path, config: TrainConfig, *, resume: bool) -> ocp.CheckpointManager:
-    """The run's checkpoint manager, after checking the directory against `config` and `resume`."""
-    run_dir.mkdir(parents=True, exist_ok=True)
-    manager = ocp.CheckpointManager(run_dir.absolute() / CHECKPOINTS, options=ocp.CheckpointManagerOptions(
-        max_to_keep=2, create=True))
-    stored = run_dir / CONFIG_FILE
-    if manager.latest_step() is not None:
-        if not resume:
-            manager.close()
-            raise ValueError(f"{run_dir} already holds checkpoints (latest step {manager.latest_step()}): pass "
-                             "resume=True (--resume) to continue, or choose another directory")
-        if stored.is_file():
-            check_same_run(json.loads(stored.read_text()), config, stored)
-    stored.write_text(json.dumps(config.to_json(), indent=2) + "\n")
-    return manager
-
-
-def check_same_run(old: dict, config: TrainConfig, path: Path) -> None:
-    """ValueError naming the fields a resume would change (only bookkeeping and `steps` may differ)."""
+def run_differences(old: dict, config: TrainConfig, batch_settings: dict | None = None) -> dict[str, tuple]:
+    """{key: (stored value, new value)} of what a resume would change in the run `old` (its
+    train_config.json): the config's fields but bookkeeping and `steps`, and the batch settings. A config
+    field added since the run was written reads as its default (the behaviour that run had); a run written
+    before batch settings were recorded has none to compare."""
     new = json.loads(json.dumps(config.to_json()))
-    # a field added since the run was written reads as its default (the behaviour that run had)
     old = {f.name: f.default for f in dataclasses.fields(config) if f.default is not dataclasses.MISSING} | old
-    free = {"run_dir", "checkpoint_every", "log_every", "steps"}
-    changed = sorted(k for k in set(old) | set(new) if k not in free and old.get(k) != new.get(k))
+    free = {"run_dir", "checkpoint_every", "log_every", "steps", "batches"}
+    changed = {k: (old.get(k), new.get(k)) for k in sorted(set(old) | set(new))
+               if k not in free and old.get(k) != new.get(k)}
+    if batch_settings is not None and "batches" in old:
+        settings, stored = json.loads(json.dumps(batch_settings)), old["batches"]
+        changed |= {f"batches.{k}": (stored.get(k), settings.get(k)) for k in sorted(set(stored) | set(settings))
+                    if stored.get(k) != settings.get(k)}
+    return changed
+
+
+def check_same_run(old: dict, config: TrainConfig, path: Path, batch_settings: dict | None = None) -> None:
+    """ValueError naming the fields a resume would change (only bookkeeping and `steps` may differ)."""
+    changed = run_differences(old, config, batch_settings)
     if changed:
-        raise ValueError(f"cannot resume: the configuration differs from the run's {path} in {changed}")
+        raise ValueError(f"cannot resume: the configuration differs from the run's {path} in {sorted(changed)}")
 
 
-def save_state(manager: ocp.CheckpointManager, state: TrainState) -> None:
-    manager.save(int(state.step), args=ocp.args.StandardSave(dataclasses.asdict(state)))
-
-
-def restore_state(manager: ocp.CheckpointManager, like: TrainState) -> TrainState:
-    """The latest checkpoint, restored into the structure, shapes and dtypes of `like`."""
-    abstract = jax.tree.map(ocp.utils.to_shape_dtype_struct, dataclasses.asdict(like))
-    restored = manager.restore(manager.latest_step(), args=ocp.args.StandardRestore(abstract))
-    return TrainState(**restored)
-
-
-def read_history(run_dir: Path) -> list[dict]:
-    path = run_dir / HISTORY_FILE
-    return json.loads(path.read_text())["steps"] if path.is_file() else []
-
-
-def write_history(run_dir: Path, history: list[dict]) -> None:
-    """history.json and, when matplotlib is installed, loss.png (a message otherwise)."""
-    (run_dir / HISTORY_FILE).write_text(json.dumps({"steps": history}, indent=1) + "\n")
+def read_json(path: Path, what: str):
+    """The JSON value of `path`; ValueError naming the file when it cannot be read or parsed."""
     try:
-        plot_losses(history, run_dir / PLOT_FILE)
-    except ImportError:
-        print(f"matplotlib is not installed: no loss curve ({run_dir / PLOT_FILE}); the losses are in "
-              f"{run_dir / HISTORY_FILE}")
+        return json.loads(path.read_text())
+    except (OSError, UnicodeDecodeError, json.JSONDecodeError) as e:
+        raise ValueError(f"{path} ({what}) cannot be read: {e}; restore it, or remove it and start a new "
+                         "run") from None
 
 
-def plot_losses(history: list[dict], path: Path) -> None:
+def check_run_location(run_dir: Path) -> None:
+    """ValueError unless `run_dir` is a new or empty directory, or a training run's own: never inside
+    another run's tree (its checkpoint rotation or export would delete this one) and never a directory of
+    other files (an HF checkpoint, another tool's output)."""
+    real_dir = run_dir.resolve()
+    for parent in real_dir.parents:
+        if any((parent / marker).exists() for marker in RUN_MARKERS):
+            raise ValueError(f"run directory {run_dir} (resolved: {real_dir}) is inside the training run {parent}: "
+                             "that run's checkpoint rotation and export would delete files of this one; choose a "
+                             "directory outside it")
+    if run_dir.exists() and not run_dir.is_dir():
+        raise ValueError(f"run directory {run_dir} exists and is not a directory")
+    if run_dir.is_dir() and any(run_dir.iterdir()) and not any((run_dir / m).exists() for m in RUN_MARKERS):
+        found = sorted(p.name for p in run_dir.iterdir())
+        raise ValueError(f"run directory {run_dir} holds files that are not a training run's ({found[:10]}): "
+                         "choose a new or empty directory")
+
+
+@dataclasses.dataclass(frozen=True)
+class Run:
+    """A run directory: its checkpoint manager, configuration, checksums and history."""
+
+    directory: Path
+
+    def open(self, config: TrainConfig, *, resume: bool, batch_settings: dict | None = None):
+        """The run's checkpoint manager, after checking the directory against `config` and `resume`."""
+        check_run_location(self.directory)
+        stored = self.directory / CONFIG_FILE
+        latest = self.latest_step()
+        if latest is not None:
+            if not resume:
+                raise ValueError(f"{self.directory} already holds checkpoints (latest step {latest}): pass "
+                                 "resume=True (--resume) to continue, or choose another directory")
+            if not stored.is_file():
+                raise ValueError(f"cannot resume {self.directory}: its {CONFIG_FILE} is missing, so the run's "
+                                 "settings cannot be checked against this call's")
+            check_same_run(read_json(stored, "the run's configuration"), config, stored, batch_settings)
+        self.directory.mkdir(parents=True, exist_ok=True)
+        manager = self.manager()
+        record = config.to_json() | ({} if batch_settings is None else {"batches": batch_settings})
+        write_atomic(stored, json.dumps(record, indent=2) + "\n")
+        return manager
+
+    def manager(self) -> ocp.CheckpointManager:
+        return ocp.CheckpointManager(self.directory.absolute() / CHECKPOINTS,
+                                     options=ocp.CheckpointManagerOptions(max_to_keep=2, create=True))
+
+    def latest_step(self) -> int | None:
+        """The latest committed checkpoint's step (None: none), creating nothing."""
+        if not (self.directory / CHECKPOINTS).is_dir():
+            return None
+        with self.manager() as manager:
+            return manager.latest_step()
+
+    def save(self, manager: ocp.CheckpointManager, state: TrainState, history: list[dict]) -> None:
+        """Checkpoints `state` (refusing a non-finite one: the kept checkpoints stay the last finite ones)
+        with its checksums, and writes the history up to it (a killed call keeps its records)."""
+        step = int(state.step)
+        tree = dataclasses.asdict(state)
+        if not all_finite(tree):
+            raise Diverged(f"training diverged: the parameters or optimizer state hold NaN or Inf after step "
+                           f"{step}; not saved, the last checkpoint is step {manager.latest_step()}")
+        # the checksums are recorded before the checkpoint commits: a kill between the two leaves a record of
+        # a step that does not exist, never a step without its record
+        self.record_checksums(step, tree_checksums(jax.device_get(tree)), keep=manager.all_steps())
+        manager.save(step, args=ocp.args.StandardSave(tree))
+        self.write_history([r for r in history if r["step"] <= step], plot=False)
+
+    def record_checksums(self, step: int, checksums: dict, *, keep) -> None:
+        path = self.directory / CHECKSUMS_FILE
+        steps = read_json(path, "checkpoint checksums")["steps"] if path.is_file() else {}
+        steps = {s: v for s, v in steps.items() if int(s) in set(keep)} | {str(step): checksums}
+        write_atomic(path, json.dumps({"checksum": "crc32", "chunk_bytes": CHUNK_BYTES, "steps": steps}) + "\n")
+
+    def restore(self, manager: ocp.CheckpointManager, like: TrainState) -> TrainState:
+        """The latest checkpoint, restored into the structure, shapes and dtypes of `like`, checked against
+        its checksums and for non-finite values."""
+        step = manager.latest_step()
+        where = self.directory / CHECKPOINTS / str(step)
+        remedy = (f"remove {where} to resume from the checkpoint before it, or start a new run")
+        abstract = jax.tree.map(ocp.utils.to_shape_dtype_struct, dataclasses.asdict(like))
+        try:
+            restored = manager.restore(step, args=ocp.args.StandardRestore(abstract))
+        except Exception as e:  # Orbax / TensorStore raise many types for a truncated or corrupt file
+            raise ValueError(f"checkpoint {where} cannot be read (damaged or truncated: {type(e).__name__}: "
+                             f"{str(e).splitlines()[0] if str(e) else ''}); {remedy}") from None
+        path = self.directory / CHECKSUMS_FILE
+        recorded = read_json(path, "checkpoint checksums")["steps"].get(str(step)) if path.is_file() else None
+        if recorded is None:
+            print(f"warning: {path} records no checksums of step {step} (a run written before they existed): "
+                  "its values are checked for NaN/Inf only", file=sys.stderr)
+        else:
+            found = tree_checksums(jax.device_get(restored))
+            bad = sorted(k for k in set(found) | set(recorded) if found.get(k) != recorded.get(k))
+            if bad:
+                raise ValueError(f"checkpoint {where} is damaged: {len(bad)} arrays differ from the checksums "
+                                 f"written with it ({bad[:5]}); {remedy}")
+        if not all_finite(restored):
+            raise ValueError(f"checkpoint {where} holds NaN or Inf values; {remedy}")
+        return TrainState(**restored)
+
+    def read_history(self) -> list[dict]:
+        path = self.directory / HISTORY_FILE
+        if not path.is_file():
+            return []
+        history = read_json(path, "the loss history")
+        if not (isinstance(history, dict) and isinstance(history.get("steps"), list)):
+            raise ValueError(f"{path} (the loss history) is not a {{\"steps\": [...]}} object; restore it, or "
+                             "remove it (the resumed run then keeps only the losses from here on)")
+        return history["steps"]
+
+    def write_history(self, history: list[dict], *, plot: bool) -> None:
+        """history.json and, with plot=True and matplotlib installed, loss.png (a message otherwise)."""
+        write_atomic(self.directory / HISTORY_FILE, json.dumps({"steps": history}, indent=1) + "\n")
+        if not plot:
+            return
+        try:
+            write_atomic(self.directory / PLOT_FILE, loss_plot_png(history))
+        except ImportError:
+            print(f"matplotlib is not installed: no loss curve ({self.directory / PLOT_FILE}); the losses are in "
+                  f"{self.directory / HISTORY_FILE}")
+
+
+def loss_plot_png(history: list[dict]) -> bytes:
+    """The loss curve as PNG bytes."""
     from matplotlib.figure import Figure  # the object API: no pyplot state, no GUI backend
 
     fig = Figure(figsize=(7, 4))
@@ -432,7 +589,9 @@ def plot_losses(history: list[dict], path: Path) -> None:
     ax.set_yscale("log")
     ax.legend()
     fig.tight_layout()
-    fig.savefig(path, dpi=120)
+    buffer = io.BytesIO()
+    fig.savefig(buffer, format="png", dpi=120)
+    return buffer.getvalue()
 
 
 # --- export ---
@@ -454,15 +613,49 @@ def hf_tensors(params: dict, model, *, dtype: str = "float32") -> dict[str, np.n
 def export_hf(params: dict, model_config, directory, tokenizer_dir=None, *, dtype: str = "float32") -> Path:
     """Writes `params` (checkpoint layout) as an HF checkpoint: config.json + model.safetensors in the
     family's own names (what `dllm_jax.load_model` and the converter read), stored as `dtype`
-    ("float32" | "bfloat16"), plus the tokenizer files of `tokenizer_dir` (tokenizer.json, ...)."""
+    ("float32" | "bfloat16"), plus the tokenizer files of `tokenizer_dir` (tokenizer.json, ...).
+
+    Each file is replaced atomically. A `model.safetensors.index.json` already in `directory` (an earlier
+    sharded checkpoint) is removed with the shard files it names: the loader would read those instead of
+    the new weights."""
     if dtype not in COMPUTE_DTYPES:
         raise ValueError(f"export dtype must be one of {COMPUTE_DTYPES}, got {dtype!r}")
-    directory = write_hf_checkpoint(directory, model_config, dtype=dtype,
-                                    tensors=hf_tensors(params, model_config, dtype=dtype))
+    side = {}
     if tokenizer_dir is not None:
-        copied = [name for name in SIDE_FILES if (Path(tokenizer_dir) / name).is_file()]
-        if "tokenizer.json" not in copied:
+        side = {name: (Path(tokenizer_dir) / name).read_bytes() for name in SIDE_FILES
+                if (Path(tokenizer_dir) / name).is_file()}
+        if "tokenizer.json" not in side:
             raise ValueError(f"tokenizer_dir {tokenizer_dir} holds no tokenizer.json")
-        for name in copied:
-            shutil.copyfile(Path(tokenizer_dir) / name, directory / name)
+    tensors = hf_tensors(params, model_config, dtype=dtype)
+    directory = Path(directory)
+    directory.mkdir(parents=True, exist_ok=True)
+    remove_stale_index(directory)
+    write_atomic(directory / "model.safetensors", safetensors.numpy.save(tensors))
+    hf_config = model_config.to_hf_config() | {"torch_dtype": dtype}
+    write_atomic(directory / "config.json", json.dumps(hf_config, indent=2) + "\n")
+    for name, content in side.items():
+        write_atomic(directory / name, content)
     return directory
+
+
+INDEX_FILE = "model.safetensors.index.json"
+
+
+def remove_stale_index(directory: Path) -> None:
+    """Removes `directory`'s safetensors index and the shard files it names inside `directory` (the index
+    first: a kill in between leaves shards the loader reports as doubly stored, never read silently)."""
+    index = directory / INDEX_FILE
+    if not index.is_file():
+        return
+    try:
+        weight_map = json.loads(index.read_text()).get("weight_map", {})
+        shards = {str(v) for v in weight_map.values()} if isinstance(weight_map, dict) else set()
+    except (OSError, UnicodeDecodeError, ValueError, AttributeError):
+        shards = set()
+    index.unlink()
+    for name in sorted(shards):
+        shard = directory / name
+        if Path(name).name == name and name.endswith(".safetensors") and name != "model.safetensors" \
+                and shard.is_file():
+            shard.unlink()
+    print(f"export: removed the stale {index} and its {len(shards)} shard files", file=sys.stderr)
