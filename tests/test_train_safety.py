@@ -3,6 +3,7 @@ side files and flag errors. Each case was reproduced against the code before the
 
 import json
 import os
+import shutil
 import signal
 import subprocess
 import sys
@@ -39,8 +40,6 @@ def stopped_run(tmp_path_factory):
 
 
 def copy_run(run, tmp_path):
-    import shutil
-
     return shutil.copytree(run, tmp_path / "copy")
 
 
