@@ -1,39 +1,283 @@
 """The checkpoint's own tokenizer (`tokenizer.json`, via `tokenizers`) and chat template.
 
 The chat template is the Jinja template the checkpoint ships (`chat_template.jinja`, or the
-`chat_template` entry of `tokenizer_config.json`), rendered with jinja2 as transformers does.
+`chat_template` entry of `tokenizer_config.json`), rendered with jinja2 as transformers does: in an
+immutable sandbox, with `raise_exception(message)` available. A template is untrusted code, so each
+render is also bounded in time (RENDER_SECONDS) and size (RENDER_CHARS, RENDER_INT_BITS). Every
+problem with these files, when loading or rendering, is a ValueError whose one-line message names the file.
 """
 
 from __future__ import annotations
 
+import dataclasses
+import functools
 import json
+import re
+import time
 from pathlib import Path
 
 import jinja2
+import jinja2.compiler
+import jinja2.nodes
 import jinja2.sandbox
+import jinja2.utils
 import numpy as np
 from tokenizers import Tokenizer
+
+from dllm_jax.validation import integer, is_int, real
+
+# A real chat template renders in milliseconds and writes a few kB plus the messages: these bounds only
+# stop hostile or broken templates (nested loops that never end, 'x' * 10**10).
+RENDER_SECONDS = 5.0  # wall-clock time of one render
+RENDER_CHARS = 1 << 26  # characters one render may build and write in all (every value it builds, its
+#                         output and its macro/block buffers as they fill), so also the largest single value
+RENDER_INT_BITS = 1 << 16  # the largest integer a template may compute (10**10**10 would never finish)
+BUDGET = "dllm-jax render budget"  # a render variable no template can name or assign (not an identifier)
+BOUNDS = "(RenderLimits.{}, default dllm_jax.tokenizer.RENDER_{})"
+
+
+@dataclasses.dataclass(frozen=True)
+class RenderLimits:
+    """Bounds on one render of a chat template; a template passing one gets a ValueError naming it."""
+
+    seconds: float = RENDER_SECONDS
+    chars: int = RENDER_CHARS
+
+    def __post_init__(self):
+        object.__setattr__(self, "seconds", real("RenderLimits.seconds", self.seconds, low=0, low_open=True))
+        object.__setattr__(self, "chars", integer("RenderLimits.chars", self.chars))
+
+
+class TemplateRefused(ValueError):
+    """A render stopped by a bound; the message is complete (names the template's file and the bound)."""
+
+
+class TemplateRaised(jinja2.TemplateError):
+    """What a template's `raise_exception(message)` raises (transformers provides the same function)."""
+
+
+def raise_exception(message):
+    raise TemplateRaised(str(message))
+
+
+class Budget:
+    """One render's deadline and the characters it may still build or write (private to that render:
+    passed as the BUDGET render variable, so concurrent renders of one template do not share it)."""
+
+    __slots__ = ("deadline", "left")
+
+    def __init__(self, limits: RenderLimits):
+        self.deadline = time.monotonic() + limits.seconds
+        self.left = limits.chars
+
+
+class BoundedCodeGenerator(jinja2.compiler.CodeGenerator):
+    """Compiles a tick into every loop iteration (the time bound, with the loop's literal text counted
+    against the size bound) and a size check around every `~` concatenation."""
+
+    def visit_For(self, node, frame):
+        # the tick goes in as template code (a call the sandbox makes through BoundedSandbox.call), so it
+        # runs at the start of every iteration whatever the loop's form (filtered, recursive, with else)
+        literal = sum(len(data.data) for data in node.find_all(jinja2.nodes.TemplateData))
+        tick = jinja2.nodes.Call(jinja2.nodes.EnvironmentAttribute("tick"), [jinja2.nodes.Const(literal)], [],
+                                 None, None, lineno=node.lineno)
+        node.body = [jinja2.nodes.ExprStmt(tick, lineno=node.lineno), *node.body]
+        super().visit_For(node, frame)
+
+    def visit_Concat(self, node, frame):  # jinja's own, less constant folding, through concat_bounded
+        self.write("environment.concat_bounded(context, (")
+        for part in node.nodes:
+            self.visit(part, frame)
+            self.write(", ")
+        self.write("))")
+
+
+class BoundedSandbox(jinja2.sandbox.ImmutableSandboxedEnvironment):
+    """transformers' chat-template environment, bounded. Every loop iteration, call, filter and
+    intercepted operator checks the render's deadline; `*`, `**`, `%`, calls and filters are refused
+    before they would build a value over the size bound (a count, width or join over it); every value
+    they build and every piece of output counts against the render's size budget."""
+
+    intercepted_binops = frozenset({"*", "**", "%", "+"})
+    code_generator_class = BoundedCodeGenerator
+
+    def __init__(self, where: str, limits: RenderLimits):
+        super().__init__(trim_blocks=True, lstrip_blocks=True, finalize=self.output)
+        self.where, self.limits = where, limits
+        self.globals["raise_exception"] = raise_exception
+        del self.globals["lipsum"]  # random text of any length, in no chat template: one call could pass the bounds
+        self.filters = {name: self.bounded_filter(name, function) for name, function in self.filters.items()}
+
+    def refuse(self, what: str):
+        raise TemplateRefused(f"{self.where}: the chat template {what}")
+
+    def too_big(self, what: str):
+        self.refuse(f"{what} more than {self.limits.chars} characters, the render size bound "
+                    + BOUNDS.format("chars", "CHARS"))
+
+    def budget(self, context) -> Budget:
+        """The render's budget, after checking its deadline."""
+        budget = context.get(BUDGET)
+        if not isinstance(budget, Budget):
+            self.refuse("was rendered without a budget: render it with ChatTokenizer.render")
+        if time.monotonic() > budget.deadline:
+            bound = BOUNDS.format("seconds", "SECONDS")
+            self.refuse(f"ran past the render time bound of {self.limits.seconds:g} s {bound}")
+        return budget
+
+    def spend(self, context, chars: int) -> None:
+        budget = self.budget(context)
+        budget.left -= chars
+        if budget.left < 0:
+            self.too_big("built and wrote")
+
+    def checked(self, context, value):
+        chars = size(value)
+        if chars > self.limits.chars:
+            self.too_big("built a value of")
+        self.spend(context, chars)
+        return value
+
+    @jinja2.pass_context
+    def output(self, context, value):
+        self.spend(context, size(value))
+        return value
+
+    @jinja2.pass_context
+    def tick(self, context, literal: int) -> str:
+        self.spend(context, literal)
+        return ""
+
+    def concat_bounded(self, context, parts: tuple) -> str:
+        """`a ~ b ~ ...` (jinja's str_join; these templates are not autoescaped), sized before the join:
+        a part may be a list literal holding one long string many times."""
+        self.check_estimate(sum(size(part) for part in parts))
+        return self.checked(context, "".join(map(str, parts)))
+
+    def check_estimate(self, chars: int) -> None:
+        if chars > self.limits.chars:
+            self.too_big("would build a value of")
+
+    def check_arguments(self, values) -> None:
+        """Refuses, before a call, arguments that would let it build a value far over the bound: a count
+        or width over it ('x'.center(10**10)), or sequences whose total passes it (a join)."""
+        for value in values:
+            if is_int(value) and abs(value) > self.limits.chars:
+                self.too_big(f"takes an argument of {value}, a count or width of")
+        self.check_estimate(sum(size(value) for value in values))
+
+    def call_binop(self, context, operator, left, right):
+        self.budget(context)
+        if operator == "*":
+            self.check_product(left, right)
+        elif operator == "**" and is_int(left) and is_int(right) and right > 0 and \
+                max(abs(left).bit_length() - 1, 1) * right > RENDER_INT_BITS:
+            self.refuse_int()
+        elif operator == "%" and isinstance(left, str):
+            self.check_estimate(format_size(left, right, self.limits.chars))
+        return self.checked(context, super().call_binop(context, operator, left, right))
+
+    def refuse_int(self):
+        self.refuse(f"computes an integer of more than {RENDER_INT_BITS} bits (dllm_jax.tokenizer.RENDER_INT_BITS)")
+
+    def check_product(self, left, right) -> None:
+        if is_int(left) and is_int(right):
+            if abs(left).bit_length() + abs(right).bit_length() > RENDER_INT_BITS:
+                self.refuse_int()
+        elif is_int(left) or is_int(right):
+            count, sequence = (right, left) if is_int(right) else (left, right)
+            self.check_estimate(size(sequence) * max(int(count), 0))
+
+    def call(__self, __context, __obj, *args, **kwargs):  # noqa: N805 (the sandbox's own signature)
+        __self.budget(__context)
+        __self.check_arguments([*args, *kwargs.values()])
+        method = getattr(__obj, "__wrapped__", __obj)  # the sandbox wraps str.format / format_map
+        owner = getattr(method, "__self__", None)
+        if isinstance(owner, str):
+            name = getattr(method, "__name__", "")
+            if name in ("format", "format_map"):
+                __self.check_estimate(format_size(owner, [*args, *kwargs.values()], __self.limits.chars))
+            elif name == "replace" and len(args) >= 2:
+                __self.check_estimate(replaced_size(owner, *args[:2]))
+        return __self.checked(__context, super().call(__context, __obj, *args, **kwargs))
+
+    def bounded_filter(self, name: str, function):
+        """`function` with its arguments checked before and its value after. The wrapper takes the
+        context (for the render's budget) and hands the filter what its own pass_* marker asks for."""
+        wants = getattr(getattr(function, "jinja_pass_arg", None), "name", None)
+
+        @functools.wraps(function)
+        def bounded(context, *args, **kwargs):
+            self.budget(context)
+            self.check_arguments([*args, *kwargs.values()])
+            if args:
+                self.check_estimate(filter_size(name, args[0], args[1:], kwargs, self.limits.chars))
+            lead = {"context": (context,), "eval_context": (context.eval_ctx,), "environment": (self,)}.get(wants, ())
+            return self.checked(context, function(*lead, *args, **kwargs))
+
+        return jinja2.pass_context(bounded)
+
+
+def size(value, depth: int = 0) -> int:
+    """About how many characters `value` takes as text: strings by length, integers by digits, containers
+    (and a namespace's values) by their contents, anything else as a short repr."""
+    if isinstance(value, str):
+        return len(value)
+    if is_int(value):
+        return int(abs(value)).bit_length() // 3 + 2
+    if depth > 64:  # refused rather than walked further (a namespace that holds itself never ends)
+        return 1 << 62
+    if isinstance(value, dict):
+        return sum(size(k, depth + 1) + size(v, depth + 1) + 4 for k, v in value.items()) + 2
+    if isinstance(value, (list, tuple, set, frozenset)):
+        return sum(size(item, depth + 1) + 2 for item in value) + 2
+    if isinstance(value, jinja2.utils.Namespace):
+        return size(object.__getattribute__(value, "__dict__"), depth + 1)
+    return 64
+
+
+def replaced_size(text: str, old, new) -> int:
+    if not isinstance(old, str) or not isinstance(new, str):
+        return len(text)
+    return len(text) + text.count(old) * max(len(new) - len(old), 0)
+
+
+def format_size(template: str, arguments, bound: int) -> int:
+    """An upper estimate of a printf- or str.format-style result: every field may hold every argument,
+    and every number in the template may be a width."""
+    fields = template.count("%") + template.count("{")
+    widths = sum(int(run) if len(run) < 10 else bound + 1 for run in re.findall(r"\d+", template))
+    arguments = list(arguments.values()) if isinstance(arguments, dict) else arguments
+    return len(template) + widths + fields * size(arguments)
+
+
+def filter_size(name: str, value, args: tuple, kwargs: dict, bound: int) -> int:
+    """An upper estimate of what the filters that can multiply their input would build of `value`."""
+    if name == "tojson":  # every item on its own line, indented up to its depth
+        indent = args[0] if args else kwargs.get("indent")
+        return (size(value) + 1) * (1 + (max(int(indent), 0) if is_int(indent) else 0))
+    if not isinstance(value, str):
+        return 0
+    if name == "replace" and len(args) >= 2:
+        return replaced_size(value, *args[:2])
+    if name == "indent":
+        width = args[0] if args else kwargs.get("width", 4)
+        per_line = len(width) if isinstance(width, str) else max(int(width), 0) if is_int(width) else 0
+        return len(value) + (value.count("\n") + 1) * per_line
+    if name == "format":
+        return format_size(value, [*args, *kwargs.values()], bound)
+    return len(value)
 
 
 class ChatTokenizer:
     """Encodes prompts (optionally through the chat template) and decodes generated ids."""
 
-    def __init__(self, directory):
+    def __init__(self, directory, *, limits: RenderLimits = RenderLimits()):
         directory = Path(directory)
-        path = directory / "tokenizer.json"
-        if not path.is_file():
-            raise ValueError(f"{path} not found: text generation needs the checkpoint's tokenizer.json")
-        self.tokenizer = Tokenizer.from_file(str(path))
-        config_path = directory / "tokenizer_config.json"
-        self.config = json.loads(config_path.read_text()) if config_path.is_file() else {}
-        template_path = directory / "chat_template.jinja"
-        source = template_path.read_text() if template_path.is_file() else self.config.get("chat_template")
-        if isinstance(source, list):  # [{"name": "default", "template": ...}, ...]
-            source = next((t["template"] for t in source if t.get("name") == "default"), source[0]["template"])
-        self.template = None
-        if source:
-            env = jinja2.sandbox.ImmutableSandboxedEnvironment(trim_blocks=True, lstrip_blocks=True)
-            self.template = env.from_string(source)
+        self.tokenizer = read_tokenizer(directory / "tokenizer.json")
+        self.config = read_tokenizer_config(directory / "tokenizer_config.json")
+        source, self.where = template_source(directory, self.config)
+        self.template = compile_template(source, self.where, limits) if source else None
 
     def special(self, name: str) -> str:
         token = self.config.get(name) or ""
@@ -43,8 +287,15 @@ class ChatTokenizer:
         """The user message through the chat template, ready for the assistant's answer."""
         if self.template is None:
             raise ValueError("this checkpoint ships no chat template; pass chat=False to use the raw prompt")
-        return self.template.render(messages=[{"role": "user", "content": text}], add_generation_prompt=True,
-                                    bos_token=self.special("bos_token"), eos_token=self.special("eos_token"))
+        variables = {BUDGET: Budget(self.template.environment.limits), "add_generation_prompt": True,
+                     "messages": [{"role": "user", "content": text}], "bos_token": self.special("bos_token"),
+                     "eos_token": self.special("eos_token")}
+        try:
+            return self.template.render(variables)
+        except TemplateRefused:
+            raise
+        except Exception as e:  # anything a template's code raises is that template's problem, named as such
+            raise ValueError(f"{self.where}: the chat template failed: {describe(e)}") from e
 
     def encode(self, text: str, *, chat: bool = True) -> np.ndarray:
         """int32 [1, P] token ids of `text` (through the chat template if chat=True)."""
@@ -57,6 +308,97 @@ class ChatTokenizer:
     def decode(self, ids, *, skip: tuple[int, ...] = ()) -> str:
         """Text of `ids`, without special tokens and without the ids in `skip` (e.g. the mask)."""
         return self.tokenizer.decode([int(i) for i in ids if int(i) not in skip], skip_special_tokens=True)
+
+
+def describe(error: Exception) -> str:
+    if isinstance(error, TemplateRaised):
+        return f"it raised {error.message!r}"
+    if isinstance(error, jinja2.sandbox.SecurityError):
+        return f"blocked by the sandbox ({error})"
+    text = f"{type(error).__name__}: {error}"
+    return text if len(text) <= 300 else text[:300] + "..."
+
+
+def read_text(path: Path) -> str:
+    try:
+        return path.read_text(encoding="utf-8")
+    except UnicodeDecodeError as e:
+        raise ValueError(f"{path} is not UTF-8 text ({e.reason} at byte {e.start})") from None
+
+
+def read_tokenizer(path: Path) -> Tokenizer:
+    if not path.is_file():
+        raise ValueError(f"{path} not found: text generation needs the checkpoint's tokenizer.json")
+    try:
+        return Tokenizer.from_file(str(path))
+    except Exception as e:  # tokenizers raises a bare Exception for every kind of bad file
+        raise ValueError(f"{path} is not a tokenizers tokenizer.json: {describe(e)}") from None
+
+
+# the special tokens the chat template is given; each a string, null or an AddedToken {"content": ...}
+TEMPLATE_TOKENS = ("bos_token", "eos_token")
+
+
+def read_tokenizer_config(path: Path) -> dict:
+    """tokenizer_config.json as a dict ({} when the checkpoint has none)."""
+    if not path.is_file():
+        return {}
+    try:
+        config = json.loads(read_text(path))
+    except json.JSONDecodeError as e:
+        raise ValueError(f"{path} is not valid JSON: {e}") from None
+    if not isinstance(config, dict):
+        raise ValueError(f"{path} must hold a JSON object, got {type(config).__name__} {short(config)}")
+    for name in TEMPLATE_TOKENS:
+        token = config.get(name)
+        content = token.get("content") if isinstance(token, dict) else token
+        if content is not None and not isinstance(content, str):
+            raise ValueError(f"{path}: {name} must be a string, null or {{\"content\": string}}, got {short(token)}")
+    return config
+
+
+def short(value) -> str:
+    text = repr(value)
+    return text if len(text) <= 60 else text[:60] + "..."
+
+
+def template_source(directory: Path, config: dict) -> tuple[str | None, str]:
+    """(the chat template's source or None, where it comes from: its file, for messages)."""
+    path = directory / "chat_template.jinja"
+    if path.is_file():
+        return read_text(path), str(path)
+    config_path = directory / "tokenizer_config.json"
+    where = f"{config_path} (chat_template)"
+    source = config.get("chat_template")
+    if isinstance(source, list):  # [{"name": "default", "template": ...}, ...]
+        source, name = named_template(source, where)
+        where = f"{config_path} (chat_template {name!r})"
+    if source is not None and not isinstance(source, str):
+        raise ValueError(f"{where} must be a Jinja template (a string) or a list of {{\"name\", \"template\"}}, "
+                         f"got {type(source).__name__} {short(source)}")
+    return source, where
+
+
+def named_template(entries: list, where: str) -> tuple[str, object]:
+    """(source, name) of the "default" template of a list of {"name", "template"} entries (the first
+    entry if none is named so)."""
+    for number, entry in enumerate(entries):
+        if not isinstance(entry, dict) or not isinstance(entry.get("template"), str):
+            raise ValueError(f"{where}: entry {number} must be an object with a \"template\" string, got "
+                             f"{short(entry)}")
+    if not entries:
+        raise ValueError(f"{where} is an empty list: give a template or leave chat_template out")
+    entry = next((entry for entry in entries if entry.get("name") == "default"), entries[0])
+    return entry["template"], entry.get("name", 0)
+
+
+def compile_template(source: str, where: str, limits: RenderLimits) -> jinja2.Template:
+    try:
+        return BoundedSandbox(where, limits).from_string(source)
+    except jinja2.TemplateSyntaxError as e:
+        raise ValueError(f"{where}: chat template syntax error at line {e.lineno}: {e.message}") from None
+    except Exception as e:  # the parser, code generator and Python's compiler each refuse some sources
+        raise ValueError(f"{where}: the chat template does not compile: {describe(e)}") from None
 
 
 def left_pad(rows, pad_id: int) -> tuple[np.ndarray, np.ndarray]:
