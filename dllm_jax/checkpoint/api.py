@@ -4,7 +4,9 @@ from __future__ import annotations
 
 import contextlib
 import json
+import os
 import shutil
+import stat
 from pathlib import Path
 
 import jax
@@ -14,10 +16,10 @@ from flax import nnx
 from dllm_jax.checkpoint import orbax as orbax_io
 from dllm_jax.checkpoint.atomic import (WRITER, check_replaceable, check_separate, clean_stale_siblings,
                                         make_temp_tree, remove_tree, replace_tree)
-from dllm_jax.checkpoint.hf import (TARGET_DTYPES, param_shapes_for, plan_conversion, read_hf_params,
-                                    source_dtype)
-from dllm_jax.checkpoint.manifest import (FORMAT_VERSION, MANIFEST, Manifest, check_versions, files_under,
-                                          read_manifest, sync_tree, tree_checksums, write_manifest)
+from dllm_jax.checkpoint.hf import (TARGET_DTYPES, check_regular, file_problem, param_shapes_for, plan_conversion,
+                                    read_hf_params, safetensors_files, source_dtype)
+from dllm_jax.checkpoint.manifest import (FORMAT_VERSION, MANIFEST, Manifest, check_versions, file_checksum,
+                                          files_under, read_manifest, sync_tree, tree_checksums, write_manifest)
 from dllm_jax.config import DreamConfig, LLaDA2Config, LLaDAConfig, SDARConfig, read_hf_config
 from dllm_jax.models.layers import check_execution, prepare_params, to_module_tree
 from dllm_jax.models.dream import Dream
@@ -42,11 +44,15 @@ def convert_hf_checkpoint(hf_dir, out_dir, *, dtype: str | None = None, overwrit
     Nothing is lost and nothing is half-written:
     - out_dir may not be, be inside, or contain the source (hf_dir, or a directory that really
       holds its files: symlinks are resolved); the source is only read.
+    - Only the source's own files are read: the shards an index names must lie inside hf_dir by
+      name (see `checkpoint.hf.safetensors_files`), side files are checked as `side_files` says,
+      and every file read must be a regular file (a FIFO or device would block forever).
     - Every tensor is validated (name, shape, dtype) from the file headers, and out_dir's parent
       is checked writable, before the long read. Tensors holding NaN or Inf are refused.
     - The tree is written into a hidden sibling `.<name>.tmp-<pid>@<host>-<token>`, flushed to
       disk, committed by writing `dllm_jax_manifest.json` last (every file written, a CRC-32 per
-      tensor of the stored values, format_version, param_dtype), then renamed to out_dir.
+      tensor of the stored values, a CRC-32 of config.json and of each side file as written,
+      format_version, param_dtype), then renamed to out_dir.
     - overwrite=True replaces only a committed conversion that holds nothing but the files its
       manifest lists (anything else is refused, naming the files); the old tree is renamed aside,
       the new one renamed into place, and the old one removed last. A kill at any point leaves
@@ -55,7 +61,8 @@ def convert_hf_checkpoint(hf_dir, out_dir, *, dtype: str | None = None, overwrit
     - Temp and aside trees left by a killed conversion are removed by the next conversion into the
       same parent once their process (the pid in the name) is gone; trees of a live or foreign
       process are reported with a warning, not touched.
-    Permissions follow the umask.
+    Permissions follow the umask; a copied side file also keeps no permission its source lacks
+    (a private 0600 tokenizer file stays 0600).
 
     Args:
       hf_dir: directory with config.json and *.safetensors.
@@ -69,13 +76,15 @@ def convert_hf_checkpoint(hf_dir, out_dir, *, dtype: str | None = None, overwrit
     hf_dir, out_dir = Path(hf_dir), Path(out_dir)
     dtype = checked_dtype(dtype, "convert_hf_checkpoint")
     if hf_dir.is_dir():
-        check_separate(hf_dir, out_dir, [p for p in hf_dir.iterdir() if p.is_file()])
+        check_separate(hf_dir, out_dir, source_files(hf_dir))
     if out_dir.exists() or out_dir.is_symlink():
         if not overwrite:
             raise ValueError(f"{out_dir} already exists (pass overwrite=True, or --overwrite, to replace it)")
         check_replaceable(out_dir)
+    check_config_file(hf_dir)
     raw, config = read_hf_config(hf_dir)
     plan = plan_conversion(hf_dir, config)  # fail on a bad checkpoint before creating anything
+    sides = side_files(hf_dir)
     dtype = dtype or source_dtype(plan)
     tmp = start_tree(out_dir)
     try:
@@ -85,17 +94,75 @@ def convert_hf_checkpoint(hf_dir, out_dir, *, dtype: str | None = None, overwrit
         del params
         raw = dict(raw, dllm_jax={"format_version": FORMAT_VERSION, "param_dtype": dtype})
         (tmp / "config.json").write_text(json.dumps(raw, indent=2) + "\n")
-        for name in SIDE_FILES:
-            if (hf_dir / name).is_file():
-                shutil.copyfile(hf_dir / name, tmp / name)  # a new file: umask permissions, not the source's
+        for source in sides:
+            copy_side_file(source, tmp / source.name)
         sync_tree(tmp)
-        write_manifest(tmp, Manifest(FORMAT_VERSION, dtype, files_under(tmp, exclude=(WRITER,)), checksums))
+        small = ("config.json", *(source.name for source in sides))
+        write_manifest(tmp, Manifest(FORMAT_VERSION, dtype, files_under(tmp, exclude=(WRITER,)), checksums,
+                                     file_checksums={name: file_checksum(tmp / name) for name in small}))
         replace_tree(tmp, out_dir, overwrite=overwrite)
     except BaseException:
         if tmp.exists():
             with contextlib.suppress(OSError):  # keep the original error; the next conversion cleans up
                 remove_tree(tmp)
         raise
+
+
+def source_files(hf_dir: Path) -> list[Path]:
+    """The files a conversion reads: hf_dir's own and the shards its index names (a subfolder may
+    link elsewhere). A bad index adds nothing here; reading the checkpoint reports it."""
+    files = [p for p in hf_dir.iterdir() if p.is_file()]
+    with contextlib.suppress(ValueError):
+        found = safetensors_files(hf_dir)
+        files += list(found.values()) if isinstance(found, dict) else []
+    return files
+
+
+def check_config_file(directory: Path) -> None:
+    """ValueError if config.json is there but not a regular file (an absent one is reported by
+    read_hf_config, a FIFO would be reported as absent)."""
+    path = directory / "config.json"
+    problem = file_problem(path)
+    if problem and problem != "does not exist":
+        check_regular({path: problem})
+
+
+def side_files(hf_dir: Path) -> list[Path]:
+    """The SIDE_FILES of hf_dir, checked before anything is written; ValueError naming the file.
+
+    A side file is copied byte for byte into the converted tree, so it must belong to the
+    checkpoint: once links are followed it must be a regular file inside hf_dir or, when hf_dir is
+    a Hugging Face cache snapshot (`<repo>/snapshots/<revision>/`, whose files are links to
+    `../../blobs/<hash>`), inside that repository's `<repo>/blobs/`. A link leading anywhere else
+    (someone's private file) is refused, and so is a FIFO, socket or device (a copy would block).
+    """
+    found = []
+    home = hf_dir.resolve()
+    blobs = home.parent.parent / "blobs" if home.parent.name == "snapshots" else None
+    for name in SIDE_FILES:
+        path = hf_dir / name
+        if not (path.exists() or path.is_symlink()):
+            continue
+        check_regular({path: file_problem(path)})
+        real = path.resolve()
+        if not (real.is_relative_to(home) or (blobs is not None and real.is_relative_to(blobs))):
+            raise ValueError(f"side file {path} is a symbolic link to {real}, outside the checkpoint {hf_dir}"
+                             f"{f' and its cache blobs {blobs}' if blobs else ''}: refusing to copy it into out_dir "
+                             "(copy the file into the checkpoint instead of linking it)")
+        found.append(path)
+    return found
+
+
+def copy_side_file(source: Path, dest: Path) -> None:
+    """Copies `source` to the new file `dest` as a regular file with the source's permissions, within
+    what the umask allows (the kernel masks the mode given to open)."""
+    fd = os.open(source, os.O_RDONLY | os.O_NONBLOCK)  # a FIFO swapped in since the check must not block
+    with open(fd, "rb") as src:
+        mode = os.fstat(src.fileno()).st_mode
+        if not stat.S_ISREG(mode):
+            raise ValueError(f"side file {source} is no longer a regular file: only regular files are read")
+        with open(os.open(dest, os.O_WRONLY | os.O_CREAT | os.O_EXCL, stat.S_IMODE(mode) & 0o666), "wb") as dst:
+            shutil.copyfileobj(src, dst)
 
 
 def start_tree(out_dir: Path) -> Path:
@@ -141,16 +208,18 @@ def load_model(path, *, dtype=None, verify: bool = True, progress: bool = True, 
     format_version and param_dtype this version knows, in the manifest and in config.json. With
     verify=True (the default) every tensor's CRC-32 is recomputed from the stored values and
     compared with the manifest, so a damaged or edited data file raises ValueError instead of
-    giving NaN logits; verify=False skips that pass (see benchmarks/checkpoint_verify.py for its
-    cost). Non-finite weights: an HF directory is checked tensor by tensor while it is read; a
-    converted tree cannot hold them, since conversion refuses them and the checksums prove the
-    values loaded are the values converted (with verify=False nothing re-checks them).
+    giving NaN logits, and so are the CRC-32s of config.json and the side files (trees converted
+    before the manifest recorded them have none to check); verify=False skips both (see
+    benchmarks/checkpoint_verify.py for the cost of the tensor pass). Non-finite weights: an HF
+    directory is checked tensor by tensor while it is read; a converted tree cannot hold them,
+    since conversion refuses them and the checksums prove the values loaded are the values
+    converted (with verify=False nothing re-checks them).
 
     Args:
       path: a directory written by `convert_hf_checkpoint`, or an HF checkpoint directory
         (config.json + *.safetensors, converted in memory).
       dtype: parameter and compute dtype, "bfloat16" (the default when None) or "float32".
-      verify: check the per-tensor checksums of a converted directory.
+      verify: check the checksums of a converted directory (every tensor, config.json, side files).
       progress: show a tqdm bar while converting an HF directory in memory.
       execution: "unrolled" (the default: every layer traced separately, weights read in place at
         near memory bandwidth) or "scan" (one `lax.scan` body over stacked layers: faster to
@@ -170,6 +239,7 @@ def load_model(path, *, dtype=None, verify: bool = True, progress: bool = True, 
         raise ValueError(f"checkpoint directory {path} does not exist")
     if not path.is_dir():
         raise ValueError(f"{path} is not a directory (load_model takes a checkpoint directory)")
+    check_config_file(path)
     raw, config = read_hf_config(path)
     if mesh is not None:  # before reading any weight
         check_mesh(mesh, config)
@@ -199,7 +269,8 @@ def load_converted(path: Path, raw: dict, config, dtype: str, *, verify: bool) -
     # float32), then cast to `dtype` tensor by tensor.
     wide = not verify or jnp.dtype(dtype).itemsize >= jnp.dtype(stored).itemsize
     params = orbax_io.restore_params(path, param_shapes_for(config), jnp.dtype(dtype if wide else stored))
-    if verify:
+    if verify:  # after the restore, whose shape check says more about a config that no longer fits
+        verify_files(path, manifest)
         verify_checksums(path, params, manifest)
     return cast_leafwise(params, jnp.dtype(dtype))
 
@@ -212,6 +283,19 @@ def verify_checksums(path: Path, params: dict, manifest: Manifest) -> None:
         raise ValueError(f"converted checkpoint {path} is damaged: the stored values of {len(bad)} tensors do "
                          f"not match the checksums written at conversion ({sorted(bad)[:20]}); the files were "
                          "changed after conversion. Convert the HF checkpoint again")
+
+
+def verify_files(path: Path, manifest: Manifest) -> None:
+    """ValueError naming the checkpoint and every small file (config.json, side files) whose bytes
+    changed since conversion."""
+    changed = []
+    for name, expected in sorted(manifest.file_checksums.items()):
+        problem = file_problem(path / name)
+        if problem or file_checksum(path / name) != expected:
+            changed.append(f"{name} ({problem})" if problem else name)
+    if changed:
+        raise ValueError(f"converted checkpoint {path} is damaged: {', '.join(changed)} changed after conversion "
+                         f"(its CRC-32 differs from the one in {MANIFEST}); convert the HF checkpoint again")
 
 
 def cast_leafwise(tree: dict, dtype) -> dict:

@@ -28,7 +28,8 @@ import socket
 import warnings
 from pathlib import Path
 
-from dllm_jax.checkpoint.manifest import MANIFEST, files_under, fsync_path, read_manifest
+from dllm_jax.checkpoint.manifest import MANIFEST, files_under, read_manifest
+from dllm_jax.files import fsync_path
 
 WRITER = ".dllm_jax_writer.json"
 SIBLING = re.compile(r"^\.(?P<name>.+)\.(?P<kind>tmp|old)-(?P<pid>\d+)@(?P<host>[^/]+)-(?P<token>[0-9a-f]{8})$")

@@ -10,7 +10,9 @@ from __future__ import annotations
 
 import dataclasses
 import json
-from pathlib import Path
+import os
+import stat
+from pathlib import Path, PurePosixPath
 
 import ml_dtypes
 import numpy as np
@@ -203,22 +205,74 @@ class PlannedTensor:
 
 
 def safetensors_files(hf_dir: Path) -> dict[str, Path] | list[Path]:
-    """The weight map {name: file} of a sharded checkpoint, or the list of single files."""
+    """The weight map {name: file} of a sharded checkpoint, or the list of single files.
+
+    Every shard is read from inside hf_dir: the index must name each file by a relative path
+    without `..` (checked on the name as written, not where a link leads, so a Hugging Face cache
+    snapshot, whose files link into the repository's blobs/, still reads). Every shard must be a
+    regular file once links are followed: a FIFO or a device named *.safetensors would block the
+    reader forever. ValueError naming the index or the file otherwise.
+    """
     index = hf_dir / "model.safetensors.index.json"
-    if index.is_file():
-        try:
-            weight_map = json.loads(index.read_text())["weight_map"]
-        except (json.JSONDecodeError, KeyError, TypeError) as e:
-            raise ValueError(f"{index} is not a valid safetensors index (needs 'weight_map'): {e}") from e
-        files = {name: hf_dir / file for name, file in weight_map.items()}
-        absent = sorted({str(f.name) for f in files.values() if not f.is_file()})
+    if index.exists() or index.is_symlink():
+        check_regular({index: file_problem(index)})
+        files = {name: hf_dir / file for name, file in index_weight_map(index).items()}
+        unreadable = {file: file_problem(file) for file in set(files.values())}
+        absent = sorted(f.name for f, problem in unreadable.items() if problem == "does not exist")
         if absent:
             raise ValueError(f"{index} names shard files that do not exist: {absent}")
+        check_regular(unreadable)
         return files
     files = sorted(hf_dir.glob("*.safetensors"))
     if not files:
         raise ValueError(f"no *.safetensors files (and no model.safetensors.index.json) in {hf_dir}")
+    check_regular({file: file_problem(file) for file in files})
     return files
+
+
+def index_weight_map(index: Path) -> dict[str, str]:
+    """The `weight_map` of a safetensors index, {tensor name: shard file}, each shard named by a
+    relative path inside the index's folder; ValueError naming the index and the bad entry."""
+    try:
+        weight_map = json.loads(index.read_text())["weight_map"]
+    except (OSError, ValueError, KeyError, TypeError) as e:  # ValueError: JSON or UTF-8
+        raise ValueError(f"{index} is not a valid safetensors index (needs 'weight_map'): {e}") from e
+    if not isinstance(weight_map, dict):
+        raise ValueError(f"{index} is not a valid safetensors index: 'weight_map' must be an object "
+                         f"{{tensor name: shard file}}, got {type(weight_map).__name__} {str(weight_map)[:80]}")
+    for name, file in weight_map.items():
+        if not isinstance(file, str):
+            raise ValueError(f"{index} is not a valid safetensors index: weight_map entry {name!r} must name a "
+                             f"shard file (a string), got {file!r}")
+        parts = PurePosixPath(file).parts
+        if not parts or PurePosixPath(file).is_absolute() or ".." in parts or "\0" in file:
+            raise ValueError(f"{index}: weight_map entry {name!r} names the shard {file!r}, which is not a relative "
+                             f"path inside {index.parent} (absolute paths and '..' are refused)")
+    return weight_map
+
+
+def file_problem(path: Path) -> str | None:
+    """Why `path` cannot be read as a data file, or None if it is a regular file (links followed)."""
+    try:
+        mode = path.stat().st_mode
+    except FileNotFoundError:
+        return f"is a broken symbolic link (to {os.readlink(path)})" if path.is_symlink() else "does not exist"
+    except OSError as e:
+        return f"cannot be read ({e.strerror or e})"
+    if stat.S_ISREG(mode):
+        return None
+    kinds = ((stat.S_ISDIR, "a directory"), (stat.S_ISFIFO, "a FIFO (named pipe)"), (stat.S_ISSOCK, "a socket"),
+             (stat.S_ISCHR, "a character device"), (stat.S_ISBLK, "a block device"))
+    kind = next((name for test, name in kinds if test(mode)), "not a regular file")
+    return f"is {kind}, not a regular file"
+
+
+def check_regular(problems: dict[Path, str | None]) -> None:
+    """ValueError naming every file of {file: file_problem(file)} that is not a readable regular file."""
+    bad = sorted((str(file), problem) for file, problem in problems.items() if problem)
+    if bad:
+        listed = "; ".join(f"{file} {problem}" for file, problem in bad[:MAX_LISTED_PROBLEMS])
+        raise ValueError(f"{listed}: only regular files are read")
 
 
 def read_headers(hf_dir: Path) -> list[TensorEntry]:

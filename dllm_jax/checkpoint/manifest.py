@@ -10,6 +10,11 @@ tree and what `overwrite=True` may delete:
   chunk_bytes     the checksum unit
   checksums       {tree path: [CRC-32 of each chunk_bytes piece of the stored bytes, C order]} for
                   every parameter tensor
+  file_checksums  {file: CRC-32 of its bytes as written} for config.json and the side files copied
+                  from the source (tokenizer, generation defaults, chat template): a changed
+                  rope_theta would change every output as surely as a changed weight. Trees written
+                  before this field have none, and nothing is checked for them (same format_version:
+                  an older dllm_jax reading a newer tree ignores the field)
 
 CRC-32 guards against accidental damage (a flipped or truncated block, a bad copy), not against a
 deliberate forgery: it is the fastest checksum of the standard library (about 2 GB/s on one core,
@@ -28,6 +33,7 @@ from pathlib import Path
 import numpy as np
 
 from dllm_jax.checkpoint.orbax import tree_paths
+from dllm_jax.files import fsync_path, write_atomic
 
 MANIFEST = "dllm_jax_manifest.json"
 FORMAT_VERSION = 2
@@ -43,11 +49,12 @@ class Manifest:
     files: tuple[str, ...]
     checksums: dict[str, list[int]]
     chunk_bytes: int = CHUNK_BYTES
+    file_checksums: dict[str, int] = dataclasses.field(default_factory=dict)
 
     def to_json(self) -> str:
         return json.dumps(dict(format_version=self.format_version, param_dtype=self.param_dtype,
                                checksum="crc32", chunk_bytes=self.chunk_bytes, files=list(self.files),
-                               checksums=self.checksums), indent=1) + "\n"
+                               checksums=self.checksums, file_checksums=self.file_checksums), indent=1) + "\n"
 
 
 def tensor_checksum(array, *, chunk_bytes: int = CHUNK_BYTES, pool: ThreadPoolExecutor | None = None) -> list[int]:
@@ -88,24 +95,14 @@ def sync_tree(directory: Path) -> None:
         fsync_path(Path(root))
 
 
-def fsync_path(path: Path) -> None:
-    fd = os.open(path, os.O_RDONLY)
-    try:
-        os.fsync(fd)
-    finally:
-        os.close(fd)
+def file_checksum(path: Path) -> int:
+    """CRC-32 of a small file's bytes (config.json, a tokenizer file)."""
+    return zlib.crc32(Path(path).read_bytes())
 
 
 def write_manifest(directory: Path, manifest: Manifest) -> None:
     """Writes the manifest atomically (temp file, fsync, rename): the commit point of a conversion."""
-    directory = Path(directory)
-    partial = directory / f".{MANIFEST}.partial"
-    with open(partial, "w") as f:
-        f.write(manifest.to_json())
-        f.flush()
-        os.fsync(f.fileno())
-    os.replace(partial, directory / MANIFEST)
-    fsync_path(directory)
+    write_atomic(Path(directory) / MANIFEST, manifest.to_json())
 
 
 def read_manifest(directory: Path) -> Manifest:
@@ -120,7 +117,11 @@ def read_manifest(directory: Path) -> Manifest:
         raw = json.loads(path.read_text())
         manifest = Manifest(format_version=raw["format_version"], param_dtype=raw["param_dtype"],
                             files=tuple(raw["files"]), chunk_bytes=int(raw["chunk_bytes"]),
-                            checksums={str(k): [int(c) for c in v] for k, v in raw["checksums"].items()})
+                            checksums={str(k): [int(c) for c in v] for k, v in raw["checksums"].items()},
+                            file_checksums={str(k): int(v) for k, v in raw.get("file_checksums", {}).items()})
+        stray = sorted(set(manifest.file_checksums) - set(manifest.files))
+        if stray:  # a checksum vouches only for a file the conversion recorded writing
+            raise ValueError(f"file_checksums names files the conversion did not write: {stray}")
     except (OSError, ValueError, KeyError, TypeError, AttributeError) as e:
         raise ValueError(f"{path} is unreadable ({type(e).__name__}: {e}); convert the HF checkpoint again") from e
     check_versions(path, manifest.format_version, manifest.param_dtype)
