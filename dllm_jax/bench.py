@@ -1,6 +1,7 @@
 """`dllm-jax bench`: attention kernels and end-to-end generation steps on the current device.
 
-Two sections, both written to <out>/bench_<device>_<date>.{json,md}:
+Two sections, both written to <out>/bench_<device>_<date>.{json,md} (bench_<device>_<date>_2, _3, ... for
+later runs of the day: a result is never replaced):
   attention   dense attention of the platform (cuDNN on a GPU, XLA elsewhere) against our flash,
               block-sparse and column-sparse kernels at several densities (random per-row patterns),
               batch 1, bf16, bidirectional; ratio = dense time / time (> 1 is faster). Off a GPU the
@@ -22,6 +23,7 @@ import datetime
 import functools
 import gzip
 import json
+import os
 import re
 import time
 import warnings
@@ -83,17 +85,49 @@ def time_carried(step, carry, *, repeats: int = 5, warmup: int = 1):
     return time_calls(call, repeats=repeats, warmup=warmup, burst_s=0), held[0]
 
 
-def write_results(out_dir: Path, meta: dict, rows: list[dict], lines: list[str]) -> Path:
-    """Writes <benchmark>_<device>_<date>.json (meta + rows) and .md (`lines`), prints the table and
-    returns the Markdown path."""
+def write_results(out_dir: Path, meta: dict, rows: list[dict], lines: list[str], *,
+                  keep_existing: bool = False) -> Path:
+    """Writes <benchmark>_<device>_<date>.json (meta + rows) and .md (`lines`), each whole or not at all
+    (`dllm_jax.files.write_atomic`), prints the table and returns the Markdown path.
+
+    keep_existing=False replaces a result of that name (the studies of benchmarks/*.py rewrite theirs as
+    rows arrive). keep_existing=True (`dllm-jax bench`) never replaces one: the run takes the first free
+    stem of <stem>, <stem>_2, <stem>_3, ..., claimed by creating both files exclusively, so two runs on
+    one day (even at once) each keep their own."""
+    from dllm_jax.files import write_atomic
+
     out_dir = Path(out_dir)
     out_dir.mkdir(parents=True, exist_ok=True)
     stem = f"{meta['benchmark']}_{meta['device'].replace(' ', '_')}_{meta['date']}"
-    (out_dir / f"{stem}.json").write_text(json.dumps(dict(meta, rows=rows), indent=2) + "\n")
+    if keep_existing:
+        stem = claim_stem(out_dir, stem)
+    write_atomic(out_dir / f"{stem}.json", json.dumps(dict(meta, rows=rows), indent=2) + "\n")
     table = "\n".join(lines) + "\n"
-    (out_dir / f"{stem}.md").write_text(table)
+    write_atomic(out_dir / f"{stem}.md", table)
     print(table)
     return out_dir / f"{stem}.md"
+
+
+def claim_stem(out_dir: Path, stem: str) -> str:
+    """The first of stem, stem_2, stem_3, ... whose .json and .md this call creates (empty, exclusively:
+    a name another run holds, or takes at the same moment, is skipped)."""
+    number = 1
+    while True:
+        name = stem if number == 1 else f"{stem}_{number}"
+        if claim(out_dir / f"{name}.json"):
+            if claim(out_dir / f"{name}.md"):
+                return name
+            (out_dir / f"{name}.json").unlink()  # the .md is another run's: leave the name to it
+        number += 1
+
+
+def claim(path: Path) -> bool:
+    """Creates `path` empty unless it exists (O_EXCL: atomic); True if this call created it."""
+    try:
+        os.close(os.open(path, os.O_CREAT | os.O_EXCL | os.O_WRONLY, 0o666))
+    except FileExistsError:
+        return False
+    return True
 
 
 ATTENTION_KERNEL = re.compile(r"sdpa|fmha|flash|attention", re.IGNORECASE)
@@ -326,4 +360,4 @@ def run(*, out: Path, sections, lengths=None, densities=(0.5, 0.3, 0.1), models=
                 date=datetime.date.today().isoformat(), sections=list(sections), lengths=list(lengths),
                 densities=list(densities), models=list(models), context=context, new_tokens=new_tokens,
                 layers=layers, dtype=str(dtype))
-    return write_results(out, meta, attention + generation, markdown(meta, attention, generation))
+    return write_results(out, meta, attention + generation, markdown(meta, attention, generation), keep_existing=True)

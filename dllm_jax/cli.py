@@ -3,8 +3,11 @@
 from __future__ import annotations
 
 import argparse
+import contextlib
 import dataclasses
+import functools
 import io
+import itertools
 import json
 import math
 import os
@@ -27,15 +30,39 @@ def cmd_convert(args) -> None:
 
 
 def cmd_generate(args) -> None:
-    """Loads a model and its tokenizer, generates an answer to every prompt in one batch (one compiled
-    loop), prints the answers and one line of timings."""
+    """Loads a model and its tokenizer and generates the answers to the prompts batch by batch (a batch: one
+    compiled loop). Each batch's answers are printed, then one line of its timings, before the next batch is
+    read; the first batch is read and checked before the weights load."""
     from dllm_jax.checkpoint import load_model
-    from dllm_jax.generate import generate
+    from dllm_jax.generate.prompts import encoded, prompt_batches
+    from dllm_jax.tokenizer import ChatTokenizer
 
     request = checked_request(args)  # every flag error before the slow loading
-    tokenizer, batch = encode_prompts(args, request.config)
+    dp = 1 if args.mesh is None else args.mesh["dp"]
+    if args.batch_size is not None and args.batch_size % dp:
+        raise ValueError(f"--batch-size {args.batch_size} must be a multiple of the --mesh dp={dp} (a batch's prompts "
+                         "are split over dp)")
+    with opened_prompts(args, request.config) as prompts:
+        first = next(prompts)  # a prompts file without a prompt is refused before the tokenizer is read
+        tokenizer = ChatTokenizer(args.model)
+        encode = functools.partial(encode_row, tokenizer, raw=args.raw, config=request.config,
+                                   gen_length=args.gen_length)
+        batches = (prompt_batch(rows, last, request.config.pad_token_id) for rows, last in prompt_batches(
+            encoded(itertools.chain([first], prompts), encode), batch_rule(args, request.config), multiple=dp))
+        batch = next(batches)
+        batch_options(args, request, batch)  # refused before loading, as every error of the first batch
+        model = load_model(args.model, dtype=args.dtype, mesh=mesh_of(args))
+        alone = batch.last  # the run is one batch: printed as before batching (one prompt: no number)
+        for batch in itertools.chain([batch], batches):
+            run_batch(model, tokenizer, args, request, batch, alone=alone)
+
+
+def run_batch(model, tokenizer, args, request, batch, *, alone: bool) -> None:
+    """Generates one batch and prints its answers (numbered across the run, unless the run is one prompt)
+    and its timing line."""
+    from dllm_jax.generate import generate
+
     options = batch_options(args, request, batch)
-    model = load_model(args.model, dtype=args.dtype, mesh=mesh_of(args))
     start = time.perf_counter()
     out = np.asarray(generate(model, batch.ids, attention_mask=batch.mask, seed=args.seed, progress=args.progress,
                               method=request.method, **options))
@@ -49,14 +76,16 @@ def cmd_generate(args) -> None:
     texts = [tokenizer.decode(ids, skip=(request.config.mask_token_id,)) for ids in answers]
     # LLaDA and Dream denoise every position of the answer region; SDAR stops a row at its stop token
     counts = [len(row) if request.family in ("LLaDA", "Dream") else len(ids) for row, ids in zip(new, answers)]
-    if len(texts) == 1:
-        print(texts[0])
+    if alone and len(texts) == 1:
+        print(texts[0], flush=True)
     else:
-        for number, text in enumerate(texts, 1):
+        for number, text in zip(batch.numbers, texts):
             print(f"[{number}] {text}")
+        sys.stdout.flush()
     rounded = f" of {decoded} decoded in whole blocks of {request.config.block_size}" if decoded > new.shape[1] else ""
-    print(f"[{type(model).__name__}: {summary(batch, counts, rounded)}, {elapsed:.2f} s including compilation, "
-          f"{sum(counts) / elapsed:.1f} tok/s]", file=sys.stderr)
+    label = "" if alone else batch_label(batch)
+    print(f"[{type(model).__name__}: {label}{summary(batch, counts, rounded)}, {elapsed:.2f} s including compilation, "
+          f"{sum(counts) / elapsed:.1f} tok/s]", file=sys.stderr, flush=True)
 
 
 @dataclasses.dataclass(frozen=True, eq=False)
@@ -66,6 +95,25 @@ class PromptBatch:
     ids: np.ndarray  # int32 [B, P], left-padded to the longest prompt
     mask: np.ndarray | None  # int32 [B, P] (1 token, 0 pad); None for one prompt (generate's unbatched call)
     lengths: tuple[int, ...]  # each prompt's own token count
+    numbers: tuple[int, ...] = ()  # each prompt's number in the run (1, 2, ...)
+    last: bool = True  # no prompt follows this batch
+
+
+def prompt_batch(rows, last: bool, pad_id: int) -> PromptBatch:
+    """The PromptBatch of (Prompt, int32 ids [1, P]) rows; one row goes unpadded (generate's one-prompt call:
+    its answer is the one the prompt gets alone)."""
+    from dllm_jax.tokenizer import left_pad
+
+    numbers, lengths = tuple(p.number for p, _ in rows), tuple(ids.shape[1] for _, ids in rows)
+    if len(rows) == 1:
+        return PromptBatch(ids=rows[0][1], mask=None, lengths=lengths, numbers=numbers, last=last)
+    ids, mask = left_pad([ids[0] for _, ids in rows], pad_id)
+    return PromptBatch(ids=ids, mask=mask, lengths=lengths, numbers=numbers, last=last)
+
+
+def batch_label(batch: PromptBatch) -> str:
+    first, last = batch.numbers[0], batch.numbers[-1]
+    return f"prompt {first}: " if first == last else f"prompts {first}..{last}: "
 
 
 def summary(batch: PromptBatch, counts: list[int], rounded: str) -> str:
@@ -94,48 +142,68 @@ def answer_ids(new: np.ndarray, stops: tuple[int, ...], pad_id: int, *, padded: 
     return new[:kept[-1] + 1] if kept.size else new[:0]
 
 
-def prompt_texts(args) -> list[str]:
-    """The prompts of --prompt (repeatable) or --prompts-file (one per line, blank lines skipped)."""
+# A prompts file line may hold this many bytes per position of the model's context: far more than a token of
+# these models' vocabularies covers in any text, so a longer line could not fit; an endless line (/dev/zero)
+# stops there instead of filling the memory.
+LINE_BYTES_PER_POSITION = 256
+
+
+@contextlib.contextmanager
+def opened_prompts(args, config):
+    """The prompts (dllm_jax.generate.prompts.Prompt) of --prompt (repeatable) or --prompts-file, streamed
+    line by line from the file while it is open; its lines are capped at LINE_BYTES_PER_POSITION bytes per
+    position of config.max_position_embeddings."""
+    from dllm_jax.generate.prompts import file_prompts, flag_prompts
+
     if args.prompts_file is None:
-        return list(args.prompt)
-    return read_prompts_file(Path(args.prompts_file))
+        yield flag_prompts(list(args.prompt))
+        return
+    path = Path(args.prompts_file)
+    with open(path, "rb") as file:
+        yield file_prompts(file, f"--prompts-file {path}", config.max_position_embeddings * LINE_BYTES_PER_POSITION)
 
 
-def read_prompts_file(path: Path) -> list[str]:
-    """The non-blank lines of `path` (UTF-8; \\n or \\r\\n line ends), each a prompt as written."""
+def encode_row(tokenizer, prompt, *, raw: bool, config, gen_length: int) -> np.ndarray:
+    """int32 [1, P] of one prompt (a dllm_jax.generate.prompts.Prompt), which with --gen-length must fit the
+    model's context; an error names the prompt when there are several."""
+    which = "the prompt" if prompt.where is None else f"{prompt.where} ({prompt.text[:40]!r})"
     try:
-        text = path.read_text(encoding="utf-8")
-    except UnicodeDecodeError as e:
-        raise ValueError(f"--prompts-file {path} is not UTF-8 text ({e.reason} at byte {e.start})") from None
-    prompts = [line.removesuffix("\r") for line in text.split("\n") if line.strip()]
-    if not prompts:
-        raise ValueError(f"--prompts-file {path} holds no prompt ({'it is empty' if not text else 'only blank lines'}"
-                         "): write one prompt per line")
-    return prompts
+        ids = tokenizer.encode(prompt.text, chat=not raw)
+    except ValueError as e:
+        if prompt.where is None:
+            raise
+        raise ValueError(f"{which}: {e}") from None
+    limit = config.max_position_embeddings
+    if ids.shape[1] + gen_length > limit:
+        raise ValueError(f"{which} has {ids.shape[1]} tokens: with --gen-length {gen_length} that is "
+                         f"{ids.shape[1] + gen_length} positions, more than the model's context of {limit} "
+                         "(config.json max_position_embeddings)")
+    return ids
+
+
+def batch_rule(args, config):
+    """fits(rows, longest prompt tokens) of a batch: --batch-size rows, or by default as many as the memory
+    estimate of dllm_jax.generate.budget allows (per device of the mesh's dp, the weights split over its tp)."""
+    from dllm_jax.generate import budget
+
+    if args.batch_size is not None:
+        return lambda rows, longest: rows <= args.batch_size
+    mesh = args.mesh or {}
+    room = budget.activation_budget(config, args.dtype, tensor_parallel=mesh.get("tp", 1)) * mesh.get("dp", 1)
+    return lambda rows, longest: (rows <= budget.MAX_ROWS
+                                  and rows * budget.row_bytes(config, longest + args.gen_length) <= room)
 
 
 def encode_prompts(args, config) -> tuple[object, PromptBatch]:
-    """(tokenizer, the prompts encoded and left-padded with config.pad_token_id) of --model / --prompt or
-    --prompts-file / --raw: fast, so before the weights load."""
-    from dllm_jax.tokenizer import ChatTokenizer, left_pad
+    """(tokenizer, every prompt of --prompt / --prompts-file / --raw in one PromptBatch, left-padded with
+    config.pad_token_id)."""
+    from dllm_jax.tokenizer import ChatTokenizer
 
-    texts = prompt_texts(args)
     tokenizer = ChatTokenizer(args.model)
-    rows = [encode_one(tokenizer, text, number, len(texts), raw=args.raw) for number, text in enumerate(texts, 1)]
-    if len(rows) == 1:  # generate's unbatched call, exactly as with one prompt before batching
-        return tokenizer, PromptBatch(ids=rows[0], mask=None, lengths=(rows[0].shape[1],))
-    ids, mask = left_pad([row[0] for row in rows], config.pad_token_id)
-    return tokenizer, PromptBatch(ids=ids, mask=mask, lengths=tuple(row.shape[1] for row in rows))
-
-
-def encode_one(tokenizer, text: str, number: int, count: int, *, raw: bool) -> np.ndarray:
-    """int32 [1, P] of one prompt; an error names the prompt when there are several."""
-    try:
-        return tokenizer.encode(text, chat=not raw)
-    except ValueError as e:
-        if count == 1:
-            raise
-        raise ValueError(f"prompt {number} of {count} ({text[:40]!r}): {e}") from None
+    with opened_prompts(args, config) as prompts:
+        rows = [(p, encode_row(tokenizer, p, raw=args.raw, config=config, gen_length=args.gen_length))
+                for p in prompts]
+    return tokenizer, prompt_batch(rows, True, config.pad_token_id)
 
 
 def batch_options(args, request, batch: PromptBatch) -> dict:
@@ -155,17 +223,19 @@ def batch_options(args, request, batch: PromptBatch) -> dict:
     return request.options | dict(padding="mask")
 
 
-def encode_prompt(args):
+def encode_prompt(args, config):
     """(tokenizer, int32 prompt ids [1, P]) of --model and the one prompt of --prompt / --prompts-file
     (analyze takes one), --raw: fast, so before the weights load."""
     from dllm_jax.tokenizer import ChatTokenizer
 
-    texts = prompt_texts(args)
-    if len(texts) != 1:
+    with opened_prompts(args, config) as prompts:
+        first = next(prompts)
+        count = 1 + sum(1 for _ in prompts)  # streamed: a long file is counted, not held
+    if count != 1:
         source = f"--prompts-file {args.prompts_file} holds" if args.prompts_file is not None else "--prompt given"
-        raise ValueError(f"{args.command} takes one prompt, but {source} {len(texts)}: run it once per prompt")
+        raise ValueError(f"{args.command} takes one prompt, but {source} {count}: run it once per prompt")
     tokenizer = ChatTokenizer(args.model)
-    return tokenizer, tokenizer.encode(texts[0], chat=not args.raw)
+    return tokenizer, encode_row(tokenizer, first, raw=args.raw, config=config, gen_length=args.gen_length)
 
 
 @dataclasses.dataclass(frozen=True)
@@ -218,6 +288,7 @@ def checked_request(args) -> Request:
     family = families.get(type(config), "SDAR")
     check_family_flags(args, family)
     check_family(method, family)
+    check_steps(args, family, config)
     if family == "Dream":
         options = dream_options(args)
         DreamOptions(**options)
@@ -231,6 +302,20 @@ def checked_request(args) -> Request:
         options = sdar_options(args, config)
         SDAROptions(**options)
     return Request(config=config, family=family, method=method, options=options)
+
+
+def check_steps(args, family: str, config) -> None:
+    """--steps at most the tokens it unmasks (LLaDA, Dream: --gen-length; SDAR: a block): each step is a full
+    forward, and one past the last mask unmasks nothing. LLaDA2 runs at most min(steps, gen_length) steps."""
+    if args.steps is None:
+        return
+    if family in ("LLaDA", "Dream") and args.steps > args.gen_length:
+        raise ValueError(f"--steps {args.steps} exceeds --gen-length {args.gen_length}: {family} unmasks at least one "
+                         f"token a step, so the {args.steps - args.gen_length} steps past them would unmask none; pass "
+                         f"--steps <= {args.gen_length}")
+    if family == "SDAR" and args.steps > config.block_size:
+        raise ValueError(f"--steps {args.steps} exceeds the model's block_size of {config.block_size} (config.json): "
+                         f"SDAR decodes a block within {config.block_size} steps; pass --steps <= {config.block_size}")
 
 
 def check_family_flags(args, family: str) -> None:
@@ -404,7 +489,7 @@ def cmd_analyze(args) -> None:
         raise ValueError("analyze compares a sparse --method with dense attention: pass one")
     layer = checked_layer(args.layer, request)
     out = checked_out_dir(Path(args.out))  # all checked before the run, which may take minutes
-    tokenizer, ids = encode_prompt(args)
+    tokenizer, ids = encode_prompt(args, request.config)
     model = load_model(args.model, dtype=args.dtype)
     start = time.perf_counter()
     if request.family in BIDIRECTIONAL:
@@ -469,16 +554,13 @@ def png_bytes(figure) -> bytes:
 
 
 def write_files(directory: Path, files: dict[str, bytes]) -> None:
-    """Writes {name: content} into `directory` (created), each file through a temporary name and a
-    rename, so no reader ever sees a half-written file."""
+    """Writes {name: content} into `directory` (created), each file whole or not at all
+    (`dllm_jax.files.write_atomic`: a temporary name and a rename), so no reader ever sees half of one."""
+    from dllm_jax.files import write_atomic
+
     directory.mkdir(parents=True, exist_ok=True)
     for name, content in files.items():
-        tmp = directory / f".{name}.tmp-{os.getpid()}"  # plain open(): the umask's mode, as any output file
-        try:
-            tmp.write_bytes(content)
-            os.replace(tmp, directory / name)
-        finally:
-            tmp.unlink(missing_ok=True)
+        write_atomic(directory / name, content)
 
 
 def cmd_eval(args) -> None:
@@ -495,9 +577,8 @@ def cmd_eval(args) -> None:
         raise ValueError("eval supports LLaDA and SDAR checkpoints (the synthetic tasks' tiny trained models); this "
                          f"one is {type(config).__name__.removesuffix('Config')}")
     check_family(method, "LLaDA" if isinstance(config, LLaDAConfig) else "SDAR")
-    out = None if args.json is None else Path(args.json)
-    if out is not None and out.is_dir():
-        raise ValueError(f"--json {out} is a directory: name the file to write")
+    check_eval_size(args, config)  # before the samples are built and the weights load: both may take minutes
+    out = None if args.json is None else checked_out_file(Path(args.json), "--json")
     samples = make_samples(args.task, args.context, args.samples, args.seed, load_tokenizer(args.model))
     model = load_model(args.model, dtype=args.dtype, mesh=mesh_of(args))
     result = evaluate(model, samples, method=method, batch_size=args.batch_size, progress=not args.quiet)
@@ -512,6 +593,52 @@ def cmd_eval(args) -> None:
     if out is not None:
         write_files(out.parent, {out.name: (json.dumps(result.to_dict(), indent=2) + "\n").encode()})
         print(f"wrote {out}", file=sys.stderr)
+
+
+# eval builds every sample's prompt in memory before generating: these bound what one call may ask for
+MAX_EVAL_SAMPLES = 100_000
+MAX_EVAL_TOKENS = 2**28  # prompt tokens of all samples together (1 GiB as int32)
+
+
+def check_eval_size(args, config) -> None:
+    """--context and --samples against the task and the model (config.json only): the task must fit the
+    context, the prompt and its answer window the model's positions, and the samples the limits above."""
+    from dllm_jax.config import SDARConfig
+    from dllm_jax.eval import max_answer_length, min_context_length
+    from dllm_jax.eval.evaluate import answer_window
+    from dllm_jax.eval.tasks import prompt_length
+
+    least = min_context_length(args.task)
+    if args.context < least:
+        raise ValueError(f"--context {args.context} is too short for --task {args.task}: its statements and question "
+                         f"alone take {least} tokens (the least --context)")
+    prompt = prompt_length(args.task, args.context)
+    window = answer_window(max_answer_length(args.task), config.block_size if isinstance(config, SDARConfig) else None)
+    limit = config.max_position_embeddings
+    if prompt + window > limit:
+        raise ValueError(f"--context {args.context} + {window} answer tokens = {prompt + window} positions exceeds the "
+                         f"model's context of {limit} (config.json max_position_embeddings): pass --context <= "
+                         f"{limit - window}")
+    if args.samples > MAX_EVAL_SAMPLES:
+        raise ValueError(f"--samples {args.samples} exceeds {MAX_EVAL_SAMPLES:,}, the most one eval builds: split the "
+                         "run over several --seed values")
+    if args.samples * prompt > MAX_EVAL_TOKENS:
+        raise ValueError(f"--samples {args.samples} x {prompt} prompt tokens (--context {args.context}) = "
+                         f"{args.samples * prompt:,} tokens exceeds the {MAX_EVAL_TOKENS:,} one eval holds in memory: "
+                         f"pass --samples <= {MAX_EVAL_TOKENS // prompt}")
+
+
+def checked_out_file(path: Path, flag: str) -> Path:
+    """`path` if a file can be written there: not a directory, in a directory that exists or can be created
+    and can be written into (nothing is created here: a refused run leaves nothing behind)."""
+    if path.is_dir():
+        raise ValueError(f"{flag} {path} is a directory: name the file to write")
+    nearest = next(p for p in (path.parent, *path.parent.parents) if p.exists())
+    if not nearest.is_dir():
+        raise ValueError(f"{flag} {path} cannot be written: {nearest} is a file, not a directory")
+    if not os.access(nearest, os.W_OK | os.X_OK):
+        raise ValueError(f"{flag} {path} is not writable: no write permission in {nearest}")
+    return path
 
 
 def ordinal(n: int) -> str:
@@ -530,6 +657,7 @@ def cmd_train(args) -> None:
 def cmd_bench(args) -> None:
     from dllm_jax.bench import run
 
+    checked_out_dir(Path(args.out))  # before the run, which may take minutes
     path = run(out=Path(args.out), sections=args.sections, lengths=args.lengths, densities=args.densities,
                models=args.models, context=args.context, new_tokens=args.new_tokens, layers=args.layers,
                heads=args.heads, dtype=args.dtype, repeats=args.repeats, progress=args.progress)
@@ -642,6 +770,7 @@ def answer_question(model, sample, tokenizer) -> None:
 def build_parser() -> argparse.ArgumentParser:
     from dllm_jax.attention.methods import METHODS
     from dllm_jax.eval import TASKS
+    from dllm_jax.generate import budget
     from dllm_jax.train import __main__ as train_main
 
     parser = argparse.ArgumentParser(prog="dllm-jax", description="Diffusion-LLM inference in JAX: LLaDA and SDAR "
@@ -657,9 +786,12 @@ def build_parser() -> argparse.ArgumentParser:
     sampling.add_argument("--model", required=True, help="converted or HF checkpoint directory (with tokenizer.json)")
     prompts = sampling.add_mutually_exclusive_group(required=True)
     prompts.add_argument("--prompt", action="append", metavar="TEXT",
-                         help="a prompt; repeat it for several, generated as one batch (analyze: one)")
+                         help="a prompt; repeat it for several, generated in batches (--batch-size; analyze: one)")
     prompts.add_argument("--prompts-file", metavar="FILE",
-                         help="a UTF-8 file of prompts, one per line (blank lines skipped), generated as one batch")
+                         help="a UTF-8 file of prompts, one per line (\\n or \\r\\n; blank lines skipped; a leading "
+                              "byte-order mark dropped; a lone \\r refused; a line at most "
+                              f"{LINE_BYTES_PER_POSITION} bytes per position of the model's context), read as it is "
+                              "generated, batch by batch")
     sampling.add_argument("--raw", action="store_true", help="encode the prompts as they are, without the chat template")
     # Family-specific flags default to None ("not given"): given for the other family they are refused by name.
     sampling.add_argument("--gen-length", type=positive_int, default=128, metavar="N",
@@ -725,10 +857,16 @@ def build_parser() -> argparse.ArgumentParser:
 
     gen = sub.add_parser("generate", parents=[sampling, dtype, methods],
                          help="generate answers with a checkpoint's model and tokenizer",
-                         description="Encodes each prompt (--prompt, repeatable, or --prompts-file) with the "
-                                     "checkpoint's chat template, left-pads them to the longest, generates all of "
-                                     "them in one batch with the official sampler of its family (one compiled "
-                                     "loop) and prints the answers, numbered when there are several.")
+                         description="Encodes each prompt (--prompt, repeatable, or --prompts-file, streamed) with "
+                                     "the checkpoint's chat template and generates them in batches (--batch-size), "
+                                     "each left-padded to its longest prompt and run with the official sampler of "
+                                     "its family (one compiled loop); prints each batch's answers, numbered when "
+                                     "there are several, and a timing line before reading the next.")
+    gen.add_argument("--batch-size", type=positive_int, default=None, metavar="N",
+                     help="prompts generated together, a batch printed before the next is read (default: as many "
+                          "as an estimate of a step's memory fits in half the device's free memory after the "
+                          f"weights, or in {budget.CPU_BUDGET // 2**30} GiB where jax reports no memory (CPU), at most "
+                          f"{budget.MAX_ROWS}; dllm_jax.generate.budget); greedy answers do not depend on it")
     gen.add_argument("--progress", action="store_true", help="progress bar from inside the compiled loop")
     gen.add_argument("--mesh", type=mesh_spec, default=None, metavar="tp=N[,sp=S][,dp=M]",
                      help="shard the model over N devices (tensor parallelism) and the prompts over M")
@@ -754,12 +892,16 @@ def build_parser() -> argparse.ArgumentParser:
     evaluation.add_argument("--model", required=True, help="converted or HF checkpoint directory (with tokenizer.json)")
     evaluation.add_argument("--task", required=True, choices=list(TASKS))
     evaluation.add_argument("--context", type=positive_int, default=4096, metavar="N",
-                            help="prompt tokens (4096; sanity prompts stop at 64)")
-    evaluation.add_argument("--samples", type=positive_int, default=100, metavar="N", help="number of samples (100)")
+                            help="prompt tokens (4096; sanity prompts stop at 64); with the answer it must fit the model's "
+                                 "max_position_embeddings")
+    evaluation.add_argument("--samples", type=positive_int, default=100, metavar="N",
+                            help=f"number of samples (100; at most {MAX_EVAL_SAMPLES:,}, and {MAX_EVAL_TOKENS:,} prompt "
+                                 "tokens in all)")
     evaluation.add_argument("--seed", type=seed_int, default=0, metavar="N", help="seed of the samples (0)")
     evaluation.add_argument("--batch-size", type=positive_int, default=1, metavar="N",
                             help="samples generated together (1; greedy answers do not depend on it)")
-    evaluation.add_argument("--json", default=None, metavar="FILE", help="also write the result and every record here")
+    evaluation.add_argument("--json", default=None, metavar="FILE",
+                            help="also write the result and every record here (checked before the run)")
     evaluation.add_argument("--quiet", action="store_true", help="no progress bar")
     evaluation.add_argument("--mesh", type=mesh_spec, default=None, metavar="tp=N[,sp=S][,dp=M]",
                             help="shard the model over N devices (tensor parallelism) and the samples over M")
@@ -776,7 +918,8 @@ def build_parser() -> argparse.ArgumentParser:
     bench = sub.add_parser("bench", parents=[dtype], help="time attention kernels and generation on this device",
                            description="Attention kernels (dense cuDNN/XLA vs our flash, block- and column-sparse "
                                        "kernels) and the generate loop per method with random weights; writes "
-                                       "bench_<device>_<date>.json and .md to --out. Defaults fit the device: "
+                                       "bench_<device>_<date>.json and .md to --out (_2, _3, ... for later runs of the "
+                                       "day: none is replaced). Defaults fit the device: "
                                        "LLaDA-8B / SDAR-8B dims on a GPU, tiny models on a CPU.")
     bench.add_argument("--sections", nargs="+", default=["attention", "generate"], choices=["attention", "generate"])
     bench.add_argument("--lengths", type=positive_int, nargs="+", default=None,

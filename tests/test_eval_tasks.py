@@ -245,7 +245,7 @@ def test_eval_command_prints_the_accuracy_and_writes_json(tmp_path, capsys):
     assert wrong == 0 or f"wrong answers: {taken} of {wrong} a distractor's whole value" in capsys.readouterr().out
 
     assert main(["eval", "--model", str(model), "--task", "passkey", "--context", "8"]) == 2
-    assert "the minimum context_length" in capsys.readouterr().err
+    assert "--context 8 is too short for --task passkey" in capsys.readouterr().err  # named by its flag
     assert main(["eval", "--model", str(model), "--task", "passkey", "--method", "mage"]) == 2
     assert "SDAR" in capsys.readouterr().err
 

@@ -18,6 +18,8 @@ from pathlib import Path
 
 from tokenizers import Tokenizer, models, pre_tokenizers
 
+from dllm_jax.files import write_atomic
+
 PAD, MASK, EOS, UNK = "<pad>", "<mask>", "<eos>", "<unk>"
 SPECIAL_TOKENS = (PAD, MASK, EOS, UNK)
 DIGITS = tuple("0123456789")
@@ -87,7 +89,8 @@ TOKENIZER_CONFIG = {"tokenizer_class": "PreTrainedTokenizerFast", "bos_token": N
 def build_tokenizer(directory=None) -> Tokenizer:
     """The task suite's tokenizer (ids: the positions in VOCABULARY). With `directory`, also writes
     tokenizer.json and tokenizer_config.json there (created if missing), loadable by
-    `load_tokenizer` and `dllm_jax.tokenizer.ChatTokenizer`."""
+    `load_tokenizer` and `dllm_jax.tokenizer.ChatTokenizer`; each file is written whole or not at all
+    (`dllm_jax.files.write_atomic`)."""
     tokenizer = Tokenizer(models.WordLevel({word: i for i, word in enumerate(VOCABULARY)}, unk_token=UNK))
     tokenizer.pre_tokenizer = pre_tokenizers.Sequence([pre_tokenizers.Whitespace(),
                                                        pre_tokenizers.Digits(individual_digits=True)])
@@ -95,8 +98,8 @@ def build_tokenizer(directory=None) -> Tokenizer:
     if directory is not None:
         directory = Path(directory)
         directory.mkdir(parents=True, exist_ok=True)
-        tokenizer.save(str(directory / "tokenizer.json"))
-        (directory / "tokenizer_config.json").write_text(json.dumps(TOKENIZER_CONFIG, indent=2) + "\n")
+        write_atomic(directory / "tokenizer.json", tokenizer.to_str(pretty=True))  # what Tokenizer.save writes
+        write_atomic(directory / "tokenizer_config.json", json.dumps(TOKENIZER_CONFIG, indent=2) + "\n")
     return tokenizer
 
 

@@ -57,7 +57,8 @@ LOWEST = float(np.finfo(np.float32).min)  # the official filters' masked_fill va
 class DreamOptions:
     """Static options of Dream generation (a change recompiles); see the module docstring.
 
-    The official defaults, except steps (512 there, with max_length 20): max_new_tokens=128, steps=128.
+    The official defaults, except steps (512 there, with max_length 20): max_new_tokens=128, steps=128;
+    steps <= max_new_tokens (a step past the last mask would be a forward that commits nothing).
     top_p=1.0 and top_k=0 are "off" (the official None); alg_temp=0.0 is the official None / 0.
     """
 
@@ -76,6 +77,10 @@ class DreamOptions:
 
         store("max_new_tokens", check.integer("max_new_tokens", self.max_new_tokens))
         store("steps", check.integer("steps", self.steps))
+        if self.steps > self.max_new_tokens:  # each step is a full forward: a billion of them would run
+            raise ValueError(f"steps={self.steps} exceeds max_new_tokens={self.max_new_tokens}: the steps past the "
+                             f"{self.max_new_tokens}th would unmask no token of the answer (each is a full forward); "
+                             f"pass steps <= {self.max_new_tokens}")
         check.choice("alg", self.alg, ALGS)
         # eps is the last timestep: in (0, 1); 0 would make the last ratio s / t exactly 0
         store("eps", check.real("eps", self.eps, low=0, high=1, low_open=True, high_open=True))

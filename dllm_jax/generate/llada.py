@@ -71,6 +71,10 @@ class LLaDAOptions:
             raise ValueError(f"gen_length={self.gen_length} must be a multiple of block_length={self.block_length}"
                              + (" (block_length defaults to 128, as in the official generate; pass block_length="
                                 "gen_length for a single block)" if self.block_length == 128 else ""))
+        if self.steps > self.gen_length:  # each step is a full forward: a billion of them would run
+            raise ValueError(f"steps={self.steps} exceeds gen_length={self.gen_length}: a step unmasks at least one "
+                             f"of the gen_length masks, so the {self.steps - self.gen_length} steps past them would "
+                             f"unmask none; pass steps <= {self.gen_length}")
         if self.steps % self.num_blocks:
             raise ValueError(f"steps={self.steps} must be a multiple of the number of blocks "
                              f"(gen_length / block_length = {self.num_blocks})")

@@ -1,0 +1,53 @@
+"""How many prompts `dllm-jax generate` decodes in one batch by default: as many as a coarse estimate of a
+generation step's memory fits in the device's free memory, at most MAX_ROWS.
+
+Per batch row over L = padded prompt + generated positions, `row_bytes` counts 4 bytes for each of: the
+float32 logits and the sampler's copies of them (4 x vocab_size), the MLP activations (3 x
+intermediate_size), hidden states and residuals (8 x hidden_size) and one layer's dense attention
+scores (2 x num_heads x L). It is on the high side on purpose: SDAR and LLaDA2 run the vocabulary head on
+a block only, and the Pallas kernels hold no scores. The budget is half the device's free memory
+(jax `memory_stats()`: bytes_limit - bytes_in_use) once the weights (`weight_bytes`, split over the
+tensor-parallel devices) are counted out; where the backend reports no memory (CPU) it is CPU_BUDGET.
+"""
+
+from __future__ import annotations
+
+import math
+
+import jax
+import jax.numpy as jnp
+
+MAX_ROWS = 64  # past this a batch gains little speed, and an out-of-memory error costs more answers
+CPU_BUDGET = 2 * 2**30  # bytes, where jax reports no device memory
+
+
+def weight_bytes(config, dtype) -> int:
+    """Bytes of the model's parameters in `dtype` (from the config's shapes: nothing is loaded)."""
+    from dllm_jax.models import llada2
+    from dllm_jax.models.layers import lm_param_shapes
+
+    shapes = llada2.param_shapes(config) if config.family == "llada2" else lm_param_shapes(config)
+    leaves = jax.tree.leaves(shapes, is_leaf=lambda x: isinstance(x, tuple))
+    return sum(math.prod(shape) for shape in leaves) * jnp.dtype(dtype).itemsize
+
+
+def row_bytes(config, length: int) -> int:
+    """Estimated peak bytes one batch row of `length` positions adds to a generation step (module docstring)."""
+    per_position = (4 * config.vocab_size + 3 * config.intermediate_size + 8 * config.hidden_size
+                    + 2 * config.num_heads * length)
+    return 4 * length * per_position
+
+
+def activation_budget(config, dtype, *, tensor_parallel: int = 1, device=None) -> int:
+    """Bytes a batch may take on `device` (default the first): half its free memory after the weights,
+    CPU_BUDGET where jax reports none; never below 0."""
+    stats = (device or jax.devices()[0]).memory_stats() or {}
+    if "bytes_limit" not in stats:
+        return CPU_BUDGET
+    free = stats["bytes_limit"] - stats.get("bytes_in_use", 0) - weight_bytes(config, dtype) // tensor_parallel
+    return max(0, free // 2)
+
+
+def rows_that_fit(config, length: int, budget: int) -> int:
+    """The most rows of `length` positions within `budget` bytes, from 1 (one row always runs) to MAX_ROWS."""
+    return max(1, min(MAX_ROWS, budget // row_bytes(config, length)))

@@ -1,0 +1,169 @@
+"""`dllm-jax` hardening of issue 37: prompts files streamed in bounded batches, eval's checks before any work,
+bench results that never replace one another, LLaDA/Dream steps bounded by the tokens they unmask, and side
+files written whole (dllm_jax.files.write_atomic). Each refusal is one line naming the flag or the file."""
+
+import json
+import os
+import re
+import subprocess
+import sys
+
+import pytest
+
+from dllm_jax.cli import main, write_files
+from dllm_jax.eval import build_tokenizer
+from dllm_jax.generate import DreamOptions, LLaDAOptions
+from dllm_jax.testing import tiny_llada_config
+from dllm_jax.tokenizer import ChatTokenizer
+
+GREEDY = ["--gen-length", "4", "--steps", "4", "--block-length", "4", "--dtype", "float32"]  # LLaDA at T = 0
+
+
+def refusal(capsys, argv) -> str:
+    """The one stderr line of a refused command (exit status 2)."""
+    assert main(argv) == 2
+    lines = capsys.readouterr().err.strip().splitlines()
+    assert len(lines) == 1 and "Traceback" not in lines[0], lines
+    return lines[0]
+
+
+def config_only(directory, config) -> str:
+    """A checkpoint directory with config.json only: a check that needs more would fail differently."""
+    directory.mkdir(parents=True)
+    (directory / "config.json").write_text(json.dumps(config.to_hf_config()))
+    return str(directory)
+
+
+def generate(capsys, model, *flags) -> tuple[list[str], list[str]]:
+    """(stdout lines, stderr timing lines) of a generate run that succeeds."""
+    assert main(["generate", "--model", str(model), *GREEDY, *flags]) == 0
+    out, err = capsys.readouterr()
+    return out.splitlines(), [line for line in err.splitlines() if line.startswith("[LLaDA")]
+
+
+def test_a_prompts_file_is_streamed_in_bounded_batches_with_the_answers_of_one_batch(checkpoints, tmp_path, capsys):
+    """Finding 1: --batch-size 1 gives every prompt the answer of the default batch (greedy), numbered across
+    the file, one timing line per batch; a BOM is dropped, \\r\\n ends a line; the default batch is bounded."""
+    llada = checkpoints[0]
+    prompts = ["w1 w2 w3", "w4", "w5 w6"]
+    path = tmp_path / "prompts.txt"
+    path.write_bytes(b"\xef\xbb\xbf" + "\r\n\n".join(prompts).encode() + b"\n")  # BOM, CRLF, a blank line
+    batched, one_line = generate(capsys, llada, "--prompts-file", str(path))
+    assert len(batched) == 3 and len(one_line) == 1 and "3 prompts (" in one_line[0] and "in one batch" in one_line[0]
+    flags = [flag for prompt in prompts for flag in ("--prompt", prompt)]
+    assert generate(capsys, llada, *flags)[0] == batched  # the BOM is no token of prompt 1
+    alone, lines = generate(capsys, llada, "--prompts-file", str(path), "--batch-size", "1")
+    assert alone == batched and [line.split(":")[1].strip() for line in lines] == ["prompt 1", "prompt 2", "prompt 3"]
+    lengths = [ChatTokenizer(llada).encode(prompt).shape[1] for prompt in prompts]
+    assert [int(re.search(r"(\d+) prompt tokens", line).group(1)) for line in lines] == lengths
+
+    many = tmp_path / "many.txt"  # more prompts than the default batch's ceiling (64): two batches
+    many.write_text("w7 w8\n" * 65)
+    out, lines = generate(capsys, llada, "--prompts-file", str(many))
+    answer = out[0].split("] ", 1)[1]
+    assert out == [f"[{n}] {answer}" for n in range(1, 66)]
+    assert [line.split(":")[1].strip() for line in lines] == ["prompts 1..64", "prompt 65"]
+
+    # batches run as the file is read: the answers before a bad line are printed, then one line names it
+    bad = tmp_path / "bad.txt"
+    bad.write_bytes(b"w1 w2 w3\nw4\nw5 \xff\n")
+    assert main(["generate", "--model", str(llada), *GREEDY, "--prompts-file", str(bad), "--batch-size", "2"]) == 2
+    out, err = capsys.readouterr()
+    assert out.splitlines() == batched[:2]
+    assert err.strip().splitlines()[-1] == f"dllm-jax generate: error: --prompts-file {bad} is not UTF-8 text " \
+                                           "(invalid start byte at byte 15)"
+
+
+def test_a_lone_carriage_return_in_a_prompts_file_is_refused_by_line(tmp_path, capsys):
+    model = config_only(tmp_path / "llada", tiny_llada_config())  # refused before the tokenizer is needed
+    path = tmp_path / "mac.txt"
+    path.write_bytes(b"w1 w2\rw3 w4\r")
+    assert refusal(capsys, ["generate", "--model", model, "--prompts-file", str(path)]) == (
+        f"dllm-jax generate: error: --prompts-file {path} line 1 holds a carriage return (\\r) that ends no line: "
+        "lines end with \\n or \\r\\n; convert old Mac line ends (\\r) to \\n")
+
+
+def test_an_endless_prompts_file_ends_in_one_line_naming_it(tmp_path):
+    """Finding 1: /dev/zero has no line end; its first line stops at the cap (256 bytes per position of the
+    model's context of 256), long before the memory fills."""
+    model = config_only(tmp_path / "llada", tiny_llada_config())
+    done = subprocess.run([sys.executable, "-m", "dllm_jax.cli", "generate", "--model", model, "--prompts-file",
+                           "/dev/zero"], capture_output=True, text=True, timeout=60)
+    assert done.returncode == 2 and done.stdout == ""
+    assert done.stderr.strip().splitlines() == [
+        "dllm-jax generate: error: --prompts-file /dev/zero line 1 is longer than 65,536 bytes, more than a prompt "
+        "the model's context can hold: one prompt per line"]
+
+
+def test_eval_checks_context_samples_and_output_before_any_work(tmp_path, capsys):
+    """Finding 2: refused from config.json alone (the directory has no tokenizer and no weights)."""
+    model = config_only(tmp_path / "llada", tiny_llada_config())  # 256 positions
+    run = ["eval", "--model", model, "--task", "passkey"]
+    line = refusal(capsys, [*run, "--context", "50000000"])
+    assert line.startswith("dllm-jax eval: error: --context 50000000 + 6 answer tokens = 50000006 positions exceeds "
+                           "the model's context of 256 (config.json max_position_embeddings): pass --context <= 250")
+    line = refusal(capsys, [*run, "--context", "8"])
+    assert line.startswith("dllm-jax eval: error: --context 8 is too short for --task passkey")
+    line = refusal(capsys, [*run, "--context", "128", "--samples", "2000000000"])
+    assert line.startswith("dllm-jax eval: error: --samples 2000000000 exceeds 100,000")
+    longer = config_only(tmp_path / "long", tiny_llada_config(max_position_embeddings=8192))
+    line = refusal(capsys, ["eval", "--model", longer, "--task", "passkey", "--context", "8000", "--samples", "40000"])
+    assert line.startswith("dllm-jax eval: error: --samples 40000 x 8000 prompt tokens (--context 8000) = "
+                           "320,000,000 tokens exceeds the 268,435,456 one eval holds in memory")
+    blocker = tmp_path / "file.txt"
+    blocker.write_text("")
+    line = refusal(capsys, [*run, "--context", "128", "--json", str(blocker / "out.json")])
+    assert line == f"dllm-jax eval: error: --json {blocker / 'out.json'} cannot be written: {blocker} is a file, " \
+                   "not a directory"
+    line = refusal(capsys, [*run, "--context", "128", "--json", str(tmp_path)])
+    assert line == f"dllm-jax eval: error: --json {tmp_path} is a directory: name the file to write"
+
+
+def test_bench_twice_into_one_directory_keeps_both_results(tmp_path, capsys):
+    """Finding 3: the second run of the day takes the next free name; the first run's files are untouched."""
+    argv = ["bench", "--sections", "attention", "--lengths", "128", "--densities", "0.5", "--heads", "1",
+            "--repeats", "1", "--out", str(tmp_path)]
+    assert main(argv) == 0
+    (first,) = tmp_path.glob("bench_*.json")
+    content = first.read_bytes()
+    assert main(argv) == 0
+    capsys.readouterr()
+    results = sorted(tmp_path.iterdir())
+    assert [p.name for p in results] == [first.name, first.with_suffix(".md").name,
+                                         f"{first.stem}_2.json", f"{first.stem}_2.md"]
+    assert first.read_bytes() == content and json.loads((tmp_path / f"{first.stem}_2.json").read_text())["rows"]
+
+
+def test_steps_above_the_tokens_they_unmask_are_refused(tmp_path, capsys):
+    """Finding 4: LLaDA (and Dream) run a full forward per step; steps past gen_length unmask nothing."""
+    LLaDAOptions(gen_length=8, steps=8, block_length=4)  # one token a step: accepted
+    with pytest.raises(ValueError, match=r"steps=9 exceeds gen_length=8: .* pass steps <= 8"):
+        LLaDAOptions(gen_length=8, steps=9, block_length=8)
+    with pytest.raises(ValueError, match=r"steps=1000000000 exceeds gen_length=8"):
+        LLaDAOptions(gen_length=8, steps=10**9, block_length=8)
+    with pytest.raises(ValueError, match=r"steps=9 exceeds max_new_tokens=8"):
+        DreamOptions(max_new_tokens=8, steps=9)
+    model = config_only(tmp_path / "llada", tiny_llada_config())
+    line = refusal(capsys, ["generate", "--model", model, "--prompt", "w1", "--gen-length", "8", "--steps",
+                            "1000000000", "--block-length", "8"])
+    assert line.startswith("dllm-jax generate: error: --steps 1000000000 exceeds --gen-length 8")
+
+
+def test_side_files_are_replaced_whole_never_written_in_place(tmp_path):
+    """Finding 5: build_tokenizer and the CLI's write_files go through write_atomic: a name replaced by a
+    rename leaves a file hard-linked to the old one as it was (a write in place would change both)."""
+    directory = tmp_path / "tok"
+    directory.mkdir()
+    for name in ("tokenizer.json", "tokenizer_config.json"):
+        (tmp_path / f"old-{name}").write_text("old")
+        os.link(tmp_path / f"old-{name}", directory / name)
+    build_tokenizer(directory)
+    assert (tmp_path / "old-tokenizer.json").read_text() == (tmp_path / "old-tokenizer_config.json").read_text() == "old"
+    assert json.loads((directory / "tokenizer_config.json").read_text())["eos_token"] == "<eos>"
+    assert ChatTokenizer(directory).encode("the pass key", chat=False).shape == (1, 3)
+
+    (tmp_path / "old-summary").write_text("old")
+    os.link(tmp_path / "old-summary", directory / "summary.json")
+    write_files(directory, {"summary.json": b"{}\n"})
+    assert (tmp_path / "old-summary").read_text() == "old" and (directory / "summary.json").read_bytes() == b"{}\n"
+    assert not [p for p in directory.iterdir() if p.name.startswith(".")]  # no temporary left behind
