@@ -892,11 +892,11 @@ def build_parser() -> argparse.ArgumentParser:
     evaluation.add_argument("--model", required=True, help="converted or HF checkpoint directory (with tokenizer.json)")
     evaluation.add_argument("--task", required=True, choices=list(TASKS))
     evaluation.add_argument("--context", type=positive_int, default=4096, metavar="N",
-                            help="prompt tokens (4096; sanity prompts stop at 64); with the answer it must fit the model's "
-                                 "max_position_embeddings")
+                            help="prompt tokens (4096; sanity prompts stop at 64); with the answer it must fit "
+                                 "the model's max_position_embeddings")
     evaluation.add_argument("--samples", type=positive_int, default=100, metavar="N",
-                            help=f"number of samples (100; at most {MAX_EVAL_SAMPLES:,}, and {MAX_EVAL_TOKENS:,} prompt "
-                                 "tokens in all)")
+                            help=f"number of samples (100; at most {MAX_EVAL_SAMPLES:,}, and {MAX_EVAL_TOKENS:,} "
+                                 "prompt tokens in all)")
     evaluation.add_argument("--seed", type=seed_int, default=0, metavar="N", help="seed of the samples (0)")
     evaluation.add_argument("--batch-size", type=positive_int, default=1, metavar="N",
                             help="samples generated together (1; greedy answers do not depend on it)")

@@ -74,6 +74,31 @@ def test_a_prompts_file_is_streamed_in_bounded_batches_with_the_answers_of_one_b
                                            "(invalid start byte at byte 15)"
 
 
+def test_batches_follow_the_rule_and_keep_a_multiple_of_the_data_parallel_rows():
+    """Finding 1, the batching alone: a batch ends where `fits` (rows, longest prompt) says, a longer prompt
+    starting the next; a cut batch keeps a multiple of `multiple` rows; an error item ends the stream."""
+    import numpy as np
+
+    from dllm_jax.generate.prompts import Prompt, prompt_batches
+
+    def items(*lengths):
+        return [(Prompt(n, None, "x"), np.zeros((1, length), np.int32)) for n, length in enumerate(lengths, 1)]
+
+    def sizes(batches):
+        return [([p.number for p, _ in rows], last) for rows, last in batches]
+
+    fits = lambda rows, longest: rows * longest <= 12  # noqa: E731 (a memory rule in miniature)
+    assert sizes(prompt_batches(items(2, 2, 2, 5, 2, 3), fits)) == [([1, 2, 3], False), ([4, 5], False), ([6], True)]
+    assert sizes(prompt_batches(items(2, 2, 2, 2, 2, 2, 2), fits, multiple=4)) == [([1, 2, 3, 4], False),
+                                                                                  ([5, 6, 7], True)]
+    # 3 rows of 4 fit, cut to 2; the last batch is what is left (generate refuses it where dp does not divide it)
+    assert sizes(prompt_batches(items(4, 4, 4, 4, 4), fits, multiple=2)) == [([1, 2], False), ([3, 4, 5], True)]
+    batches = prompt_batches([*items(2, 2), ValueError("line 3")], lambda rows, longest: rows <= 2)
+    assert sizes([next(batches)]) == [([1, 2], False)]  # the full batch before the error runs
+    with pytest.raises(ValueError, match="line 3"):
+        next(batches)
+
+
 def test_a_lone_carriage_return_in_a_prompts_file_is_refused_by_line(tmp_path, capsys):
     model = config_only(tmp_path / "llada", tiny_llada_config())  # refused before the tokenizer is needed
     path = tmp_path / "mac.txt"
@@ -158,7 +183,8 @@ def test_side_files_are_replaced_whole_never_written_in_place(tmp_path):
         (tmp_path / f"old-{name}").write_text("old")
         os.link(tmp_path / f"old-{name}", directory / name)
     build_tokenizer(directory)
-    assert (tmp_path / "old-tokenizer.json").read_text() == (tmp_path / "old-tokenizer_config.json").read_text() == "old"
+    assert [(tmp_path / f"old-{name}").read_text() for name in ("tokenizer.json", "tokenizer_config.json")] == \
+        ["old", "old"]
     assert json.loads((directory / "tokenizer_config.json").read_text())["eos_token"] == "<eos>"
     assert ChatTokenizer(directory).encode("the pass key", chat=False).shape == (1, 3)
 
