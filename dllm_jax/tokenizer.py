@@ -32,6 +32,8 @@ RENDER_SECONDS = 5.0  # wall-clock time of one render
 RENDER_CHARS = 1 << 26  # characters one render may build and write in all (every value it builds, its
 #                         output and its macro/block buffers as they fill), so also the largest single value
 RENDER_INT_BITS = 1 << 16  # the largest integer a template may compute (10**10**10 would never finish)
+ITEM_CHARS = 64  # what one item of a list, tuple, set or dict counts against RENDER_CHARS: about its memory
+#                  in bytes, so a render holds about a million items at most (sorts and walks stay short)
 BUDGET = "dllm-jax render budget"  # a render variable no template can name or assign (not an identifier)
 BOUNDS = "(RenderLimits.{}, default dllm_jax.tokenizer.RENDER_{})"
 
@@ -106,7 +108,15 @@ class BoundedSandbox(jinja2.sandbox.ImmutableSandboxedEnvironment):
         self.where, self.limits = where, limits
         self.globals["raise_exception"] = raise_exception
         del self.globals["lipsum"]  # random text of any length, in no chat template: one call could pass the bounds
+        del self.filters["wordwrap"]  # in no chat template; one call on a long word takes the square of its length
         self.filters = {name: self.bounded_filter(name, function) for name, function in self.filters.items()}
+
+    def metered(self, context, items, cost):
+        """`items`, checking the deadline and spending `cost(item)` characters as each is taken: what a
+        single call (a join, sum or sort) builds from them stays within the bounds while it runs."""
+        for item in items:
+            self.spend(context, cost(item))
+            yield item
 
     def refuse(self, what: str):
         raise TemplateRefused(f"{self.where}: the chat template {what}")
@@ -199,6 +209,13 @@ class BoundedSandbox(jinja2.sandbox.ImmutableSandboxedEnvironment):
                 __self.check_estimate(format_size(owner, [*args, *kwargs.values()], __self.limits.chars))
             elif name == "replace" and len(args) >= 2:
                 __self.check_estimate(replaced_size(owner, *args[:2]))
+            elif name == "expandtabs":
+                width = args[0] if args else kwargs.get("tabsize", 8)
+                __self.check_estimate(len(owner) + owner.count("\t") * (int(width) if is_int(width) else 0))
+            elif name == "translate" and args and isinstance(args[0], dict):
+                __self.check_estimate(len(owner) * max([size(value) for value in args[0].values()] + [1]))
+            elif name == "join" and args:  # the separator between every two items: sized as they are taken
+                args = (__self.metered(__context, args[0], lambda item: len(owner) + size(item)), *args[1:])
         return __self.checked(__context, super().call(__context, __obj, *args, **kwargs))
 
     def bounded_filter(self, name: str, function):
@@ -212,15 +229,42 @@ class BoundedSandbox(jinja2.sandbox.ImmutableSandboxedEnvironment):
             self.check_arguments([*args, *kwargs.values()])
             if args:
                 self.check_estimate(filter_size(name, args[0], args[1:], kwargs, self.limits.chars))
+                if name in ITERATING and args[0]:  # empty or undefined: as jinja has it (map, select test it)
+                    args = (self.metered(context, args[0], item_cost(name, args[1:], kwargs)), *args[1:])
             lead = {"context": (context,), "eval_context": (context.eval_ctx,), "environment": (self,)}.get(wants, ())
             return self.checked(context, function(*lead, *args, **kwargs))
 
         return jinja2.pass_context(bounded)
 
 
+# the filters that take their input item by item (strings by character): they get it metered
+ITERATING = frozenset({"batch", "groupby", "join", "list", "map", "max", "min", "reject", "rejectattr", "select",
+                       "selectattr", "slice", "sort", "sum", "unique"})
+
+
+def item_cost(name: str, args: tuple, kwargs: dict):
+    """What each item a filter takes counts against the size bound: a join copies it and its separator; a
+    sum of strings, lists or tuples copies the running total at every step; the others take a reference
+    (ITEM_CHARS; what they return is sized whole after the call)."""
+    if name == "join":
+        separator = size(args[0] if args else kwargs.get("d", ""))
+        return lambda item: size(item) + separator
+    if name == "sum":  # do_sum(iterable, attribute=None, start=0)
+        total = size(args[1] if len(args) > 1 else kwargs.get("start", 0))
+
+        def running(item) -> int:
+            nonlocal total
+            total += size(item)
+            return total if isinstance(item, (str, list, tuple)) else size(item)
+
+        return running
+    return lambda item: ITEM_CHARS
+
+
 def size(value, depth: int = 0) -> int:
-    """About how many characters `value` takes as text: strings by length, integers by digits, containers
-    (and a namespace's values) by their contents, anything else as a short repr."""
+    """About how many characters `value` takes as text or memory: strings by length, integers by digits,
+    containers (and a namespace's values) by their contents and ITEM_CHARS an item, anything else as a
+    short repr."""
     if isinstance(value, str):
         return len(value)
     if is_int(value):
@@ -228,9 +272,9 @@ def size(value, depth: int = 0) -> int:
     if depth > 64:  # refused rather than walked further (a namespace that holds itself never ends)
         return 1 << 62
     if isinstance(value, dict):
-        return sum(size(k, depth + 1) + size(v, depth + 1) + 4 for k, v in value.items()) + 2
+        return sum(size(k, depth + 1) + size(v, depth + 1) + ITEM_CHARS for k, v in value.items()) + 2
     if isinstance(value, (list, tuple, set, frozenset)):
-        return sum(size(item, depth + 1) + 2 for item in value) + 2
+        return sum(size(item, depth + 1) + ITEM_CHARS for item in value) + 2
     if isinstance(value, jinja2.utils.Namespace):
         return size(object.__getattribute__(value, "__dict__"), depth + 1)
     return 64

@@ -60,6 +60,9 @@ BAD_FILES = {
                    "tokenizer_config.json (chat_template 'default')", "raised 'no'"),
     "empty template list": (lambda d: tokenizer_dir(d, []), "tokenizer_config.json (chat_template)", "empty list"),
     "int template": (lambda d: tokenizer_dir(d, 5), "tokenizer_config.json (chat_template)", "got int 5"),
+    "wordwrap (its time grows with a long word's square)": (lambda d: tokenizer_dir(d, "{{ 'x'|wordwrap(1) }}"),
+                                                             "tokenizer_config.json (chat_template)",
+                                                             "No filter named 'wordwrap'"),
     "config a JSON list": (lambda d: set_config(tokenizer_dir(d), "[1, 2]"), "tokenizer_config.json",
                            "must hold a JSON object, got list"),
     "config not JSON": (lambda d: set_config(tokenizer_dir(d), "{'chat_template': 1"), "tokenizer_config.json",
@@ -125,6 +128,17 @@ def test_a_template_that_never_ends_stops_at_the_time_bound(tmp_path, template):
     "{% set b = 'x' * 10**6 %}{{ range(100000)|map('replace', '', b)|join }}",
     "{% set b = 'x' * 10**7 %}{{ [b, b, b, b, b, b, b, b, b, b] ~ '' }}",
     "{{ (range(100000)|list)|tojson(indent=100000) }}",
+    # one call that builds far more than its arguments: a long separator, a sum copying its running total,
+    # tab stops, a translation table, and a string taken apart into more items than the bound holds
+    "{% set b = 'x' * 10**6 %}{{ range(100000)|join(b) }}",
+    "{% set b = 'x' * 10**6 %}{{ b|join(b) }}",
+    "{% set b = 'x' * 10**6 %}{{ b.join(['x'] * 100000) }}",
+    "{{ ([[1]] * 100000)|sum(start=[])|length }}",
+    "{% set b = '\t' * 1000 %}{{ b.expandtabs(60000000) }}",
+    "{% set b = 'x' * 10**6 %}{{ b.translate({120: 'y' * 100000}) }}",
+    "{% set b = 'x' * 10**7 %}{{ b|list|length }}",
+    "{% set b = 'x' * 10**7 %}{{ b|sort|length }}",
+    "{% set b = 'x ' * 10**7 %}{{ b.split()|length }}",
 ])
 def test_a_template_that_grows_without_end_stops_at_the_size_bound(tmp_path, template):
     from dllm_jax.tokenizer import RENDER_CHARS
@@ -155,6 +169,10 @@ def test_real_templates_render_within_the_bounds(tmp_path):
             "{{ '%s-%d' % ('a', 3) }}{{ 'b{}'.format(4) }}{{ (range(50)|list)|join(',')|length }}")
     rendered = '1W1 W2[{"content": "w1 w2", "role": "user"}]a-3b4139'
     assert load_and_render(tokenizer_dir(tmp_path / "busy", busy)) == rendered
+    chains = ("{{ messages|selectattr('role', 'equalto', 'user')|map(attribute='content')|join('|') }}"
+              "{{ []|map|list }}{{ (messages|groupby('role'))|list|length }}{{ ['b', 'a']|sort|join(',') }}"
+              "{{ ','.join(['c', 'd']) }}{{ [[1], [2]]|sum(start=[]) }}{{ 'ba'|unique|list|max }}")
+    assert load_and_render(tokenizer_dir(tmp_path / "chains", chains)) == "w1 w2[]1a,bc,d[1, 2]b"
     long = "w1 " * 1_000_000  # a long prompt is not a hostile template
     assert ChatTokenizer(tmp_path / "qwen").render(long).count("w1") == 1_000_000
     with pytest.raises(ValueError, match="RenderLimits.seconds must lie in"):
