@@ -1,7 +1,7 @@
 """A checkpoint's tokenizer files and chat template are untrusted input: every bad file is a ValueError
 naming it (one line through the CLI, exit status 2), and a hostile template stops at a time or size bound.
 
-The bounds come from dllm_jax.tokenizer inside each hostile test, so that against code without them the
+The bounds come from dllm_jax.chat_template inside each hostile test, so that against code without them the
 test fails at the import instead of hanging or filling the memory."""
 
 import json
@@ -105,7 +105,7 @@ def test_a_blocked_template_injection_is_a_value_error(tmp_path, template):
     "{% macro f(n) %}{% if n %}{{ f(n - 1) }}{{ f(n - 1) }}{% endif %}{% endmacro %}{{ f(64) }}",  # no loop at all
 ])
 def test_a_template_that_never_ends_stops_at_the_time_bound(tmp_path, template):
-    from dllm_jax.tokenizer import RenderLimits
+    from dllm_jax.chat_template import RenderLimits
 
     with pytest.raises(ValueError, match=r"tokenizer_config\.json \(chat_template\): the chat template ran past "
                                          r"the render time bound of 0\.2 s \(RenderLimits\.seconds"):
@@ -141,7 +141,7 @@ def test_a_template_that_never_ends_stops_at_the_time_bound(tmp_path, template):
     "{% set b = 'x ' * 10**7 %}{{ b.split()|length }}",
 ])
 def test_a_template_that_grows_without_end_stops_at_the_size_bound(tmp_path, template):
-    from dllm_jax.tokenizer import RENDER_CHARS
+    from dllm_jax.chat_template import RENDER_CHARS
 
     with pytest.raises(ValueError, match=rf"tokenizer_config\.json \(chat_template\): the chat template .* more than "
                                          rf"{RENDER_CHARS} characters, the render size bound \(RenderLimits\.chars"):
@@ -149,7 +149,7 @@ def test_a_template_that_grows_without_end_stops_at_the_size_bound(tmp_path, tem
 
 
 def test_huge_integers_stop_at_the_integer_bound(tmp_path):
-    from dllm_jax.tokenizer import RENDER_INT_BITS
+    from dllm_jax.chat_template import RENDER_INT_BITS
 
     with pytest.raises(ValueError, match=rf"chat_template\): the chat template computes an integer of more than "
                                          rf"{RENDER_INT_BITS} bits"):
@@ -158,7 +158,7 @@ def test_huge_integers_stop_at_the_integer_bound(tmp_path):
 
 def test_real_templates_render_within_the_bounds(tmp_path):
     from dllm_jax.eval import build_tokenizer
-    from dllm_jax.tokenizer import RenderLimits
+    from dllm_jax.chat_template import RenderLimits
 
     assert load_and_render(tokenizer_dir(tmp_path / "qwen")) == \
         "<|im_start|>user\nw1 w2<|im_end|>\n<|im_start|>assistant\n"
