@@ -80,3 +80,48 @@ def seed(value) -> np.int32:
     traced scalar (64-bit integers are off in JAX by default).
     """
     return np.int32(integer("seed", value, minimum=INT32_MIN, maximum=INT32_MAX))
+
+
+def real_array(name: str, value, *, low: float | None = None, high: float | None = None,
+               max_ndim: int | None = None) -> np.ndarray:
+    """`value` (a real number, or nested lists / tuples / arrays of them) as a float64 array whose
+    entries are finite and lie in [low, high] (either bound may be None).
+
+    Every entry is checked on its own: numpy would read the string "0.5" as 0.5 and True as 1.0,
+    and a ragged nesting or an empty one has no shape that a per-head value could mean.
+    """
+    def leaves(x):
+        if isinstance(x, (list, tuple)):
+            return [leaves(item) for item in x]
+        if hasattr(x, "__array__") and hasattr(x, "dtype"):  # numpy and JAX arrays and scalars
+            try:
+                x = np.asarray(x)
+            except TypeError as e:  # a traced value: the check needs the numbers
+                raise ValueError(f"{name} must be concrete numbers, got {type(x).__name__}") from e
+            if x.dtype.kind not in "iuf":
+                raise ValueError(f"{name} must hold real numbers, got an array of {x.dtype}")
+            return x.astype(np.float64)
+        if not isinstance(x, numbers.Real) or isinstance(x, (bool, np.bool_)):
+            raise ValueError(f"{name} must hold real numbers, got {x!r} ({type(x).__name__})")
+        return float(x)
+
+    try:
+        nested = leaves(value)
+    except RecursionError as e:
+        raise ValueError(f"{name} is nested too deeply") from e
+    try:
+        arr = np.array(nested, np.float64)
+    except ValueError as e:  # numpy's "inhomogeneous shape"
+        raise ValueError(f"{name} must be a number or a rectangular nesting of numbers, got ragged rows") from e
+    if arr.size == 0:
+        raise ValueError(f"{name} must not be empty, got shape {arr.shape}")
+    if max_ndim is not None and arr.ndim > max_ndim:
+        raise ValueError(f"{name} must have at most {max_ndim} dimensions, got shape {arr.shape}")
+    bad = ~np.isfinite(arr) | (arr < (-math.inf if low is None else low)) | (arr > (math.inf if high is None else high))
+    if bad.any():
+        where = tuple(int(i) for i in np.argwhere(bad)[0])
+        need = "finite" if low is None and high is None else (
+            f"finite and lie in [{'-inf' if low is None else f'{low:g}'}, {'inf' if high is None else f'{high:g}'}]")
+        at = f" at index {list(where)}" if where else ""
+        raise ValueError(f"{name} must be {need}, got {arr[where]:g}{at}")
+    return arr

@@ -8,6 +8,7 @@ Layouts: q [B, Nq, Hq, D], k/v [B, Nk, Hkv, D] (GQA: Hq % Hkv == 0); every LSE i
 log-sum-exp of the scaled logits, float32 [B, Hq, Nq], -inf for rows that saw no key.
 """
 
+from pallas_kernels._common import check_scale
 from pallas_kernels.block_mass import (
     flash_block_mass,
     flash_block_mass_reference,
@@ -38,6 +39,7 @@ from pallas_kernels.split_kv import (
 )
 
 __all__ = [
+    "check_scale",
     "block_scores", "block_scores_reference",
     "flash_block_mass", "flash_block_mass_reference", "pooled_block_scores", "suffix_lse",
     "block_sparse_attention", "block_sparse_attention_reference",

@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import functools
 import math
+import numbers
 from collections.abc import Sequence
 
 import jax
@@ -97,8 +98,37 @@ def check_qkv(q, k, v) -> tuple[int, int, int, int, int, int]:
     return b, nq, nk, hq, hkv, d
 
 
-def resolve_scale(scale: float | None, head_dim: int) -> float:
-    return float(scale) if scale is not None else 1.0 / math.sqrt(head_dim)
+def check_scale(scale) -> float | None:
+    """`scale` checked on the host, as a float (None stays None: the default 1/sqrt(head_dim)).
+
+    Every kernel entry point and reference calls this first, so a bad scale raises before anything
+    is traced or compiled. NaN or Inf would make every output NaN, and a scale <= 0 inverts or
+    flattens the softmax (the Mosaic kernel folds a positive one into its row maximum); bools and
+    strings are refused rather than read as 1.0 or parsed. A traced scale is refused too: the kernels
+    compile it in as a static argument. (pallas_kernels imports nothing from dllm_jax, whose
+    `validation.real` states the same rule.)"""
+    if scale is None:
+        return None
+    is_real = isinstance(scale, numbers.Real) or (
+        getattr(scale, "shape", None) == () and np.issubdtype(getattr(scale, "dtype", np.object_), np.number)
+        and not np.issubdtype(scale.dtype, np.complexfloating))
+    if not is_real or isinstance(scale, (bool, np.bool_)):
+        raise ValueError(f"scale must be a real number > 0 (or None: 1/sqrt(head_dim)), got {scale!r} "
+                         f"({type(scale).__name__})")
+    try:
+        value = float(scale)
+    except TypeError as e:  # a JAX tracer (ConcretizationTypeError is a TypeError)
+        raise ValueError(f"scale must be a concrete number (a static argument of the kernels), got a traced "
+                         f"{type(scale).__name__}") from e
+    if not math.isfinite(value) or value <= 0:
+        raise ValueError(f"scale must be a finite number > 0 (or None: 1/sqrt(head_dim)), got {value}")
+    return value
+
+
+def resolve_scale(scale, head_dim: int) -> float:
+    """The softmax scale a kernel compiles in: `check_scale(scale)`, or 1/sqrt(head_dim) for None."""
+    scale = check_scale(scale)
+    return 1.0 / math.sqrt(head_dim) if scale is None else scale
 
 
 def kv_lengths(kv_len, batch: int, num_keys: int) -> jax.Array:

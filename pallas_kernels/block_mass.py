@@ -38,6 +38,7 @@ def flash_block_mass(q, k, v, *, block_kv, scale=None, kv_len=None, stages=None,
     tile). Needs the Mosaic GPU kernel: an sm90+ GPU, bf16/f16, head_dim a multiple of 64 (else a
     ValueError says which).
     """
+    scale = c.check_scale(scale)
     lengths, _, d = _check(q, k, v, block_kv, kv_len)
     scale = c.resolve_scale(scale, d)
     mosaic.choose("mosaic", q, scale=scale, interpret=interpret, triton_knobs=False, name="flash_block_mass",
@@ -49,6 +50,7 @@ def flash_block_mass(q, k, v, *, block_kv, scale=None, kv_len=None, stages=None,
 
 def flash_block_mass_reference(q, k, v, *, block_kv, scale=None, kv_len=None, stages=None, interpret=False):
     """The same function as `flash_block_mass`, computed densely in fp32 jnp."""
+    scale = c.check_scale(scale)
     del stages, interpret
     lengths, n_kb, d = _check(q, k, v, block_kv, kv_len)
     scale = c.resolve_scale(scale, d)

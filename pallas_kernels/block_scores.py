@@ -95,6 +95,7 @@ def block_scores(q, k, lse, *, block_q, block_kv, scale=None, kv_len=None, inter
 
     Returns f32 [B, Hq, ceil(Nq / block_q), ceil(Nk / block_kv)].
     """
+    scale = c.check_scale(scale)
     lengths, d = _check(q, k, lse, block_q, block_kv, kv_len)
     return _block_scores(q, k, lse, lengths, scale=c.resolve_scale(scale, d), block_q=block_q,
                          block_kv=block_kv, num_warps=num_warps, num_stages=num_stages, interpret=interpret)
@@ -112,6 +113,7 @@ def probabilities(q, k, lse, lengths, scale):
 def block_scores_reference(q, k, lse, *, block_q, block_kv, scale=None, kv_len=None, interpret=False,
                            num_warps=None, num_stages=None):
     """The same function as `block_scores`, from the dense probability matrix."""
+    scale = c.check_scale(scale)
     del interpret, num_warps, num_stages
     lengths, d = _check(q, k, lse, block_q, block_kv, kv_len)
     p = probabilities(q, k, lse, lengths, c.resolve_scale(scale, d))

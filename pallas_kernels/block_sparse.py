@@ -128,6 +128,7 @@ def block_sparse_attention(q, k, v, kv_block_indices, kv_block_counts, *, block_
 
     Returns o [B, Nq, Hq, D] in q.dtype, or (o, lse).
     """
+    scale = c.check_scale(scale)
     indices, counts, lengths, d = _check(q, k, v, kv_block_indices, kv_block_counts, block_q, block_kv,
                                          kv_len)
     scale = c.resolve_scale(scale, d)
@@ -163,6 +164,7 @@ def block_sparse_attention_reference(q, k, v, kv_block_indices, kv_block_counts,
                                      num_warps=None, num_stages=None, preload_indices=False, backend="auto",
                                      stages=None):
     """The same function as `block_sparse_attention`, computed densely in fp32 jnp."""
+    scale = c.check_scale(scale)
     del interpret, num_warps, num_stages, preload_indices, backend, stages
     indices, counts, lengths, d = _check(q, k, v, kv_block_indices, kv_block_counts, block_q, block_kv,
                                          kv_len)

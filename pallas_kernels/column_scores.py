@@ -90,6 +90,7 @@ def column_scores(q, k, lse, *, group_size, scale=None, kv_len=None, interpret=F
 
     Returns f32 [B, Hq, ceil(Nq / group_size), Nk].
     """
+    scale = c.check_scale(scale)
     lengths, d = _check(q, k, lse, group_size, block_kv, kv_len)
     return _column_scores(q, k, lse, lengths, scale=c.resolve_scale(scale, d), group_size=group_size,
                           block_kv=block_kv, num_warps=num_warps, num_stages=num_stages, interpret=interpret)
@@ -98,6 +99,7 @@ def column_scores(q, k, lse, *, group_size, scale=None, kv_len=None, interpret=F
 def column_scores_reference(q, k, lse, *, group_size, scale=None, kv_len=None, interpret=False, block_kv=64,
                             num_warps=None, num_stages=None):
     """The same function as `column_scores`, from the dense probability matrix."""
+    scale = c.check_scale(scale)
     del interpret, num_warps, num_stages
     lengths, d = _check(q, k, lse, group_size, block_kv, kv_len)
     p = probabilities(q, k, lse, lengths, c.resolve_scale(scale, d))

@@ -119,6 +119,7 @@ def column_sparse_attention(q, k, v, col_indices, col_counts, *, group_size, sca
 
     Returns o [B, Nq, Hq, D] in q.dtype, or (o, lse).
     """
+    scale = c.check_scale(scale)
     indices, counts, d = _check(q, k, v, col_indices, col_counts, group_size, block_cols)
     o, lse = _column_sparse(q, k, v, indices, counts, scale=c.resolve_scale(scale, d), group_size=group_size,
                             block_cols=block_cols, prefetch=prefetch_indices, num_warps=num_warps, num_stages=num_stages,
@@ -138,6 +139,7 @@ def column_sparse_attention_reference(q, k, v, col_indices, col_counts, *, group
                                       return_lse=False, interpret=False, block_cols=128, num_warps=None,
                                       num_stages=None, prefetch_indices=True):
     """The same function as `column_sparse_attention`, computed densely in fp32 jnp."""
+    scale = c.check_scale(scale)
     del interpret, num_warps, num_stages, prefetch_indices
     indices, counts, d = _check(q, k, v, col_indices, col_counts, group_size, block_cols)
     allowed = column_mask(indices, counts, group_size=group_size, num_queries=q.shape[1], num_keys=k.shape[1],

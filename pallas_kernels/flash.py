@@ -97,6 +97,7 @@ def flash_attention(q, k, v, *, scale=None, kv_len=None, return_lse=False, inter
 
     Returns o [B, Nq, Hq, D] in q.dtype, or (o, lse).
     """
+    scale = c.check_scale(scale)
     b, nq, nk, hq, hkv, d = c.check_qkv(q, k, v)
     scale = c.resolve_scale(scale, d)
     knobs = any(x is not None for x in (block_q, block_kv, num_warps, num_stages))
@@ -122,6 +123,7 @@ def flash_attention_reference(q, k, v, *, scale=None, kv_len=None, return_lse=Fa
                               block_q=None, block_kv=None, num_warps=None, num_stages=None, backend="auto",
                               tiling=None):
     """The same function as `flash_attention`, computed densely in fp32 jnp."""
+    scale = c.check_scale(scale)
     del interpret, block_q, block_kv, num_warps, num_stages, backend, tiling
     b, nq, nk, hq, hkv, d = c.check_qkv(q, k, v)
     lengths = c.kv_lengths(kv_len, b, nk)

@@ -94,6 +94,7 @@ def kv_scores(q, k, lse, *, scale=None, kv_len=None, interpret=False, block_kv=6
 
     Returns f32 [B, Hkv, Nk].
     """
+    scale = c.check_scale(scale)
     lengths, d = _check(q, k, lse, block_kv, kv_len)
     return _kv_scores(q, k, lse, lengths, scale=c.resolve_scale(scale, d), block_kv=block_kv,
                       num_warps=num_warps, num_stages=num_stages, interpret=interpret)
@@ -102,6 +103,7 @@ def kv_scores(q, k, lse, *, scale=None, kv_len=None, interpret=False, block_kv=6
 def kv_scores_reference(q, k, lse, *, scale=None, kv_len=None, interpret=False, block_kv=64, num_warps=None,
                         num_stages=None):
     """The same function as `kv_scores`, from the dense probability matrix."""
+    scale = c.check_scale(scale)
     del interpret, num_warps, num_stages
     lengths, d = _check(q, k, lse, block_kv, kv_len)
     p = probabilities(q, k, lse, lengths, c.resolve_scale(scale, d))  # [B, Hq, Nq, Nk]

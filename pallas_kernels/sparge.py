@@ -109,6 +109,7 @@ def predict_block_map(q, k, *, simthreshd1, cdfthreshd=None, topk=None, smooth_k
                       block_kv=128, scale=None, attention_sink=False):
     """SpargeAttn's stage-1 map for q [B, Nq, Hq, D] and k [B, Nk, Hkv, D]: bool [B, Hq, nqb, nkb]
     (True = computed). Exactly one of cdfthreshd and topk; each hyperparameter a scalar or [Hq]."""
+    scale = c.check_scale(scale)
     b, nq, nk, hq, hkv, d = c.check_qkv(q, k, k)
     c.check_block("block_q", block_q)
     c.check_block("block_kv", block_kv)
@@ -268,6 +269,7 @@ def pv_skip_attention(q, k, v, kv_block_indices, kv_block_counts, *, pvthreshd, 
     Lists are processed in the order given (ascending is the official order): the filter depends on it.
     Returns o, then lse and skipped as requested.
     """
+    scale = c.check_scale(scale)
     indices, counts, lengths, threshold, d = _check(q, k, v, kv_block_indices, kv_block_counts, pvthreshd,
                                                     block_q, block_kv, kv_len)
     masked = kv_len is not None or k.shape[1] % block_kv != 0
@@ -284,6 +286,7 @@ def pv_skip_attention_reference(q, k, v, kv_block_indices, kv_block_counts, *, p
                                 scale=None, kv_len=None, return_lse=False, return_skipped=False, interpret=False,
                                 num_warps=None, num_stages=None, preload_indices=None):
     """The same function as `pv_skip_attention` in fp32 jnp: a scan over the list positions of every row."""
+    scale = c.check_scale(scale)
     del interpret, num_warps, num_stages, preload_indices
     indices, counts, lengths, threshold, d = _check(q, k, v, kv_block_indices, kv_block_counts, pvthreshd,
                                                     block_q, block_kv, kv_len)
@@ -375,6 +378,7 @@ def sparge_attention(q, k, v, *, simthreshd1, cdfthreshd=None, topk=None, pvthre
     block_q, block_kv: the map's tiles (64 x 128 as the official kernel on Hopper).
     Returns o, then the natural-log lse f32 [B, Hq, Nq] and a `SpargeSparsity` as requested.
     """
+    scale = c.check_scale(scale)
     b, nq, nk, hq, hkv, d = c.check_qkv(q, k, v)
     threshold = per_head("pvthreshd", 0.0 if pvthreshd is None else pvthreshd, hq)
 
@@ -395,6 +399,7 @@ def sparge_attention_reference(q, k, v, *, simthreshd1, cdfthreshd=None, topk=No
                                block_q=64, block_kv=128, scale=None, attention_sink=False, return_lse=False,
                                return_sparsity=False, interpret=False, num_warps=None, num_stages=None):
     """The same function as `sparge_attention`, stage 2 by `pv_skip_attention_reference`."""
+    scale = c.check_scale(scale)
     del interpret, num_warps, num_stages
 
     def attend(q, k, v, indices, counts, pvthreshd, scale):

@@ -191,6 +191,7 @@ def split_kv_attention(q, k, v, *, kv_len=None, scale=None, return_lse=False, in
 
     Returns o [B, Nq, Hq, D] in q.dtype, or (o, lse).
     """
+    scale = c.check_scale(scale)
     b, nq, nk, hq, hkv, d = c.check_qkv(q, k, v)
     _check_block_queries(q, k, block_kv, num_splits)
     lengths = c.kv_lengths(kv_len, b, nk)
@@ -203,6 +204,7 @@ def split_kv_attention(q, k, v, *, kv_len=None, scale=None, return_lse=False, in
 def split_kv_attention_reference(q, k, v, *, kv_len=None, scale=None, return_lse=False, interpret=False,
                                  block_kv=128, num_splits=None, num_warps=None, num_stages=None):
     """The same function as `split_kv_attention`, computed densely in fp32 jnp."""
+    scale = c.check_scale(scale)
     del interpret, num_warps, num_stages
     b, nq, nk, hq, hkv, d = c.check_qkv(q, k, v)
     _check_block_queries(q, k, block_kv, num_splits)
@@ -238,6 +240,7 @@ def split_kv_gather_attention(q, k, v, kv_indices, kv_counts, *, scale=None, ret
 
     Returns o [B, Nq, Hq, D] in q.dtype, or (o, lse).
     """
+    scale = c.check_scale(scale)
     indices, counts, d = _check_gather(q, k, v, kv_indices, kv_counts, block_kv, num_splits)
     splits = num_splits or default_num_splits(q.shape[0], k.shape[2], indices.shape[-1], block_kv)
     o, lse = _split_kv_gather(q, k, v, indices, counts, scale=c.resolve_scale(scale, d), block_kv=block_kv,
@@ -257,6 +260,7 @@ def split_kv_gather_attention_reference(q, k, v, kv_indices, kv_counts, *, scale
                                         interpret=False, block_kv=128, num_splits=None, num_warps=None,
                                         num_stages=None):
     """The same function as `split_kv_gather_attention`, computed densely in fp32 jnp."""
+    scale = c.check_scale(scale)
     del interpret, num_warps, num_stages
     indices, counts, d = _check_gather(q, k, v, kv_indices, kv_counts, block_kv, num_splits)
     allowed = gather_mask(indices, counts, num_queries=q.shape[1], num_keys=k.shape[1], num_heads=q.shape[2])

@@ -8,6 +8,8 @@ from __future__ import annotations
 import jax
 import jax.numpy as jnp
 
+import pallas_kernels as pk
+
 
 def matmul_precision(dtype):
     """HIGHEST for fp32 (XLA would otherwise use TF32 on NVIDIA GPUs), DEFAULT for bf16/fp16."""
@@ -78,6 +80,7 @@ def dense_attention(q, k, v, *, key_mask=None, mask=None, kv_len=None, scale=Non
     Returns:
       [B, L, Hq, D] in q's dtype.
     """
+    scale = pk.check_scale(scale)  # the kernels' rule: NaN, Inf, <= 0, bools and strings refused
     if implementation is None:
         implementation = dense_implementation(q.dtype, q.shape[-1])
     if implementation == "xla":

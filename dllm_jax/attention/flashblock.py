@@ -38,10 +38,11 @@ import jax.numpy as jnp
 from jax.sharding import PartitionSpec as P
 
 import pallas_kernels as pk
+from dllm_jax import validation
 from dllm_jax.attention import kernels
 from dllm_jax.attention.mage import (MAGE, block_keys, prefix_counts, row_lengths, selected_attention,
                                      split_exact_attention)
-from dllm_jax.attention.policy import AttentionPolicy, Mode, switch_rows
+from dllm_jax.attention.policy import AttentionPolicy, Mode, check_field, field_label, switch_rows
 
 
 def complement_indices(indices, prefix_len, capacity: int):
@@ -79,11 +80,12 @@ class FlashBlock(AttentionPolicy):
     backend: str = "auto"
 
     def __post_init__(self):
-        if self.tau is not None and (not isinstance(self.tau, int) or self.tau < 0):
-            raise ValueError(f"FlashBlock needs an int tau >= 0 (or None: refresh only at step 0), got {self.tau!r}")
+        # tau meets the int32 count of unmasked tokens; None: refresh only at step 0
+        check_field(self, "tau", validation.integer, optional=True, minimum=0, maximum=validation.INT32_MAX)
         if self.inner is not None and not isinstance(self.inner, MAGE):
-            raise ValueError(f"FlashBlock(inner=...) takes a MAGE config (or None), got {self.inner!r}")
-        kernels.check_backend(self.backend)
+            raise ValueError(f"FlashBlock.inner must be a MAGE config or None, got {self.inner!r} "
+                             f"({type(self.inner).__name__})")
+        kernels.check_backend(self.backend, field_label(self, "backend"))
 
     def init_state(self, *, batch, num_heads, num_kv_heads, q_len, kv_len, head_dim):
         inner = () if self.inner is None else self.inner.init_state(

@@ -20,9 +20,9 @@ BACKENDS = ("auto", "pallas", "mosaic", "triton", "interpret", "reference")
 _MOSAIC_KERNELS = (pk.flash_attention, pk.block_sparse_attention)
 
 
-def check_backend(backend: str) -> None:
-    if backend not in BACKENDS:
-        raise ValueError(f"backend={backend!r} is not one of {BACKENDS}")
+def check_backend(backend: str, name: str = "backend") -> None:
+    if not isinstance(backend, str) or backend not in BACKENDS:
+        raise ValueError(f"{name}={backend!r} is not one of {BACKENDS}")
 
 
 def resolve(backend: str) -> str:

@@ -30,16 +30,17 @@ import jax.numpy as jnp
 from jax.sharding import PartitionSpec as P
 
 import pallas_kernels as pk
+from dllm_jax import validation
 from dllm_jax.attention import kernels
-from dllm_jax.attention.policy import AttentionPolicy, Mode, switch_rows
+from dllm_jax.attention.policy import AttentionPolicy, Mode, check_field, field_label, switch_rows
 
 
 SOFTMAX_OVER = ("prefix", "prefix+block")  # Eq. 3 (the default); this project's earlier rule
 
 
-def check_softmax_over(softmax_over: str) -> None:
-    if softmax_over not in SOFTMAX_OVER:
-        raise ValueError(f"softmax_over={softmax_over!r} is not one of {SOFTMAX_OVER}")
+def check_softmax_over(softmax_over: str, name: str = "softmax_over") -> None:
+    if not isinstance(softmax_over, str) or softmax_over not in SOFTMAX_OVER:
+        raise ValueError(f"{name}={softmax_over!r} is not one of {SOFTMAX_OVER}")
 
 
 def row_lengths(lengths, batch: int):
@@ -134,11 +135,11 @@ class MAGE(AttentionPolicy):
     backend: str = "auto"
 
     def __post_init__(self):
-        if self.k < 1 or self.exact_layers < 0:
-            raise ValueError(f"MAGE needs k >= 1 and exact_layers >= 0, got k={self.k}, "
-                             f"exact_layers={self.exact_layers}")
-        check_softmax_over(self.softmax_over)
-        kernels.check_backend(self.backend)
+        # int32 bounds: k sizes the int32 selection and exact_layers meets an int32 layer index
+        check_field(self, "k", validation.integer, maximum=validation.INT32_MAX)
+        check_field(self, "exact_layers", validation.integer, minimum=0, maximum=validation.INT32_MAX)
+        check_softmax_over(self.softmax_over, field_label(self, "softmax_over"))
+        kernels.check_backend(self.backend, field_label(self, "backend"))
 
     def init_state(self, *, batch, num_heads, num_kv_heads, q_len, kv_len, head_dim):
         return jnp.zeros((batch, num_kv_heads, self.k), jnp.int32), jnp.zeros((), bool)

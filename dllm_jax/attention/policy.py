@@ -53,6 +53,7 @@ from typing import Any
 import jax
 import jax.numpy as jnp
 
+from dllm_jax import validation
 from dllm_jax.attention import kernels
 from dllm_jax.attention.dense import dense_attention
 from pallas_kernels import split_kv as split_kv_kernels
@@ -110,6 +111,30 @@ class AttentionPolicy(abc.ABC):
         return 1
 
 
+def field_label(policy, name: str) -> str:
+    """"MAGE.k": how every refused configuration value is named."""
+    return f"{type(policy).__name__}.{name}"
+
+
+def check_field(policy, name: str, check, *, optional: bool = False, **bounds) -> None:
+    """Replaces field `name` of a frozen policy by `check(field_label, value, **bounds)`, a
+    `dllm_jax.validation` checker: a bad value raises ValueError at construction (not as a TypeError
+    inside tracing, or as a silently different schedule), and a good one is stored in its canonical
+    Python type, so that equal policies (static arguments of the jitted loops) hash the same whichever
+    number type built them. `optional`: None is kept (a field that `bind` fills in)."""
+    value = getattr(policy, name)
+    if not (optional and value is None):
+        object.__setattr__(policy, name, check(field_label(policy, name), value, **bounds))
+
+
+def check_power_of_two(policy, name: str, minimum: int = 16) -> None:
+    """A block size: an integer power of two >= minimum (the kernels' tiles)."""
+    check_field(policy, name, validation.integer, minimum=None)
+    value = getattr(policy, name)
+    if value < minimum or value & (value - 1):
+        raise ValueError(f"{field_label(policy, name)}={value} must be a power of two >= {minimum}")
+
+
 DENSE_IMPLEMENTATIONS = ("auto", "split_kv", "cudnn", "xla")
 HALF_DTYPES = (jnp.dtype(jnp.bfloat16), jnp.dtype(jnp.float16))
 
@@ -141,8 +166,8 @@ class Dense(AttentionPolicy):
     implementation: str = "auto"
 
     def __post_init__(self):
-        if self.implementation not in DENSE_IMPLEMENTATIONS:
-            raise ValueError(f"Dense(implementation={self.implementation!r}) is not one of {DENSE_IMPLEMENTATIONS}")
+        if not isinstance(self.implementation, str) or self.implementation not in DENSE_IMPLEMENTATIONS:
+            raise ValueError(f"Dense.implementation={self.implementation!r} is not one of {DENSE_IMPLEMENTATIONS}")
 
     def mode(self, step):
         return Mode.DENSE

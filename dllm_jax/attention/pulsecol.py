@@ -23,8 +23,10 @@ import numpy as np
 from jax.sharding import PartitionSpec as P
 
 import pallas_kernels as pk
+from dllm_jax import validation
 from dllm_jax.attention import kernels
-from dllm_jax.attention.policy import AttentionPolicy, Mode, window_rows
+from dllm_jax.attention.policy import (AttentionPolicy, Mode, check_field, check_power_of_two, field_label,
+                                       window_rows)
 
 
 def refresh_steps(total_steps: int, eta: float, refreshes: int) -> tuple[int, ...]:
@@ -38,6 +40,8 @@ def refresh_steps(total_steps: int, eta: float, refreshes: int) -> tuple[int, ..
     if refreshes == 1:
         return (1,)
     window = max(1, math.floor(eta * total_steps))
+    if refreshes >= window:  # the steps (window - 1) / (refreshes - 1) <= 1 apart hit every step: no loop over R
+        return tuple(range(1, window + 1))
     return tuple(sorted({1 + (r - 1) * (window - 1) // (refreshes - 1) for r in range(1, refreshes + 1)}))
 
 
@@ -77,13 +81,12 @@ class PulseCol(AttentionPolicy):
     total_steps: int | None = None
 
     def __post_init__(self):
-        if not 0.0 <= self.sparsity < 1.0:
-            raise ValueError(f"PulseCol sparsity={self.sparsity} must lie in [0, 1)")
-        if self.group_size < 16 or self.group_size & (self.group_size - 1):
-            raise ValueError(f"PulseCol group_size={self.group_size} must be a power of two >= 16")
-        if not 0.0 < self.eta <= 1.0 or self.refreshes < 1:
-            raise ValueError(f"PulseCol needs 0 < eta <= 1 and refreshes >= 1, got {self.eta}, {self.refreshes}")
-        kernels.check_backend(self.backend)
+        check_field(self, "sparsity", validation.real, low=0, high=1, high_open=True)
+        check_power_of_two(self, "group_size")
+        check_field(self, "eta", validation.real, low=0, high=1, low_open=True)
+        check_field(self, "refreshes", validation.integer)
+        kernels.check_backend(self.backend, field_label(self, "backend"))
+        check_field(self, "total_steps", validation.integer, optional=True)
 
     def bind(self, *, total_steps: int, **_):
         return dataclasses.replace(self, total_steps=total_steps)

@@ -47,6 +47,13 @@ class Sharded(AttentionPolicy):
     inner: AttentionPolicy
     mesh: Mesh
 
+    def __post_init__(self):
+        if not isinstance(self.inner, AttentionPolicy):
+            raise ValueError(f"Sharded.inner must be an attention policy, got {self.inner!r} "
+                             f"({type(self.inner).__name__})")
+        if not isinstance(self.mesh, Mesh):
+            raise ValueError(f"Sharded.mesh must be a jax.sharding.Mesh, got {self.mesh!r} ({type(self.mesh).__name__})")
+
     def init_state(self, **shapes):
         return self.inner.init_state(**shapes)
 

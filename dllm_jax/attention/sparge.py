@@ -19,7 +19,7 @@ from __future__ import annotations
 
 import dataclasses
 import json
-import math
+import os
 from pathlib import Path
 
 import jax
@@ -28,8 +28,9 @@ import numpy as np
 from jax.sharding import PartitionSpec as P
 
 import pallas_kernels as pk
+from dllm_jax import validation
 from dllm_jax.attention import kernels
-from dllm_jax.attention.policy import AttentionPolicy, Mode
+from dllm_jax.attention.policy import AttentionPolicy, Mode, check_field, check_power_of_two, field_label
 
 DENSE_HEAD = dict(simthreshd1=1.0, cdfthreshd=1.0, pvthreshd=50.0)  # the official autotune's "not sparse"
 
@@ -53,12 +54,25 @@ def _values(name: str, value, num_layers: int | None, num_heads: int) -> np.ndar
     return np.broadcast_to(arr, (num_layers or 1, num_heads))
 
 
-def _hashable(value):
-    """Lists and arrays as nested tuples: the policy is a static (hashed) argument of the loop."""
-    if value is None or isinstance(value, (int, float)):
-        return value
-    arr = np.asarray(value, np.float64)
+def _hashable(arr: np.ndarray):
+    """An array as nested tuples of floats: the policy is a static (hashed) argument of the loop."""
     return float(arr) if arr.ndim == 0 else tuple(map(_hashable, arr))
+
+
+def hyperparameter(name: str, value, *, low, high):
+    """A scalar, [heads] or [layers, heads] of finite reals in [low, high], as a float or nested tuples."""
+    return _hashable(validation.real_array(name, value, low=low, high=high, max_ndim=2))
+
+
+def check_head_shapes(policy: "SpargeAttn") -> None:
+    """The per-head values must agree on the number of heads, and the per-layer ones on the layers."""
+    shapes = {name: np.shape(getattr(policy, name)) for name in ("simthreshd1", "cdfthreshd", "topk", "pvthreshd")
+              if np.ndim(getattr(policy, name)) > 0}
+    for axis, what in ((-1, "heads"), (-2, "layers")):
+        sizes = {name: shape[axis] for name, shape in shapes.items() if len(shape) >= -axis}
+        if len(set(sizes.values())) > 1:
+            raise ValueError(f"SpargeAttn's per-head values disagree on the number of {what}: "
+                             + ", ".join(f"{name} has shape {list(shapes[name])}" for name in sizes))
 
 
 @dataclasses.dataclass(frozen=True, kw_only=True)
@@ -90,35 +104,39 @@ class SpargeAttn(AttentionPolicy):
     total_steps: int | None = None
 
     def __post_init__(self):
-        for name in ("simthreshd1", "cdfthreshd", "topk", "pvthreshd"):
-            object.__setattr__(self, name, _hashable(getattr(self, name)))
         if self.cdfthreshd is not None and self.topk is not None:
             raise ValueError("SpargeAttn takes cdfthreshd or topk, not both")
         if self.cdfthreshd is None and self.topk is None:
             object.__setattr__(self, "topk", 0.5)
-        for name, low, high in (("cdfthreshd", 0, 1), ("topk", 0, 1), ("simthreshd1", -math.inf, math.inf),
-                                ("pvthreshd", -math.inf, math.inf)):
-            value = getattr(self, name)
-            if value is not None:
-                arr = np.asarray(value, np.float64)
-                if not np.isfinite(arr).all() or arr.min() < low or arr.max() > high:
-                    raise ValueError(f"SpargeAttn {name} must be finite and lie in [{low}, {high}]")
-        for name in ("block_q", "block_kv"):
-            size = getattr(self, name)
-            if size < 16 or size & (size - 1):
-                raise ValueError(f"SpargeAttn {name}={size} must be a power of two >= 16")
+        for name, low, high in (("simthreshd1", None, None), ("cdfthreshd", 0, 1), ("topk", 0, 1),
+                                ("pvthreshd", None, None)):
+            if getattr(self, name) is not None:
+                check_field(self, name, hyperparameter, low=low, high=high)
+        check_head_shapes(self)
+        check_power_of_two(self, "block_q")
+        check_power_of_two(self, "block_kv")
+        check_field(self, "smooth_k", validation.flag)
+        check_field(self, "attention_sink", validation.flag)
+        check_field(self, "skip", validation.real)
         if not 0.0 <= self.skip < 1.0:
-            raise ValueError(f"SpargeAttn skip={self.skip} must lie in [0, 1)")
-        kernels.check_backend(self.backend)
+            raise ValueError(f"{field_label(self, 'skip')}={self.skip} must lie in [0, 1)")
+        kernels.check_backend(self.backend, field_label(self, "backend"))
+        check_field(self, "total_steps", validation.integer, optional=True)
 
     @classmethod
     def from_calibration(cls, path, **overrides) -> "SpargeAttn":
         """The policy with the per-layer, per-head values that `dllm_jax.analysis.calibration.save_calibration`
-        wrote (a JSON file)."""
+        wrote (a JSON file); `overrides` replace fields after the file's values are checked.
+
+        Every problem with the file is a ValueError naming it and the key."""
         data = load_calibration(path)
-        fields = {name: data[name] for name in ("simthreshd1", "cdfthreshd", "pvthreshd")}
-        fields |= {name: data[name] for name in ("block_q", "block_kv", "smooth_k") if name in data}
-        return cls(**(fields | overrides))
+        fields = {name: data[name] for name in CALIBRATED}
+        fields |= {name: data[name] for name in CALIBRATION_SETTINGS if name in data}
+        try:
+            policy = cls(**fields)
+        except ValueError as e:
+            raise ValueError(f"calibration file {path}: {e}") from e
+        return dataclasses.replace(policy, **overrides) if overrides else policy
 
     def bind(self, *, total_steps: int, **_):
         return dataclasses.replace(self, total_steps=total_steps)
@@ -182,16 +200,29 @@ class SpargeAttn(AttentionPolicy):
                     attention_sink=self.attention_sink, **{self.selection_param: state[self.selection_param]})
 
 
+CALIBRATED = ("simthreshd1", "cdfthreshd", "pvthreshd")  # the values a calibration file must hold
+CALIBRATION_SETTINGS = ("block_q", "block_kv", "smooth_k")  # the settings it was tuned with, if recorded
+
+
 def load_calibration(path) -> dict:
-    """The JSON of `dllm_jax.analysis.calibration.save_calibration`, checked for the values the policy needs."""
+    """The JSON object of `dllm_jax.analysis.calibration.save_calibration`, checked to hold the
+    values the policy needs (their types and ranges are checked by `SpargeAttn.from_calibration`)."""
+    if not isinstance(path, (str, os.PathLike)):
+        raise ValueError(f"a SpargeAttn calibration file is a path, got {path!r} ({type(path).__name__})")
     path = Path(path)
     if not path.is_file():
         raise ValueError(f"no SpargeAttn calibration file at {path}")
     try:
-        data = json.loads(path.read_text())
-    except json.JSONDecodeError as e:
+        data = json.loads(path.read_text(encoding="utf-8"))
+    except (UnicodeDecodeError, json.JSONDecodeError, RecursionError) as e:
         raise ValueError(f"{path} is not a valid calibration file (JSON): {e}") from e
-    missing = [name for name in ("simthreshd1", "cdfthreshd", "pvthreshd") if name not in data]
+    if not isinstance(data, dict):
+        raise ValueError(f"calibration file {path} must hold a JSON object, got a {type(data).__name__}")
+    missing = [name for name in CALIBRATED if name not in data]
     if missing:
         raise ValueError(f"calibration file {path} lacks {missing}")
+    # null would not be "no value": cdfthreshd=None selects topk instead, pvthreshd=None drops the PV filter
+    empty = [name for name in CALIBRATED + CALIBRATION_SETTINGS if name in data and data[name] is None]
+    if empty:
+        raise ValueError(f"calibration file {path} has null for {empty}")
     return data

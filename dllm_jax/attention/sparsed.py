@@ -26,8 +26,10 @@ from jax.sharding import PartitionSpec as P
 
 import pallas_kernels as pk
 from pallas_kernels._common import mask_to_lists
+from dllm_jax import validation
 from dllm_jax.attention import kernels
-from dllm_jax.attention.policy import AttentionPolicy, Mode, window_rows
+from dllm_jax.attention.policy import (AttentionPolicy, Mode, check_field, check_power_of_two, field_label,
+                                       window_rows)
 
 
 def _keep(blocks: int, select: float) -> int:
@@ -120,13 +122,13 @@ class SparseD(AttentionPolicy):
     prefill_len: int | None = None
 
     def __post_init__(self):
-        if not 0.0 <= self.skip < 1.0:
-            raise ValueError(f"SparseD skip={self.skip} must lie in [0, 1)")
-        if not 0.0 < self.select <= 1.0:
-            raise ValueError(f"SparseD select={self.select} must lie in (0, 1]")
-        if self.block_size < 16 or self.block_size & (self.block_size - 1):
-            raise ValueError(f"SparseD block_size={self.block_size} must be a power of two >= 16")
-        kernels.check_backend(self.backend)
+        check_field(self, "skip", validation.real, low=0, high=1, high_open=True)
+        check_field(self, "select", validation.real, low=0, high=1, low_open=True)
+        check_power_of_two(self, "block_size")
+        check_field(self, "scale_quirk", validation.flag)
+        kernels.check_backend(self.backend, field_label(self, "backend"))
+        check_field(self, "total_steps", validation.integer, optional=True)
+        check_field(self, "prefill_len", validation.integer, optional=True, minimum=0)
 
     def bind(self, *, total_steps: int, prompt_length: int, **_):
         return dataclasses.replace(self, total_steps=total_steps, prefill_len=prompt_length)
