@@ -4,6 +4,7 @@ for full-size models) and tiny checkpoints in a model's own HF format."""
 
 from __future__ import annotations
 
+import contextlib
 import functools
 import json
 from pathlib import Path
@@ -183,3 +184,20 @@ def write_tiny_tokenizer(directory, vocab_size: int, *, mask_token_id: int, eos_
     config = {"chat_template": chat_template, "eos_token": "<|im_end|>", "bos_token": None}
     (directory / "tokenizer_config.json").write_text(json.dumps(config, indent=2) + "\n")
     return directory
+
+
+@contextlib.contextmanager
+def no_compilation():
+    """Fails if JAX compiles anything inside the block (a refused input must cost no compilation)."""
+    events = []
+
+    def listen(event, duration, **kwargs):
+        if event.startswith("/jax/core/compile"):
+            events.append(event)
+
+    jax.monitoring.register_event_duration_secs_listener(listen)
+    try:
+        yield
+    finally:
+        jax.monitoring.unregister_event_duration_listener(listen)
+    assert not events, f"refused input still compiled: {events}"

@@ -40,6 +40,18 @@ def rng(request):
 # used, so what its assertions see is unchanged); a (config, seed) pair is written and loaded once per
 # session, whichever files ask for it.
 
+@pytest.fixture
+def config():
+    """A tiny LLaDA config (the converter tests' model)."""
+    return tiny_llada_config()
+
+
+@pytest.fixture
+def hf(tmp_path, config):
+    """An HF-format checkpoint of `config` with seeded random weights, in tmp_path/hf."""
+    return write_hf_checkpoint(tmp_path / "hf", config, seed=3)
+
+
 @pytest.fixture(scope="session")
 def tiny_checkpoint(tmp_path_factory):
     """checkpoint(config, seed=0) -> the directory of a tiny random HF-format checkpoint of `config`

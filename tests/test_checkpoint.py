@@ -16,11 +16,6 @@ from dllm_jax.testing import random_hf_tensors, tiny_llada_config, write_hf_chec
 Q0 = "model.transformer.blocks.0.q_proj.weight"
 
 
-@pytest.fixture
-def config():
-    return tiny_llada_config()
-
-
 def ids_for(config, rng):
     return rng.integers(0, config.tokenizer_vocab_size, (2, 17))
 

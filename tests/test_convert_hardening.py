@@ -15,20 +15,10 @@ import numpy as np
 import pytest
 
 from dllm_jax import convert_hf_checkpoint, load_model
-from dllm_jax.testing import tiny_llada_config, write_hf_checkpoint
+from dllm_jax.testing import write_hf_checkpoint
 
 MANIFEST = "dllm_jax_manifest.json"
 INDEX = "model.safetensors.index.json"
-
-
-@pytest.fixture
-def config():
-    return tiny_llada_config()
-
-
-@pytest.fixture
-def hf(tmp_path, config):
-    return write_hf_checkpoint(tmp_path / "hf", config, seed=3)
 
 
 @pytest.fixture

@@ -30,16 +30,6 @@ MANIFEST = "dllm_jax_manifest.json"
 Q0 = "model.transformer.blocks.0.q_proj.weight"
 
 
-@pytest.fixture
-def config():
-    return tiny_llada_config()
-
-
-@pytest.fixture
-def hf(tmp_path, config):
-    return write_hf_checkpoint(tmp_path / "hf", config, seed=3)
-
-
 def digest_tree(root: Path) -> dict:
     """{relative path: sha256 of the bytes, or the target of a symlink} of everything under root."""
     out = {}

@@ -6,7 +6,6 @@ never a TypeError inside tracing, an all-NaN output or a silently different sche
 runs a model.
 """
 
-import contextlib
 import dataclasses
 import json
 
@@ -22,25 +21,11 @@ from dllm_jax.analysis.calibration import Calibration, save_calibration
 from dllm_jax.attention.dense import dense_attention
 from dllm_jax.attention.methods import make_method, method_names
 from dllm_jax.attention.pulsecol import refresh_steps
+from dllm_jax.testing import no_compilation
 
 NAN, INF = float("nan"), float("inf")
 
 
-@contextlib.contextmanager
-def no_compilation():
-    """Fails if JAX compiles anything inside the block (a refused input must cost no compilation)."""
-    events = []
-
-    def listen(event, duration, **kwargs):
-        if event.startswith("/jax/core/compile"):
-            events.append(event)
-
-    jax.monitoring.register_event_duration_secs_listener(listen)
-    try:
-        yield
-    finally:
-        jax.monitoring.unregister_event_duration_listener(listen)
-    assert not events, f"refused input still compiled: {events}"
 
 
 # ---- policy fields ----

@@ -4,7 +4,6 @@ Every refused input is checked to raise before anything is traced or compiled (a
 event listener counts them); valid boundary values still run.
 """
 
-import contextlib
 import json
 import math
 import re
@@ -17,7 +16,7 @@ import pytest
 from dllm_jax import generate
 from dllm_jax.config import LLaDAConfig, SDARConfig, config_from_hf, read_hf_config, shipped_config
 from dllm_jax.generate import LLaDAOptions, SDAROptions
-from dllm_jax.testing import tiny_llada_config, tiny_sdar_config
+from dllm_jax.testing import no_compilation, tiny_llada_config, tiny_sdar_config
 
 NAN, INF = float("nan"), float("inf")
 LLADA = dict(gen_length=8, steps=8, block_length=8)  # small valid options the bad one is merged into
@@ -28,21 +27,6 @@ def models(tiny_model):
     return tiny_model(tiny_llada_config()), tiny_model(tiny_sdar_config())
 
 
-@contextlib.contextmanager
-def no_compilation():
-    """Fails if JAX traces or compiles anything inside the block."""
-    events = []
-
-    def listen(event, duration, **kwargs):
-        if event.startswith("/jax/core/compile"):
-            events.append(event)
-
-    jax.monitoring.register_event_duration_secs_listener(listen)
-    try:
-        yield
-    finally:
-        jax.monitoring.unregister_event_duration_listener(listen)
-    assert not events, f"refused input still compiled: {events}"
 
 
 def test_the_compilation_check_sees_a_compilation():
