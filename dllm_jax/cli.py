@@ -9,7 +9,6 @@ import functools
 import io
 import itertools
 import json
-import math
 import os
 import sys
 import tempfile
@@ -17,6 +16,9 @@ import time
 from pathlib import Path
 
 import numpy as np
+
+from dllm_jax.flags import (finite_float, fraction, fresh_seed, non_negative_float, non_negative_int, none_or,
+                            one_line, positive_float, positive_int, probability, seed_int)
 
 
 def cmd_convert(args) -> None:
@@ -379,18 +381,6 @@ def sdar_options(args, config) -> dict:
                 top_k=0 if args.top_k is None else args.top_k, top_p=1.0 if args.top_p is None else args.top_p)
 
 
-def number(kind, requirement: str, ok):
-    """argparse type: a `kind` (int or float) value for which `ok(value)` holds. A float must also be
-    finite: nan passes no comparison and would slip through a range check as "not refused"."""
-    def parse(text: str):
-        value = kind(text)  # a ValueError here reads "invalid int value: 'x'" (argparse) or none_or's message
-        if not ((kind is int or math.isfinite(value)) and ok(value)):
-            raise argparse.ArgumentTypeError(f"must be {requirement}, got {text}")
-        return value
-    parse.__name__ = kind.__name__
-    return parse
-
-
 def mesh_spec(text: str) -> dict[str, int]:
     """--mesh tp=2,dp=2 -> {"dp": 2, "tp": 2} (dllm_jax.sharding.parse_mesh), an argparse error otherwise."""
     from dllm_jax.sharding import parse_mesh
@@ -406,30 +396,6 @@ def mesh_of(args):
     from dllm_jax.sharding import make_mesh
 
     return None if args.mesh is None else make_mesh(args.mesh)
-
-
-positive_int = number(int, "a positive integer", lambda v: v > 0)
-non_negative_int = number(int, "a non-negative integer", lambda v: v >= 0)
-seed_int = number(int, "a 32-bit integer", lambda v: -2**31 <= v < 2**31)
-fresh_seed = number(int, "an integer in [0, 2**31) (training samples use seeds >= 2**31)", lambda v: 0 <= v < 2**31)
-finite_float = number(float, "a finite number", lambda v: True)
-positive_float = number(float, "a positive number", lambda v: v > 0)
-non_negative_float = number(float, "a finite number >= 0", lambda v: v >= 0)
-probability = number(float, "a number in [0, 1]", lambda v: 0 <= v <= 1)
-fraction = number(float, "a number in (0, 1]", lambda v: 0 < v <= 1)
-
-
-def none_or(kind):
-    """argparse type: `kind`, or the word 'none' for None."""
-    def parse(text: str):
-        if text.lower() == "none":
-            return None
-        try:
-            return kind(text)
-        except ValueError:
-            raise argparse.ArgumentTypeError(f"expected {kind.__name__} or 'none', got {text!r}") from None
-    parse.__name__ = f"{kind.__name__} or 'none'"
-    return parse
 
 
 # method parameter -> (flag, argparse type, help). One table for generate and analyze; which flags a
@@ -966,19 +932,6 @@ def main(argv: list[str] | None = None) -> int:
         print(f"dllm-jax {args.command}: error: {one_line(e)}", file=sys.stderr)
         return 2
     return 0
-
-
-def one_line(error: Exception) -> str:
-    """The error's message on one line (a multi-line list of problems joined by '; ')."""
-    if isinstance(error, OSError) and error.strerror and error.filename:
-        text = f"{error.strerror}: {error.filename}"  # without the "[Errno 13]" prefix
-    else:
-        text = str(error) or type(error).__name__
-    lines = [line.strip() for line in text.splitlines() if line.strip()] or [type(error).__name__]
-    joined = lines[0]
-    for line in lines[1:]:
-        joined += (" " if joined.endswith(":") else "; ") + line
-    return joined
 
 
 if __name__ == "__main__":

@@ -182,6 +182,7 @@ def largest_file(directory):
     return max((p for p in directory.rglob("*") if p.is_file()), key=lambda p: p.stat().st_size)
 
 
+@pytest.mark.filterwarnings("ignore::pytest.PytestUnraisableExceptionWarning")  # Orbax's abandoned reads
 @pytest.mark.parametrize("damage", ["flip", "truncate"])
 def test_a_damaged_checkpoint_is_refused_by_name(damage, stopped_run, tmp_path, capsys):
     """Flipped bytes or a truncated data file in the latest checkpoint: exit 2 naming that checkpoint (the old

@@ -18,8 +18,8 @@ import os
 import sys
 from pathlib import Path
 
-from dllm_jax.cli import (finite_float, non_negative_float, non_negative_int, number, one_line, positive_float,
-                          positive_int)
+from dllm_jax.flags import (finite_float, non_negative_float, non_negative_int, number, one_line, positive_float,
+                            positive_int)
 from dllm_jax.config import LLaDAConfig, SDARConfig
 from dllm_jax.train.task_batches import SDAR_BLOCK, batch_source, option_variants, task_options_of
 
