@@ -10,7 +10,6 @@ import dataclasses
 import json
 
 import jax
-import jax.monitoring
 import jax.numpy as jnp
 import numpy as np
 import pytest
@@ -24,8 +23,6 @@ from dllm_jax.attention.pulsecol import refresh_steps
 from dllm_jax.testing import no_compilation
 
 NAN, INF = float("nan"), float("inf")
-
-
 
 
 # ---- policy fields ----
