@@ -10,6 +10,7 @@ import io
 import itertools
 import json
 import os
+import re
 import sys
 import tempfile
 import time
@@ -34,7 +35,8 @@ def cmd_convert(args) -> None:
 def cmd_generate(args) -> None:
     """Loads a model and its tokenizer and generates the answers to the prompts batch by batch (a batch: one
     compiled loop). Each batch's answers are printed, then one line of its timings, before the next batch is
-    read; the first batch is read and checked before the weights load."""
+    read (the second prompt is read first in any case: one prompt's answer is printed without a number); the
+    first batch is read and checked before the weights load."""
     from dllm_jax.checkpoint import load_model
     from dllm_jax.generate.prompts import encoded, prompt_batches
     from dllm_jax.tokenizer import ChatTokenizer
@@ -49,14 +51,15 @@ def cmd_generate(args) -> None:
         tokenizer = ChatTokenizer(args.model)
         encode = functools.partial(encode_row, tokenizer, raw=args.raw, config=request.config,
                                    gen_length=args.gen_length)
-        batches = (prompt_batch(rows, last, request.config.pad_token_id) for rows, last in prompt_batches(
-            encoded(itertools.chain([first], prompts), encode), batch_rule(args, request.config), multiple=dp))
+        items = encoded(itertools.chain([first], prompts), encode)
+        head = list(itertools.islice(items, 2))  # whether a second prompt follows: one prompt's answer has no number
+        batches = (prompt_batch(rows, request.config.pad_token_id) for rows in prompt_batches(
+            itertools.chain(head, items), batch_rule(args, request.config), multiple=dp))
         batch = next(batches)
         batch_options(args, request, batch)  # refused before loading, as every error of the first batch
         model = load_model(args.model, dtype=args.dtype, mesh=mesh_of(args))
-        alone = batch.last  # the run is one batch: printed as before batching (one prompt: no number)
         for batch in itertools.chain([batch], batches):
-            run_batch(model, tokenizer, args, request, batch, alone=alone)
+            run_batch(model, tokenizer, args, request, batch, alone=len(head) == 1)
 
 
 def run_batch(model, tokenizer, args, request, batch, *, alone: bool) -> None:
@@ -78,7 +81,7 @@ def run_batch(model, tokenizer, args, request, batch, *, alone: bool) -> None:
     texts = [tokenizer.decode(ids, skip=(request.config.mask_token_id,)) for ids in answers]
     # LLaDA and Dream denoise every position of the answer region; SDAR stops a row at its stop token
     counts = [len(row) if request.family in ("LLaDA", "Dream") else len(ids) for row, ids in zip(new, answers)]
-    if alone and len(texts) == 1:
+    if alone:  # the run's one prompt
         print(texts[0], flush=True)
     else:
         for number, text in zip(batch.numbers, texts):
@@ -98,19 +101,18 @@ class PromptBatch:
     mask: np.ndarray | None  # int32 [B, P] (1 token, 0 pad); None for one prompt (generate's unbatched call)
     lengths: tuple[int, ...]  # each prompt's own token count
     numbers: tuple[int, ...] = ()  # each prompt's number in the run (1, 2, ...)
-    last: bool = True  # no prompt follows this batch
 
 
-def prompt_batch(rows, last: bool, pad_id: int) -> PromptBatch:
+def prompt_batch(rows, pad_id: int) -> PromptBatch:
     """The PromptBatch of (Prompt, int32 ids [1, P]) rows; one row goes unpadded (generate's one-prompt call:
     its answer is the one the prompt gets alone)."""
     from dllm_jax.tokenizer import left_pad
 
     numbers, lengths = tuple(p.number for p, _ in rows), tuple(ids.shape[1] for _, ids in rows)
     if len(rows) == 1:
-        return PromptBatch(ids=rows[0][1], mask=None, lengths=lengths, numbers=numbers, last=last)
+        return PromptBatch(ids=rows[0][1], mask=None, lengths=lengths, numbers=numbers)
     ids, mask = left_pad([ids[0] for _, ids in rows], pad_id)
-    return PromptBatch(ids=ids, mask=mask, lengths=lengths, numbers=numbers, last=last)
+    return PromptBatch(ids=ids, mask=mask, lengths=lengths, numbers=numbers)
 
 
 def batch_label(batch: PromptBatch) -> str:
@@ -161,7 +163,11 @@ def opened_prompts(args, config):
         yield flag_prompts(list(args.prompt))
         return
     path = Path(args.prompts_file)
-    with open(path, "rb") as file:
+    try:
+        file = open(path, "rb")  # a pipe is fine (read as a stream): e.g. --prompts-file <(command)
+    except OSError as e:
+        raise ValueError(f"--prompts-file {path} cannot be opened: {e.strerror or e}") from None
+    with file:
         yield file_prompts(file, f"--prompts-file {path}", config.max_position_embeddings * LINE_BYTES_PER_POSITION)
 
 
@@ -205,7 +211,7 @@ def encode_prompts(args, config) -> tuple[object, PromptBatch]:
     with opened_prompts(args, config) as prompts:
         rows = [(p, encode_row(tokenizer, p, raw=args.raw, config=config, gen_length=args.gen_length))
                 for p in prompts]
-    return tokenizer, prompt_batch(rows, True, config.pad_token_id)
+    return tokenizer, prompt_batch(rows, config.pad_token_id)
 
 
 def batch_options(args, request, batch: PromptBatch) -> dict:
@@ -291,24 +297,50 @@ def checked_request(args) -> Request:
     check_family_flags(args, family)
     check_family(method, family)
     check_steps(args, family, config)
+    check_top_k(args, config)
     if family == "Dream":
-        options = dream_options(args)
-        DreamOptions(**options)
+        options, kind = dream_options(args), DreamOptions
     elif family == "LLaDA2":
-        options = llada2_options(args)
-        LLaDA2Options(**options)
+        options, kind = llada2_options(args), LLaDA2Options
     elif family == "LLaDA":
-        options = llada_options(args)
-        LLaDAOptions(**options)  # generate's own checks (e.g. block divisibility), before loading
+        options, kind = llada_options(args), LLaDAOptions
     else:
-        options = sdar_options(args, config)
-        SDAROptions(**options)
+        options, kind = sdar_options(args, config), SDAROptions
+    try:
+        kind(**options)  # generate's own checks (e.g. Fast-dLLM's rules), before loading
+    except ValueError as e:
+        raise ValueError(flag_names(str(e))) from None
     return Request(config=config, family=family, method=method, options=options)
+
+
+# generate's option fields -> the flags that set them (every family), for its errors' messages
+OPTION_FLAGS = {"gen_length": "--gen-length", "max_new_tokens": "--gen-length", "steps": "--steps",
+                "denoising_steps": "--steps", "block_length": "--block-length", "temperature": "--temperature",
+                "cfg_scale": "--cfg-scale", "remasking": "--remasking", "alg": "--remasking", "alg_temp": "--alg-temp",
+                "cache": "--cache", "threshold": "--threshold", "factor": "--factor",
+                "cache_refresh": "--cache-refresh", "confidence_threshold": "--confidence-threshold",
+                "top_k": "--top-k", "top_p": "--top-p"}
+OPTION_FIELD = re.compile(r"(?<![\w.-])(" + "|".join(sorted(OPTION_FLAGS, key=len, reverse=True)) + r")(?:(=)|(?!\w))")
+
+
+def flag_names(message: str) -> str:
+    """An options error as `dllm-jax` words: `field=value` becomes `--flag value`, and a field named
+    without a value becomes its flag where the name cannot be an English word (it holds an underscore)."""
+    def flag(match):
+        field, equals = match.groups()
+        if not equals:
+            return OPTION_FLAGS[field] if "_" in field else field
+        value_follows = match.end() < len(message) and message[match.end()] not in " ,;:)"
+        return OPTION_FLAGS[field] + (" " if value_follows else "")
+    return OPTION_FIELD.sub(flag, message)
 
 
 def check_steps(args, family: str, config) -> None:
     """--steps at most the tokens it unmasks (LLaDA, Dream: --gen-length; SDAR: a block): each step is a full
     forward, and one past the last mask unmasks nothing. LLaDA2 runs at most min(steps, gen_length) steps."""
+    if family == "LLaDA" and args.block_length is not None and args.gen_length % args.block_length:
+        raise ValueError(f"--gen-length {args.gen_length} must be a multiple of --block-length {args.block_length} "
+                         "(LLaDA decodes the answer in blocks of --block-length; default: one block of --gen-length)")
     if args.steps is None:
         return
     if family in ("LLaDA", "Dream") and args.steps > args.gen_length:
@@ -318,6 +350,13 @@ def check_steps(args, family: str, config) -> None:
     if family == "SDAR" and args.steps > config.block_size:
         raise ValueError(f"--steps {args.steps} exceeds the model's block_size of {config.block_size} (config.json): "
                          f"SDAR decodes a block within {config.block_size} steps; pass --steps <= {config.block_size}")
+
+
+def check_top_k(args, config) -> None:
+    """--top-k at most the vocabulary (generate checks it too, but only once the weights are loaded)."""
+    if args.top_k is not None and args.top_k > config.vocab_size:
+        raise ValueError(f"--top-k {args.top_k} exceeds the model's vocabulary of {config.vocab_size} tokens "
+                         "(config.json vocab_size)")
 
 
 def check_family_flags(args, family: str) -> None:

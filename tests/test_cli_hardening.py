@@ -13,7 +13,7 @@ import pytest
 from dllm_jax.cli import main, write_files
 from dllm_jax.eval import build_tokenizer
 from dllm_jax.generate import DreamOptions, LLaDAOptions
-from dllm_jax.testing import tiny_llada_config
+from dllm_jax.testing import tiny_dream_config, tiny_llada_config, tiny_sdar_config
 from dllm_jax.tokenizer import ChatTokenizer
 
 GREEDY = ["--gen-length", "4", "--steps", "4", "--block-length", "4", "--dtype", "float32"]  # LLaDA at T = 0
@@ -76,7 +76,8 @@ def test_a_prompts_file_is_streamed_in_bounded_batches_with_the_answers_of_one_b
 
 def test_batches_follow_the_rule_and_keep_a_multiple_of_the_data_parallel_rows():
     """Finding 1, the batching alone: a batch ends where `fits` (rows, longest prompt) says, a longer prompt
-    starting the next; a cut batch keeps a multiple of `multiple` rows; an error item ends the stream."""
+    starting the next; a full batch keeps a multiple of `multiple` rows; no prompt is read past a full batch
+    before it is returned; an error item is raised before the batch it would join, after the full ones."""
     import numpy as np
 
     from dllm_jax.generate.prompts import Prompt, prompt_batches
@@ -84,18 +85,21 @@ def test_batches_follow_the_rule_and_keep_a_multiple_of_the_data_parallel_rows()
     def items(*lengths):
         return [(Prompt(n, None, "x"), np.zeros((1, length), np.int32)) for n, length in enumerate(lengths, 1)]
 
-    def sizes(batches):
-        return [([p.number for p, _ in rows], last) for rows, last in batches]
+    def numbers(batches):
+        return [[p.number for p, _ in rows] for rows in batches]
 
     fits = lambda rows, longest: rows * longest <= 12  # noqa: E731 (a memory rule in miniature)
-    assert sizes(prompt_batches(items(2, 2, 2, 5, 2, 3), fits)) == [([1, 2, 3], False), ([4, 5], False), ([6], True)]
-    assert sizes(prompt_batches(items(2, 2, 2, 2, 2, 2, 2), fits, multiple=4)) == [([1, 2, 3, 4], False),
-                                                                                  ([5, 6, 7], True)]
-    # 3 rows of 4 fit, cut to 2; the last batch is what is left (generate refuses it where dp does not divide it)
-    assert sizes(prompt_batches(items(4, 4, 4, 4, 4), fits, multiple=2)) == [([1, 2], False), ([3, 4, 5], True)]
-    batches = prompt_batches([*items(2, 2), ValueError("line 3")], lambda rows, longest: rows <= 2)
-    assert sizes([next(batches)]) == [([1, 2], False)]  # the full batch before the error runs
-    with pytest.raises(ValueError, match="line 3"):
+    assert numbers(prompt_batches(items(2, 2, 2, 5, 2, 3), fits)) == [[1, 2, 3], [4, 5], [6]]
+    assert numbers(prompt_batches(items(2, 2, 2, 2, 2, 2, 2), fits, multiple=4)) == [[1, 2, 3, 4], [5, 6, 7]]
+    # 3 rows of 4 fit, cut to 2 each time; the last batch is what is left (generate refuses it unless dp divides it)
+    assert numbers(prompt_batches(items(4, 4, 4, 4, 4), fits, multiple=2)) == [[1, 2], [3, 4], [5]]
+    assert numbers(prompt_batches(items(2, 2, 4, 4), fits, multiple=2)) == [[1, 2], [3, 4]]  # 3 fit, 4 is longer
+
+    read = []
+    batches = prompt_batches((read.append(item) or item for item in [*items(2, 2, 2), ValueError("line 4")]),
+                             lambda rows, longest: rows <= 2)
+    assert numbers([next(batches)]) == [[1, 2]] and len(read) == 2  # returned before prompt 3 is read
+    with pytest.raises(ValueError, match="line 4"):  # it would join prompt 3's batch: raised before that runs
         next(batches)
 
 
@@ -106,6 +110,13 @@ def test_a_lone_carriage_return_in_a_prompts_file_is_refused_by_line(tmp_path, c
     assert refusal(capsys, ["generate", "--model", model, "--prompts-file", str(path)]) == (
         f"dllm-jax generate: error: --prompts-file {path} line 1 holds a carriage return (\\r) that ends no line: "
         "lines end with \\n or \\r\\n; convert old Mac line ends (\\r) to \\n")
+
+
+def test_a_prompts_file_that_cannot_be_opened_is_named_by_its_flag(tmp_path, capsys):
+    model = config_only(tmp_path / "llada", tiny_llada_config())
+    for path, reason in ((tmp_path, "Is a directory"), (tmp_path / "missing.txt", "No such file or directory")):
+        assert refusal(capsys, ["generate", "--model", model, "--prompts-file", str(path)]) == (
+            f"dllm-jax generate: error: --prompts-file {path} cannot be opened: {reason}")
 
 
 def test_an_endless_prompts_file_ends_in_one_line_naming_it(tmp_path):
@@ -172,6 +183,26 @@ def test_steps_above_the_tokens_they_unmask_are_refused(tmp_path, capsys):
     line = refusal(capsys, ["generate", "--model", model, "--prompt", "w1", "--gen-length", "8", "--steps",
                             "1000000000", "--block-length", "8"])
     assert line.startswith("dllm-jax generate: error: --steps 1000000000 exceeds --gen-length 8")
+
+
+@pytest.mark.parametrize("family,flags,expected", [
+    ("llada", ["--gen-length", "10", "--block-length", "4"], "--gen-length 10 must be a multiple of --block-length 4"),
+    ("llada", ["--gen-length", "8", "--block-length", "4", "--steps", "3"],
+     "--steps 3 must be a multiple of the number of blocks (--gen-length / --block-length = 2)"),
+    ("llada", ["--threshold", "0.5", "--factor", "1"], "--threshold 0.5 and --factor 1.0 are two parallel-decoding"),
+    ("llada", ["--cache", "prefix", "--cfg-scale", "1"], "--cfg-scale > 0 is not supported with --cache, --threshold"),
+    ("dream", ["--alg-temp", "0.5"], "--alg-temp 0.5 applies to the confidence-based algs (maskgit_plus, "
+     "topk_margin, entropy); --remasking 'origin' commits random positions"),
+    ("sdar", ["--top-k", "100000"], "--top-k 100000 exceeds the model's vocabulary of 192 tokens"),
+    ("dream", ["--top-k", "100000"], "--top-k 100000 exceeds the model's vocabulary of 176 tokens"),
+])
+def test_generate_options_errors_name_the_flags(tmp_path, capsys, family, flags, expected):
+    """Also asked: messages name flags, not generate's fields (gen_length=, cache_refresh=, ...); --top-k
+    against the vocabulary is refused from config.json, not after the weights load."""
+    configs = {"llada": tiny_llada_config, "sdar": tiny_sdar_config, "dream": tiny_dream_config}
+    model = config_only(tmp_path / family, configs[family]())
+    line = refusal(capsys, ["generate", "--model", model, "--prompt", "w1", *flags])
+    assert line.startswith(f"dllm-jax generate: error: {expected}"), line
 
 
 def test_side_files_are_replaced_whole_never_written_in_place(tmp_path):

@@ -110,13 +110,13 @@ def test_a_word_for_a_number_still_names_the_kind(capsys):
     ("sdar", ["--block-length", "4"], "--block-length applies to LLaDA models; this checkpoint is SDAR"),
     ("sdar", ["--cache", "dual"], "--cache applies to LLaDA models; this checkpoint is SDAR"),
     ("sdar", ["--threshold", "0.9"], "--threshold applies to LLaDA models; this checkpoint is SDAR"),
-    ("llada", ["--cache-refresh", "2"], "cache_refresh=2 needs cache='prefix' or 'dual'"),
+    ("llada", ["--cache-refresh", "2"], "--cache-refresh 2 needs --cache 'prefix' or 'dual'"),  # named by flag
     ("sdar", ["--remasking", "random"], "--remasking random applies to LLaDA models; this checkpoint is SDAR"),
     ("sdar", ["--temperature", "0"], "--temperature 0: SDAR's sampler divides the logits by the temperature"),
     ("sdar", ["--remasking", "sequential", "--confidence-threshold", "0.5"],
      "--confidence-threshold applies to --remasking low_confidence_dynamic only, not sequential"),
     # generate's own option checks also run before any weights are needed
-    ("llada", ["--gen-length", "10", "--block-length", "4"], "gen_length=10 must be a multiple of block_length=4"),
+    ("llada", ["--gen-length", "10", "--block-length", "4"], "--gen-length 10 must be a multiple of --block-length 4"),
 ])
 def test_flags_of_the_other_family_are_refused_by_name(tmp_path, capsys, family, flags, expected):
     config = tiny_llada_config() if family == "llada" else tiny_sdar_config()
@@ -239,7 +239,7 @@ def test_a_prompts_file_without_prompts_is_refused_by_name(tmp_path, capsys, con
     assert line == f"dllm-jax generate: error: --prompts-file {path} {expected}"
     missing = tmp_path / "missing.txt"
     line = refusal(capsys, ["generate", "--model", model, "--prompts-file", str(missing)])
-    assert line == f"dllm-jax generate: error: No such file or directory: {missing}"
+    assert line == f"dllm-jax generate: error: --prompts-file {missing} cannot be opened: No such file or directory"
 
 
 def test_analyze_takes_one_prompt(tmp_path, capsys):

@@ -5,7 +5,7 @@ lines ended by "\\n" or "\\r\\n" only, blank lines skipped, each line at most `m
 file such as /dev/zero ends in an error, not in a read that never returns). A carriage return that ends
 no line is refused: a file of old Mac line ends would otherwise be read as one long prompt.
 `prompt_batches` groups consecutive encoded prompts into batches as large as a `fits` rule allows,
-reading one prompt ahead of the batch it returns.
+reading a prompt only to fill a batch with room for it (a full batch is returned before the next is read).
 """
 
 from __future__ import annotations
@@ -81,12 +81,13 @@ def encoded(prompts: Iterable[Prompt], encode: Callable[[Prompt], np.ndarray]) -
 
 
 def prompt_batches(items: Iterable[Encoded | Exception], fits: Callable[[int, int], bool], *,
-                   multiple: int = 1) -> Iterator[tuple[list[Encoded], bool]]:
-    """(batch, last) of consecutive `encoded` items: each batch as many as `fits(rows, longest prompt)`
-    allows (at least one; `fits` must not grow true with more rows or a longer prompt); a batch cut short
-    keeps a multiple of `multiple` rows where it has more (the rest start the next). `last`: nothing
-    follows. One item is read ahead of the batch returned: an error item is raised when the batch it would
-    join is formed, so a full batch before it still runs."""
+                   multiple: int = 1) -> Iterator[list[Encoded]]:
+    """Batches of consecutive `encoded` items: each as many as `fits(rows, longest prompt)` allows (at least
+    one; `fits` must not grow true with more rows or a longer prompt). A batch that is full by the rule
+    keeps a multiple of `multiple` rows where it has more (the rest start the next); the last batch is what
+    is left. An item is read only to fill a batch that has room for it, so a batch is returned before the
+    next one's first item is read; an error item is raised when the batch it would join is formed (a full
+    batch before it still runs; every error of a batch comes before it runs)."""
     items = iter(items)
     queue: collections.deque = collections.deque()  # read, not batched yet
 
@@ -100,15 +101,15 @@ def prompt_batches(items: Iterable[Encoded | Exception], fits: Callable[[int, in
             raise first
         rows = [queue.popleft()]
         longest = rows[0][1].shape[1]
-        while (nxt := head()) is not None and fits(len(rows) + 1, longest):  # room for one more row
+        while (room := fits(len(rows) + 1, longest)) and (nxt := head()) is not None:  # room for a row: read one
             if isinstance(nxt, Exception):
-                raise nxt  # the batch it would join is not run: every error of the first one before any run
+                raise nxt  # the batch it would join is not run
             if not fits(len(rows) + 1, max(longest, nxt[1].shape[1])):
                 break
             rows.append(queue.popleft())
             longest = max(longest, nxt[1].shape[1])
-        if head() is not None and len(rows) > multiple and len(rows) % multiple:
+        if (queue or not room) and len(rows) > multiple and len(rows) % multiple:  # full, and more may follow
             keep = len(rows) - len(rows) % multiple
             queue.extendleft(reversed(rows[keep:]))
             rows = rows[:keep]
-        yield rows, head() is None
+        yield rows
