@@ -8,8 +8,8 @@ import pytest
 
 from dllm_jax.attention import backends, kernels
 from dllm_jax.attention.dense import dense_attention
-from dllm_jax.attention.sparsed import SparseD
 from dllm_jax.attention.policy import Mode
+from dllm_jax.attention.sparsed import SparseD
 
 
 @pytest.mark.parametrize("hq,hkv", [(4, 4), (8, 2), (4, 1)])

@@ -42,7 +42,7 @@ from dllm_jax import validation
 from dllm_jax.attention import kernels
 from dllm_jax.attention.mage import (MAGE, block_keys, prefix_counts, row_lengths, selected_attention,
                                      split_exact_attention)
-from dllm_jax.attention.policy import AttentionPolicy, Mode, check_backend, check_field, field_label, switch_rows
+from dllm_jax.attention.policy import AttentionPolicy, Mode, check_backend, check_field, switch_rows
 
 
 def complement_indices(indices, prefix_len, capacity: int):

@@ -26,7 +26,7 @@ import pallas_kernels as pk
 from dllm_jax import validation
 from dllm_jax.attention import kernels
 from dllm_jax.attention.policy import (AttentionPolicy, Mode, check_backend, check_field, check_power_of_two,
-                                       field_label, window_rows)
+                                       window_rows)
 
 
 def refresh_steps(total_steps: int, eta: float, refreshes: int) -> tuple[int, ...]:

@@ -29,7 +29,7 @@ from pallas_kernels._common import mask_to_lists
 from dllm_jax import validation
 from dllm_jax.attention import kernels
 from dllm_jax.attention.policy import (AttentionPolicy, Mode, check_backend, check_field, check_power_of_two,
-                                       field_label, window_rows)
+                                       window_rows)
 
 
 def _keep(blocks: int, select: float) -> int:
