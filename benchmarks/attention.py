@@ -37,7 +37,7 @@ import jax.numpy as jnp
 
 import pallas_kernels as pk
 from pallas_kernels import mosaic
-from dllm_jax.bench import time_calls, write_results
+from dllm_jax.bench import markdown_table, time_calls, write_results
 from dllm_jax.bench import random_lists
 
 warnings.filterwarnings("ignore", category=DeprecationWarning)  # the Pallas Triton backend warns on use
@@ -296,60 +296,66 @@ def table(meta, rows):
     dense = [r for r in rows if r["section"] == "dense"]
     if dense:
         lines += [f"## Dense (target: Mosaic <= {TARGETS['dense']:.2f} x cuDNN)", "",
-                  "| N | cuDNN ms | Triton ms (tiling) | Triton / cuDNN | Mosaic ms | Mosaic / cuDNN | met "
-                  "| Mosaic tiling (block_q x block_kv, stages) | Mosaic max abs diff vs cuDNN | fused mass ms "
-                  "| mass / cuDNN | cuDNN TFLOP/s |", "|---|---|---|---|---|---|---|---|---|---|---|---|"]
-        for r in dense:
-            tiling = r["mosaic_tiling"]
-            tiling = "" if tiling is None else f"{tiling['block_q']} x {tiling['block_kv']}, {tiling['stages']}"
-            lines.append(f"| {r['n']} | {r['cudnn_ms']:.3f} | {num(r['triton_ms'])}{paren(r['triton_tiling'])} | "
-                         f"{num(r['triton_ratio'])} | {num(r['mosaic_ms'])} | {num(r['mosaic_ratio'])} | "
-                         f"{yes(r['mosaic_met'])} | {tiling} | {num(r['mosaic_max_abs_diff_vs_cudnn'], 4)} | "
-                         f"{num(r['fused_mass_ms'])} | {num(r['fused_mass_ratio'])} | {r['cudnn_tflops']:.0f} |")
-        lines += ["", "Mosaic tiling sweep (the autotuning behind the chosen tiling):", "",
-                  "| N | tiling | ms | / cuDNN |", "|---|---|---|---|"]
-        lines += [f"| {r['n']} | {name} | {t:.3f} | {t / r['cudnn_ms']:.3f} |"
-                  for r in dense for name, t in r["mosaic_sweep_ms"].items()]
-        lines.append("")
+                  *markdown_table(["N", "cuDNN ms", "Triton ms (tiling)", "Triton / cuDNN", "Mosaic ms",
+                                   "Mosaic / cuDNN", "met", "Mosaic tiling (block_q x block_kv, stages)",
+                                   "Mosaic max abs diff vs cuDNN", "fused mass ms", "mass / cuDNN", "cuDNN TFLOP/s"],
+                                  [dense_cells(r) for r in dense]),
+                  "", "Mosaic tiling sweep (the autotuning behind the chosen tiling):", "",
+                  *markdown_table(["N", "tiling", "ms", "/ cuDNN"],
+                                  [[r["n"], name, f"{t:.3f}", f"{t / r['cudnn_ms']:.3f}"]
+                                   for r in dense for name, t in r["mosaic_sweep_ms"].items()]), ""]
     block = [r for r in rows if r["section"] == "block"]
     if block:
         lines += [f"## Block-sparse (blocks of {block[0]['block']}; target time / (density x cuDNN) <= "
                   f"{TARGETS['block']:.2f})", "",
-                  "| N | density | cuDNN x density ms | Triton ms (tuning) | Triton ratio | Triton met "
-                  "| Mosaic ms (stages) | Mosaic ratio | Mosaic met | Mosaic vs Triton max abs diff |",
-                  "|---|---|---|---|---|---|---|---|---|---|"]
-        lines += [f"| {r['n']} | {r['density']:.3f} | {r['ideal_ms']:.3f} | {num(r['triton_ms'])}{paren(r['triton_tuning'])} "
-                  f"| {num(r['triton_ratio'])} | {yes(r['triton_met'])} | {num(r['mosaic_ms'])}{paren(r['mosaic_stages'], 's')} "
-                  f"| {num(r['mosaic_ratio'])} | {yes(r['mosaic_met'])} | {num(r['mosaic_vs_triton_max_abs_diff'], 4, 'n/a')} |"
-                  for r in block]
-        lines.append("")
+                  *markdown_table(["N", "density", "cuDNN x density ms", "Triton ms (tuning)", "Triton ratio",
+                                   "Triton met", "Mosaic ms (stages)", "Mosaic ratio", "Mosaic met",
+                                   "Mosaic vs Triton max abs diff"], [block_cells(r) for r in block]), ""]
     column = [r for r in rows if r["section"] == "column"]
     if column:
         lines += [f"## Column-sparse, Triton (groups of {column[0]['group']} queries; target time / (density x cuDNN) "
                   f"<= {TARGETS['column']:.2f})", "",
-                  "| N | density | cuDNN x density ms | ms (tuning) | ratio | met | speed-up vs cuDNN |",
-                  "|---|---|---|---|---|---|---|"]
-        lines += [f"| {r['n']} | {r['density']:.3f} | {r['ideal_ms']:.3f} | {r['ms']:.3f} ({r['tuning']}) | "
-                  f"{r['ratio']:.3f} | {yes(r['met'])} | {r['speedup_vs_cudnn']:.2f}x |" for r in column]
-        lines.append("")
+                  *markdown_table(["N", "density", "cuDNN x density ms", "ms (tuning)", "ratio", "met",
+                                   "speed-up vs cuDNN"],
+                                  [[r["n"], f"{r['density']:.3f}", f"{r['ideal_ms']:.3f}", f"{r['ms']:.3f} ({r['tuning']})",
+                                    f"{r['ratio']:.3f}", yes(r["met"]), f"{r['speedup_vs_cudnn']:.2f}x"]
+                                   for r in column]), ""]
     split = [r for r in rows if r["section"] == "splitkv"]
     if split:
         lines += ["## Split-KV block attention (32 query tokens, 32 query / 8 KV heads)", "",
-                  "| cache | KV MB | split-KV ms (best) | TB/s | default ms | copy TB/s | best / copy | cuDNN ms | cuDNN TB/s "
-                  "| gathered 1024 ms | gathered 4096 ms |", "|---|---|---|---|---|---|---|---|---|---|---|"]
-        lines += [f"| {r['cache']} | {r['kv_mb']:.0f} | {r['ms']:.3f} ({r['tuning']}) | {r['tb_s']:.2f} | "
-                  f"{r['default_ms']:.3f} | {r['copy_tb_s']:.2f} | {r['fraction_of_copy']:.2f} | {r['cudnn_ms']:.3f} | "
-                  f"{r['cudnn_tb_s']:.2f} | {r['gather1024_ms']:.3f} | {r['gather4096_ms']:.3f} |" for r in split]
-        lines.append("")
+                  *markdown_table(["cache", "KV MB", "split-KV ms (best)", "TB/s", "default ms", "copy TB/s",
+                                   "best / copy", "cuDNN ms", "cuDNN TB/s", "gathered 1024 ms", "gathered 4096 ms"],
+                                  [splitkv_cells(r) for r in split]), ""]
     scores = [r for r in rows if r["section"] == "scores"]
     if scores:
-        lines += ["## Pattern scores", "", "| kernel | N | block / group | ms |", "|---|---|---|---|"]
-        lines += [f"| {r['kernel']} | {r['n']} | {r['block']} | {r['ms']:.3f} |" for r in scores]
-        lines.append("")
+        lines += ["## Pattern scores", "",
+                  *markdown_table(["kernel", "N", "block / group", "ms"],
+                                  [[r["kernel"], r["n"], r["block"], f"{r['ms']:.3f}"] for r in scores]), ""]
     errors = [r for r in rows if r["section"] == "error"]
     if errors:
         lines += ["## Tilings skipped or failed", ""] + [f"- {r['label']} {r['tiling']}: {r['error'][:200]}" for r in errors]
     return lines
+
+
+def dense_cells(r: dict) -> list[str]:
+    tiling = r["mosaic_tiling"]
+    tiling = "" if tiling is None else f"{tiling['block_q']} x {tiling['block_kv']}, {tiling['stages']}"
+    return [r["n"], f"{r['cudnn_ms']:.3f}", f"{num(r['triton_ms'])}{paren(r['triton_tiling'])}", num(r["triton_ratio"]),
+            num(r["mosaic_ms"]), num(r["mosaic_ratio"]), yes(r["mosaic_met"]), tiling,
+            num(r["mosaic_max_abs_diff_vs_cudnn"], 4), num(r["fused_mass_ms"]), num(r["fused_mass_ratio"]),
+            f"{r['cudnn_tflops']:.0f}"]
+
+
+def block_cells(r: dict) -> list[str]:
+    return [r["n"], f"{r['density']:.3f}", f"{r['ideal_ms']:.3f}", f"{num(r['triton_ms'])}{paren(r['triton_tuning'])}",
+            num(r["triton_ratio"]), yes(r["triton_met"]), f"{num(r['mosaic_ms'])}{paren(r['mosaic_stages'], 's')}",
+            num(r["mosaic_ratio"]), yes(r["mosaic_met"]), num(r["mosaic_vs_triton_max_abs_diff"], 4, "n/a")]
+
+
+def splitkv_cells(r: dict) -> list[str]:
+    return [r["cache"], f"{r['kv_mb']:.0f}", f"{r['ms']:.3f} ({r['tuning']})", f"{r['tb_s']:.2f}", f"{r['default_ms']:.3f}",
+            f"{r['copy_tb_s']:.2f}", f"{r['fraction_of_copy']:.2f}", f"{r['cudnn_ms']:.3f}", f"{r['cudnn_tb_s']:.2f}",
+            f"{r['gather1024_ms']:.3f}", f"{r['gather4096_ms']:.3f}"]
 
 
 def main():

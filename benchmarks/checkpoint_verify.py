@@ -26,7 +26,7 @@ import jax
 from flax import nnx
 
 from dllm_jax import convert_hf_checkpoint, load_model
-from dllm_jax.bench import time_calls, write_results
+from dllm_jax.bench import markdown_table, time_calls, write_results
 from dllm_jax.checkpoint.hf import param_shapes_for
 from dllm_jax.checkpoint.manifest import tree_checksums
 from dllm_jax.testing import tiny_llada_config, write_hf_checkpoint
@@ -86,14 +86,16 @@ def markdown(meta: dict, rows: list[dict]) -> list[str]:
              f"jax {meta['jax']}, {meta['date']}", "",
              f"Random LLaDA-shaped checkpoint, {meta['layers']} layers, d=1024, vocab 32000; median of "
              f"{meta['repeats']} loads after a warm-up (page cache warm). {meta['note']}", "",
-             "| stored = load dtype | params | on disk | load, verify=False | load, verify=True | difference "
-             "| checksum pass alone | pass / load | checksum throughput | convert (once) |",
-             "|---|---|---|---|---|---|---|---|---|---|"]
-    for r in rows:
-        lines.append(f"| {r['stored_dtype']} | {r['params_m']}M | {r['stored_mb']} MB | {r['load_s']:.2f} s | "
-                     f"{r['load_verified_s']:.2f} s | {r['difference_s']:+.2f} s | {r['checksum_pass_s']:.2f} s | "
-                     f"{r['checksum_pct_of_load']:.0f}% | {r['checksum_gb_per_s']:.2f} GB/s | {r['convert_s']:.1f} s |")
+             *markdown_table(["stored = load dtype", "params", "on disk", "load, verify=False", "load, verify=True",
+                              "difference", "checksum pass alone", "pass / load", "checksum throughput",
+                              "convert (once)"], [cells(r) for r in rows])]
     return lines
+
+
+def cells(r: dict) -> list[str]:
+    return [r["stored_dtype"], f"{r['params_m']}M", f"{r['stored_mb']} MB", f"{r['load_s']:.2f} s",
+            f"{r['load_verified_s']:.2f} s", f"{r['difference_s']:+.2f} s", f"{r['checksum_pass_s']:.2f} s",
+            f"{r['checksum_pct_of_load']:.0f}%", f"{r['checksum_gb_per_s']:.2f} GB/s", f"{r['convert_s']:.1f} s"]
 
 
 def main():

@@ -42,7 +42,8 @@ import numpy as np
 
 from dllm_jax import generate
 from dllm_jax.attention.methods import describe
-from dllm_jax.bench import FAMILIES, call_times, family_methods, fmt, model_for, time_calls, write_results
+from dllm_jax.bench import (FAMILIES, call_times, family_methods, fmt, markdown_table, model_for, time_calls,
+                            write_results)
 from dllm_jax.config import shipped_config
 from dllm_jax.models.layers import swiglu_gate
 from dllm_jax.models.llada2 import route
@@ -211,34 +212,36 @@ def markdown(meta: dict, rows: list[dict]) -> list[str]:
     moe = [r for r in rows if r["section"] == "moe" and "error" not in r]
     if moe:
         lines += ["## LLaDA2.0-mini routed experts (one MoE layer, routing fixed)", "",
-                  "| tokens | experts touched | variant | time | vs ragged | weight read GB/s | max rel. diff |",
-                  "|---|---|---|---|---|---|---|"]
-        for r in moe:
-            base = next(x["ms"] for x in moe if x["tokens"] == r["tokens"] and x["variant"] == "ragged")
-            lines.append(f"| {r['tokens']} | {r['experts_touched']} | {r['variant']} | {r['ms']:.3f} ms | "
-                         f"{base / r['ms']:.2f}× | {r['weight_gbps']:.0f} | {r['diff_vs_ragged']:.1e} |")
-        lines.append("")
+                  *markdown_table(["tokens", "experts touched", "variant", "time", "vs ragged", "weight read GB/s",
+                                   "max rel. diff"], [moe_cells(r, moe) for r in moe]), ""]
     step = [r for r in rows if r["section"] == "step" and "error" not in r]
     if step:
         lines += ["## LLaDA2.0-mini block step (32 tokens per row, dense, cuDNN)", "",
-                  "| batch | cache positions | step | block tokens/s |", "|---|---|---|---|"]
-        lines += [f"| {r['batch']} | {r['context']} | {r['ms']:.2f} ms | {r['tokens_per_s']:.0f} |" for r in step]
-        lines.append("")
+                  *markdown_table(["batch", "cache positions", "step", "block tokens/s"],
+                                  [[r["batch"], r["context"], f"{r['ms']:.2f} ms", f"{r['tokens_per_s']:.0f}"]
+                                   for r in step]), ""]
     gen = [r for r in rows if r["section"] == "generate" and "error" not in r]
     if gen:
         lines += ["## Generation (`dllm_jax.generate`, second call; prompt = context - new tokens)", "",
                   "Options: " + "; ".join(sorted({f"{r['family']}: {r['options']}" for r in gen})), "",
-                  "| model | batch | context | method | tokens/s | speed-up vs dense | seconds | first call |",
-                  "|---|---|---|---|---|---|---|---|"]
-        for r in gen:
-            speed = "" if r["speedup"] is None else f"{r['speedup']:.2f}×"
-            lines.append(f"| {r['model']} | {r['batch']} | {r['context']} | `{r['config']}` | "
-                         f"{r['tokens_per_s']:.1f} | {speed} | {fmt(r['seconds'])} | {fmt(r['first_call_s'])} |")
-        lines.append("")
+                  *markdown_table(["model", "batch", "context", "method", "tokens/s", "speed-up vs dense", "seconds",
+                                   "first call"], [generate_cells(r) for r in gen]), ""]
     if errors:
         lines += ["## Not measured", ""] + [f"- {r['section']} {({k: v for k, v in r.items() if k not in ('section', 'error', 'options')})}: "
                                             f"{r['error'][:160]}" for r in errors]
     return lines
+
+
+def moe_cells(r: dict, moe: list[dict]) -> list[str]:
+    base = next(x["ms"] for x in moe if x["tokens"] == r["tokens"] and x["variant"] == "ragged")
+    return [r["tokens"], r["experts_touched"], r["variant"], f"{r['ms']:.3f} ms", f"{base / r['ms']:.2f}×",
+            f"{r['weight_gbps']:.0f}", f"{r['diff_vs_ragged']:.1e}"]
+
+
+def generate_cells(r: dict) -> list[str]:
+    speed = "" if r["speedup"] is None else f"{r['speedup']:.2f}×"
+    return [r["model"], r["batch"], r["context"], f"`{r['config']}`", f"{r['tokens_per_s']:.1f}", speed,
+            fmt(r["seconds"]), fmt(r["first_call_s"])]
 
 
 def main(argv=None):

@@ -23,7 +23,7 @@ import numpy as np
 from benchmarks.quality import checked_tag, split
 from dllm_jax import PulseCol, SparseD, generate, load_model
 from dllm_jax import eval as dev
-from dllm_jax.bench import write_results
+from dllm_jax.bench import markdown_table, write_results
 from dllm_jax.eval.evaluate import answer_window
 
 DECODINGS = {  # row -> generate options on top of the window and schedule
@@ -89,9 +89,9 @@ def main(argv=None) -> Path:
              "",
              f"{args.samples} fresh samples per task (evaluation seed {args.seed}), greedy, float32; answer window "
              f"in blocks of {args.block}; schedule rows commit one token per step.", "",
-             "| task | decoding | accuracy | NFE | tokens / forward |", "|---|---|---:|---:|---:|"]
-    lines += [f"| {r['task']}@{r['context']} | {r['decoding']} | {r['correct']}/{r['samples']} | {r['nfe']} | "
-              f"{r['tokens_per_forward']:.2f} |" for r in rows]
+             *markdown_table(["task", "decoding", "accuracy", "NFE", "tokens / forward"],
+                             [[f"{r['task']}@{r['context']}", r["decoding"], f"{r['correct']}/{r['samples']}", r["nfe"],
+                               f"{r['tokens_per_forward']:.2f}"] for r in rows], align="llrrr")]
     return write_results(args.out, meta, rows, lines)
 
 

@@ -23,7 +23,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
-from dllm_jax.bench import time_calls, write_results
+from dllm_jax.bench import markdown_table, time_calls, write_results
 from dllm_jax import shipped_config
 from dllm_jax.generate.llada import LLaDAOptions, generate_llada_jit
 from dllm_jax.generate.progress import progress_bar, tick
@@ -108,16 +108,18 @@ def main():
     rows = llada_rows(args.repeats) + sdar_rows(args.repeats)
     meta = dict(benchmark="generate_overhead", device=device, jax=jax.__version__,
                 date=datetime.date.today().isoformat(), batch=1, dtype="bfloat16 random weights")
-    lines = [f"# Generate-loop overhead, {device}, jax {meta['jax']}, {meta['date']}", "",
-             "| model | tokens | steps timed | progress bar | bare step | step inside the loop | overhead |",
-             "|---|---|---|---|---|---|---|"]
-    for r in rows:
-        lines.append(f"| {r['model']} | {r['tokens']} | {r['steps']} | {'yes' if r['progress'] else 'no'} | "
-                     f"{r['bare_step_ms']:.2f} ms | {r['loop_step_ms']:.2f} ms | {r['overhead'] * 100:+.1f}% |")
-    lines += ["", "LLaDA: 4096 tokens (3968 prompt + 128 generated in one block), 16 greedy steps; the bare step is the",
+    write_results(args.out, meta, rows, markdown(meta, rows))
+
+
+def markdown(meta: dict, rows: list[dict]) -> list[str]:
+    cells = [[r["model"], r["tokens"], r["steps"], "yes" if r["progress"] else "no", f"{r['bare_step_ms']:.2f} ms",
+              f"{r['loop_step_ms']:.2f} ms", f"{r['overhead'] * 100:+.1f}%"] for r in rows]
+    lines = [f"# Generate-loop overhead, {meta['device']}, jax {meta['jax']}, {meta['date']}", "",
+             *markdown_table(["model", "tokens", "steps timed", "progress bar", "bare step", "step inside the loop",
+                              "overhead"], cells)]
+    return lines + ["", "LLaDA: 4096 tokens (3968 prompt + 128 generated in one block), 16 greedy steps; the bare step is the",
               "forward with answer-region logits. SDAR: 16k-token prompt prefilled (its time subtracted), 32 new tokens",
               "= 8 blocks x (4 steps + commit); the bare step is one 4-token block_step against the 16k cache."]
-    write_results(args.out, meta, rows, lines)
 
 
 if __name__ == "__main__":

@@ -19,7 +19,8 @@ from pathlib import Path
 import jax
 import jax.numpy as jnp
 
-from dllm_jax.bench import call_times, fmt, median_min_max, profiled_attention_share, write_results
+from dllm_jax.bench import (call_times, fmt, markdown_table, median_min_max, profiled_attention_share,
+                            write_results)
 from dllm_jax import shipped_config
 from dllm_jax.attention.dense import dense_attention, dense_implementation
 from dllm_jax.attention.policy import Dense
@@ -88,26 +89,28 @@ def main():
         batch=1, attention_implementation=dense_implementation(jnp.bfloat16, config.head_dim),
         output="full float32 logits [1, N, 126464]", timing=f"median of {args.repeats} jitted calls after 2 warm-ups",
     )
+    write_results(args.out, meta, rows, markdown(meta, rows, config.num_layers))
+
+
+def markdown(meta: dict, rows: list[dict], layers: int) -> list[str]:
+    cells = [[r["seq_len"], f"{r['forward_ms']:.1f} ms", f"{r['without_attention_ms']:.1f} ms",
+              f"{r['attention_share_by_removal']:.2f}", f"{r['attention_all_layers_ms']:.1f} ms",
+              f"{r['attention_share_by_kernel_time']:.2f}", fmt(r["attention_share_by_profile"]),
+              f"{r['attention_tflops']:.0f}"] for r in rows]
     lines = [
-        f"# LLaDA-8B forward, {device}, jax {meta['jax']}, {meta['date']}", "",
+        f"# LLaDA-8B forward, {meta['device']}, jax {meta['jax']}, {meta['date']}", "",
         f"{meta['model']}; batch 1; attention `{meta['attention_implementation']}`; {meta['output']}; "
         f"{meta['timing']}.", "",
-        f"| N | forward | without attention | attention share (removal) | {config.num_layers} x one layer's attention "
-        "| share (kernel time) | share (profile) | attention TFLOP/s |",
-        "|---|---|---|---|---|---|---|---|",
+        *markdown_table(["N", "forward", "without attention", "attention share (removal)",
+                         f"{layers} x one layer's attention", "share (kernel time)", "share (profile)",
+                         "attention TFLOP/s"], cells),
     ]
-    for r in rows:
-        lines.append(f"| {r['seq_len']} | {r['forward_ms']:.1f} ms | {r['without_attention_ms']:.1f} ms | "
-                     f"{r['attention_share_by_removal']:.2f} | {r['attention_all_layers_ms']:.1f} ms | "
-                     f"{r['attention_share_by_kernel_time']:.2f} | {fmt(r['attention_share_by_profile'])} | "
-                     f"{r['attention_tflops']:.0f} |")
-    lines += [
+    return lines + [
         "", "Attention share, three ways: *removal* = 1 - (forward with attention replaced by an elementwise",
         "q + k + v) / forward (XLA re-fuses the graph without the attention call, so this one is only indicative);",
         "*kernel time* = layers x one layer's cuDNN attention timed alone / forward; *profile* = time of attention",
         "kernels / all GPU kernel time in a profiler trace of one forward (the direct measurement).",
     ]
-    write_results(args.out, meta, rows, lines)
 
 
 if __name__ == "__main__":

@@ -33,7 +33,7 @@ import numpy as np
 from dllm_jax import generate
 from dllm_jax.attention.policy import Dense
 from dllm_jax.attention.sharded import Sharded
-from dllm_jax.bench import call_times, fmt, median_min_max, model_for, write_results
+from dllm_jax.bench import call_times, fmt, markdown_table, median_min_max, model_for, write_results
 from dllm_jax.models.llada import forward
 from dllm_jax.sharding import batch_sharding, make_mesh
 
@@ -111,21 +111,22 @@ def markdown(meta: dict, rows: list[dict]) -> list[str]:
     if llada:
         r0 = llada[0]
         lines += [f"## LLaDA-8B denoising step at {r0['length']} positions ({r0['layers']} layers, logits for the "
-                  f"last {r0['gen']})", "", "| mesh | devices | step (s) | min–max (s) | speed-up | max rel. diff | "
-                  "argmax agree |", "|---|---|---|---|---|---|---|"]
-        for r in llada:
-            lines.append(f"| {r['mesh']} | {r['devices']} | {r['step_s']:.3f} | {r['min_s']:.3f}–{r['max_s']:.3f} | "
-                         f"{fmt(r.get('speedup'))} | {fmt(r.get('max_rel_diff'))} | {fmt(r.get('argmax_agree'))} |")
-        lines.append("")
+                  f"last {r0['gen']})", "",
+                  *markdown_table(["mesh", "devices", "step (s)", "min–max (s)", "speed-up", "max rel. diff",
+                                   "argmax agree"],
+                                  [[r["mesh"], r["devices"], f"{r['step_s']:.3f}", f"{r['min_s']:.3f}–{r['max_s']:.3f}",
+                                    fmt(r.get("speedup")), fmt(r.get("max_rel_diff")), fmt(r.get("argmax_agree"))]
+                                   for r in llada]), ""]
     sdar = [r for r in rows if r["section"] == "sdar"]
     if sdar:
         r0 = sdar[0]
         lines += [f"## SDAR-8B generation, batch {r0['batch']}, prompt {r0['prompt']}, {r0['new_tokens']} new tokens "
-                  f"({r0['layers']} layers, block 4, 4 steps)", "", "| mesh | devices | tokens/s | total (s) | "
-                  "first call (s) | speed-up | tokens equal to 1 device |", "|---|---|---|---|---|---|---|"]
-        for r in sdar:
-            lines.append(f"| {r['mesh']} | {r['devices']} | {r['tokens_per_s']:.1f} | {r['total_s']:.2f} | "
-                         f"{r['first_call_s']:.1f} | {fmt(r.get('speedup'))} | {fmt(r.get('tokens_agree'))} |")
+                  f"({r0['layers']} layers, block 4, 4 steps)", "",
+                  *markdown_table(["mesh", "devices", "tokens/s", "total (s)", "first call (s)", "speed-up",
+                                   "tokens equal to 1 device"],
+                                  [[r["mesh"], r["devices"], f"{r['tokens_per_s']:.1f}", f"{r['total_s']:.2f}",
+                                    f"{r['first_call_s']:.1f}", fmt(r.get("speedup")), fmt(r.get("tokens_agree"))]
+                                   for r in sdar])]
     return lines
 
 

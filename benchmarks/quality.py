@@ -41,7 +41,6 @@ from __future__ import annotations
 import argparse
 import dataclasses
 import datetime
-import json
 import math
 import time
 import traceback
@@ -52,10 +51,11 @@ from pathlib import Path
 import jax
 import numpy as np
 
+from benchmarks.merging import merge as merge_results, union
 from dllm_jax import load_model
 from dllm_jax.analysis import analyze, analyze_blocks, calibrate_llada, save_calibration
 from dllm_jax.attention.methods import METHODS, describe, make_method
-from dllm_jax.bench import write_results
+from dllm_jax.bench import markdown_table, write_results
 from dllm_jax.config import LLaDAConfig, read_hf_config
 from dllm_jax.eval import TASKS, evaluate, load_tokenizer, make_samples, max_answer_length, min_context_length
 from dllm_jax.eval.tasks import SANITY_CONTEXT, prompt_length
@@ -425,32 +425,31 @@ def accuracy_cell(row: dict | None) -> str:
 def model_table(meta: dict, model: str, rows: list[dict]) -> list[str]:
     cols = columns(meta)
     family = meta["families"][model]
-    lines = [f"## {model} ({family})", "",
-             "| method | " + " | ".join(f"{t}@{c}" for t, c in cols) + " | recall | L1 |",
-             "|---|" + "---:|" * (len(cols) + 2)]
+    lines = [f"## {model} ({family})", ""]
+    cells = []
     for setting in family_settings(meta, family):
         mine = [r for r in rows if (r["model"], r["method"], r["level"]) == (model, setting.method, setting.level)]
         by_cell = {(r["task"], r["context"]): r for r in mine}
         measured = setting.method != "dense" and meta["diagnostics"] > 0
         recall = fmt(mean(r["recall"] for r in mine), ".3f") if measured else "–"
         l1 = fmt(mean(r["l1"] for r in mine), ".3f") if measured else "–"
-        lines.append(f"| {setting.name} | " + " | ".join(accuracy_cell(by_cell.get(c)) for c in cols)
-                     + f" | {recall} | {l1} |")
-    return lines + [""]
+        cells.append([setting.name, *(accuracy_cell(by_cell.get(c)) for c in cols), recall, l1])
+    header = ["method", *(f"{t}@{c}" for t, c in cols), "recall", "L1"]
+    return lines + markdown_table(header, cells, align="l" + "r" * (len(cols) + 2)) + [""]
 
 
 def settings_table(meta: dict, model: str, rows: list[dict]) -> list[str]:
     contexts = meta["contexts"]
-    lines = [f"What the rows of {model} run at each context (`describe` of the policy):", "",
-             "| row | meaning | " + " | ".join(str(c) for c in contexts) + " |", "|---|---|" + "---|" * len(contexts)]
+    lines = [f"What the rows of {model} run at each context (`describe` of the policy):", ""]
+    cells = []
     for setting in family_settings(meta, meta["families"][model]):
         labels = []
         for c in contexts:
             label = next((r["label"] for r in rows if r["model"] == model and r["context"] == c
                           and r["method"] == setting.method and r["level"] == setting.level and r["label"]), None)
             labels.append(f"`{label}`" if label else "–")
-        lines.append(f"| {setting.name} | {setting.meaning} | " + " | ".join(labels) + " |")
-    return lines + [""]
+        cells.append([setting.name, setting.meaning, *labels])
+    return lines + markdown_table(["row", "meaning", *(str(c) for c in contexts)], cells) + [""]
 
 
 def report(meta: dict, rows: list[dict]) -> list[str]:
@@ -502,36 +501,23 @@ def run(plan: Plan) -> Path:
 
 # --- merging the results of several runs (e.g. one per model and context, each within a time limit) ---
 
-def union(lists, order=None) -> list:
-    items = list(dict.fromkeys(x for values in lists for x in values))
-    return items if order is None else sorted(items, key=list(order).index)
-
-
 def merge(paths: tuple[str, ...], out: Path, tag: str) -> Path:
     """One table from several runs' JSON files (same samples, seed, diagnostics and device); a row that
     appears in several files (model, task, context, method, level) is taken from the last, so a rerun of
     failed rows replaces them."""
-    parts = []
-    for path in paths:
-        if not Path(path).is_file():
-            raise ValueError(f"--merge {path}: no such file")
-        parts.append(json.loads(Path(path).read_text()))
-    for key in ("samples", "seed", "diagnostics", "device"):
-        values = {json.dumps(p.get(key)) for p in parts}
-        if len(values) > 1:
-            raise ValueError(f"--merge: the files differ in {key} ({', '.join(sorted(values))}): one table needs one")
-    meta = {k: v for k, v in parts[0].items() if k != "rows"}
-    meta |= dict(benchmark="quality" + (f"_{tag}" if tag else ""), tag=tag or None,
-                 date=max(p["date"] for p in parts), models=union(p["models"] for p in parts),
-                 families={k: v for p in parts for k, v in p["families"].items()},
-                 model_paths=union(p["model_paths"] for p in parts),
-                 contexts=sorted(union(p["contexts"] for p in parts)),
-                 tasks=union((p["tasks"] for p in parts), TASKS),
-                 methods=union((p["methods"] for p in parts), [s.key for s in SETTINGS]),
-                 calibrations=[c for p in parts for c in p["calibrations"]], seconds=sum(p["seconds"] for p in parts),
-                 merged_from=[Path(path).name for path in paths])
-    rows = {(r["model"], r["task"], r["context"], r["method"], r["level"]): r for p in parts for r in p["rows"]}
-    return write_results(out, meta, list(rows.values()), report(meta, list(rows.values())))
+    def changes(parts: list[dict]) -> dict:
+        return dict(benchmark="quality" + (f"_{tag}" if tag else ""), tag=tag or None,
+                    date=max(p["date"] for p in parts), models=union(p["models"] for p in parts),
+                    families={k: v for p in parts for k, v in p["families"].items()},
+                    model_paths=union(p["model_paths"] for p in parts),
+                    contexts=sorted(union(p["contexts"] for p in parts)),
+                    tasks=union((p["tasks"] for p in parts), TASKS),
+                    methods=union((p["methods"] for p in parts), [s.key for s in SETTINGS]),
+                    calibrations=[c for p in parts for c in p["calibrations"]],
+                    seconds=sum(p["seconds"] for p in parts))
+
+    return merge_results(paths, out, report=report, same=("samples", "seed", "diagnostics", "device"),
+                         changes=changes, key=lambda r: (r["model"], r["task"], r["context"], r["method"], r["level"]))
 
 
 def main(argv=None) -> Path:

@@ -21,7 +21,8 @@ from pathlib import Path
 import jax
 import jax.numpy as jnp
 
-from dllm_jax.bench import call_times, fmt, median_min_max, profiled_attention_share, time_calls, write_results
+from dllm_jax.bench import (call_times, fmt, markdown_table, median_min_max, profiled_attention_share, time_calls,
+                            write_results)
 from dllm_jax import shipped_config
 from dllm_jax.attention.dense import dense_attention, dense_implementation
 from dllm_jax.models.layers import prepare_params
@@ -96,23 +97,24 @@ def main():
         batch=1, attention_implementation=dense_implementation(jnp.bfloat16, config.head_dim),
         timing=f"median of {args.repeats} jitted calls after 2 warm-ups, cache donated",
     )
+    write_results(args.out, meta, rows, markdown(meta, rows, config.num_layers))
+
+
+def markdown(meta: dict, rows: list[dict], layers: int) -> list[str]:
+    cells = [[r["block_tokens"], r["cache_length"], f"{r['step_ms']:.2f} ms",
+              f"{r['weight_bytes'] / 1e9:.2f} + {r['kv_bytes'] / 1e9:.2f} GB", f"{r['achieved_tb_s']:.2f} TB/s",
+              fmt(r["attention_share_by_profile"]), f"{r['attention_all_layers_ms']:.2f} ms",
+              f"{r['attention_tb_s']:.2f} TB/s"] for r in rows]
     lines = [
-        f"# SDAR block step against a KV cache, {device}, jax {meta['jax']}, {meta['date']}", "",
+        f"# SDAR block step against a KV cache, {meta['device']}, jax {meta['jax']}, {meta['date']}", "",
         f"{meta['model']}; batch 1; attention `{meta['attention_implementation']}`; {meta['timing']}.", "",
-        "| block tokens | cache | step | bytes read (weights + KV) | achieved | attention share (profile) "
-        f"| {config.num_layers} x one layer's attention | attention bandwidth |",
-        "|---|---|---|---|---|---|---|---|",
+        *markdown_table(["block tokens", "cache", "step", "bytes read (weights + KV)", "achieved",
+                         "attention share (profile)", f"{layers} x one layer's attention", "attention bandwidth"],
+                        cells),
     ]
-    for r in rows:
-        lines.append(
-            f"| {r['block_tokens']} | {r['cache_length']} | {r['step_ms']:.2f} ms | "
-            f"{r['weight_bytes'] / 1e9:.2f} + {r['kv_bytes'] / 1e9:.2f} GB | {r['achieved_tb_s']:.2f} TB/s | "
-            f"{fmt(r['attention_share_by_profile'])} | {r['attention_all_layers_ms']:.2f} ms | "
-            f"{r['attention_tb_s']:.2f} TB/s |")
-    lines += ["", "Bytes read = the least a step must read: all weights but the embedding table (n rows gathered),",
+    return lines + ["", "Bytes read = the least a step must read: all weights but the embedding table (n rows gathered),",
               "and K and V of S + n positions in every layer. Achieved = those bytes / step time (H200 copy ceiling",
               "~4.3 TB/s, H100 ~3.0). Attention bandwidth = one layer's K+V bytes / one cuDNN call timed alone."]
-    write_results(args.out, meta, rows, lines)
 
 
 if __name__ == "__main__":

@@ -32,10 +32,11 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
+from benchmarks.merging import merge
 from benchmarks.sdar_block_step import random_cache
 from dllm_jax import MAGE, FlashBlock, shipped_config
 from dllm_jax.attention.policy import Dense, Mode, unmasked_since_refresh
-from dllm_jax.bench import time_carried, traced_kernels, write_results
+from dllm_jax.bench import markdown_table, time_carried, traced_kernels, write_results
 from dllm_jax.generate.sampling import transfer_counts
 from dllm_jax.generate.sdar import CACHE_TILE, Finished, SDAROptions, denoise_block
 from dllm_jax.models.sdar import block_step, init_policy_state
@@ -136,22 +137,28 @@ def table(meta: dict, rows: list[dict]) -> list[str]:
              f"step, low_confidence_static) + the commit forward, k = {meta['k']}, tau = {meta['tau']}; time per output "
              f"block = median of {meta['block_repeats']} whole blocks of the compiled loop (cache fill reset each time). "
              f"Speed-ups are against cuDNN dense in the same run. {PAPER}.", "",
-             "| cache | " + " | ".join(f"{n} block" for n in names) + " | speed-up vs cuDNN: " + " / ".join(names[1:])
-             + " |", "|---|" + "---|" * (len(names) + 1)]
-    for r in rows:
-        cells = [f"{r[f'{n}_block_ms']:.0f} ms" if f"{n}_block_ms" in r else "failed" for n in names]
-        base = r.get("cudnn_block_ms")
-        ups = [f"{base / r[f'{n}_block_ms']:.2f}x" if base and f"{n}_block_ms" in r else "-" for n in names[1:]]
-        lines.append(f"| {r['cache']} | " + " | ".join(cells) + " | " + " / ".join(ups) + " |")
-    lines += ["", "One forward in each mode (ms) and forwards per block in each mode:", "",
-              "| cache | method | step times | forwards per block |", "|---|---|---|---|"]
-    for r in rows:
-        for n in names:
-            times = ", ".join(f"{key[len(n) + 1:-3]} {value:.2f}" for key, value in r.items()
-                              if key.startswith(n + "_") and key.endswith("_ms") and not key.endswith("block_ms"))
-            modes = ", ".join(f"{m} {c}" for m, c in r.get(f"{n}_modes", {}).items())
-            lines.append(f"| {r['cache']} | {n} | {times} | {modes} |")
+             *markdown_table(["cache", *(f"{n} block" for n in names), "speed-up vs cuDNN: " + " / ".join(names[1:])],
+                             [block_cells(r, names) for r in rows]),
+             "", "One forward in each mode (ms) and forwards per block in each mode:", "",
+             *markdown_table(["cache", "method", "step times", "forwards per block"],
+                             [mode_cells(r, n) for r in rows for n in names])]
     return lines
+
+
+def block_cells(r: dict, names: list[str]) -> list[str]:
+    """Per method the time of a whole block, then the speed-ups against cuDNN dense in one cell."""
+    cells = [f"{r[f'{n}_block_ms']:.0f} ms" if f"{n}_block_ms" in r else "failed" for n in names]
+    base = r.get("cudnn_block_ms")
+    ups = [f"{base / r[f'{n}_block_ms']:.2f}x" if base and f"{n}_block_ms" in r else "-" for n in names[1:]]
+    return [r["cache"], *cells, " / ".join(ups)]
+
+
+def mode_cells(r: dict, n: str) -> list[str]:
+    """One forward's time in each mode of method `n`, and how many forwards of each mode a block runs."""
+    times = ", ".join(f"{key[len(n) + 1:-3]} {value:.2f}" for key, value in r.items()
+                      if key.startswith(n + "_") and key.endswith("_ms") and not key.endswith("block_ms"))
+    modes = ", ".join(f"{m} {c}" for m, c in r.get(f"{n}_modes", {}).items())
+    return [r["cache"], n, times, modes]
 
 
 def main():
@@ -172,11 +179,8 @@ def main():
     args = parser.parse_args()
 
     if args.merge:
-        parts = [json.loads(p.read_text()) for p in args.merge]
-        meta = {key: value for key, value in parts[0].items() if key != "rows"}
-        meta["benchmark"] = "sdar_methods"
-        rows = sorted((r for p in parts for r in p["rows"]), key=lambda r: r["cache"])
-        write_results(args.out, meta, rows, table(meta, rows))
+        merge(args.merge, args.out, report=table, changes=lambda parts: dict(benchmark="sdar_methods"),
+              order=lambda r: r["cache"])
         return
 
     config = dataclasses.replace(shipped_config(args.config), block_size=args.block)

@@ -29,7 +29,7 @@ import jax.numpy as jnp
 import numpy as np
 
 import pallas_kernels as pk
-from dllm_jax.bench import time_calls, write_results
+from dllm_jax.bench import markdown_table, time_calls, write_results
 from dllm_jax.analysis.calibration import calibrate
 from dllm_jax.models.layers import apply_rope, rope_tables
 from pallas_kernels.sparge import map_to_lists
@@ -139,19 +139,19 @@ def table(meta, rows):
              f"{meta['samples']} draws (L1 bound 0.04 for the map, 0.05 with the PV filter), measured on a held-out "
              "draw. Sparsity = fraction of the 64 x 128 tiles whose QK^T (map) / exp(S)V (total) was skipped. "
              "Ratios are cuDNN time / time (> 1 is faster than cuDNN).", "",
-             "| N | config | L1 vs cuDNN | map sparsity | total sparsity | cuDNN ms | SpargeAttn ms (prediction + "
-             "kernel) | ratio | prediction ms | PV-filter kernel ms | ratio | block-sparse kernel, same map, ms | "
-             "ratio |",
-             "|---|---|---|---|---|---|---|---|---|---|---|---|---|"]
-    for r in rows:
-        c = r["cudnn_ms"]
-        lines.append(f"| {r['n']} | {r['config']} | {r['l1']:.4f} | {r['map_sparsity']:.3f} | {r['total_sparsity']:.3f} "
-                     f"| {c:.2f} | {r['sparge_ms']:.2f} | {c / r['sparge_ms']:.2f} | {r['predict_ms']:.2f} | "
-                     f"{r['pv_kernel_ms']:.2f} | {c / r['pv_kernel_ms']:.2f} | {r['block_sparse_ms']:.2f} | "
-                     f"{c / r['block_sparse_ms']:.2f} |")
+             *markdown_table(["N", "config", "L1 vs cuDNN", "map sparsity", "total sparsity", "cuDNN ms",
+                              "SpargeAttn ms (prediction + kernel)", "ratio", "prediction ms", "PV-filter kernel ms",
+                              "ratio", "block-sparse kernel, same map, ms", "ratio"], [cells(r) for r in rows])]
     lines += ["", "Our dense Pallas flash kernel in the same run: " + ", ".join(
         f"N={r['n']}: {r['flash_ms']:.2f} ms" for r in rows if r["config"].startswith("calibrated (")) + "."]
     return lines
+
+
+def cells(r: dict) -> list[str]:
+    c = r["cudnn_ms"]
+    return [r["n"], r["config"], f"{r['l1']:.4f}", f"{r['map_sparsity']:.3f}", f"{r['total_sparsity']:.3f}", f"{c:.2f}",
+            f"{r['sparge_ms']:.2f}", f"{c / r['sparge_ms']:.2f}", f"{r['predict_ms']:.2f}", f"{r['pv_kernel_ms']:.2f}",
+            f"{c / r['pv_kernel_ms']:.2f}", f"{r['block_sparse_ms']:.2f}", f"{c / r['block_sparse_ms']:.2f}"]
 
 
 def main():

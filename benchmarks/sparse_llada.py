@@ -32,7 +32,7 @@ from pathlib import Path
 import jax
 import jax.numpy as jnp
 
-from dllm_jax.bench import time_calls, time_carried, write_results
+from dllm_jax.bench import markdown_table, time_calls, time_carried, write_results
 from dllm_jax import PulseCol, SparseD, shipped_config
 from dllm_jax.attention import kernels
 from dllm_jax.attention.policy import Mode
@@ -104,22 +104,22 @@ def table(meta, rows):
              "Projected speed-up = T dense steps / the schedule's steps. Targets (issue 18, N = "
              f"{TARGET_N}): estimation step <= {ESTIMATE_TARGET} x dense (SparseD), projected 1024-step speed-up "
              f">= {targets}. Papers measured on A800 / RTX PRO 6000 against FlashAttention at 64k.", "",
-             "| N | method | backend (kernels) | dense step | estimation step (x dense) | sparse step (x dense) "
-             "| projected 128 steps | projected 1024 steps | target 1024 met | paper 128 / 1024 (64k) | wall s |",
-             "|---|---|---|---|---|---|---|---|---|---|---|"]
-    for r in rows:
-        head = f"| {r['n']} | {r['label']} | {r['backend']}"
-        if "error" in r:
-            lines.append(f"{head} | {r['error'].strip().splitlines()[0][:160]} | | | | | | | |")
-            continue
-        est_met = "" if r["estimate_met"] is None else f", met: {'yes' if r['estimate_met'] else 'no'}"
-        met = "n/a" if r["target_1024_met"] is None else ("yes" if r["target_1024_met"] else "no")
-        lines.append(f"{head} ({r['kernels']}) | {r['dense_ms']:.1f} ms | {r['estimate_ms']:.1f} ms "
-                     f"({r['estimate_over_dense']:.2f}{est_met}) | {r['sparse_ms']:.1f} ms "
-                     f"({r['sparse_over_dense']:.2f}) | {r['projected_speedup_128']:.2f}x | "
-                     f"{r['projected_speedup_1024']:.2f}x | {met} (>= {r['target_1024']}x) | "
-                     f"{r['paper_128']:.2f}x / {r['paper_1024']:.2f}x | {r['wall_s']:.0f} |")
+             *markdown_table(["N", "method", "backend (kernels)", "dense step", "estimation step (x dense)",
+                              "sparse step (x dense)", "projected 128 steps", "projected 1024 steps", "target 1024 met",
+                              "paper 128 / 1024 (64k)", "wall s"], [cells(r) for r in rows])]
     return lines
+
+
+def cells(r: dict) -> list[str]:
+    if "error" in r:
+        return [r["n"], r["label"], r["backend"], r["error"].strip().splitlines()[0][:160]]
+    est_met = "" if r["estimate_met"] is None else f", met: {'yes' if r['estimate_met'] else 'no'}"
+    met = "n/a" if r["target_1024_met"] is None else ("yes" if r["target_1024_met"] else "no")
+    return [r["n"], r["label"], f"{r['backend']} ({r['kernels']})", f"{r['dense_ms']:.1f} ms",
+            f"{r['estimate_ms']:.1f} ms ({r['estimate_over_dense']:.2f}{est_met})",
+            f"{r['sparse_ms']:.1f} ms ({r['sparse_over_dense']:.2f})", f"{r['projected_speedup_128']:.2f}x",
+            f"{r['projected_speedup_1024']:.2f}x", f"{met} (>= {r['target_1024']}x)",
+            f"{r['paper_128']:.2f}x / {r['paper_1024']:.2f}x", f"{r['wall_s']:.0f}"]
 
 
 def main():

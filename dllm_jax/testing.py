@@ -12,10 +12,10 @@ from pathlib import Path
 import jax
 import jax.numpy as jnp
 import numpy as np
-from safetensors.numpy import save_file
 
 from dllm_jax.checkpoint.hf import (TARGET_DTYPES, Rule, hf_name, hf_shape, llada2_expected, param_shapes_for,
                                     rules_for, tree_get)
+from dllm_jax.checkpoint.hf_write import write_hf_files
 from dllm_jax.config import DreamConfig, LLaDA2Config, LLaDAConfig, SDARConfig
 
 
@@ -140,24 +140,10 @@ def random_tree_leaf(key, *, name: str, shape: tuple[int, ...], dtype):
 
 def write_hf_checkpoint(directory, config, *, seed: int = 0, dtype: str = "float32", shards: int = 1,
                         tensors: dict[str, np.ndarray] | None = None) -> Path:
-    """Writes config.json + safetensors (sharded with model.safetensors.index.json if shards > 1)."""
-    directory = Path(directory)
-    directory.mkdir(parents=True, exist_ok=True)
+    """Writes config.json + safetensors (sharded with model.safetensors.index.json if shards > 1) of
+    `config`: `tensors` if given, else random weights (`random_hf_tensors`) stored as `dtype`."""
     tensors = random_hf_tensors(config, seed=seed, dtype=dtype) if tensors is None else tensors
-    hf_config = config.to_hf_config() | {"torch_dtype": dtype}
-    (directory / "config.json").write_text(json.dumps(hf_config, indent=2) + "\n")
-    names = list(tensors)
-    if shards == 1:
-        save_file(tensors, directory / "model.safetensors")
-        return directory
-    weight_map = {}
-    for i, chunk in enumerate(np.array_split(np.array(names, dtype=object), shards)):
-        file = f"model-{i + 1:05d}-of-{shards:05d}.safetensors"
-        save_file({n: tensors[n] for n in chunk}, directory / file)
-        weight_map |= {n: file for n in chunk}
-    index = {"metadata": {"total_size": int(sum(t.nbytes for t in tensors.values()))}, "weight_map": weight_map}
-    (directory / "model.safetensors.index.json").write_text(json.dumps(index, indent=2) + "\n")
-    return directory
+    return write_hf_files(directory, config.to_hf_config() | {"torch_dtype": dtype}, tensors, shards=shards)
 
 
 QWEN_STYLE_TEMPLATE = (

@@ -2,7 +2,8 @@
 same signature computing the same function densely. Triton-lowered kernels run on any CUDA GPU
 (and in interpret mode on CPU); on Hopper (sm90+) `flash_attention`, `block_sparse_attention` and
 `flash_block_mass` run a warp-specialised Mosaic GPU kernel (`pallas_kernels.mosaic`; their
-`backend` argument picks: "auto", "mosaic" or "triton").
+`backend` argument picks: "auto", "mosaic" or "triton"; the dllm_jax policies resolve their own
+`backend` in `dllm_jax.attention.backends` and pass "mosaic" or "triton" here, never "auto").
 
 Layouts: q [B, Nq, Hq, D], k/v [B, Nk, Hkv, D] (GQA: Hq % Hkv == 0); every LSE is the natural-log
 log-sum-exp of the scaled logits, float32 [B, Hq, Nq], -inf for rows that saw no key.

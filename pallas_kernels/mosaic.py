@@ -75,6 +75,9 @@ def default_tiling(head_dim: int) -> Tiling:
     return Tiling(block_kv=64) if head_dim > 128 else Tiling()
 
 
+# What a kernel entry's `backend` takes: which of its two implementations runs. The project-wide
+# vocabulary (reference / xla / cudnn / triton / mosaic / interpret / auto) is dllm_jax.attention.backends,
+# which resolves to "mosaic" or "triton" before calling an entry; "auto" here serves direct callers.
 BACKENDS = ("auto", "mosaic", "triton")
 AUTO_MIN_QUERIES = 128  # below one CTA's rows the padded Mosaic tile wastes most of its work: Triton
 

@@ -1,11 +1,15 @@
-"""The dense attention function against jax.nn.dot_product_attention (an independent XLA implementation)."""
+"""The dense attention function against jax.nn.dot_product_attention (an independent XLA implementation);
+the backend vocabulary's dense resolution, and that "reference" reaches the dense steps of the methods."""
 
 import jax
 import jax.numpy as jnp
 import numpy as np
 import pytest
 
-from dllm_jax.attention.dense import dense_attention, dense_implementation
+from dllm_jax.attention import backends, kernels
+from dllm_jax.attention.dense import dense_attention
+from dllm_jax.attention.policy import Mode
+from dllm_jax.attention.sparsed import SparseD
 
 
 @pytest.mark.parametrize("hq,hkv", [(4, 4), (8, 2), (4, 1)])
@@ -15,7 +19,7 @@ def test_matches_jax_nn_attention(rng, hq, hkv, dtype):
     q, k, v = (jnp.asarray(rng.standard_normal(shape), dtype) for shape in
                [(b, n, hq, d), (b, s, hkv, d), (b, s, hkv, d)])
     key_mask = jnp.asarray(rng.random((b, s)) > 0.3).at[:, 0].set(True)
-    out = dense_attention(q, k, v, key_mask=key_mask, implementation="xla")
+    out = dense_attention(q, k, v, key_mask=key_mask, backend="xla")
     with jax.default_matmul_precision("highest"):
         expected = jax.nn.dot_product_attention(q.astype(jnp.float32), k.astype(jnp.float32),
                                                 v.astype(jnp.float32), mask=key_mask[:, None, None, :])
@@ -33,9 +37,98 @@ def test_masked_keys_have_no_influence(rng):
     np.testing.assert_array_equal(np.asarray(out), np.asarray(dense_attention(q, k2, v2, key_mask=key_mask)))
 
 
-def test_cpu_uses_xla_and_unknown_implementation_is_rejected():
-    assert dense_implementation(jnp.bfloat16, 128) == ("cudnn" if jax.default_backend() == "gpu" else "xla")
-    assert dense_implementation(jnp.float32, 128) == "xla"
+def test_cpu_uses_xla_and_unknown_backend_is_rejected():
+    assert backends.dense_default(jnp.bfloat16, 128) == ("cudnn" if jax.default_backend() == "gpu" else "xla")
+    assert backends.dense_default(jnp.float32, 128) == "xla"
     x = jnp.zeros((1, 2, 1, 8))
-    with pytest.raises(ValueError, match="implementation"):
-        dense_attention(x, x, x, implementation="flash")
+    with pytest.raises(ValueError, match="backend"):
+        dense_attention(x, x, x, backend="flash")
+    with pytest.raises(ValueError, match="is now backend="):  # the old keyword: refused, not an alias
+        dense_attention(x, x, x, implementation="xla")
+    with pytest.raises(ValueError, match="not one of"):  # Pallas kernels go through kernels.attention / Dense
+        dense_attention(x, x, x, backend="triton")
+
+
+def spec(n, dtype=jnp.bfloat16, heads=4, kv_heads=2, d=128):
+    return jax.ShapeDtypeStruct((1, n, heads, d), dtype), jax.ShapeDtypeStruct((1, 4096, kv_heads, d), dtype)
+
+
+def test_dense_resolution_table_for_a_gpu():
+    """`backends.dense` is a pure function of the backend, the call and the platform: resolved for a
+    GPU here on any machine. "reference" is the jnp attention whatever the device."""
+    q, k = spec(256)
+    block, _ = spec(4)
+    kv_len = jnp.int32(100)
+    table = {
+        "auto": [("dense", "cudnn"), ("split_kv", "triton"), ("dense", "cudnn")],
+        "reference": [("dense", "xla")] * 3,
+        "xla": [("dense", "xla")] * 3,
+        "cudnn": [("dense", "cudnn")] * 3,
+        "triton": [("flash", "triton"), ("split_kv", "triton"), ("dense", "cudnn")],
+        "mosaic": [("flash", "mosaic"), ("flash", "mosaic"), ("dense", "cudnn")],
+        "interpret": [("flash", "interpret"), ("split_kv", "interpret"), ("dense", "cudnn")],
+    }
+    for backend, (full, cache_block, masked) in table.items():
+        assert backends.dense(backend, q, k, on="gpu") == full, backend
+        assert backends.dense(backend, block, k, kv_len=kv_len, on="gpu") == cache_block, backend
+        assert backends.dense(backend, block, k, kv_len=kv_len, mask=jnp.ones((4, 4096), bool), on="gpu") == masked
+    # fp32 has no cuDNN path; a CPU resolves "auto" to the jnp attention
+    assert backends.dense("auto", *spec(256, jnp.float32), on="gpu") == ("dense", "xla")
+    assert backends.dense("auto", block, k, kv_len=kv_len, on="cpu") == ("dense", "xla")
+    # a query block too long for the split-KV tile takes the flash kernel under "triton"
+    assert backends.dense("triton", q, k, kv_len=kv_len, on="gpu") == ("flash", "triton")
+
+
+def test_kernel_resolution_for_a_gpu():
+    q, _ = spec(256)
+    assert backends.kernel("auto", q, on="cpu") == "reference"
+    assert backends.kernel("auto", q, on="gpu") == "triton"  # a kernel with no Mosaic version
+    assert backends.kernel("mosaic", q, on="gpu") == "triton"
+    assert backends.kernel("reference", q, on="gpu") == "reference"
+    assert backends.kernel("interpret", q, mosaic_kernel=True, on="gpu") == "interpret"
+    for bad in ("cudnn", "xla", "pallas", "gpu"):
+        with pytest.raises(ValueError, match="not one of"):
+            backends.kernel(bad, q, on="gpu")
+
+
+@pytest.mark.parametrize("old,new", [("pallas", "'auto'"), ("split_kv", "'triton'")])
+def test_old_names_are_refused_naming_the_new_one(old, new):
+    with pytest.raises(ValueError, match=f"backend={old!r} is not one of .*use {new}"):
+        SparseD(backend=old)
+
+
+def test_sparsed_reference_dense_steps_run_the_jnp_attention(rng):
+    """The bug this guards: `kernels.dense` dropped its backend, so SparseD(backend="reference") ran
+    cuDNN for its dense steps on a GPU. Now a method's dense steps run its backend's code: under
+    "reference" the whole SparseD step (every mode's branch) traces no Pallas call and no custom call
+    (cuDNN's is one); the dense step alone traces the flash kernel under "interpret" and none under
+    "reference"; both give the jnp attention's output."""
+    q, k, v = (jnp.asarray(rng.standard_normal((1, 32, 2, 16)), jnp.float32) for _ in range(3))
+
+    def step(backend, mode):
+        method = SparseD(block_size=16, backend=backend).bind(total_steps=8, prompt_length=16)
+        state = method.init_state(batch=1, num_heads=2, num_kv_heads=2, q_len=32, kv_len=32, head_dim=16)
+        return lambda q, k, v: method.attend(q, k, v, state, mode)[0]
+
+    text = str(jax.make_jaxpr(step("reference", jnp.int32(Mode.DENSE)))(q, k, v))
+    assert "pallas_call" not in text and "custom_call" not in text and "cudnn" not in text
+    for backend, pallas in (("reference", False), ("interpret", True)):
+        dense_step = str(jax.make_jaxpr(lambda q, k, v: kernels.dense(q, k, v, backend))(q, k, v))
+        assert ("pallas_call" in dense_step) == pallas and "custom_call" not in dense_step, backend
+        np.testing.assert_allclose(step(backend, Mode.DENSE)(q, k, v), dense_attention(q, k, v, backend="reference"),
+                                   atol=1e-5)
+    assert backends.dense("reference", q, k, on="gpu") == ("dense", "xla")  # the same on a GPU (table above)
+
+
+@pytest.mark.gpu
+def test_sparsed_reference_dense_steps_lower_without_cudnn_on_gpu(rng):
+    """On the GPU: the DENSE step of SparseD(backend="reference") lowers to no cuDNN call; "auto"'s does."""
+    q, k, v = (jnp.asarray(rng.standard_normal((1, 256, 4, 128)), jnp.bfloat16) for _ in range(3))
+
+    def hlo(backend):
+        method = SparseD(block_size=128, backend=backend).bind(total_steps=8, prompt_length=128)
+        state = method.init_state(batch=1, num_heads=4, num_kv_heads=4, q_len=256, kv_len=256, head_dim=128)
+        return jax.jit(lambda q, k, v: method.attend(q, k, v, state, Mode.DENSE)[0]).lower(q, k, v).as_text()
+
+    assert "cudnn" not in hlo("reference").lower()
+    assert "cudnn" in hlo("auto").lower()

@@ -143,3 +143,65 @@ def test_throughput_refuses_bad_sections_and_points_before_running():
     with pytest.raises(ValueError, match="--llada-runs.*'8:256'"):
         throughput.parse_points(["8:256"], "--llada-runs", 3)
     assert throughput.parse_points(["1024:1,8"], "--method-points", 2) == ((1024, (1, 8)),)
+
+
+def test_markdown_table_pads_short_rows_and_aligns_columns():
+    from dllm_jax.bench import markdown_table
+
+    lines = markdown_table(["a", "b", "c"], [[1, "x", 2.5], ["error: out of memory"]], align="lr")
+    assert lines == ["| a | b | c |", "|---|---:|---|", "| 1 | x | 2.5 |", "| error: out of memory | | |"]
+
+
+def results_file(path, rows, **meta):
+    """A results JSON as write_results writes it."""
+    path.write_text(json.dumps(dict(dict(benchmark="unit", device="CPU test", jax="0", date="2026-01-01"), **meta,
+                                    rows=rows)))
+    return path
+
+
+def test_merge_keeps_the_last_row_of_a_key_and_refuses_files_of_two_runs(tmp_path):
+    from benchmarks.merging import merge
+
+    a = results_file(tmp_path / "a.json", [dict(n=1, v="old"), dict(n=2, v="a")], seed=0)
+    b = results_file(tmp_path / "b.json", [dict(n=1, v="new")], seed=0)
+    report = lambda meta, rows: [f"{meta['benchmark']}: " + ", ".join(f"{r['n']}={r['v']}" for r in rows)]
+    md = merge([a, b], tmp_path / "out", report=report, same=("seed",), key=lambda r: r["n"], order=lambda r: r["n"],
+               changes=lambda parts: dict(benchmark="merged"))
+    assert md.name == "merged_CPU_test_2026-01-01.md" and md.read_text() == "merged: 1=new, 2=a\n"
+    assert json.loads(md.with_suffix(".json").read_text())["merged_from"] == ["a.json", "b.json"]
+    c = results_file(tmp_path / "c.json", [], seed=1)
+    with pytest.raises(ValueError, match="differ in seed"):
+        merge([a, c], tmp_path / "out", report=report, same=("seed",))
+    with pytest.raises(ValueError, match="--merge .*missing.json: no such file"):
+        merge([a, tmp_path / "missing.json"], tmp_path / "out", report=report)
+
+
+def test_compare_puts_each_point_of_both_runs_side_by_side(tmp_path):
+    from benchmarks.merging import compare
+
+    compared = {"sdar": (("batch",), "tokens_per_s", "tok/s", True), "weights": (("tokens",), "step_ms", "ms", False)}
+    old = results_file(tmp_path / "old.json", [dict(section="sdar", batch=1, tokens_per_s=10.0),
+                                                dict(section="weights", tokens=4, step_ms=2.0)], package="old")
+    new = results_file(tmp_path / "new.json", [dict(section="sdar", batch=1, tokens_per_s=30.0),
+                                                dict(section="sdar", batch=8, tokens_per_s=50.0),
+                                                dict(section="weights", tokens=4, step_ms=1.0)], package="new")
+    md = compare(old, new, tmp_path / "out", compared=compared, benchmark="unit_compare", title="Unit")
+    table = md.read_text().splitlines()
+    assert "| sdar | batch=1 | 10.00 tok/s | 30.00 tok/s | 3.00x |" in table
+    assert "| weights | tokens=4 | 2.00 ms | 1.00 ms | 2.00x |" in table
+    assert not any("batch=8" in line for line in table)  # measured by one run only
+
+
+def test_merging_a_committed_result_rewrites_its_table(tmp_path):
+    """The committed results stay readable: sdar_methods --merge of one committed file gives its Markdown back."""
+    import subprocess
+    import sys
+    from pathlib import Path
+
+    root = Path(__file__).resolve().parents[1]
+    committed = root / "benchmarks" / "results" / "sdar_methods_NVIDIA_H100_80GB_HBM3_2026-11-22.json"
+    done = subprocess.run([sys.executable, "-m", "benchmarks.sdar_methods", "--merge", str(committed), "--out",
+                           str(tmp_path)], capture_output=True, text=True, timeout=300, cwd=root)
+    assert done.returncode == 0, done.stderr[-2000:]
+    (md,) = tmp_path.glob("*.md")
+    assert md.read_text() == committed.with_suffix(".md").read_text()

@@ -69,7 +69,8 @@ BAD_CONFIGS = {
     "SpargeAttn attention_sink int": (lambda: SpargeAttn(attention_sink=1), "SpargeAttn.attention_sink", "1"),
     "SpargeAttn block_kv float": (lambda: SpargeAttn(block_kv=128.0), "SpargeAttn.block_kv", "128.0"),
     "SpargeAttn skip nan": (lambda: SpargeAttn(skip=NAN), "SpargeAttn.skip", "nan"),
-    "Dense implementation list": (lambda: Dense(["xla"]), "Dense.implementation", "['xla']"),
+    "Dense backend list": (lambda: Dense(["xla"]), "Dense.backend", "['xla']"),
+    "SparseD backend cudnn": (lambda: SparseD(backend="cudnn"), "SparseD.backend", "'cudnn'"),
 }
 
 

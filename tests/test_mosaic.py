@@ -234,9 +234,14 @@ def test_select_blocks_from_mass_equals_select_blocks(rng, n, prefill_len, block
 
 
 @cpu_only
-@pytest.mark.parametrize("backend", ["auto", "reference", "interpret", "pallas", "triton"])
+@pytest.mark.parametrize("backend", ["auto", "reference", "interpret", "triton"])
 def test_runs_block_mass_is_false_without_hopper(backend):
     assert not kernels.runs_block_mass(spec(1, 256, 4, 128), 128, None, backend)
+
+
+def test_runs_block_mass_refuses_the_old_pallas_name():
+    with pytest.raises(ValueError, match="backend='pallas' is not one of .*use 'auto'"):
+        kernels.runs_block_mass(spec(1, 256, 4, 128), 128, None, "pallas")
 
 
 # ---- A. CPU: the kernels lower for CUDA (Mosaic's own lowering runs; no device needed) ----

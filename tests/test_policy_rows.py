@@ -1,7 +1,7 @@
 """Batched SDAR block steps at the policy level: rows at different positions (kv_len int32 [B]) and
 rows in different modes (mode int32 [B]). Row b of a batched call must equal the batch-1 call of row
 b with its own length and mode, and the exact modes must equal float64 attention over the row's keys.
-Also Dense's implementation switch (split-KV for kv_len-only calls) and `switch_rows` itself."""
+Also Dense's backend switch (split-KV for kv_len-only calls) and `switch_rows` itself."""
 
 import dataclasses
 
@@ -12,7 +12,8 @@ import pytest
 
 from dllm_jax.attention.flashblock import FlashBlock
 from dllm_jax.attention.mage import MAGE, block_keys
-from dllm_jax.attention.policy import Dense, Mode, switch_rows, uses_split_kv
+from dllm_jax.attention import backends
+from dllm_jax.attention.policy import Dense, Mode, switch_rows
 from sdar_methods_testing import masked_attention
 
 pytestmark = pytest.mark.filterwarnings("ignore::DeprecationWarning")
@@ -179,7 +180,7 @@ def test_switch_rows_runs_only_the_branches_some_row_needs():
 def test_dense_split_kv_equals_xla_on_rows_of_different_lengths(rng):
     q, k, v = inputs(rng, 3)
     kv_len = lengths(3)
-    split, _ = Dense("split_kv").attend(q, k, v, (), Mode.DENSE, kv_len=kv_len)
+    split, _ = Dense("interpret").attend(q, k, v, (), Mode.DENSE, kv_len=kv_len)  # the split-KV kernel
     xla, _ = Dense("xla").attend(q, k, v, (), Mode.DENSE, kv_len=kv_len)
     np.testing.assert_allclose(split, xla, atol=1e-6)
     assert_exact(split, q, k, v, kv_len, range(3))
@@ -187,20 +188,27 @@ def test_dense_split_kv_equals_xla_on_rows_of_different_lengths(rng):
     np.testing.assert_allclose(auto, xla, atol=1e-6)
 
 
-def test_dense_implementation_choice_and_bad_names(rng):
+def uses_split_kv(backend, q, k, **masks):
+    return backends.dense(backend, q, k, **masks)[0] == "split_kv"
+
+
+def test_dense_backend_choice_and_bad_names(rng):
     q, k, _ = inputs(rng, 2)
     kv_len = lengths(2)
-    assert uses_split_kv("split_kv", q, k, kv_len=kv_len)
-    assert not uses_split_kv("split_kv", q, k, kv_len=kv_len, mask=jnp.ones((N, CAP), bool))  # the prefill
-    assert not uses_split_kv("split_kv", q, k)  # no KV cache (LLaDA)
+    assert uses_split_kv("triton", q, k, kv_len=kv_len)
+    assert not uses_split_kv("triton", q, k, kv_len=kv_len, mask=jnp.ones((N, CAP), bool))  # the prefill
+    assert not uses_split_kv("triton", q, k)  # no KV cache (LLaDA)
     assert not uses_split_kv("xla", q, k, kv_len=kv_len) and not uses_split_kv("cudnn", q, k, kv_len=kv_len)
+    assert not uses_split_kv("reference", q, k, kv_len=kv_len)
     if jax.default_backend() != "gpu":
         assert not uses_split_kv("auto", q.astype(jnp.bfloat16), k.astype(jnp.bfloat16), kv_len=kv_len)
     assert Dense() == Dense() and hash(Dense()) == hash(Dense("auto")) and Dense("xla") != Dense()
-    assert dataclasses.replace(Dense(), implementation="cudnn").implementation == "cudnn"
-    for bad in ("flash", "", "XLA"):
-        with pytest.raises(ValueError, match=f"implementation='{bad}'"):
+    assert dataclasses.replace(Dense(), backend="cudnn").backend == "cudnn"
+    for bad in ("flash", "", "XLA", "split_kv", "pallas"):
+        with pytest.raises(ValueError, match=f"backend='{bad}'"):
             Dense(bad)
+    with pytest.raises(ValueError, match="is now Dense\\(backend="):  # the old keyword: refused, not an alias
+        Dense(implementation="xla")
 
 
 @pytest.mark.gpu
@@ -231,13 +239,13 @@ def test_pallas_per_row_modes_match_the_reference_on_gpu(rng, inner):
     q0, q1 = (jnp.asarray(rng.standard_normal((b, n, hq, d)), jnp.bfloat16) for _ in range(2))
     mixed = jnp.asarray([Mode.SPARSE, Mode.REFRESH, Mode.DENSE, Mode.ESTIMATE], jnp.int32)
     results = {}
-    for backend in ("pallas", "reference"):
+    for backend in ("auto", "reference"):
         fb = FlashBlock(tau=2, inner=None if inner is None else dataclasses.replace(inner, backend=backend),
                         backend=backend)
         state = fb.init_state(batch=b, num_heads=hq, num_kv_heads=hkv, q_len=n, kv_len=cap, head_dim=d)
         attend = jax.jit(fb.attend)
         _, state = attend(q0, k, v, state, jnp.full((b,), Mode.ESTIMATE, jnp.int32), kv_len=kv_len)
         results[backend] = np.asarray(attend(q1, k, v, state, mixed, kv_len=kv_len)[0], np.float32)
-    got, expected = results["pallas"], results["reference"]
+    got, expected = results["auto"], results["reference"]
     assert np.isfinite(got).all()
     assert np.linalg.norm(got - expected) / np.linalg.norm(expected) < 2e-2

@@ -9,21 +9,12 @@ import jax
 import jax.numpy as jnp
 
 import pallas_kernels as pk
+from dllm_jax.attention import backends
 
 
 def matmul_precision(dtype):
     """HIGHEST for fp32 (XLA would otherwise use TF32 on NVIDIA GPUs), DEFAULT for bf16/fp16."""
     return jax.lax.Precision.HIGHEST if jnp.dtype(dtype) == jnp.float32 else jax.lax.Precision.DEFAULT
-
-
-def dense_implementation(dtype, head_dim: int) -> str:
-    """'cudnn' (flash attention) on a GPU for bf16/fp16 and head_dim the kernel supports, else 'xla'.
-
-    cuDNN has no fp32 path, so fp32 (numerics runs) always uses XLA.
-    """
-    on_gpu = jax.default_backend() == "gpu"
-    half = jnp.dtype(dtype) in (jnp.dtype(jnp.bfloat16), jnp.dtype(jnp.float16))
-    return "cudnn" if on_gpu and half and head_dim <= 128 and head_dim % 8 == 0 else "xla"
 
 
 def combined_mask(key_mask, mask, kv_len, n: int, s: int):
@@ -65,7 +56,12 @@ def xla_attention(q, k, v, *, key_mask=None, mask=None, kv_len=None, scale=None)
     return out.reshape(b, n, hq, d).astype(q.dtype)
 
 
-def dense_attention(q, k, v, *, key_mask=None, mask=None, kv_len=None, scale=None, implementation=None):
+# The backends this function implements itself (the Pallas ones go through `kernels.attention`).
+DENSE_BACKENDS = ("auto", "reference", "xla", "cudnn")
+
+
+def dense_attention(q, k, v, *, key_mask=None, mask=None, kv_len=None, scale=None, backend="auto",
+                    implementation=None):
     """Softmax attention of every query over the keys it may see (bidirectional unless `mask` says).
 
     Args:
@@ -76,17 +72,21 @@ def dense_attention(q, k, v, *, key_mask=None, mask=None, kv_len=None, scale=Non
         key j (e.g. block-causal).
       kv_len: optional int32 scalar or [B]: keys at or beyond it are hidden (a KV cache's fill).
       scale: logit scale, default 1/sqrt(D).
-      implementation: 'cudnn' or 'xla'; default chosen by `dense_implementation`.
+      backend: "auto" (`backends.dense_default`: cuDNN on a GPU for bf16/fp16, XLA otherwise),
+        "reference" / "xla" (the jnp `xla_attention`) or "cudnn" (names of `dllm_jax.attention.backends`;
+        the Pallas kernels are reached through `Dense(backend=...)`).
+      implementation: the old name of `backend`, refused (ValueError) so that one keyword remains.
     Returns:
       [B, L, Hq, D] in q's dtype.
     """
     scale = pk.check_scale(scale)  # the kernels' rule: NaN, Inf, <= 0, bools and strings refused
-    if implementation is None:
-        implementation = dense_implementation(q.dtype, q.shape[-1])
-    if implementation == "xla":
+    if implementation is not None:
+        raise ValueError(f"dense_attention(implementation={implementation!r}) is now backend=, one of {DENSE_BACKENDS}")
+    backends.check(backend, "dense_attention backend", DENSE_BACKENDS)
+    if backend == "auto":
+        backend = backends.dense_default(q.dtype, q.shape[-1])
+    if backend in ("reference", "xla"):
         return xla_attention(q, k, v, key_mask=key_mask, mask=mask, kv_len=kv_len, scale=scale)
-    if implementation != "cudnn":
-        raise ValueError(f"implementation must be 'cudnn' or 'xla', got {implementation!r}")
     b, n, s = q.shape[0], q.shape[1], k.shape[1]
     seq_lengths = None
     if kv_len is not None and key_mask is None and mask is None:

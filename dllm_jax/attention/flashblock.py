@@ -42,7 +42,7 @@ from dllm_jax import validation
 from dllm_jax.attention import kernels
 from dllm_jax.attention.mage import (MAGE, block_keys, prefix_counts, row_lengths, selected_attention,
                                      split_exact_attention)
-from dllm_jax.attention.policy import AttentionPolicy, Mode, check_field, field_label, switch_rows
+from dllm_jax.attention.policy import AttentionPolicy, Mode, check_backend, check_field, switch_rows
 
 
 def complement_indices(indices, prefix_len, capacity: int):
@@ -85,7 +85,7 @@ class FlashBlock(AttentionPolicy):
         if self.inner is not None and not isinstance(self.inner, MAGE):
             raise ValueError(f"FlashBlock.inner must be a MAGE config or None, got {self.inner!r} "
                              f"({type(self.inner).__name__})")
-        kernels.check_backend(self.backend, field_label(self, "backend"))
+        check_backend(self)
 
     def init_state(self, *, batch, num_heads, num_kv_heads, q_len, kv_len, head_dim):
         inner = () if self.inner is None else self.inner.init_state(

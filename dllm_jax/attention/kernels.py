@@ -1,67 +1,74 @@
-"""How attention policies reach the Pallas kernels: one backend switch shared by every method.
-
-backend "auto" runs the Pallas kernels on a GPU and their pure-jnp references (same signatures,
-same results) elsewhere; "pallas" forces the kernels (each picks Mosaic GPU on Hopper where it has a
-Mosaic version, Triton otherwise), "mosaic" insists on the Mosaic kernels where they exist (an error
-where the inputs don't fit them), "triton" forces the Triton kernels, "interpret" runs the Triton
-kernels in Pallas interpret mode (slow; for tests on CPU), "reference" forces the references.
+"""How attention policies reach the Pallas kernels: the entry layer where a policy's `backend`
+(the vocabulary of `dllm_jax.attention.backends`) is resolved, once per operation, into the concrete
+code that runs; the `pallas_kernels` entry points get that concrete choice ("triton" or "mosaic",
+with `interpret=True` for "interpret") and never "auto".
 """
 
 from __future__ import annotations
 
-import jax
-
 import pallas_kernels as pk
-from pallas_kernels import mosaic
+from dllm_jax.attention import backends
 from dllm_jax.attention.dense import dense_attention
 
-BACKENDS = ("auto", "pallas", "mosaic", "triton", "interpret", "reference")
 # the kernels that have a Mosaic GPU version and so take a `backend` argument of their own
 _MOSAIC_KERNELS = (pk.flash_attention, pk.block_sparse_attention)
 
 
 def check_backend(backend: str, name: str = "backend") -> None:
-    if not isinstance(backend, str) or backend not in BACKENDS:
-        raise ValueError(f"{name}={backend!r} is not one of {BACKENDS}")
+    """A sparse method's backend (`backends.METHOD_BACKENDS`): ValueError naming `name` otherwise."""
+    backends.check(backend, name, backends.METHOD_BACKENDS)
 
 
-def resolve(backend: str) -> str:
-    if backend == "auto":
-        return "pallas" if jax.default_backend() == "gpu" else "reference"
-    return backend
+def run(kernel, reference, which: str, *args, **kwargs):
+    """`kernel(*args, **kwargs)` or `reference(...)` for a resolved choice `which` ('reference',
+    'triton', 'mosaic' or 'interpret'): the kernel entry is told exactly what to run."""
+    if which == "reference":
+        return reference(*args, **kwargs)
+    if kernel in _MOSAIC_KERNELS:
+        kwargs["backend"] = "mosaic" if which == "mosaic" else "triton"
+    return kernel(*args, interpret=which == "interpret", **kwargs)
 
 
 def call(kernel, reference, backend: str, *args, **kwargs):
-    """`kernel(*args, **kwargs)` or `reference(...)` as the backend says."""
-    which = resolve(backend)
-    if which == "reference":
-        return reference(*args, **kwargs)
-    if which in ("mosaic", "triton") and kernel in _MOSAIC_KERNELS:
-        kwargs["backend"] = which
-    return kernel(*args, interpret=which == "interpret", **kwargs)
+    """`kernel(*args, **kwargs)` or `reference(...)` as `backend` resolves for these inputs (args[0]
+    is the queries; `block_q` / `block_kv` are the pattern's blocks where the kernel takes them)."""
+    which = backends.kernel(backend, args[0], mosaic_kernel=kernel in _MOSAIC_KERNELS, scale=kwargs.get("scale"),
+                            block_q=kwargs.get("block_q"), block_kv=kwargs.get("block_kv"),
+                            name=getattr(kernel, "__name__", "kernel"))
+    return run(kernel, reference, which, *args, **kwargs)
+
+
+def attention(q, k, v, backend: str, *, key_mask=None, mask=None, kv_len=None, scale=None):
+    """Dense attention of every query over the keys the masks leave (as `dense_attention` takes
+    them) by the code `backends.dense` resolves: `dense_attention` (cuDNN or XLA), the split-KV
+    kernel or the flash kernel. Returns out [B, L, Hq, D]."""
+    op, which = backends.dense(backend, q, k, kv_len=kv_len, key_mask=key_mask, mask=mask)
+    if op == "split_kv":
+        return run(pk.split_kv_attention, pk.split_kv_attention_reference, which, q, k, v, kv_len=kv_len, scale=scale)
+    if op == "flash":
+        return run(pk.flash_attention, pk.flash_attention_reference, which, q, k, v, kv_len=kv_len, scale=scale)
+    return dense_attention(q, k, v, key_mask=key_mask, mask=mask, kv_len=kv_len, scale=scale, backend=which)
 
 
 def runs_block_mass(q, block: int, scale, backend: str) -> bool:
     """Whether SparseD's estimation can run fused (`block_mass`): the Mosaic kernel is what the
-    backend runs here and it takes these inputs with key tiles of `block`."""
-    which = resolve(backend)
-    if which not in ("pallas", "mosaic"):
-        return False
-    scale = scale if scale is not None else q.shape[-1] ** -0.5
-    return mosaic.choose("mosaic" if which == "mosaic" else "auto", q, scale=scale, interpret=False,
-                            triton_knobs=False, name="SparseD estimation", block_kv=block) == "mosaic"
+    backend runs here and it takes these inputs with key tiles of `block` ("mosaic": a ValueError
+    naming why where it cannot)."""
+    return backends.kernel(backend, q, mosaic_kernel=True, scale=scale, block_kv=block,
+                           name="SparseD estimation") == "mosaic"
 
 
 def block_mass(q, k, v, block: int, scale, backend: str):
-    """(o, lse, mass): attention with each query's log-mass per key tile of `block` (one pass)."""
-    return call(pk.flash_block_mass, pk.flash_block_mass_reference, backend, q, k, v, block_kv=block,
-                scale=scale)
+    """(o, lse, mass): attention with each query's log-mass per key tile of `block` (one pass; the
+    kernel is Mosaic-only, so callers ask `runs_block_mass` first)."""
+    which = backends.kernel(backend, q, mosaic_kernel=True, scale=scale, block_kv=block, name="flash_block_mass")
+    return run(pk.flash_block_mass, pk.flash_block_mass_reference, which, q, k, v, block_kv=block, scale=scale)
 
 
 def dense(q, k, v, backend: str):
-    """The dense steps of a method use the same attention as dense generation (cuDNN on GPU)."""
-    del backend
-    return dense_attention(q, k, v)
+    """A method's dense steps: unmasked attention by its own backend (under "auto" the same code as
+    dense generation, cuDNN on a GPU; "reference" the jnp attention)."""
+    return attention(q, k, v, backend)
 
 
 def flash_lse(q, k, scale, backend: str):

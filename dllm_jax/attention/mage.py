@@ -32,7 +32,7 @@ from jax.sharding import PartitionSpec as P
 import pallas_kernels as pk
 from dllm_jax import validation
 from dllm_jax.attention import kernels
-from dllm_jax.attention.policy import AttentionPolicy, Mode, check_field, field_label, switch_rows
+from dllm_jax.attention.policy import AttentionPolicy, Mode, check_backend, check_field, field_label, switch_rows
 
 
 SOFTMAX_OVER = ("prefix", "prefix+block")  # Eq. 3 (the default); this project's earlier rule
@@ -139,7 +139,7 @@ class MAGE(AttentionPolicy):
         check_field(self, "k", validation.integer, maximum=validation.INT32_MAX)
         check_field(self, "exact_layers", validation.integer, minimum=0, maximum=validation.INT32_MAX)
         check_softmax_over(self.softmax_over, field_label(self, "softmax_over"))
-        kernels.check_backend(self.backend, field_label(self, "backend"))
+        check_backend(self)
 
     def init_state(self, *, batch, num_heads, num_kv_heads, q_len, kv_len, head_dim):
         return jnp.zeros((batch, num_kv_heads, self.k), jnp.int32), jnp.zeros((), bool)

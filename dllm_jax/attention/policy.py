@@ -54,9 +54,7 @@ import jax
 import jax.numpy as jnp
 
 from dllm_jax import validation
-from dllm_jax.attention import kernels
-from dllm_jax.attention.dense import dense_attention
-from pallas_kernels import split_kv as split_kv_kernels
+from dllm_jax.attention import backends, kernels
 
 
 class Mode(enum.IntEnum):
@@ -135,54 +133,45 @@ def check_power_of_two(policy, name: str, minimum: int = 16) -> None:
         raise ValueError(f"{field_label(policy, name)}={value} must be a power of two >= {minimum}")
 
 
-DENSE_IMPLEMENTATIONS = ("auto", "split_kv", "cudnn", "xla")
-HALF_DTYPES = (jnp.dtype(jnp.bfloat16), jnp.dtype(jnp.float16))
-
-
-def uses_split_kv(implementation: str, q, k, *, kv_len=None, key_mask=None, mask=None) -> bool:
-    """Whether `Dense(implementation)` attends this call through the split-KV kernel: only calls
-    hidden by a fill length alone (SDAR block steps against the cache) qualify. "split_kv" takes
-    every such call; "auto" those on a GPU in a half dtype whose block fits the kernel's tile."""
-    if kv_len is None or key_mask is not None or mask is not None or implementation not in ("auto", "split_kv"):
-        return False
-    if implementation == "split_kv":
-        return True
-    fits = split_kv_kernels.supported_block(q.shape[1], q.shape[2], k.shape[2], q.shape[3])
-    return jax.default_backend() == "gpu" and jnp.dtype(q.dtype) in HALF_DTYPES and fits
+def check_backend(policy, choices: tuple[str, ...] = backends.METHOD_BACKENDS) -> None:
+    """The policy's `backend` field: one of `choices` (a subset of `backends.BACKENDS`), else a
+    ValueError naming the field and the choices."""
+    backends.check(policy.backend, field_label(policy, "backend"), choices)
 
 
 @dataclasses.dataclass(frozen=True)
 class Dense(AttentionPolicy):
     """The default policy: exact attention, no state.
 
-    implementation: "auto" (default): a block against a KV cache (`kv_len` and no other mask) on a GPU
-      in bf16/fp16 runs the split-KV Pallas kernel (it reads the cache near copy bandwidth; cuDNN
-      reads it at a fraction of that); every other call `dense_attention` (cuDNN flash attention on
-      GPU for bf16, XLA otherwise). "split_kv": every kv_len-only call through the split-KV kernel
-      (its jnp reference off-GPU), the rest as "auto"; "cudnn" / "xla": `dense_attention` with that
-      implementation for every call.
+    backend: one of `backends.BACKENDS`, resolved per call by `backends.dense` (the table there).
+      "auto" (default): a block against a KV cache (`kv_len` and no other mask) on a GPU in
+      bf16/fp16 runs the split-KV Pallas kernel (it reads the cache near copy bandwidth; cuDNN
+      reads it at a fraction of that); every other call cuDNN flash attention on GPU for bf16/fp16,
+      XLA otherwise. "reference" / "xla": the jnp attention for every call; "cudnn": cuDNN for every
+      call; "triton" / "mosaic" / "interpret": the Pallas kernels for calls without a key or block
+      mask (split-KV or flash), the dense default for masked ones.
+    implementation: the old name of `backend`, refused with a ValueError (one keyword, one vocabulary).
     """
 
-    implementation: str = "auto"
+    backend: str = "auto"
+    implementation: dataclasses.InitVar[str | None] = None
 
-    def __post_init__(self):
-        if not isinstance(self.implementation, str) or self.implementation not in DENSE_IMPLEMENTATIONS:
-            raise ValueError(f"Dense.implementation={self.implementation!r} is not one of {DENSE_IMPLEMENTATIONS}")
+    def __post_init__(self, implementation):
+        if implementation is not None:
+            raise ValueError(f"Dense(implementation={implementation!r}) is now Dense(backend=...), one of "
+                             f"{backends.BACKENDS} ('split_kv' is 'triton')")
+        check_backend(self, backends.BACKENDS)
 
     def mode(self, step):
         return Mode.DENSE
 
     def attend(self, q, k, v, state, mode, *, key_mask=None, mask=None, kv_len=None, scale=None):
-        if uses_split_kv(self.implementation, q, k, kv_len=kv_len, key_mask=key_mask, mask=mask):
-            # "auto" gets here only on a GPU, where the backend switch picks the Pallas kernel
-            return kernels.split_kv(q, k, v, kv_len, "auto", scale)[0], state
-        implementation = self.implementation if self.implementation in ("cudnn", "xla") else None
-        return dense_attention(q, k, v, key_mask=key_mask, mask=mask, kv_len=kv_len, scale=scale,
-                               implementation=implementation), state
+        return kernels.attention(q, k, v, self.backend, key_mask=key_mask, mask=mask, kv_len=kv_len,
+                                 scale=scale), state
 
     def attend_window(self, q, k, v, state, mode, *, start, **masks):
-        # cuDNN, as every call without a fill length: the split-KV kernel (kv_len = L) measured no faster
-        # for LLaDA-8B's 32-query windows (459.6 vs 468.8 tok/s at 1k, 102.9 vs 101.2 at 8k, H200)
+        # cuDNN under "auto", as every call without a fill length: the split-KV kernel (kv_len = L) measured
+        # no faster for LLaDA-8B's 32-query windows (459.6 vs 468.8 tok/s at 1k, 102.9 vs 101.2 at 8k, H200)
         return self.attend(q, k, v, state, mode, **masks)[0]
 
 

@@ -25,7 +25,7 @@ from jax.sharding import PartitionSpec as P
 import pallas_kernels as pk
 from dllm_jax import validation
 from dllm_jax.attention import kernels
-from dllm_jax.attention.policy import (AttentionPolicy, Mode, check_field, check_power_of_two, field_label,
+from dllm_jax.attention.policy import (AttentionPolicy, Mode, check_backend, check_field, check_power_of_two,
                                        window_rows)
 
 
@@ -85,7 +85,7 @@ class PulseCol(AttentionPolicy):
         check_power_of_two(self, "group_size")
         check_field(self, "eta", validation.real, low=0, high=1, low_open=True)
         check_field(self, "refreshes", validation.integer)
-        kernels.check_backend(self.backend, field_label(self, "backend"))
+        check_backend(self)
         check_field(self, "total_steps", validation.integer, optional=True)
 
     def bind(self, *, total_steps: int, **_):

@@ -30,7 +30,8 @@ from jax.sharding import PartitionSpec as P
 import pallas_kernels as pk
 from dllm_jax import validation
 from dllm_jax.attention import kernels
-from dllm_jax.attention.policy import AttentionPolicy, Mode, check_field, check_power_of_two, field_label
+from dllm_jax.attention.policy import (AttentionPolicy, Mode, check_backend, check_field, check_power_of_two,
+                                     field_label)
 
 DENSE_HEAD = dict(simthreshd1=1.0, cdfthreshd=1.0, pvthreshd=50.0)  # the official autotune's "not sparse"
 
@@ -88,7 +89,7 @@ class SpargeAttn(AttentionPolicy):
     Each of the four: a scalar, one value per query head, or [layers][heads] (see `from_calibration`).
     smooth_k, block_q, block_kv, attention_sink: as `pallas_kernels.sparge_attention` (64 x 128 tiles).
     skip: fraction of the total steps run dense first (0: sparse from step 0).
-    backend: "auto" (Pallas on GPU, references elsewhere), "pallas", "interpret", "reference".
+    backend: as SparseD's (`backends.METHOD_BACKENDS`; "auto": Pallas on GPU, references elsewhere).
     """
 
     simthreshd1: float | tuple = -0.1
@@ -120,7 +121,7 @@ class SpargeAttn(AttentionPolicy):
         check_field(self, "skip", validation.real)
         if not 0.0 <= self.skip < 1.0:
             raise ValueError(f"{field_label(self, 'skip')}={self.skip} must lie in [0, 1)")
-        kernels.check_backend(self.backend, field_label(self, "backend"))
+        check_backend(self)
         check_field(self, "total_steps", validation.integer, optional=True)
 
     @classmethod

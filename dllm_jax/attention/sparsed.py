@@ -28,7 +28,7 @@ import pallas_kernels as pk
 from pallas_kernels._common import mask_to_lists
 from dllm_jax import validation
 from dllm_jax.attention import kernels
-from dllm_jax.attention.policy import (AttentionPolicy, Mode, check_field, check_power_of_two, field_label,
+from dllm_jax.attention.policy import (AttentionPolicy, Mode, check_backend, check_field, check_power_of_two,
                                        window_rows)
 
 
@@ -106,8 +106,10 @@ class SparseD(AttentionPolicy):
     block_size: pattern block (128 for long contexts, 32 for short; a power of two >= 16).
     scale_quirk: score with 1/sqrt(num_heads) as LLaDA's official code does (attention itself
       always uses 1/sqrt(head_dim)).
-    backend: "auto" (Pallas kernels on GPU, their jnp references elsewhere), "pallas", "mosaic",
-      "triton", "interpret" (Pallas interpret mode) or "reference" (see `attention.kernels`). Where
+    backend: one of `backends.METHOD_BACKENDS`, for every step including the dense ones: "auto"
+      (Pallas kernels on GPU, their jnp references elsewhere; dense steps cuDNN on GPU), "reference"
+      (pure jnp everywhere), "triton", "mosaic" or "interpret" (Pallas interpret mode; the table in
+      `dllm_jax.attention.backends`). Where
       the Mosaic GPU kernel runs (Hopper), the estimation step is one fused pass
       (`flash_block_mass`: output, LSE and per-tile mass) instead of flash + two scoring passes +
       dense attention; the quirk's different scoring scale keeps the unfused path.
@@ -126,7 +128,7 @@ class SparseD(AttentionPolicy):
         check_field(self, "select", validation.real, low=0, high=1, low_open=True)
         check_power_of_two(self, "block_size")
         check_field(self, "scale_quirk", validation.flag)
-        kernels.check_backend(self.backend, field_label(self, "backend"))
+        check_backend(self)
         check_field(self, "total_steps", validation.integer, optional=True)
         check_field(self, "prefill_len", validation.integer, optional=True, minimum=0)
 

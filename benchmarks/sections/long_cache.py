@@ -1,0 +1,119 @@
+"""Section `mage128k`: one output block of the SDAR generate loop against a long cache, dense and MAGE."""
+
+from __future__ import annotations
+
+import gc
+import json
+import time
+
+import jax
+import jax.numpy as jnp
+from dllm_jax.attention.methods import describe
+from dllm_jax.bench import family_methods, time_carried
+
+from .measure import OUT_OF_TIME, activation_bytes, error_row, kv_bytes_per_position, memory_verdict, weight_bytes, with_copy
+from .plan import Plan
+from .sdar import sdar_options
+from .tables import cell, markdown_table
+
+SECTION = "mage128k"
+
+
+def long_rows(model, config, plan: Plan, *, baseline: bool, copy: dict | None, deadline: float):
+    """Dense and MAGE: the time of one output block of the generate loop (`denoise_block`: the block's
+    denoising forwards and its commit) against a long cache, in the loop's own code."""
+    from dllm_jax.attention.policy import Dense
+    from dllm_jax.generate import sdar as gen
+
+    params = model.params()
+    w = weight_bytes(params, config)
+    s, n = plan.long_prompt, config.block_size
+    options = gen.SDAROptions(**sdar_options(plan))
+    policies = {"dense": Dense(), "mage": family_methods("SDAR", small=plan.small_methods)["mage"]}
+    repeats = 3
+    for batch in plan.long_batches:
+        point = dict(cache=s, batch=batch, block=n, steps=plan.sdar_steps)
+        capacity = s + (repeats + 3) * n
+        need = batch * capacity * kv_bytes_per_position(config) + activation_bytes(config, 2 * batch * n)
+        reason = OUT_OF_TIME if time.monotonic() > deadline else memory_verdict(need)
+        if reason:
+            yield dict(section="mage128k", **point, skipped=reason)
+            continue
+        masks = jnp.full((batch, n), config.mask_token_id, jnp.int32)
+        dense_ms = None
+        for name, policy in policies.items():
+            what = dict(point, method=name)
+            cache = state = None
+            try:
+                gc.collect()
+                # zeros stand in for a prefill: attention cost does not depend on the values
+                cache = model.init_cache(batch, capacity)
+                state = gen.sdar_model.init_policy_state(policy, config, batch, capacity)
+                loop = block_loop(gen, params, masks, policy, options, config, batch, baseline)
+                at = lambda c: c.replace(length=jnp.full(c.length.shape, s, jnp.int32))
+
+                def one(carry):
+                    cur, c, st = loop(at(carry[0]), carry[1])
+                    return cur, (c, st)
+                t, (cache, state) = time_carried(one, (cache, state), repeats=repeats, warmup=1)
+                row = dict(section="mage128k", **what, config=describe(None if name == "dense" else policy),
+                           block_ms=t * 1e3, commit="own forward" if baseline else "fused with the next block's "
+                           "first step")
+                if name == "dense":
+                    dense_ms = t * 1e3
+                    kv = batch * (s + n) * kv_bytes_per_position(config)
+                    forwards = plan.sdar_steps + 1 if baseline else plan.sdar_steps
+                    tb_s = forwards * (w + kv) / t / 1e12
+                    row = with_copy(row | dict(weight_bytes=w, kv_bytes=kv, forwards_per_block=forwards, tb_s=tb_s),
+                                    tb_s, copy)
+                elif dense_ms is not None:
+                    row["speedup_vs_dense"] = dense_ms / (t * 1e3)
+            except Exception as e:
+                row = error_row("mage128k", what, e)
+            del cache, state
+            print(json.dumps(row), flush=True)
+            yield row
+        gc.collect()
+
+
+def block_loop(gen, params, masks, policy, options, config, batch: int, baseline: bool):
+    """(cache, policy_state) -> (block, cache, policy_state): one output block of the generate loop,
+    jitted with the cache and state donated. The pre-issue-17 loop committed each block in a forward
+    of its own; the current one commits the previous block in the first step (here: one pending)."""
+    key = jax.random.key(0)
+    # params go in as an argument: captured by the closure they would be compiled in as constants
+    if baseline:
+        fn = jax.jit(lambda p, c, st: gen.denoise_block(p, masks, c, st, key, jnp.int32(0), config=config,
+                                                        options=options, policy=policy)[:3], donate_argnums=(1, 2))
+        return lambda c, st: fn(params, c, st)
+    steps = jnp.full((batch,), options.denoising_steps, jnp.int32)
+    finished = gen.Finished(ids=jnp.zeros_like(masks), pending=jnp.ones((batch,), bool),
+                            mode=jnp.broadcast_to(policy.block_mode(steps, unmasked=jnp.zeros_like(steps), commit=True),
+                                                  (batch,)).astype(jnp.int32))
+    active = jnp.ones((batch,), bool)
+    draws = jnp.zeros((batch,), jnp.int32)
+    fn = jax.jit(lambda p, c, st: gen.denoise_block(p, masks, c, st, key, draws, active, finished, config=config,
+                                                    options=options, policy=policy)[:3], donate_argnums=(1, 2))
+    return lambda c, st: fn(params, c, st)
+
+
+COMPARED = (("cache", "batch", "method"), "block_ms", "ms/block", False)
+
+
+def table(meta: dict, rows: list[dict]) -> list[str]:
+    header = ["cache", "batch", "method", "per block", "commit", "vs dense", "dense TB/s", "of copy"]
+    cells = []
+    for r in rows:
+        head = [r["cache"], r["batch"], r.get("method", "")]
+        if "skipped" in r or "error" in r:
+            cells.append(head + [(r.get("skipped") or r["error"])[:140]])
+            continue
+        cells.append(head + [f"{r['block_ms']:.1f} ms", r["commit"], cell(r.get("speedup_vs_dense"), ".2f", "x"),
+                             cell(r.get("tb_s")), cell(r.get("fraction_of_copy"), ".0%")])
+    return ["", "## Long cache: time per output block (the generate loop's `denoise_block`: 4 steps + the commit)",
+            "", *markdown_table(header, cells)]
+
+
+def headline(r: dict) -> str:
+    extra = f", {r['speedup_vs_dense']:.2f}x dense" if "speedup_vs_dense" in r else ""
+    return f"| {r['cache']} cache B={r['batch']} {r['method']} | {r['block_ms']:.1f} ms/block{extra} |"

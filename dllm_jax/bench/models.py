@@ -1,0 +1,45 @@
+"""The models `dllm-jax bench` and benchmarks/*.py time: random weights at a shipped or tiny config, and the
+attention methods timed per family."""
+
+from __future__ import annotations
+
+import dataclasses
+
+import jax
+
+
+FAMILIES = {"llada": "LLaDA", "sdar": "SDAR", "dream": "Dream", "llada2": "LLaDA2"}  # config.family -> name
+
+
+def family_methods(family: str, small: bool) -> dict:
+    """The methods timed per family: the defaults at real sizes, scaled-down blocks for tiny ones."""
+    from dllm_jax.attention.methods import make_method
+
+    if family in ("LLaDA", "Dream"):  # both bidirectional: the same methods
+        params = dict(sparsed=dict(block_size=16), pulsecol=dict(group_size=16), sparge=dict(block_q=16, block_kv=16))
+        names = ["sparsed", "pulsecol", "sparge"]
+    else:
+        params = {"mage": dict(k=16, exact_layers=1), "flashblock+mage": dict(k=16, exact_layers=1)}
+        names = ["mage", "flashblock", "flashblock+mage"]
+    return {"dense": None} | {name: make_method(name, **(params.get(name, {}) if small else {})) for name in names}
+
+
+def model_for(name: str, *, layers: int | None, context: int, dtype, execution: str | None = None, mesh=None):
+    """(model, config) with random weights: a shipped config name, or "tiny-llada" / "tiny-sdar" / "tiny-dream" /
+    "tiny-llada2"; `execution` and `mesh` as `load_model` takes them (None: its default, one device)."""
+    from dllm_jax.checkpoint.api import model_from_params
+    from dllm_jax.config import shipped_config
+    from dllm_jax.testing import (random_params, tiny_dream_config, tiny_llada2_config, tiny_llada_config,
+                                  tiny_sdar_config)
+
+    tiny = {"tiny-llada": tiny_llada_config, "tiny-sdar": tiny_sdar_config, "tiny-dream": tiny_dream_config,
+            "tiny-llada2": tiny_llada2_config}
+    config = tiny.get(name, lambda: shipped_config(name))()
+    changes = dict(max_position_embeddings=max(config.max_position_embeddings, context))  # random weights: no limit
+    if layers is not None:
+        changes["num_layers"] = layers
+    if hasattr(config, "eos_token_ids"):
+        changes["eos_token_ids"] = ()  # no stop token: random weights would stop at a random EOS
+    config = dataclasses.replace(config, **changes)
+    layout = {} if execution is None else dict(execution=execution)
+    return model_from_params(config, random_params(config, jax.random.key(0), dtype), mesh=mesh, **layout), config
