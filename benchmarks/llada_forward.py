@@ -22,7 +22,8 @@ import jax.numpy as jnp
 from dllm_jax.bench import (call_times, fmt, markdown_table, median_min_max, profiled_attention_share,
                             write_results)
 from dllm_jax import shipped_config
-from dllm_jax.attention.dense import dense_attention, dense_implementation
+from dllm_jax.attention import backends
+from dllm_jax.attention.dense import dense_attention
 from dllm_jax.attention.policy import Dense
 from dllm_jax.models.llada import forward
 from dllm_jax.models.layers import prepare_params
@@ -86,7 +87,7 @@ def main():
         benchmark="llada_forward", device=device, jax=jax.__version__, date=datetime.date.today().isoformat(),
         model=f"LLaDA-8B-Instruct dimensions (d 4096, {config.num_layers} layers, 32 heads x 128, MLP 12288, "
               "vocab 126464), random bf16",
-        batch=1, attention_implementation=dense_implementation(jnp.bfloat16, config.head_dim),
+        batch=1, attention_implementation=backends.dense_default(jnp.bfloat16, config.head_dim),
         output="full float32 logits [1, N, 126464]", timing=f"median of {args.repeats} jitted calls after 2 warm-ups",
     )
     write_results(args.out, meta, rows, markdown(meta, rows, config.num_layers))

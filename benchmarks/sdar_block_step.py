@@ -24,7 +24,8 @@ import jax.numpy as jnp
 from dllm_jax.bench import (call_times, fmt, markdown_table, median_min_max, profiled_attention_share, time_calls,
                             write_results)
 from dllm_jax import shipped_config
-from dllm_jax.attention.dense import dense_attention, dense_implementation
+from dllm_jax.attention import backends
+from dllm_jax.attention.dense import dense_attention
 from dllm_jax.models.layers import prepare_params
 from dllm_jax.testing import random_params
 from dllm_jax.models.sdar import KVCache, block_step
@@ -94,7 +95,7 @@ def main():
         model=f"{args.config} dimensions (d {config.hidden_size}, {config.num_layers} layers, "
               f"{config.num_heads}/{config.num_kv_heads} heads x {config.head_dim}, MLP {config.intermediate_size}, "
               f"vocab {config.vocab_size}), random bf16 weights and cache",
-        batch=1, attention_implementation=dense_implementation(jnp.bfloat16, config.head_dim),
+        batch=1, attention_implementation=backends.dense_default(jnp.bfloat16, config.head_dim),
         timing=f"median of {args.repeats} jitted calls after 2 warm-ups, cache donated",
     )
     write_results(args.out, meta, rows, markdown(meta, rows, config.num_layers))

@@ -34,12 +34,11 @@ import jax.numpy as jnp
 
 from dllm_jax.bench import markdown_table, time_calls, time_carried, write_results
 from dllm_jax import PulseCol, SparseD, shipped_config
-from dllm_jax.attention import kernels
+from dllm_jax.attention import backends, kernels
 from dllm_jax.attention.policy import Mode
 from dllm_jax.models.llada import forward, init_policy_state
 from dllm_jax.models.layers import prepare_params
 from dllm_jax.testing import random_params
-from pallas_kernels import mosaic
 
 warnings.filterwarnings("ignore", category=DeprecationWarning)  # the Pallas Triton backend warns on use
 
@@ -73,12 +72,11 @@ def phase_times(method, phases, params, ids, config, logits_from, repeats):
 
 def kernel_path(kind, method, q) -> str:
     """Which kernels the method's Pallas calls take on this device for queries like q."""
-    which = kernels.resolve(method.backend)
-    if which not in ("pallas", "mosaic"):
-        return which
     block = method.block_size if kind == "sparsed" else None
-    family = mosaic.choose("mosaic" if which == "mosaic" else "auto", q, scale=q.shape[-1] ** -0.5, interpret=False,
-                           triton_knobs=False, name="sparse_llada", block_q=block, block_kv=block)
+    family = backends.kernel(method.backend, q, mosaic_kernel=True, scale=q.shape[-1] ** -0.5, block_q=block,
+                             block_kv=block, name="sparse_llada")
+    if family in ("reference", "interpret"):
+        return family
     if kind == "pulsecol":
         return f"{family} flash LSE, triton column kernels"
     fused = not method.scale_quirk and kernels.runs_block_mass(q, block, None, method.backend)

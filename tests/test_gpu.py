@@ -18,9 +18,9 @@ def test_cudnn_attention_matches_xla(rng, hq, hkv):
     b, n, d = 2, 1000, 128
     q, k, v = (jnp.asarray(rng.standard_normal(s), jnp.bfloat16) for s in [(b, n, hq, d), (b, n, hkv, d), (b, n, hkv, d)])
     key_mask = jnp.asarray(np.arange(n)[None, :] >= np.array([[0], [300]]))  # row 1 left-padded
-    out = dense_attention(q, k, v, key_mask=key_mask, implementation="cudnn")
+    out = dense_attention(q, k, v, key_mask=key_mask, backend="cudnn")
     expected = dense_attention(q.astype(jnp.float32), k.astype(jnp.float32), v.astype(jnp.float32),
-                               key_mask=key_mask, implementation="xla")
+                               key_mask=key_mask, backend="xla")
     err = np.linalg.norm(np.asarray(out, np.float32) - np.asarray(expected)) / np.linalg.norm(np.asarray(expected))
     assert err < 1e-2
 
@@ -83,6 +83,6 @@ def test_fast_dllm_window_through_the_pallas_kernels_matches_the_reference(rng, 
         state = (state[0].astype(jnp.uint16), state[1])
     window = q[:, start:start + width]
     outs = [p.attend_window(window, k, v, state, jnp.int32(Mode.SPARSE), start=jnp.int32(start))
-            for p in (policy, dataclasses.replace(policy, backend="pallas"))]
+            for p in (policy, dataclasses.replace(policy, backend="auto"))]
     expected, got = (np.asarray(o, np.float32) for o in outs)
     assert np.linalg.norm(got - expected) / np.linalg.norm(expected) < 2e-2
