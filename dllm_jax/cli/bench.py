@@ -21,7 +21,8 @@ def add_parser(subparsers) -> None:
                        help="attention sequence lengths (GPU 4096 16384; CPU 256 512)")
     bench.add_argument("--densities", type=fraction, nargs="+", default=[0.5, 0.3, 0.1],
                        help="fractions of key blocks / columns kept by the sparse kernels")
-    bench.add_argument("--heads", type=positive_int, default=32, help="attention heads (head_dim 128; at most 4 on a CPU)")
+    bench.add_argument("--heads", type=positive_int, default=32,
+                       help="attention heads (head_dim 128; at most 4 on a CPU)")
     bench.add_argument("--models", nargs="+", default=None,
                        help="shipped config names (e.g. dream-v0-instruct-7b) or tiny-llada / tiny-sdar / tiny-dream / "
                             "tiny-llada2 (GPU llada-8b-instruct sdar-8b-chat; CPU tiny-llada tiny-sdar)")

@@ -22,7 +22,8 @@ OPTION_DESTS = {
              "top_p": "top_p"},
 }
 # generate's option fields -> the flags that set them (every family), for its errors' messages
-OPTION_FLAGS = {field: "--" + dest.replace("_", "-") for dests in OPTION_DESTS.values() for field, dest in dests.items()}
+OPTION_FLAGS = {field: "--" + dest.replace("_", "-")
+                for dests in OPTION_DESTS.values() for field, dest in dests.items()}
 OPTION_FIELD = re.compile(r"(?<![\w.-])(" + "|".join(sorted(OPTION_FLAGS, key=len, reverse=True)) + r")(?:(=)|(?!\w))")
 
 

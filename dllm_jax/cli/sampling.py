@@ -74,22 +74,11 @@ def add_prompt_flags(parser: argparse.ArgumentParser) -> None:
 def add_option_flags(parser: argparse.ArgumentParser) -> None:
     """The flags of generate's options. Family-specific flags default to None ("not given"): given for the
     other family they are refused by name; unset, they take the Options dataclasses' defaults (options.py)."""
-    # One --gen-length for every family, with LLaDA's default (LLaDA2Options' own 2048 is the official
-    # generate's; the command line keeps one default for all)
-    gen_length = option_default("LLaDA", "gen_length")
-    parser.add_argument("--gen-length", type=positive_int, default=gen_length, metavar="N",
-                        help=f"new tokens ({gen_length}). LLaDA: gen_length, exactly this many (Dream: max_new_tokens, "
-                             "too). SDAR: max_new_tokens; SDAR decodes whole blocks of its block_size, and at most "
-                             "this many are printed (fewer after a stop token)")
-    parser.add_argument("--steps", type=positive_int, default=None, metavar="N",
-                        help="LLaDA and Dream steps in all (default gen-length) / SDAR denoising_steps per block "
-                             "(default block_size)")
-    parser.add_argument("--block-length", type=positive_int, default=None, metavar="N",
-                        help="LLaDA only: block_length (default gen-length)")
+    add_length_flags(parser)
+    greedy, sdar = option_default("LLaDA", "temperature"), option_default("SDAR", "temperature")
     parser.add_argument("--temperature", type=non_negative_float, default=None, metavar="T",
-                        help=f"sampling temperature: LLaDA and Dream default {option_default('LLaDA', 'temperature'):g} "
-                             f"(greedy); SDAR default {option_default('SDAR', 'temperature'):g}, must be > 0 "
-                             "(--top-k 1 is greedy)")
+                        help=f"sampling temperature: LLaDA and Dream default {greedy:g} (greedy); SDAR default "
+                             f"{sdar:g}, must be > 0 (--top-k 1 is greedy)")
     parser.add_argument("--cfg-scale", type=non_negative_float, default=None, metavar="S",
                         help="LLaDA only: classifier-free guidance (0: off)")
     parser.add_argument("--remasking", default=None, choices=list(remasking_families()), metavar="NAME",
@@ -104,6 +93,22 @@ def add_option_flags(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--alg-temp", type=non_negative_float, default=None, metavar="T",
                         help="Dream only: draw the committed positions from softmax(confidence / T) (0: the most "
                              "confident)")
+
+
+def add_length_flags(parser: argparse.ArgumentParser) -> None:
+    """--gen-length, --steps and --block-length."""
+    # One --gen-length for every family, with LLaDA's default (LLaDA2Options' own 2048 is the official
+    # generate's; the command line keeps one default for all)
+    gen_length = option_default("LLaDA", "gen_length")
+    parser.add_argument("--gen-length", type=positive_int, default=gen_length, metavar="N",
+                        help=f"new tokens ({gen_length}). LLaDA: gen_length, exactly this many (Dream: max_new_tokens, "
+                             "too). SDAR: max_new_tokens; SDAR decodes whole blocks of its block_size, and at most "
+                             "this many are printed (fewer after a stop token)")
+    parser.add_argument("--steps", type=positive_int, default=None, metavar="N",
+                        help="LLaDA and Dream steps in all (default gen-length) / SDAR denoising_steps per block "
+                             "(default block_size)")
+    parser.add_argument("--block-length", type=positive_int, default=None, metavar="N",
+                        help="LLaDA only: block_length (default gen-length)")
 
 
 def add_fast_dllm_flags(parser: argparse.ArgumentParser) -> None:
