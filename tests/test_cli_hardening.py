@@ -10,7 +10,8 @@ import sys
 
 import pytest
 
-from dllm_jax.cli import main, write_files
+from dllm_jax.cli import main
+from dllm_jax.cli.common import write_files
 from dllm_jax.eval import build_tokenizer
 from dllm_jax.generate import DreamOptions, LLaDAOptions
 from dllm_jax.testing import tiny_dream_config, tiny_llada_config, tiny_sdar_config

@@ -6,7 +6,8 @@ import re
 import numpy as np
 import pytest
 
-from dllm_jax.cli import answer_ids, main
+from dllm_jax.cli import main
+from dllm_jax.cli.generate import answer_ids
 from dllm_jax.testing import tiny_sdar_config, write_hf_checkpoint, write_tiny_tokenizer
 from dllm_jax.tokenizer import ChatTokenizer, left_pad
 
@@ -61,7 +62,8 @@ def test_several_prompts_answer_as_each_prompt_alone(checkpoints, tmp_path, caps
 
 
 def test_prompts_are_left_padded_and_one_prompt_goes_unpadded(checkpoints):
-    from dllm_jax.cli import build_parser, encode_prompts
+    from dllm_jax.cli import build_parser
+    from dllm_jax.cli.prompts import encode_prompts
     from dllm_jax.config import read_hf_config
 
     llada = str(checkpoints[0])

@@ -90,7 +90,8 @@ def test_method_flags_of_another_method_are_rejected(tmp_path, capsys):
 def test_sparge_flags_build_the_policy(tmp_path, capsys):
     from dllm_jax import SpargeAttn
     from dllm_jax.analysis.calibration import Calibration, save_calibration
-    from dllm_jax.cli import build_parser, method_from_args
+    from dllm_jax.cli import build_parser
+    from dllm_jax.cli.methods import method_from_args
 
     def method(*flags):
         return method_from_args(build_parser().parse_args(["generate", "--model", "m", "--prompt", "x", *flags]))
