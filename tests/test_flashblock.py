@@ -199,7 +199,8 @@ def test_pallas_policy_matches_the_reference_on_gpu(rng, inner):
 
 
 def test_cli_method_flags():
-    from dllm_jax.cli import build_parser, method_from_args
+    from dllm_jax.cli import build_parser
+    from dllm_jax.cli.methods import method_from_args
 
     def parse(*flags):
         return method_from_args(build_parser().parse_args(["generate", "--model", "m", "--prompt", "p", *flags]))

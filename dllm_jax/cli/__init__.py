@@ -13,7 +13,6 @@ import argparse
 import sys
 
 from dllm_jax.cli import analyze, bench, convert, demo, eval as evaluate, generate, train
-from dllm_jax.cli.methods import method_from_args  # noqa: F401 (tests/test_flashblock.py reads it from here)
 from dllm_jax.flags import one_line
 
 SUBCOMMANDS = (convert, generate, analyze, evaluate, train, bench, demo)  # in the order `--help` lists them
