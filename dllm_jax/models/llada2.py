@@ -48,7 +48,7 @@ from dllm_jax.attention.dense import matmul_precision
 from dllm_jax.attention.policy import AttentionPolicy, Dense
 from dllm_jax.config import LLaDA2Config
 from dllm_jax.models import sdar
-from dllm_jax.models.layers import apply_rope, mlp_sublayer, rms_norm, rope_tables, swiglu_gate
+from dllm_jax.models.layers import attention_sublayer, mlp_sublayer, rms_norm, rope_tables, swiglu_gate
 from dllm_jax.models.moe import routed_experts
 from dllm_jax.sharding import traced_mesh
 from dllm_jax.models.sdar import BlockDiffusionLM, Family, KVCache, Segment, init_cache, init_policy_state
@@ -64,11 +64,11 @@ def attention_shapes(config: LLaDA2Config) -> dict[str, tuple[int, ...]]:
     d, h, kv, hd = config.hidden_size, config.num_heads, config.num_kv_heads, config.head_dim
     qkv = (h + 2 * kv) * hd
     shapes = {"attn_norm": (d,), "qkv_proj": (d, qkv), "o_proj": (h * hd, d), "mlp_norm": (d,)}
-    if config.use_qkv_bias:
+    if config.qkv_bias:
         shapes["qkv_bias"] = (qkv,)
-    if config.use_bias:
+    if config.o_bias:
         shapes["o_bias"] = (d,)
-    if config.use_qk_norm:
+    if config.qk_norm:
         shapes |= {"q_norm": (hd,), "k_norm": (hd,)}
     return shapes
 
@@ -168,38 +168,6 @@ def to_module_tree(params: dict) -> dict:
 
 
 # --- the forward pass ----------------------------------------------------------------------------
-
-def rotate(x, cos, sin, config: LLaDA2Config):
-    """RoPE on the first rotary_dim dimensions of each head of x [B, L, H, D]; the rest pass through."""
-    r = config.rotary_dim
-    if r == x.shape[-1]:
-        return apply_rope(x, cos, sin, in_fp32=config.rope_in_fp32)
-    rotated = apply_rope(x[..., :r], cos, sin, in_fp32=config.rope_in_fp32)
-    return jnp.concatenate([rotated, x[..., r:]], axis=-1)
-
-
-def attention_sublayer(p, x, cos, sin, attend, state, layer, config: LLaDA2Config):
-    """x + dense(attend(rope(qk_norm(q)), rope(qk_norm(k)), v)) of attn_norm(x); `attend` as in
-    `dllm_jax.models.layers.attention_sublayer`."""
-    precision = matmul_precision(x.dtype)
-    b, n, _ = x.shape
-    h, kv, hd = config.num_heads, config.num_kv_heads, config.head_dim
-    qkv = jnp.matmul(rms_norm(x, p["attn_norm"], config.rms_norm_eps), p["qkv_proj"], precision=precision)
-    if config.use_qkv_bias:
-        qkv = qkv + p["qkv_bias"]
-    qkv = qkv.reshape(b, n, kv, h // kv + 2, hd)
-    q, k, v = qkv[:, :, :, :-2].reshape(b, n, h, hd), qkv[:, :, :, -2], qkv[:, :, :, -1]
-    if config.use_qk_norm:
-        q = rms_norm(q, p["q_norm"], config.rms_norm_eps)
-        k = rms_norm(k, p["k_norm"], config.rms_norm_eps)
-    q, k = rotate(q, cos, sin, config), rotate(k, cos, sin, config)
-    with jax.named_scope("attention"):
-        out, state = attend(q, k, v, state, layer)
-    out = jnp.matmul(out.reshape(b, n, h * hd), p["o_proj"], precision=precision)
-    if config.use_bias:
-        out = out + p["o_bias"]
-    return x + out, state
-
 
 def route(x, router, expert_bias, config: LLaDA2Config):
     """(expert indices int32 [T, k], fp32 weights [T, k]) of tokens x [T, d] (official LLaDA2MoeGate)."""
