@@ -333,6 +333,7 @@ class DecoderLM(nnx.Module):
         check_execution(execution)
         self.config = config
         self.execution = execution
+        self.mesh = None  # the Mesh its weights are placed on (set by dllm_jax.checkpoint.model_from_params)
         init = nnx.initializers.normal(stddev=0.02)
         self.embed = nnx.Param(init(rngs.params(), (config.vocab_size, config.hidden_size), dtype))
         self.layers = self.make_layers(config, dtype=dtype, rngs=rngs)
