@@ -3,7 +3,8 @@ rest of the package looks up about it, so that no module branches on a config or
 
 A family's *name* ("llada", "sdar", "dream", "llada2") is its key here and its config's `family`; its
 *label* ("LLaDA", ...) is the display name the messages use (`family_named` accepts either). Lookups:
-`family_of(config_or_model)`, `family_named(name)`, `FAMILIES` (name -> entry), `family_for_kind`.
+`family_of(config_or_model)`, `model_family(model)` (models only), `family_named(name)`, `FAMILIES`
+(name -> entry), `family_for_kind`.
 
 Layering: this module imports the configs, the models (their parameter layouts and HF name maps) and
 the family modules of `dllm_jax.generate`; what looks families up (`dllm_jax.generate.generate`,
@@ -158,9 +159,19 @@ def family_of(thing) -> Family:
     return found[0]
 
 
+def model_family(model, caller: str = "generate") -> Family:
+    """The family whose model class `model` is an instance of; ValueError naming `caller` and the
+    families otherwise (a config, or any other object)."""
+    for family in FAMILIES.values():
+        if type(model) is family.model_class:
+            return family
+    labels = [f.label for f in FAMILIES.values()]
+    raise ValueError(f"{caller} supports {', '.join(labels[:-1])} and {labels[-1]} models, got {type(model).__name__}")
+
+
 def family_for_kind(kind: str) -> list[Family]:
     """The families whose method kind is `kind` (dllm_jax.attention.methods.BIDIRECTIONAL or BLOCK)."""
     return [f for f in FAMILIES.values() if f.method_kind == kind]
 
 
-__all__ = ["FAMILIES", "Family", "family_for_kind", "family_named", "family_of"]
+__all__ = ["FAMILIES", "Family", "family_for_kind", "family_named", "family_of", "model_family"]

@@ -83,7 +83,7 @@ def generate(model, prompt_ids, *, attention_mask=None, seed: int = 0, method=No
     that names it.
     """
     seed = validation.seed(seed)
-    family = families.family_of(model)
+    family = families.model_family(model)
     if isinstance(method, str):
         method = make_method(method)
     method = Dense() if method is None else method
