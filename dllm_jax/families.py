@@ -38,9 +38,10 @@ from dllm_jax.sharding import DECODER_AXES
 TP_SPLIT = ("num_kv_heads", "intermediate_size", "vocab_size")
 
 
-@dataclasses.dataclass(frozen=True, kw_only=True)
+@dataclasses.dataclass(frozen=True, kw_only=True, eq=False)
 class Family:
-    """Everything the package looks up about one model family."""
+    """Everything the package looks up about one model family (compared and hashed by identity: an entry
+    is the family, and its tables, e.g. `param_axes`, are dicts)."""
 
     name: str  # the registry key; the config's `family`
     config_class: type[DecoderConfig]
