@@ -1,7 +1,10 @@
 """Frozen model configurations built from Hugging Face `config.json` files.
 
-Field names are the same for every family (hidden_size, num_layers, ...) so that the shared
-layers in `dllm_jax.models.layers` read any config; `from_hf_config` maps each family's own keys.
+Every family's config is a `DecoderConfig`: the fields, checks and HF refusals the families share are
+written once there, and the shared layers in `dllm_jax.models.layers` read any config by the same names
+(hidden_size, num_layers, qk_norm, qkv_bias, stop_ids, ...); `from_hf_config` maps each family's own
+keys. A subclass with `MODEL_TYPES` joins `config_from_hf` by being defined (`CONFIG_CLASSES`); what the
+rest of the package knows about a family is its entry in `dllm_jax.families`.
 """
 
 from __future__ import annotations
@@ -17,13 +20,21 @@ from dllm_jax.validation import flag, integer, real
 # <name>/config.json per supported public model: package data (pyproject.toml), so an installed wheel has them
 SHIPPED_CONFIG_DIR = importlib.resources.files("dllm_jax") / "configs"
 
+CONFIG_CLASSES: list[type[DecoderConfig]] = []  # every family's config class, in definition order
+
 
 @dataclasses.dataclass(frozen=True, kw_only=True)
-class LLaDAConfig:
-    """LLaDA (LLaDA-8B-Base/Instruct, LLaDA-1.5): a bidirectional Llama-style masked-diffusion model.
+class DecoderConfig:
+    """The fields every family has (a decoder LM with RMSNorm, RoPE and GQA attention, and a mask token)
+    and the checks on them. A family's subclass redeclares a field to give it the family's default.
 
-    `vocab_size` is the number of embedding rows and logits (LLaDA's `embedding_size`, which may
-    be padded beyond the tokenizer's `vocab_size`, kept as `tokenizer_vocab_size`).
+    Class attributes a family sets (not fields: fixed by its architecture, unless the family makes one a
+    field, as LLaDA2 does with qk_norm / qkv_bias / o_bias, HF keys use_qk_norm / use_qkv_bias / use_bias):
+      family: the family's name in `dllm_jax.families` ("llada", ...); LABEL the display name ("LLaDA").
+      MODEL_TYPES / ARCHITECTURES: the HF `model_type` / `architectures` values it accepts.
+      HF_KEYS: {field: config.json key} where they differ (error messages name both).
+      SIZES: the fields that must be positive integers; TOKEN_IDS: the token-id fields.
+      rope_in_fp32, qk_norm, qkv_bias, o_bias: the attention's variants (`models.layers.attention_sublayer`).
     """
 
     hidden_size: int
@@ -32,45 +43,138 @@ class LLaDAConfig:
     num_kv_heads: int
     intermediate_size: int
     vocab_size: int
+    rope_theta: float
+    rms_norm_eps: float
+    max_position_embeddings: int
+    tie_word_embeddings: bool = False
+    mask_token_id: int
+    pad_token_id: int
+
+    family = ""
+    LABEL = ""
+    MODEL_TYPES = ()
+    ARCHITECTURES = ()
+    HF_KEYS = {}
+    SIZES = ("hidden_size", "num_layers", "num_heads", "num_kv_heads", "intermediate_size", "vocab_size",
+             "max_position_embeddings")
+    TOKEN_IDS = ("mask_token_id", "pad_token_id")
+    rope_in_fp32 = False
+    qk_norm = False  # per-head q/k RMSNorm before RoPE
+    qkv_bias = False  # biases on the q/k/v projections
+    o_bias = False  # a bias on the output projection
+
+    def __init_subclass__(cls, **kwargs):
+        super().__init_subclass__(**kwargs)
+        cls.LABEL = cls.__name__.removesuffix("Config")
+        if cls.MODEL_TYPES:
+            CONFIG_CLASSES.append(cls)
+
+    def __post_init__(self):
+        check_fields(self, sizes=self.SIZES)
+        if "head_dim" not in self.__dataclass_fields__ and self.hidden_size % self.num_heads:  # a derived head_dim
+            raise ValueError(f"{self.hidden_size=} must be a multiple of {self.num_heads=}")
+        if self.num_heads % self.num_kv_heads:
+            raise ValueError(f"{self.num_heads=} must be a multiple of {self.num_kv_heads=} (GQA)")
+        self.check_layout()
+        self.check_ids()
+        check_mask_distinct(self, self.special_ids)
+
+    def check_layout(self) -> None:
+        """The family's own checks of its sizes (after the shared ones, before the token ids)."""
+        if self.head_dim % 2:
+            raise ValueError(f"head_dim={self.head_dim} must be even for rotary embeddings")
+
+    def check_ids(self) -> None:
+        check_token_ids(self, self.TOKEN_IDS)
+
+    @property
+    def rotary_dim(self) -> int:
+        """The leading dimensions of each head that RoPE rotates (all of them unless a family says otherwise)."""
+        return self.head_dim
+
+    @property
+    def stop_ids(self) -> tuple[int, ...]:
+        """The token ids that end an answer (generation stops, or pads after, the first of them)."""
+        return (self.eos_token_id,)
+
+    @property
+    def special_ids(self) -> tuple[int, ...]:
+        """The stop and padding ids the mask id must differ from."""
+        return tuple(getattr(self, name) for name in self.TOKEN_IDS if name != "mask_token_id")
+
+    @classmethod
+    def check_hf(cls, hf: dict, refused: list[str], required: tuple[str, ...], *, rope_parameters: bool = True) -> dict:
+        """The checks every family's `from_hf_config` makes after `check_hf_names`: no `refused` feature
+        (one ValueError listing them all), transformers 5's `rope_parameters.rope_theta` read as
+        `rope_theta` (with `rope_parameters`: the Qwen-style configs), and every `required` key present.
+        Returns the dict to read the fields from."""
+        if refused:
+            raise ValueError(f"unsupported {cls.LABEL} config: " + ", ".join(refused))
+        params = hf_dict(hf, "rope_parameters") if rope_parameters else {}
+        if hf.get("rope_theta") is None and params.get("rope_theta") is not None:
+            hf = hf | {"rope_theta": params["rope_theta"]}  # transformers 5 moved it into rope_parameters
+        check_required(hf, cls.LABEL, required)
+        return hf
+
+
+def qwen_refusals(hf: dict, *, moe: bool = True) -> list[str]:
+    """What the Qwen-style families (SDAR, Dream, LLaDA2) refuse alike: an activation other than silu,
+    mixture-of-experts keys (`moe`: for the dense ones), a sliding window, RoPE scaling."""
+    bad = []
+    if hf.get("hidden_act", "silu") != "silu":
+        bad.append(f"hidden_act={hf['hidden_act']!r} (supported: 'silu')")
+    if moe and (hf.get("num_experts") or hf.get("moe_intermediate_size")):
+        bad.append("mixture-of-experts layers (num_experts)")
+    if hf_flag(hf, "use_sliding_window", False):
+        bad.append("use_sliding_window=True")
+    rope, params = hf_dict(hf, "rope_scaling"), hf_dict(hf, "rope_parameters")
+    rope_type = rope.get("rope_type", rope.get("type")) or params.get("rope_type", "default")
+    if rope_type != "default":
+        bad.append(f"rope scaling {rope_type!r}")
+    return bad
+
+
+# LLaDA's tokenizer: <|endoftext|> (its eos) and <|eot_id|>, which the official generate.py hard-codes
+LLADA_EOS, LLADA_EOT = 126081, 126348
+
+
+@dataclasses.dataclass(frozen=True, kw_only=True)
+class LLaDAConfig(DecoderConfig):
+    """LLaDA (LLaDA-8B-Base/Instruct, LLaDA-1.5): a bidirectional Llama-style masked-diffusion model.
+
+    `vocab_size` is the number of embedding rows and logits (LLaDA's `embedding_size`, which may
+    be padded beyond the tokenizer's `vocab_size`, kept as `tokenizer_vocab_size`).
+    """
+
     tokenizer_vocab_size: int
     rope_theta: float = 500000.0
     rms_norm_eps: float = 1e-5
     max_position_embeddings: int = 4096
-    tie_word_embeddings: bool = False
     mask_token_id: int = 126336
-    eos_token_id: int = 126081
-    pad_token_id: int = 126081
-    eot_token_id: int = 126348  # <|eot_id|>; not in LLaDA's config.json (generate.py hard-codes it)
+    eos_token_id: int = LLADA_EOS
+    pad_token_id: int = LLADA_EOS
+    eot_token_id: int = LLADA_EOT  # <|eot_id|>; not in LLaDA's config.json (generate.py hard-codes it)
 
     family = "llada"
     MODEL_TYPES = ("llada",)
     ARCHITECTURES = ("LLaDAModelLM",)  # LLaDA-8B-Base/Instruct, LLaDA-1.5 (LLaDA-MoE, LLaDA2 differ)
     # LLaDA rotates q/k in fp32 (rope_full_precision) and has no per-head q/k RMSNorm.
     rope_in_fp32 = True
-    qk_norm = False
 
-    # config.json key of each field whose name differs (error messages name both)
     HF_KEYS = {"hidden_size": "d_model", "num_layers": "n_layers", "num_heads": "n_heads",
                "num_kv_heads": "n_kv_heads", "intermediate_size": "mlp_hidden_size", "vocab_size": "embedding_size",
                "tokenizer_vocab_size": "vocab_size", "max_position_embeddings": "max_sequence_length",
                "tie_word_embeddings": "weight_tying"}
+    SIZES = DecoderConfig.SIZES + ("tokenizer_vocab_size",)
+    TOKEN_IDS = ("mask_token_id", "eos_token_id", "pad_token_id", "eot_token_id")
 
-    def __post_init__(self):
-        check_fields(self, sizes=("hidden_size", "num_layers", "num_heads", "num_kv_heads", "intermediate_size",
-                                  "vocab_size", "tokenizer_vocab_size", "max_position_embeddings"))
-        if self.hidden_size % self.num_heads:
-            raise ValueError(f"{self.hidden_size=} must be a multiple of {self.num_heads=}")
-        if self.num_heads % self.num_kv_heads:
-            raise ValueError(f"{self.num_heads=} must be a multiple of {self.num_kv_heads=} (GQA)")
-        if self.head_dim % 2:
-            raise ValueError(f"head_dim={self.head_dim} must be even for rotary embeddings")
+    def check_layout(self) -> None:
+        super().check_layout()
         if self.tokenizer_vocab_size > self.vocab_size:
             raise ValueError(f"{self.tokenizer_vocab_size=} exceeds the embedding size {self.vocab_size=}")
-        check_token_ids(self, ("mask_token_id", "eos_token_id", "pad_token_id", "eot_token_id"))
-        check_mask_distinct(self, (self.eos_token_id, self.pad_token_id, self.eot_token_id))
 
     @property
-    def head_dim(self) -> int:
+    def head_dim(self) -> int:  # not on the base: SDAR and LLaDA2 make it a field
         return self.hidden_size // self.num_heads
 
     @classmethod
@@ -81,9 +185,11 @@ class LLaDAConfig:
         types, logit scaling, qkv clipping) are rejected with a ValueError rather than ignored, and so
         are another model's `model_type` / `architectures`, numbers written as strings, bools or
         fractions, and a missing `rope_theta` (the published configs give 500000; OLMo's code
-        default, 10000, would silently change every rotation).
+        default, 10000, would silently change every rotation). Absent ids come from the file's own:
+        pad_token_id is the eos id, eot_token_id LLaDA's <|eot_id|> for LLaDA's tokenizer (eos 126081,
+        the published configs, which lack the key) and the eos id otherwise (a model of another vocabulary).
         """
-        check_family(hf, "LLaDA", cls.MODEL_TYPES, cls.ARCHITECTURES)
+        check_hf_names(hf, cls)
         unsupported = {
             "alibi": (False, None), "rope": (True, None), "include_bias": (False, None),
             "include_qkv_bias": (False, None), "attention_layer_norm": (False, None),
@@ -93,9 +199,7 @@ class LLaDAConfig:
         }
         bad = [f"{key}={hf[key]!r} (supported: {allowed[0]!r})"
                for key, allowed in unsupported.items() if key in hf and hf[key] not in allowed]
-        if bad:
-            raise ValueError("unsupported LLaDA config: " + ", ".join(bad))
-        check_required(hf, "LLaDA", ("d_model", "n_heads", "n_layers", "vocab_size", "rope_theta"))
+        hf = cls.check_hf(hf, bad, ("d_model", "n_heads", "n_layers", "vocab_size", "rope_theta"), rope_parameters=False)
         d_model, n_heads = hf_int(hf, "d_model"), hf_int(hf, "n_heads")
         n_kv_heads = hf_int(hf, "n_kv_heads", None)
         if n_kv_heads is None:
@@ -104,14 +208,16 @@ class LLaDAConfig:
         if mlp is None:
             mlp = hf_int(hf, "mlp_ratio", 4) * d_model
         vocab = hf_int(hf, "vocab_size")
+        eos = hf_int(hf, "eos_token_id", LLADA_EOS)
         return cls(
             hidden_size=d_model, num_layers=hf_int(hf, "n_layers"), num_heads=n_heads, num_kv_heads=n_kv_heads,
             intermediate_size=mlp, vocab_size=hf_int(hf, "embedding_size", vocab), tokenizer_vocab_size=vocab,
             rope_theta=hf_real(hf, "rope_theta"), rms_norm_eps=hf_real(hf, "rms_norm_eps", 1e-5),
             max_position_embeddings=hf_int(hf, "max_sequence_length", 4096),
             tie_word_embeddings=hf_flag(hf, "weight_tying", False),
-            mask_token_id=hf_int(hf, "mask_token_id", 126336), eos_token_id=hf_int(hf, "eos_token_id", 126081),
-            pad_token_id=hf_int(hf, "pad_token_id", 126081), eot_token_id=hf_int(hf, "eot_token_id", 126348),
+            mask_token_id=hf_int(hf, "mask_token_id", 126336), eos_token_id=eos,
+            pad_token_id=hf_int(hf, "pad_token_id", eos),
+            eot_token_id=hf_int(hf, "eot_token_id", LLADA_EOT if eos == LLADA_EOS else eos),
         )
 
     def to_hf_config(self) -> dict[str, Any]:
@@ -133,29 +239,25 @@ class LLaDAConfig:
         }
 
 
+QWEN_ENDOFTEXT, QWEN_IM_END = 151643, 151645  # the Qwen tokenizers' <|endoftext|> and <|im_end|>
+
+
 @dataclasses.dataclass(frozen=True, kw_only=True)
-class SDARConfig:
+class SDARConfig(DecoderConfig):
     """SDAR / TraDo: a Qwen3-architecture block-diffusion model.
 
     Attention is bidirectional inside each block of `block_size` tokens and causal across blocks,
     which is what makes an exact KV cache of finished blocks possible.
     """
 
-    hidden_size: int
-    num_layers: int
-    num_heads: int
-    num_kv_heads: int
     head_dim: int
-    intermediate_size: int
-    vocab_size: int
     rope_theta: float = 1000000.0
     rms_norm_eps: float = 1e-6
     max_position_embeddings: int = 32768
-    tie_word_embeddings: bool = False
     block_size: int = 4
     mask_token_id: int = 151669
-    eos_token_ids: tuple[int, ...] = (151645, 151643)
-    pad_token_id: int = 151643
+    eos_token_ids: tuple[int, ...] = (QWEN_IM_END, QWEN_ENDOFTEXT)
+    pad_token_id: int = QWEN_ENDOFTEXT
 
     family = "sdar"
     # TraDo checkpoints use SDAR's code; a plain Qwen3 layout loads as SDAR too (same weights)
@@ -163,11 +265,11 @@ class SDARConfig:
     ARCHITECTURES = ("SDARForCausalLM", "Qwen3ForCausalLM")
     # Qwen3: per-head q/k RMSNorm before RoPE; cos/sin are cast to the activation dtype before
     # rotating (HF Qwen3), unlike LLaDA's fp32 rotation.
-    rope_in_fp32 = False
     qk_norm = True
 
     HF_KEYS = {"num_layers": "num_hidden_layers", "num_heads": "num_attention_heads",
                "num_kv_heads": "num_key_value_heads", "eos_token_ids": "eos_token_id"}
+    SIZES = DecoderConfig.SIZES + ("head_dim", "block_size")
 
     def __post_init__(self):
         if isinstance(self.eos_token_ids, (list, tuple)):
@@ -175,18 +277,22 @@ class SDARConfig:
             object.__setattr__(self, "eos_token_ids", tuple(self.eos_token_ids))
         else:
             raise ValueError(f"SDARConfig.eos_token_ids must be a tuple of token ids, got {self.eos_token_ids!r}")
-        check_fields(self, sizes=("hidden_size", "num_layers", "num_heads", "num_kv_heads", "head_dim",
-                                  "intermediate_size", "vocab_size", "block_size", "max_position_embeddings"))
-        if self.num_heads % self.num_kv_heads:
-            raise ValueError(f"{self.num_heads=} must be a multiple of {self.num_kv_heads=} (GQA)")
-        if self.head_dim % 2:
-            raise ValueError(f"head_dim={self.head_dim} must be even for rotary embeddings")
-        check_token_ids(self, ("mask_token_id", "pad_token_id"))
+        super().__post_init__()
+
+    def check_ids(self) -> None:
+        super().check_ids()
         object.__setattr__(self, "eos_token_ids", tuple(
             token_id(f"SDARConfig.eos_token_ids[{i}] (config.json key 'eos_token_id')", e, self.vocab_size,
                      hint="; eos_token_ids=() never stops early")
             for i, e in enumerate(self.eos_token_ids)))
-        check_mask_distinct(self, (self.pad_token_id, *self.eos_token_ids))
+
+    @property
+    def stop_ids(self) -> tuple[int, ...]:
+        return self.eos_token_ids
+
+    @property
+    def special_ids(self) -> tuple[int, ...]:
+        return (self.pad_token_id, *self.eos_token_ids)
 
     @classmethod
     def from_hf_config(cls, hf: dict[str, Any]) -> SDARConfig:
@@ -196,34 +302,21 @@ class SDARConfig:
         are another model's `model_type` / `architectures`, numbers written as strings, bools or
         fractions, and a missing `rope_theta` (top level, or in transformers 5's `rope_parameters`):
         the published configs give 1e6, while copies of SDAR's configuration code default to 1e6 or 1e4.
+        An absent pad_token_id is <|endoftext|> for the Qwen tokenizer (stop ids holding <|im_end|>, or
+        none), else the last stop id (a model of another vocabulary).
         """
-        check_family(hf, "SDAR", cls.MODEL_TYPES, cls.ARCHITECTURES)
-        rope, params = hf_dict(hf, "rope_scaling"), hf_dict(hf, "rope_parameters")
-        bad = []
-        if hf_flag(hf, "attention_bias", False):
-            bad.append("attention_bias=True")
-        if hf.get("hidden_act", "silu") != "silu":
-            bad.append(f"hidden_act={hf['hidden_act']!r} (supported: 'silu')")
-        if hf.get("num_experts") or hf.get("moe_intermediate_size"):
-            bad.append("mixture-of-experts layers (num_experts)")
-        if hf_flag(hf, "use_sliding_window", False):
-            bad.append("use_sliding_window=True")
-        rope_type = rope.get("rope_type", rope.get("type")) or params.get("rope_type", "default")
-        if rope_type != "default":
-            bad.append(f"rope scaling {rope_type!r}")
-        if bad:
-            raise ValueError("unsupported SDAR config: " + ", ".join(bad))
-        if hf.get("rope_theta") is None and params.get("rope_theta") is not None:
-            hf = hf | {"rope_theta": params["rope_theta"]}  # transformers 5 moved it into rope_parameters
-        check_required(hf, "SDAR", ("hidden_size", "num_hidden_layers", "num_attention_heads", "intermediate_size",
-                                    "vocab_size", "rope_theta"))
+        check_hf_names(hf, cls)
+        bad = ["attention_bias=True"] if hf_flag(hf, "attention_bias", False) else []
+        hf = cls.check_hf(hf, bad + qwen_refusals(hf), ("hidden_size", "num_hidden_layers", "num_attention_heads",
+                                                         "intermediate_size", "vocab_size", "rope_theta"))
         hidden, heads = hf_int(hf, "hidden_size"), hf_int(hf, "num_attention_heads")
         eos = hf.get("eos_token_id")  # one id or a list of them
-        eos = [151645, 151643] if eos is None else eos
+        eos = [QWEN_IM_END, QWEN_ENDOFTEXT] if eos is None else eos
         eos = tuple(hf_int({"eos_token_id": e}, "eos_token_id") for e in (eos if isinstance(eos, list) else [eos]))
-        if 151643 in eos and 151645 not in eos:
+        if QWEN_ENDOFTEXT in eos and QWEN_IM_END not in eos:
             # Qwen3 tokenizer: the chat models also stop at <|im_end|> (their generation_config.json)
-            eos = (151645,) + eos
+            eos = (QWEN_IM_END,) + eos
+        pad = QWEN_ENDOFTEXT if QWEN_IM_END in eos or not eos else eos[-1]
         head_dim = hf_int(hf, "head_dim", None)
         return cls(
             hidden_size=hidden, num_layers=hf_int(hf, "num_hidden_layers"), num_heads=heads,
@@ -234,7 +327,7 @@ class SDARConfig:
             max_position_embeddings=hf_int(hf, "max_position_embeddings", 32768),
             tie_word_embeddings=hf_flag(hf, "tie_word_embeddings", False),
             block_size=hf_int(hf, "block_size", 4), mask_token_id=hf_int(hf, "mask_token_id", 151669),
-            eos_token_ids=eos, pad_token_id=hf_int(hf, "pad_token_id", 151643),
+            eos_token_ids=eos, pad_token_id=hf_int(hf, "pad_token_id", pad),
         )
 
     def to_hf_config(self) -> dict[str, Any]:
@@ -254,7 +347,7 @@ class SDARConfig:
 
 
 @dataclasses.dataclass(frozen=True, kw_only=True)
-class DreamConfig:
+class DreamConfig(DecoderConfig):
     """Dream (Dream-v0-Instruct-7B / -Base-7B): a Qwen2.5-architecture masked-diffusion model.
 
     Attention is fully bidirectional, as LLaDA's; the checkpoint uses HF Qwen2 names and shapes (q/k/v
@@ -262,47 +355,27 @@ class DreamConfig:
     logits are shifted by one position in generation, `dllm_jax.generate.dream`, not in the forward).
     """
 
-    hidden_size: int
-    num_layers: int
-    num_heads: int
-    num_kv_heads: int
-    intermediate_size: int
-    vocab_size: int
     rope_theta: float = 1000000.0
     rms_norm_eps: float = 1e-6
     max_position_embeddings: int = 131072
-    tie_word_embeddings: bool = False
     mask_token_id: int = 151666
-    eos_token_id: int = 151643
-    pad_token_id: int = 151643
-    bos_token_id: int = 151643
+    eos_token_id: int = QWEN_ENDOFTEXT
+    pad_token_id: int = QWEN_ENDOFTEXT
+    bos_token_id: int = QWEN_ENDOFTEXT
 
     family = "dream"
     MODEL_TYPES = ("dream",)
     ARCHITECTURES = ("DreamModel",)
     # Qwen2: biases on q/k/v (not o), no q/k RMSNorm; cos/sin cast to the activation dtype before
     # rotating (the official modeling_dream.py, as HF Qwen2).
-    rope_in_fp32 = False
-    qk_norm = False
     qkv_bias = True
 
     HF_KEYS = {"num_layers": "num_hidden_layers", "num_heads": "num_attention_heads",
                "num_kv_heads": "num_key_value_heads"}
-
-    def __post_init__(self):
-        check_fields(self, sizes=("hidden_size", "num_layers", "num_heads", "num_kv_heads", "intermediate_size",
-                                  "vocab_size", "max_position_embeddings"))
-        if self.hidden_size % self.num_heads:
-            raise ValueError(f"{self.hidden_size=} must be a multiple of {self.num_heads=}")
-        if self.num_heads % self.num_kv_heads:
-            raise ValueError(f"{self.num_heads=} must be a multiple of {self.num_kv_heads=} (GQA)")
-        if self.head_dim % 2:
-            raise ValueError(f"head_dim={self.head_dim} must be even for rotary embeddings")
-        check_token_ids(self, ("mask_token_id", "eos_token_id", "pad_token_id", "bos_token_id"))
-        check_mask_distinct(self, (self.eos_token_id, self.pad_token_id, self.bos_token_id))
+    TOKEN_IDS = ("mask_token_id", "eos_token_id", "pad_token_id", "bos_token_id")
 
     @property
-    def head_dim(self) -> int:
+    def head_dim(self) -> int:  # not on the base: SDAR and LLaDA2 make it a field
         return self.hidden_size // self.num_heads
 
     @classmethod
@@ -312,34 +385,22 @@ class DreamConfig:
         Sliding windows, RoPE scaling, another activation, a head_dim other than hidden_size /
         num_attention_heads (Qwen2 has no such key) and mixture-of-experts keys are rejected, and so are
         another model's `model_type` / `architectures` and a missing `rope_theta` (the published configs
-        give 1e6; Qwen2's code default, 1e4, would silently change every rotation).
+        give 1e6; Qwen2's code default, 1e4, would silently change every rotation). Absent pad and bos
+        ids are <|endoftext|> for the Qwen tokenizer (eos <|endoftext|> or <|im_end|>), else the eos id.
         """
-        check_family(hf, "Dream", cls.MODEL_TYPES, cls.ARCHITECTURES)
-        rope, params = hf_dict(hf, "rope_scaling"), hf_dict(hf, "rope_parameters")
-        bad = []
-        if hf.get("hidden_act", "silu") != "silu":
-            bad.append(f"hidden_act={hf['hidden_act']!r} (supported: 'silu')")
-        if hf.get("num_experts") or hf.get("moe_intermediate_size"):
-            bad.append("mixture-of-experts layers (num_experts)")
-        if hf_flag(hf, "use_sliding_window", False):
-            bad.append("use_sliding_window=True")
-        rope_type = rope.get("rope_type", rope.get("type")) or params.get("rope_type", "default")
-        if rope_type != "default":
-            bad.append(f"rope scaling {rope_type!r}")
+        check_hf_names(hf, cls)
+        bad = qwen_refusals(hf)
         if hf.get("head_dim") is not None and hf.get("hidden_size") and hf.get("num_attention_heads") and \
                 hf_int(hf, "head_dim") * hf_int(hf, "num_attention_heads") != hf_int(hf, "hidden_size"):
             bad.append(f"head_dim={hf['head_dim']!r} (Dream's is hidden_size / num_attention_heads)")
-        if bad:
-            raise ValueError("unsupported Dream config: " + ", ".join(bad))
-        if hf.get("rope_theta") is None and params.get("rope_theta") is not None:
-            hf = hf | {"rope_theta": params["rope_theta"]}  # transformers 5 moved it into rope_parameters
-        check_required(hf, "Dream", ("hidden_size", "num_hidden_layers", "num_attention_heads", "intermediate_size",
-                                     "vocab_size", "rope_theta"))
+        hf = cls.check_hf(hf, bad, ("hidden_size", "num_hidden_layers", "num_attention_heads", "intermediate_size",
+                                    "vocab_size", "rope_theta"))
         heads = hf_int(hf, "num_attention_heads")
         eos = hf.get("eos_token_id")
         if isinstance(eos, list):  # the official sampler reads the first of a list
             eos = eos[0] if eos else None
-        eos = 151643 if eos is None else hf_int({"eos_token_id": eos}, "eos_token_id")
+        eos = QWEN_ENDOFTEXT if eos is None else hf_int({"eos_token_id": eos}, "eos_token_id")
+        pad = QWEN_ENDOFTEXT if eos in (QWEN_ENDOFTEXT, QWEN_IM_END) else eos
         return cls(
             hidden_size=hf_int(hf, "hidden_size"), num_layers=hf_int(hf, "num_hidden_layers"), num_heads=heads,
             num_kv_heads=hf_int(hf, "num_key_value_heads", heads), intermediate_size=hf_int(hf, "intermediate_size"),
@@ -348,7 +409,7 @@ class DreamConfig:
             max_position_embeddings=hf_int(hf, "max_position_embeddings", 131072),
             tie_word_embeddings=hf_flag(hf, "tie_word_embeddings", False),
             mask_token_id=hf_int(hf, "mask_token_id", 151666), eos_token_id=eos,
-            pad_token_id=hf_int(hf, "pad_token_id", 151643), bos_token_id=hf_int(hf, "bos_token_id", 151643),
+            pad_token_id=hf_int(hf, "pad_token_id", pad), bos_token_id=hf_int(hf, "bos_token_id", pad),
         )
 
     def to_hf_config(self) -> dict[str, Any]:
@@ -367,7 +428,7 @@ class DreamConfig:
 
 
 @dataclasses.dataclass(frozen=True, kw_only=True)
-class LLaDA2Config:
+class LLaDA2Config(DecoderConfig):
     """LLaDA2.0 / 2.1 (inclusionAI; LLaDA2.0-mini, -flash): a Ling 2.0 (BailingMoeV2) MoE decoder run as
     a block-diffusion model (bidirectional inside each block, causal across blocks).
 
@@ -376,19 +437,16 @@ class LLaDA2Config:
     per-expert bias used for selection only, group-limited top-k over `n_group` groups keeping
     `topk_group`, weights renormalised when top-k > 1 and scaled by `routed_scaling_factor`) plus
     `num_shared_experts` shared experts (one SwiGLU of num_shared_experts * moe_intermediate_size).
-    Attention: one fused query_key_value projection, per-head q/k RMSNorm (`use_qk_norm`), RoPE on the
-    first `rotary_dim` = head_dim * partial_rotary_factor dimensions of each head. `norm_topk_prob` is
-    recorded but, as in the official modeling file, the routing weights are renormalised whenever
-    top-k > 1 whatever it says. `block_size` is the sampler's default block length (32; not a key of
-    the Hub config.json). Facts: dllm_jax/configs/llada2.0-mini/README.md.
+    Attention: one fused query_key_value projection (a bias with `qkv_bias`, HF `use_qkv_bias`; the output
+    projection's with `o_bias`, HF `use_bias`), per-head q/k RMSNorm (`qk_norm`, HF `use_qk_norm`), RoPE
+    on the first `rotary_dim` = head_dim * partial_rotary_factor dimensions of each head. The HF key
+    `norm_topk_prob` is not read: the official modeling file renormalises the routing weights whenever
+    top-k > 1 whatever it says, and so does this port (`to_hf_config` writes the published `true`).
+    `block_size` is the sampler's default block length (32; not a key of the Hub config.json). Facts:
+    dllm_jax/configs/llada2.0-mini/README.md.
     """
 
-    hidden_size: int
-    num_layers: int
-    num_heads: int
-    num_kv_heads: int
     head_dim: int
-    intermediate_size: int
     moe_intermediate_size: int
     num_experts: int
     num_experts_per_tok: int
@@ -397,16 +455,13 @@ class LLaDA2Config:
     topk_group: int = 1
     routed_scaling_factor: float = 1.0
     first_k_dense_replace: int = 0
-    vocab_size: int
     rope_theta: float = 600000.0
     partial_rotary_factor: float = 0.5
     rms_norm_eps: float = 1e-6
     max_position_embeddings: int = 32768
-    tie_word_embeddings: bool = False
-    use_qkv_bias: bool = False
-    use_bias: bool = False
-    use_qk_norm: bool = True
-    norm_topk_prob: bool = True
+    qkv_bias: bool = False
+    o_bias: bool = False
+    qk_norm: bool = True
     block_size: int = 32
     mask_token_id: int = 156895
     eos_token_id: int = 156892
@@ -417,24 +472,21 @@ class LLaDA2Config:
     ARCHITECTURES = ("LLaDA2MoeModelLM",)
     # cos/sin are cast to the activation dtype before rotating (the official rotary embedding returns
     # them in x.dtype), as HF Llama/Qwen3
-    rope_in_fp32 = False
 
     HF_KEYS = {"num_layers": "num_hidden_layers", "num_heads": "num_attention_heads",
-               "num_kv_heads": "num_key_value_heads"}
+               "num_kv_heads": "num_key_value_heads", "qkv_bias": "use_qkv_bias", "o_bias": "use_bias",
+               "qk_norm": "use_qk_norm"}
+    SIZES = DecoderConfig.SIZES + ("head_dim", "moe_intermediate_size", "num_experts", "num_experts_per_tok",
+                                   "n_group", "topk_group", "block_size")
+    TOKEN_IDS = ("mask_token_id", "eos_token_id", "pad_token_id")
 
-    def __post_init__(self):
-        check_fields(self, sizes=("hidden_size", "num_layers", "num_heads", "num_kv_heads", "head_dim",
-                                  "intermediate_size", "moe_intermediate_size", "num_experts",
-                                  "num_experts_per_tok", "n_group", "topk_group", "vocab_size", "block_size",
-                                  "max_position_embeddings"))
+    def check_layout(self) -> None:
         for name in ("num_shared_experts", "first_k_dense_replace"):
             object.__setattr__(self, name, integer(field_label(self, name), getattr(self, name), minimum=0))
         for name in ("routed_scaling_factor", "partial_rotary_factor"):
             object.__setattr__(self, name, real(field_label(self, name), getattr(self, name), low=0, low_open=True))
-        for name in ("use_qkv_bias", "use_bias", "use_qk_norm", "norm_topk_prob"):
+        for name in ("qkv_bias", "o_bias", "qk_norm"):
             object.__setattr__(self, name, flag(field_label(self, name), getattr(self, name)))
-        if self.num_heads % self.num_kv_heads:
-            raise ValueError(f"{self.num_heads=} must be a multiple of {self.num_kv_heads=} (GQA)")
         if self.partial_rotary_factor > 1 or self.rotary_dim < 2 or self.rotary_dim % 2:
             raise ValueError(f"rotary_dim = int(head_dim * partial_rotary_factor) = {self.rotary_dim} must be even, "
                              f">= 2 and <= head_dim={self.head_dim}")
@@ -450,8 +502,6 @@ class LLaDA2Config:
         if self.num_experts_per_tok > self.topk_group * (self.num_experts // self.n_group):
             raise ValueError(f"{self.num_experts_per_tok=} exceeds the experts of the topk_group={self.topk_group} "
                              f"selected groups ({self.topk_group * (self.num_experts // self.n_group)})")
-        check_token_ids(self, ("mask_token_id", "eos_token_id", "pad_token_id"))
-        check_mask_distinct(self, (self.eos_token_id, self.pad_token_id))
 
     @property
     def rotary_dim(self) -> int:
@@ -472,31 +522,21 @@ class LLaDA2Config:
         Refused rather than ignored: another model's model_type / architectures, RoPE scaling, a
         sliding window, an activation other than silu, a score function other than sigmoid, numbers
         written as strings, bools or fractions, and a missing `rope_theta` (the published config gives
-        600000; the configuration code's default, 10000, would change every rotation).
+        600000; the configuration code's default, 10000, would change every rotation). An absent
+        pad_token_id is the eos id.
         """
-        check_family(hf, "LLaDA2", cls.MODEL_TYPES, cls.ARCHITECTURES)
-        rope, params = hf_dict(hf, "rope_scaling"), hf_dict(hf, "rope_parameters")
-        bad = []
-        if hf.get("hidden_act", "silu") != "silu":
-            bad.append(f"hidden_act={hf['hidden_act']!r} (supported: 'silu')")
+        check_hf_names(hf, cls)
+        bad = qwen_refusals(hf, moe=False)
         if hf.get("score_function", "sigmoid") != "sigmoid":
             bad.append(f"score_function={hf['score_function']!r} (supported: 'sigmoid')")
-        if hf_flag(hf, "use_sliding_window", False):
-            bad.append("use_sliding_window=True")
-        rope_type = rope.get("rope_type", rope.get("type")) or params.get("rope_type", "default")
-        if rope_type != "default":
-            bad.append(f"rope scaling {rope_type!r}")
         if hf.get("num_experts") is None:
             bad.append("num_experts=null (a dense model: the official code builds no MoE layer)")
-        if bad:
-            raise ValueError("unsupported LLaDA2 config: " + ", ".join(bad))
-        if hf.get("rope_theta") is None and params.get("rope_theta") is not None:
-            hf = hf | {"rope_theta": params["rope_theta"]}
-        check_required(hf, "LLaDA2", ("hidden_size", "num_hidden_layers", "num_attention_heads",
-                                      "num_key_value_heads", "intermediate_size", "moe_intermediate_size",
-                                      "num_experts", "num_experts_per_tok", "vocab_size", "rope_theta"))
+        hf = cls.check_hf(hf, bad, ("hidden_size", "num_hidden_layers", "num_attention_heads", "num_key_value_heads",
+                                    "intermediate_size", "moe_intermediate_size", "num_experts",
+                                    "num_experts_per_tok", "vocab_size", "rope_theta"))
         hidden, heads = hf_int(hf, "hidden_size"), hf_int(hf, "num_attention_heads")
         head_dim = hf_int(hf, "head_dim", None)
+        eos = hf_int(hf, "eos_token_id", 156892)
         return cls(
             hidden_size=hidden, num_layers=hf_int(hf, "num_hidden_layers"), num_heads=heads,
             num_kv_heads=hf_int(hf, "num_key_value_heads"), head_dim=head_dim or hidden // heads,
@@ -511,10 +551,10 @@ class LLaDA2Config:
             rms_norm_eps=hf_real(hf, "rms_norm_eps", 1e-5),
             max_position_embeddings=hf_int(hf, "max_position_embeddings", 32768),
             tie_word_embeddings=hf_flag(hf, "tie_word_embeddings", False),
-            use_qkv_bias=hf_flag(hf, "use_qkv_bias", False), use_bias=hf_flag(hf, "use_bias", False),
-            use_qk_norm=hf_flag(hf, "use_qk_norm", False), norm_topk_prob=hf_flag(hf, "norm_topk_prob", True),
+            qkv_bias=hf_flag(hf, "use_qkv_bias", False), o_bias=hf_flag(hf, "use_bias", False),
+            qk_norm=hf_flag(hf, "use_qk_norm", False),
             block_size=hf_int(hf, "block_size", 32), mask_token_id=hf_int(hf, "mask_token_id", 156895),
-            eos_token_id=hf_int(hf, "eos_token_id", 156892), pad_token_id=hf_int(hf, "pad_token_id", 156892),
+            eos_token_id=eos, pad_token_id=hf_int(hf, "pad_token_id", eos),
         )
 
     def to_hf_config(self) -> dict[str, Any]:
@@ -531,8 +571,8 @@ class LLaDA2Config:
             "vocab_size": self.vocab_size, "rope_theta": self.rope_theta, "rope_scaling": None,
             "partial_rotary_factor": self.partial_rotary_factor, "rms_norm_eps": self.rms_norm_eps,
             "max_position_embeddings": self.max_position_embeddings, "tie_word_embeddings": self.tie_word_embeddings,
-            "use_qkv_bias": self.use_qkv_bias, "use_bias": self.use_bias, "use_qk_norm": self.use_qk_norm,
-            "norm_topk_prob": self.norm_topk_prob, "block_size": self.block_size,
+            "use_qkv_bias": self.qkv_bias, "use_bias": self.o_bias, "use_qk_norm": self.qk_norm,
+            "norm_topk_prob": True, "block_size": self.block_size,
             "mask_token_id": self.mask_token_id, "eos_token_id": self.eos_token_id,
             "pad_token_id": self.pad_token_id, "hidden_act": "silu", "score_function": "sigmoid",
             "moe_router_enable_expert_bias": True, "use_sliding_window": False,
@@ -579,7 +619,7 @@ def check_mask_distinct(config, special_ids: tuple[int, ...]) -> None:
                          f"token id ({special_ids}); the mask token must be its own id")
 
 
-ModelConfig = LLaDAConfig | SDARConfig | DreamConfig | LLaDA2Config
+ModelConfig = DecoderConfig  # any family's config
 
 
 REQUIRED = object()  # hf_* default: the key must be present
@@ -639,10 +679,11 @@ def check_object(hf) -> None:
         raise ValueError(f"a config.json must hold a JSON object of keys, got {kind}: {hf!r:.80}")
 
 
-def check_family(hf, family: str, model_types: tuple[str, ...], architectures: tuple[str, ...]) -> None:
+def check_hf_names(hf, cls: type[DecoderConfig]) -> None:
     """Refuses a config.json that is not a JSON object, or whose model_type or architectures name
-    another model than `family`: its weights would load under the wrong layer definitions."""
+    another model than `cls`'s family: its weights would load under the wrong layer definitions."""
     check_object(hf)
+    family, model_types, architectures = cls.LABEL, cls.MODEL_TYPES, cls.ARCHITECTURES
     model_type = hf.get("model_type")
     if model_type and str(model_type).lower() not in model_types:
         raise ValueError(f"config.json model_type={model_type!r} is not a {family} model (accepted: {model_types})")
@@ -659,12 +700,12 @@ def config_from_hf(hf: dict[str, Any]) -> ModelConfig:
     check_object(hf)
     model_type = str(hf.get("model_type") or "").lower()
     architectures = hf_architectures(hf)
-    for cls in (LLaDAConfig, SDARConfig, DreamConfig, LLaDA2Config):
+    for cls in CONFIG_CLASSES:
         if model_type in cls.MODEL_TYPES or (not model_type and set(architectures) & set(cls.ARCHITECTURES)):
             return cls.from_hf_config(hf)
     raise ValueError(
         f"unsupported model: model_type={hf.get('model_type')!r}, "
-        f"architectures={hf.get('architectures')!r} (supported: LLaDA, SDAR/TraDo, Dream, LLaDA2)")
+        f"architectures={hf.get('architectures')!r} (supported: {', '.join(c.LABEL for c in CONFIG_CLASSES)})")
 
 
 def read_hf_config(directory: str | Path) -> tuple[dict[str, Any], ModelConfig]:

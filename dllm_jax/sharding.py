@@ -2,8 +2,9 @@
 weight and activation.
 
 A mesh names its axes "dp" (batch rows), "sp" (sequence: LLaDA's queries) and "tp" (tensor
-parallelism); an axis not asked for has size 1. Parameters are placed once,
-at load, from one table of logical axes per family (`PARAM_AXES`): Megatron-style, the attention
+parallelism); an axis not asked for has size 1 (`canonical_mesh` turns any Mesh with a "tp" axis into
+one over exactly these three). Parameters are placed once, at load, from one table of logical axes per
+family (its `dllm_jax.families` entry's `param_axes`; the shared decoder's is `DECODER_AXES`): Megatron-style, the attention
 heads and the MLP's hidden dimension are split over "tp" (qkv_proj and gate_up_proj by columns,
 o_proj and down_proj by rows, so each sub-layer ends in one all-reduce), the LM head by vocabulary
 columns, everything else replicated. The fused inference layout is grouped so that contiguous
@@ -38,8 +39,8 @@ from jax.sharding import Mesh, NamedSharding, PartitionSpec
 
 AXES = ("dp", "sp", "tp")
 
-# logical axes of every parameter of the inference layout (one layer's names; the scan layout adds a
-# leading layer axis, replicated). LLaDA and SDAR share the decoder, so their tables are the same.
+# logical axes of every parameter of the shared decoder's inference layout (one layer's names; the scan
+# layout adds a leading layer axis, replicated): each family's table is this one or extends it.
 DECODER_AXES = {
     "embed": (None, None),
     "final_norm": (None,),
@@ -53,15 +54,6 @@ DECODER_AXES = {
     "gate_up_proj": (None, "tp"),
     "down_proj": ("tp", None),
 }
-PARAM_AXES = {"LLaDAConfig": DECODER_AXES, "SDARConfig": DECODER_AXES,
-              "DreamConfig": DECODER_AXES | {"qkv_bias": ("tp",)}}  # the bias splits like qkv_proj's columns
-# LLaDA2 (MoE): every expert's hidden dimension over "tp" (each device holds a slice of all experts, so the
-# routed tokens need no all-to-all; the sum of the slices' down projections is the layer's one all-reduce)
-PARAM_AXES["LLaDA2Config"] = DECODER_AXES | {
-    "qkv_bias": ("tp",), "o_bias": (None,), "router": (None, None), "expert_bias": (None,),
-    "experts_gate_up": (None, None, "tp"), "experts_down": (None, "tp", None),
-    "shared_gate_up": (None, "tp"), "shared_down": ("tp", None)}
-
 
 def parse_mesh(spec: str) -> dict[str, int]:
     """"tp=2,dp=2" -> {"dp": 2, "sp": 1, "tp": 2} (axes in mesh order); ValueError naming a bad item."""
@@ -95,37 +87,53 @@ def make_mesh(spec: str | dict[str, int], devices=None) -> Mesh:
     return Mesh(np.asarray(devices[:need]).reshape(tuple(sizes.values())), AXES)
 
 
-def check_mesh(mesh, config) -> None:
-    """ValueError unless `mesh` is a Mesh over AXES whose "tp" size divides what it splits."""
+def canonical_mesh(mesh) -> Mesh:
+    """`mesh` as a Mesh over exactly AXES on the same devices: any `jax.sharding.Mesh` with a "tp" axis
+    (e.g. `jax.make_mesh((2,), ("tp",))`), its "dp" and "sp" axes if it has them, in any order; an axis it
+    lacks has size 1. Another axis of size 1 is dropped; one of more devices is refused (ValueError naming
+    it): dllm_jax would not know what to split over it."""
     if not isinstance(mesh, Mesh):
         raise ValueError(f"mesh must be a jax.sharding.Mesh (dllm_jax.sharding.make_mesh), got {type(mesh).__name__}")
-    if tuple(mesh.axis_names) != AXES:
-        raise ValueError(f"mesh axes must be {AXES} (dllm_jax.sharding.make_mesh), got {tuple(mesh.axis_names)}")
-    if type(config).__name__ not in PARAM_AXES:
-        raise ValueError(f"no sharding table for {type(config).__name__}")
+    names = tuple(mesh.axis_names)
+    if names == AXES:
+        return mesh
+    if "tp" not in names:
+        raise ValueError(f"mesh axes {names} have no 'tp' axis: dllm_jax splits the weights over 'tp' (and the "
+                         "batch over 'dp', the sequence over 'sp'); e.g. jax.make_mesh((2,), ('tp',))")
+    foreign = {name: size for name, size in mesh.shape.items() if name not in AXES and size > 1}
+    if foreign:
+        raise ValueError(f"mesh axes {foreign} are not ones dllm_jax splits over (it knows {AXES}); give them "
+                         "size 1 or leave them out")
+    order = [names.index(n) for n in AXES if n in names] + [i for i, n in enumerate(names) if n not in AXES]
+    devices = np.transpose(mesh.devices, order).reshape(tuple(mesh.shape.get(n, 1) for n in AXES))
+    return Mesh(devices, AXES)
+
+
+def check_mesh(mesh, config, split: tuple[str, ...]) -> Mesh:
+    """`canonical_mesh(mesh)`, after checking that its "tp" size divides every `split` size of `config`
+    (the family's `tp_split`: what tensor parallelism splits); ValueError otherwise."""
+    mesh = canonical_mesh(mesh)
     tp = mesh.shape["tp"]
-    split = {"num_kv_heads": config.num_kv_heads, "intermediate_size": config.intermediate_size,
-             "vocab_size": config.vocab_size}
-    if type(config).__name__ == "LLaDA2Config":  # the experts' hidden dimension splits too
-        split["moe_intermediate_size"] = config.moe_intermediate_size
-    bad = [f"{name}={size}" for name, size in split.items() if size % tp]
+    bad = [f"{name}={getattr(config, name)}" for name in split if getattr(config, name) % tp]
     if bad:
         raise ValueError(f"tp={tp} must divide {', '.join(bad)}: tensor parallelism splits the KV heads, the MLP "
                          "and the vocabulary over it")
+    return mesh
 
 
-def param_sharding(mesh: Mesh, name: str, ndim: int, config) -> NamedSharding:
-    """The NamedSharding of parameter `name` with `ndim` dimensions (a stacked one has a layer axis first)."""
-    axes = PARAM_AXES[type(config).__name__][name]
-    return NamedSharding(mesh, PartitionSpec(*((None,) * (ndim - len(axes)) + axes)))
+def param_sharding(mesh: Mesh, name: str, ndim: int, axes: dict) -> NamedSharding:
+    """The NamedSharding of parameter `name` with `ndim` dimensions (a stacked one has a layer axis first)
+    by the family's table `axes` ({parameter name: logical axes})."""
+    spec = axes[name]
+    return NamedSharding(mesh, PartitionSpec(*((None,) * (ndim - len(spec)) + spec)))
 
 
-def shard_params(params: dict, config, mesh: Mesh) -> dict:
-    """The inference-layout tree `params` (unrolled or stacked layers) placed on `mesh` by `PARAM_AXES`."""
-    check_mesh(mesh, config)
+def shard_params(params: dict, axes: dict, mesh: Mesh) -> dict:
+    """The inference-layout tree `params` (unrolled or stacked layers) placed on `mesh` (a canonical one)
+    by the family's table `axes`."""
 
     def place(name, x):
-        return jax.device_put(x, param_sharding(mesh, name, x.ndim, config))
+        return jax.device_put(x, param_sharding(mesh, name, x.ndim, axes))
 
     top = {name: place(name, x) for name, x in params.items() if name != "layers"}
     layers = params["layers"]

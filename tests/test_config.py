@@ -78,3 +78,42 @@ def test_config_is_frozen_and_hashable():
         c.hidden_size = 8
     assert hash(c) == hash(tiny_llada_config())
     assert json.loads((SHIPPED_CONFIG_DIR / "llada-1.5" / "config.json").read_text())["model_type"] == "llada"
+
+
+def test_absent_optional_ids_derive_from_the_files_own():
+    """A small custom model's config.json without eot_token_id / pad_token_id takes them from its own eos,
+    not from LLaDA-8B's tokenizer (126348 would lie beyond its vocabulary); the published configs, which lack
+    eot_token_id too, keep LLaDA's <|eot_id|>."""
+    hf = tiny_llada_config().to_hf_config()
+    del hf["eot_token_id"], hf["pad_token_id"]
+    c = config_from_hf(hf)
+    assert (c.eos_token_id, c.eot_token_id, c.pad_token_id, c.stop_ids) == (141, 141, 141, (141,))
+    assert shipped_config("llada-8b-instruct").eot_token_id == 126348
+    from dllm_jax.testing import tiny_dream_config, tiny_llada2_config, tiny_sdar_config
+    for config, absent in ((tiny_sdar_config(eos_token_ids=(181,)), ("pad_token_id",)),
+                           (tiny_dream_config(), ("pad_token_id", "bos_token_id")),
+                           (tiny_llada2_config(), ("pad_token_id",))):
+        hf = config.to_hf_config()
+        for key in absent:
+            del hf[key]
+        parsed = config_from_hf(hf)
+        assert all(getattr(parsed, key) == parsed.stop_ids[-1] for key in absent), (type(config).__name__, parsed)
+
+
+def test_every_config_shares_the_base_and_its_names():
+    from dllm_jax.config import CONFIG_CLASSES, DecoderConfig
+    from dllm_jax.testing import tiny_dream_config, tiny_llada2_config, tiny_sdar_config
+
+    configs = (tiny_llada_config(), tiny_sdar_config(), tiny_dream_config(), tiny_llada2_config())
+    assert [type(c) for c in configs] == CONFIG_CLASSES
+    for c in configs:
+        assert isinstance(c, DecoderConfig)
+        assert isinstance(c.stop_ids, tuple) and c.stop_ids
+        assert c.rotary_dim <= c.head_dim and isinstance(c.qk_norm, bool) and isinstance(c.qkv_bias, bool)
+    assert [c.qk_norm for c in configs] == [False, True, False, True]
+    assert [c.qkv_bias for c in configs] == [False, False, True, False]
+    assert tiny_sdar_config().stop_ids == (181, 182)
+    hf = tiny_llada2_config(qk_norm=False, qkv_bias=True, o_bias=True).to_hf_config()
+    assert (hf["use_qk_norm"], hf["use_qkv_bias"], hf["use_bias"], hf["norm_topk_prob"]) == (False, True, True, True)
+    with pytest.raises(ValueError, match=r"LLaDA2Config.qk_norm \(config.json key 'use_qk_norm'\) must be"):
+        tiny_llada2_config(qk_norm=1)

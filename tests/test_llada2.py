@@ -203,7 +203,7 @@ def test_convert_then_load_gives_the_same_logits(tmp_path, rng):
     np.testing.assert_array_less(rel_err(np.asarray(model(ids)), torch_logits(torch_model, ids, 32)), 1e-4)
 
 
-@pytest.mark.parametrize("overrides", [{}, dict(use_qkv_bias=True, use_bias=True, use_qk_norm=False,
+@pytest.mark.parametrize("overrides", [{}, dict(qkv_bias=True, o_bias=True, qk_norm=False,
                                                  num_shared_experts=0, tie_word_embeddings=True)],
                          ids=["tiny", "biases, no qk-norm, no shared expert, tied head"])
 def test_random_checkpoint_of_testing_loads_into_the_official_module(tmp_path, rng, overrides):

@@ -158,3 +158,31 @@ def test_gpu_two_devices_generate_what_one_does(tmp_path, family, spec, method):
     want = generate(one, prompt, method=policy, **OPTIONS[family])
     assert (generate(two, prompt, method=policy, **OPTIONS[family]) == want).all()
 
+
+
+def test_any_mesh_with_a_tp_axis_is_taken(tiny_checkpoint):
+    """A Mesh names its own axes: "tp", and optionally "dp" and "sp", in any order (an axis it lacks has
+    size 1); a foreign axis of size 1 is dropped, one of more devices refused, as is a mesh without "tp"."""
+    import jax
+    import numpy as np
+    from jax.sharding import Mesh
+
+    from dllm_jax.sharding import AXES, canonical_mesh
+
+    mesh = canonical_mesh(jax.make_mesh((1,), ("tp",)))
+    assert tuple(mesh.axis_names) == AXES and dict(mesh.shape) == {"dp": 1, "sp": 1, "tp": 1}
+    assert dict(canonical_mesh(jax.make_mesh((1, 1, 1), ("tp", "pp", "dp"))).shape) == {"dp": 1, "sp": 1, "tp": 1}
+    device = jax.devices()[0]  # a Mesh may repeat a device: shapes of more than one device on one CPU
+    assert dict(canonical_mesh(Mesh(np.array([device] * 2).reshape(2, 1), ("tp", "dp"))).shape) == {
+        "dp": 1, "sp": 1, "tp": 2}
+    with pytest.raises(ValueError, match=r"mesh axes \{'pp': 2\} are not ones dllm_jax splits over"):
+        canonical_mesh(Mesh(np.array([device] * 2).reshape(1, 2), ("tp", "pp")))
+    with pytest.raises(ValueError, match=r"mesh axes \('dp',\) have no 'tp' axis"):
+        canonical_mesh(jax.make_mesh((1,), ("dp",)))
+    path = tiny_checkpoint(tiny_llada_config(), 0)
+    model = load_model(path, dtype="float32", progress=False, mesh=jax.make_mesh((1,), ("tp",)))
+    assert tuple(model.mesh.axis_names) == AXES
+    prompt = np.arange(3, 19, dtype=np.int32)[None]
+    options = dict(gen_length=8, steps=4, block_length=8)
+    np.testing.assert_array_equal(generate(model, prompt, **options),
+                                  generate(load_model(path, dtype="float32", progress=False), prompt, **options))

@@ -26,7 +26,8 @@ import numpy as np
 
 import pallas_kernels as pk
 from dllm_jax import validation
-from dllm_jax.analysis.loops import BLOCK_DIFFUSION, loop_for
+from dllm_jax.analysis.loops import loop_for
+from dllm_jax.attention.methods import BLOCK
 from dllm_jax.attention.mage import prefix_counts, row_lengths, select_prefix
 from dllm_jax.attention.policy import AttentionPolicy, Mode, check_policy
 
@@ -134,7 +135,7 @@ def analyze_blocks(model, prompt_ids, method, *, seed: int = 0, trajectory: str 
         raise ValueError(f"trajectory must be one of {TRAJECTORIES}, got {trajectory!r}")
     check_policy(method)
     seed = validation.seed(seed)
-    loop = loop_for(BLOCK_DIFFUSION, "analyze_blocks", model, prompt_ids, method, options)
+    loop = loop_for(BLOCK, model, prompt_ids, method, options)
     tokens, state = loop.run(BlockProbe(loop.method, loop.calls, trajectory), seed)
     recall, l1, log = (np.asarray(x) for x in state[2:])
     used = log[0, 1] >= 0  # every layer logs the same calls

@@ -29,7 +29,8 @@ import jax.numpy as jnp
 import numpy as np
 
 from dllm_jax import validation
-from dllm_jax.analysis.loops import BIDIRECTIONAL, loop_for
+from dllm_jax.analysis.loops import loop_for
+from dllm_jax.attention.methods import BIDIRECTIONAL
 from dllm_jax.attention.dense import dense_attention
 from dllm_jax.attention.policy import AttentionPolicy, Mode, check_policy
 
@@ -155,7 +156,7 @@ def analyze(model, prompt_ids, method, *, seed: int = 0, snapshot_step: int | No
     """
     check_policy(method)
     seed = validation.seed(seed)
-    loop = loop_for(BIDIRECTIONAL, "analyze", model, prompt_ids, method, options)
+    loop = loop_for(BIDIRECTIONAL, model, prompt_ids, method, options)
     method, steps = loop.method, loop.calls
     modes = np.array([int(method.mode(jnp.int32(t))) for t in range(steps)])
     if snapshot_step is None:

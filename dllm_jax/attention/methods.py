@@ -1,8 +1,11 @@
-"""The sparse-attention methods by name: which model family each serves and how to build one.
+"""The sparse-attention methods by name: which kind of model each serves and how to build one.
 
-`make_method("sparsed", select=0.3)` is what the CLI and the notebooks use; `check_family` is
-what `generate` calls, so that a method meant for the other family fails with a sentence that
-names the methods which do apply, instead of deep inside the compiled loop.
+`make_method("sparsed", select=0.3)` is what the CLI and the notebooks use. A method serves one kind
+of decoding, named by the family it was published for: `BIDIRECTIONAL` ("LLaDA": full-sequence steps,
+LLaDA and Dream) or `BLOCK` ("SDAR": block steps over a KV cache, SDAR and LLaDA2); a model family's
+kind is its `method_kind` in `dllm_jax.families`. `check_method` is what `generate` calls (through
+the family's entry), so that a method meant for the other kind fails with a sentence that names the
+methods which do apply, instead of deep inside the compiled loop.
 """
 
 from __future__ import annotations
@@ -15,16 +18,20 @@ from dllm_jax.attention.pulsecol import PulseCol
 from dllm_jax.attention.sparge import SpargeAttn
 from dllm_jax.attention.sparsed import SparseD
 
-# name -> (family, class). "flashblock+mage" is FlashBlock(inner=MAGE(...)), the paper's residual reuse.
+BIDIRECTIONAL = "LLaDA"  # methods that estimate their pattern from a full bidirectional sequence step
+BLOCK = "SDAR"  # methods that attend a query block against a KV cache
+KINDS = (BIDIRECTIONAL, BLOCK)
+
+# name -> (kind, class). "flashblock+mage" is FlashBlock(inner=MAGE(...)), the paper's residual reuse.
 METHODS = {
-    "sparsed": ("LLaDA", SparseD),
-    "pulsecol": ("LLaDA", PulseCol),
-    "sparge": ("LLaDA", SpargeAttn),
-    "mage": ("SDAR", MAGE),
-    "flashblock": ("SDAR", FlashBlock),
-    "flashblock+mage": ("SDAR", FlashBlock),
+    "sparsed": (BIDIRECTIONAL, SparseD),
+    "pulsecol": (BIDIRECTIONAL, PulseCol),
+    "sparge": (BIDIRECTIONAL, SpargeAttn),
+    "mage": (BLOCK, MAGE),
+    "flashblock": (BLOCK, FlashBlock),
+    "flashblock+mage": (BLOCK, FlashBlock),
 }
-FAMILY_OF_CLASS = {cls: family for family, cls in METHODS.values()}
+KIND_OF_CLASS = {cls: kind for kind, cls in METHODS.values()}
 
 # Fields set by generate (bind) or nested configs: not user parameters.
 _INTERNAL = {"total_steps", "prefill_len", "inner"}
@@ -84,30 +91,32 @@ def describe(method) -> str:
     return f"{name}({', '.join(changed)})"
 
 
-def method_names(family: str | None = None) -> list[str]:
-    return [name for name, (fam, _) in METHODS.items() if family is None or fam == family]
+def method_names(kind: str | None = None) -> list[str]:
+    """The methods of `kind` (BIDIRECTIONAL or BLOCK; None: all)."""
+    return [name for name, (k, _) in METHODS.items() if kind is None or k == kind]
 
 
-# the kind of methods each model family takes: Dream is bidirectional like LLaDA; LLaDA2 is block diffusion
-# over a prefix cache like SDAR
-METHOD_KIND = {"LLaDA": "LLaDA", "Dream": "LLaDA", "SDAR": "SDAR", "LLaDA2": "SDAR"}
+def check_method(method, kind: str, family: str) -> None:
+    """Raises ValueError if `method` is one of the published methods and serves the other kind of model
+    than `kind` (the model's; `family`: its family's label, for the message)."""
+    expected = KIND_OF_CLASS.get(type(method))
+    if expected is not None and expected != kind:
+        why = {BLOCK: "it attends a query block against SDAR's KV cache",
+               BIDIRECTIONAL: "it estimates its pattern from the full bidirectional sequence of a LLaDA step"}[expected]
+        raise ValueError(f"{type(method).__name__} is a method for {expected} models ({why}); for "
+                         f"{family} use one of {method_names(kind)} (or method=None for dense attention)")
 
 
 def check_family(method, family: str) -> None:
-    """Raises ValueError if `method` is one of the published methods and serves the other kind of model
-    (`family`: "LLaDA", "SDAR", "Dream" or "LLaDA2")."""
-    if family not in METHOD_KIND:
-        raise ValueError(f"unknown model family {family!r}; known: {list(METHOD_KIND)}")
-    expected = FAMILY_OF_CLASS.get(type(method))
-    if expected is not None and expected != METHOD_KIND[family]:
-        why = {"SDAR": "it attends a query block against SDAR's KV cache",
-               "LLaDA": "it estimates its pattern from the full bidirectional sequence of a LLaDA step"}[expected]
-        raise ValueError(f"{type(method).__name__} is a method for {expected} models ({why}); for "
-                         f"{family} use one of {method_names(METHOD_KIND[family])} (or method=None for dense attention)")
+    """Deprecated (the command line's old call; it moves to `dllm_jax.families.family_named(family)
+    .check_method(method)` at integration): `check_method` for the family labelled `family`."""
+    from dllm_jax.families import family_named  # the registry sits above this module
+
+    family_named(family).check_method(method)
 
 
 def _lookup(name: str):
     if name not in METHODS:
         raise ValueError(f"unknown method {name!r}; known: ['dense'] + {list(METHODS)} "
-                         f"(LLaDA: {method_names('LLaDA')}; SDAR: {method_names('SDAR')})")
+                         f"(LLaDA: {method_names(BIDIRECTIONAL)}; SDAR: {method_names(BLOCK)})")
     return METHODS[name]

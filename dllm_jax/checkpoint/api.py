@@ -20,17 +20,10 @@ from dllm_jax.checkpoint.hf import (TARGET_DTYPES, check_regular, file_problem, 
                                     read_hf_params, safetensors_files, source_dtype)
 from dllm_jax.checkpoint.manifest import (FORMAT_VERSION, MANIFEST, Manifest, check_versions, file_checksum,
                                           files_under, read_manifest, sync_tree, tree_checksums, write_manifest)
-from dllm_jax.config import DreamConfig, LLaDA2Config, LLaDAConfig, SDARConfig, read_hf_config
-from dllm_jax.models.layers import check_execution, prepare_params, to_module_tree
-from dllm_jax.models.dream import Dream
-from dllm_jax.models import llada2 as llada2_model
-from dllm_jax.models.llada import LLaDA
-from dllm_jax.models.sdar import SDAR
+from dllm_jax.config import read_hf_config
+from dllm_jax.families import family_of
+from dllm_jax.models.layers import check_execution
 from dllm_jax.sharding import check_mesh, shard_params
-
-MODEL_CLASSES = {LLaDAConfig: LLaDA, SDARConfig: SDAR, DreamConfig: Dream, LLaDA2Config: llada2_model.LLaDA2}
-# families whose parameter tree is not the shared decoder's: (prepare_params, to_module_tree)
-TREE_FUNCTIONS = {LLaDA2Config: (llada2_model.prepare_params, llada2_model.to_module_tree)}
 
 # Files of an HF checkpoint directory that travel with a conversion (tokenizer, generation defaults).
 SIDE_FILES = ("tokenizer.json", "tokenizer_config.json", "special_tokens_map.json",
@@ -224,12 +217,13 @@ def load_model(path, *, dtype=None, verify: bool = True, progress: bool = True, 
       execution: "unrolled" (the default: every layer traced separately, weights read in place at
         near memory bandwidth) or "scan" (one `lax.scan` body over stacked layers: faster to
         compile, slower to run; see dllm_jax.models.layers and the README's compile-time table).
-      mesh: a `jax.sharding.Mesh` with axes ("dp", "tp") (`dllm_jax.sharding.make_mesh("tp=2")`): the
-        weights are placed Megatron-style over "tp" (`dllm_jax.sharding.PARAM_AXES`) and `generate`
-        puts prompt rows over "dp"; None (the default) keeps everything on the default device. The
-        weights are loaded on the default device first, then placed.
+      mesh: a `jax.sharding.Mesh` with a "tp" axis and optionally "dp" and "sp", in any order (an axis it
+        lacks has size 1; `dllm_jax.sharding.make_mesh("tp=2")`, or `jax.make_mesh((2,), ("tp",))`): the
+        weights are placed Megatron-style over "tp" (the family's `param_axes`, dllm_jax.families) and
+        `generate` puts prompt rows over "dp"; None (the default) keeps everything on the default device.
+        The weights are loaded on the default device first, then placed.
     Returns:
-      The NNX model (`LLaDA`, `SDAR` or `Dream`, from config.json); `model(input_ids) -> float32 logits
+      The NNX model of config.json's family (`LLaDA`, `SDAR`, `Dream` or `LLaDA2`); `model(input_ids) -> float32 logits
       [B, L, V]` (bidirectional for LLaDA and Dream, block-causal for SDAR); `model.config`.
     """
     path = Path(path)
@@ -242,7 +236,7 @@ def load_model(path, *, dtype=None, verify: bool = True, progress: bool = True, 
     check_config_file(path)
     raw, config = read_hf_config(path)
     if mesh is not None:  # before reading any weight
-        check_mesh(mesh, config)
+        mesh = check_mesh(mesh, config, family_of(config).tp_split)
     if is_converted(path, raw):
         params = load_converted(path, raw, config, dtype, verify=verify)
     elif any(path.glob("*.safetensors")):
@@ -322,19 +316,18 @@ def model_from_params(config, params: dict, *, execution: str = "unrolled", mesh
     layout; no random init), prepared for inference as `execution` says ("unrolled", the default,
     or "scan": see dllm_jax.models.layers). Takes ownership of `params`: its tensors move into the
     model (the tree is emptied), so a device tree is not held twice. With a `mesh`, the weights are
-    placed on it (`dllm_jax.sharding.shard_params`) and the model remembers it as `model.mesh`."""
-    model_class = MODEL_CLASSES.get(type(config))
-    if model_class is None:
-        raise ValueError(f"unsupported config type {type(config).__name__}")
+    placed on it (`dllm_jax.sharding.shard_params`; any mesh `load_model` takes) and the model remembers
+    it, over the axes ("dp", "sp", "tp"), as `model.mesh`."""
+    family = family_of(config)
     check_execution(execution)
     dtype = params["embed"].dtype
-    prepare, module_tree = TREE_FUNCTIONS.get(type(config), (prepare_params, to_module_tree))
-    params = prepare(params, config, execution=execution)
+    params = family.prepare_params(params, config, execution=execution)
     if mesh is not None:
-        params = shard_params(params, config, mesh)
-    abstract = nnx.eval_shape(lambda: model_class(config, dtype=dtype, rngs=nnx.Rngs(0), execution=execution))
+        mesh = check_mesh(mesh, config, family.tp_split)
+        params = shard_params(params, family.param_axes, mesh)
+    abstract = nnx.eval_shape(lambda: family.model_class(config, dtype=dtype, rngs=nnx.Rngs(0), execution=execution))
     graphdef, state = nnx.split(abstract)
-    nnx.replace_by_pure_dict(state, module_tree(params))
+    nnx.replace_by_pure_dict(state, family.to_module_tree(params))
     model = nnx.merge(graphdef, state)
     model.mesh = mesh
     return model

@@ -1,7 +1,8 @@
 """Hugging Face safetensors -> parameter tree: name maps, validation, streaming conversion.
 
-The name map is data: each rule maps an HF tensor name (regex; group 1 is the layer index for
-per-layer weights) to a path in the parameter tree and a layout transform. Every tensor of the
+The name map is data (`dllm_jax.models.hf_names`, one per family): each rule maps an HF tensor name
+(regex; group 1 is the layer index for per-layer weights) to a path in the parameter tree and a
+layout transform. Every tensor of the
 checkpoint is checked by name, shape and dtype from the file headers alone before any data is read,
 and all problems are reported together in one ValueError.
 """
@@ -19,124 +20,14 @@ import numpy as np
 from safetensors import SafetensorError, safe_open
 from tqdm.auto import tqdm
 
-from dllm_jax.config import DreamConfig, LLaDA2Config, LLaDAConfig, SDARConfig
-from dllm_jax.models.layers import lm_param_shapes
+from dllm_jax.families import family_of
+# the name maps, re-exported: dllm_jax.testing and older callers read them here
+from dllm_jax.models.hf_names import (DREAM_RULES, LLADA2_RULES, LLADA_RULES, SDAR_RULES, Rule,  # noqa: F401
+                                      llada2_expected, tree_get)
 
 FLOAT_DTYPES = {"F32": np.float32, "F16": np.float16, "BF16": ml_dtypes.bfloat16}
 TARGET_DTYPES = {"bfloat16": ml_dtypes.bfloat16, "float32": np.float32}
 MAX_LISTED_PROBLEMS = 40
-
-
-@dataclasses.dataclass(frozen=True)
-class Rule:
-    pattern: str  # regex over the full HF name; group 1 = layer index if `per_layer`
-    path: tuple[str, ...]  # where the tensor goes in the parameter tree
-    transform: str  # "copy" | "transpose" | "heads_in" | "heads_out" | "heads_bias"
-
-    @property
-    def per_layer(self) -> bool:
-        return self.path[0] == "layers"
-
-
-# Torch Linear weights are [out, in]; Flax kernels are [in, out]. Attention projections are
-# further split by head: q/k/v [H*D, d] -> [d, H, D]; the output projection [d, H*D] -> [H, D, d].
-LLADA_RULES = (
-    Rule(r"model\.transformer\.wte\.weight", ("embed",), "copy"),
-    Rule(r"model\.transformer\.blocks\.(\d+)\.attn_norm\.weight", ("layers", "attn_norm"), "copy"),
-    Rule(r"model\.transformer\.blocks\.(\d+)\.q_proj\.weight", ("layers", "q_proj"), "heads_in"),
-    Rule(r"model\.transformer\.blocks\.(\d+)\.k_proj\.weight", ("layers", "k_proj"), "heads_in"),
-    Rule(r"model\.transformer\.blocks\.(\d+)\.v_proj\.weight", ("layers", "v_proj"), "heads_in"),
-    Rule(r"model\.transformer\.blocks\.(\d+)\.attn_out\.weight", ("layers", "o_proj"), "heads_out"),
-    Rule(r"model\.transformer\.blocks\.(\d+)\.ff_norm\.weight", ("layers", "mlp_norm"), "copy"),
-    Rule(r"model\.transformer\.blocks\.(\d+)\.ff_proj\.weight", ("layers", "gate_proj"), "transpose"),
-    Rule(r"model\.transformer\.blocks\.(\d+)\.up_proj\.weight", ("layers", "up_proj"), "transpose"),
-    Rule(r"model\.transformer\.blocks\.(\d+)\.ff_out\.weight", ("layers", "down_proj"), "transpose"),
-    Rule(r"model\.transformer\.ln_f\.weight", ("final_norm",), "copy"),
-    Rule(r"model\.transformer\.ff_out\.weight", ("lm_head",), "transpose"),
-)
-
-
-# SDAR / TraDo use HF Qwen3 names (Qwen3ForCausalLM), one to one.
-SDAR_RULES = (
-    Rule(r"model\.embed_tokens\.weight", ("embed",), "copy"),
-    Rule(r"model\.layers\.(\d+)\.input_layernorm\.weight", ("layers", "attn_norm"), "copy"),
-    Rule(r"model\.layers\.(\d+)\.self_attn\.q_proj\.weight", ("layers", "q_proj"), "heads_in"),
-    Rule(r"model\.layers\.(\d+)\.self_attn\.k_proj\.weight", ("layers", "k_proj"), "heads_in"),
-    Rule(r"model\.layers\.(\d+)\.self_attn\.v_proj\.weight", ("layers", "v_proj"), "heads_in"),
-    Rule(r"model\.layers\.(\d+)\.self_attn\.o_proj\.weight", ("layers", "o_proj"), "heads_out"),
-    Rule(r"model\.layers\.(\d+)\.self_attn\.q_norm\.weight", ("layers", "q_norm"), "copy"),
-    Rule(r"model\.layers\.(\d+)\.self_attn\.k_norm\.weight", ("layers", "k_norm"), "copy"),
-    Rule(r"model\.layers\.(\d+)\.post_attention_layernorm\.weight", ("layers", "mlp_norm"), "copy"),
-    Rule(r"model\.layers\.(\d+)\.mlp\.gate_proj\.weight", ("layers", "gate_proj"), "transpose"),
-    Rule(r"model\.layers\.(\d+)\.mlp\.up_proj\.weight", ("layers", "up_proj"), "transpose"),
-    Rule(r"model\.layers\.(\d+)\.mlp\.down_proj\.weight", ("layers", "down_proj"), "transpose"),
-    Rule(r"model\.norm\.weight", ("final_norm",), "copy"),
-    Rule(r"lm_head\.weight", ("lm_head",), "transpose"),
-)
-
-
-# Dream uses HF Qwen2 names: SDAR's without q_norm / k_norm, plus the q/k/v biases ([H*D] -> [H, D]).
-DREAM_RULES = tuple(r for r in SDAR_RULES if r.path[-1] not in ("q_norm", "k_norm")) + (
-    Rule(r"model\.layers\.(\d+)\.self_attn\.q_proj\.bias", ("layers", "q_bias"), "heads_bias"),
-    Rule(r"model\.layers\.(\d+)\.self_attn\.k_proj\.bias", ("layers", "k_bias"), "heads_bias"),
-    Rule(r"model\.layers\.(\d+)\.self_attn\.v_proj\.bias", ("layers", "v_bias"), "heads_bias"),
-)
-
-
-# LLaDA2 (official modeling_llada2_moe.py names). Paths name the tree of dllm_jax.models.llada2: "layers"
-# (every layer's attention, index = layer), "dense" (layers < first_k_dense_replace), "moe" (the others,
-# index = layer - first_k_dense_replace; routed experts stacked at index (moe layer, expert): group 2).
-LLADA2_RULES = (
-    Rule(r"model\.word_embeddings\.weight", ("embed",), "copy"),
-    Rule(r"model\.layers\.(\d+)\.input_layernorm\.weight", ("layers", "attn_norm"), "copy"),
-    Rule(r"model\.layers\.(\d+)\.attention\.query_key_value\.weight", ("layers", "qkv_proj"), "transpose"),
-    Rule(r"model\.layers\.(\d+)\.attention\.query_key_value\.bias", ("layers", "qkv_bias"), "copy"),
-    Rule(r"model\.layers\.(\d+)\.attention\.query_layernorm\.weight", ("layers", "q_norm"), "copy"),
-    Rule(r"model\.layers\.(\d+)\.attention\.key_layernorm\.weight", ("layers", "k_norm"), "copy"),
-    Rule(r"model\.layers\.(\d+)\.attention\.dense\.weight", ("layers", "o_proj"), "transpose"),
-    Rule(r"model\.layers\.(\d+)\.attention\.dense\.bias", ("layers", "o_bias"), "copy"),
-    Rule(r"model\.layers\.(\d+)\.post_attention_layernorm\.weight", ("layers", "mlp_norm"), "copy"),
-    Rule(r"model\.layers\.(\d+)\.mlp\.gate_proj\.weight", ("dense", "gate_proj"), "transpose"),
-    Rule(r"model\.layers\.(\d+)\.mlp\.up_proj\.weight", ("dense", "up_proj"), "transpose"),
-    Rule(r"model\.layers\.(\d+)\.mlp\.down_proj\.weight", ("dense", "down_proj"), "transpose"),
-    Rule(r"model\.layers\.(\d+)\.mlp\.gate\.weight", ("moe", "router"), "transpose"),
-    Rule(r"model\.layers\.(\d+)\.mlp\.gate\.expert_bias", ("moe", "expert_bias"), "copy"),
-    Rule(r"model\.layers\.(\d+)\.mlp\.experts\.(\d+)\.gate_proj\.weight", ("moe", "gate_proj"), "transpose"),
-    Rule(r"model\.layers\.(\d+)\.mlp\.experts\.(\d+)\.up_proj\.weight", ("moe", "up_proj"), "transpose"),
-    Rule(r"model\.layers\.(\d+)\.mlp\.experts\.(\d+)\.down_proj\.weight", ("moe", "down_proj"), "transpose"),
-    Rule(r"model\.layers\.(\d+)\.mlp\.shared_experts\.gate_proj\.weight", ("moe", "shared_gate_proj"), "transpose"),
-    Rule(r"model\.layers\.(\d+)\.mlp\.shared_experts\.up_proj\.weight", ("moe", "shared_up_proj"), "transpose"),
-    Rule(r"model\.layers\.(\d+)\.mlp\.shared_experts\.down_proj\.weight", ("moe", "shared_down_proj"), "transpose"),
-    Rule(r"model\.norm\.weight", ("final_norm",), "copy"),
-    Rule(r"lm_head\.weight", ("lm_head",), "transpose"),
-)
-
-
-def llada2_expected(config, shapes: dict) -> dict:
-    """{HF name: (rule, index into the stacked tree tensor or None, target shape)} of a LLaDA2 checkpoint:
-    per-layer tensors go to "layers" (all layers), "dense" or "moe" by the layer's kind, routed experts
-    to index (moe layer, expert) of the [Lm, E, ...] stacks."""
-    k = config.first_k_dense_replace
-    layers_of = {"layers": range(config.num_layers), "dense": range(k), "moe": range(k, config.num_layers)}
-    expected = {}
-    for rule in LLADA2_RULES:
-        group, leaf = rule.path[0], rule.path[-1]
-        if group not in shapes or (group in layers_of and leaf not in shapes[group]):
-            continue  # an optional tensor this config has not (biases, q/k norms, shared experts, a tied head)
-        full = tree_get(shapes, rule.path)
-        name = rule.pattern.replace("\\.", ".")
-        if group not in layers_of:
-            expected[name] = (rule, None, full)
-            continue
-        for layer in layers_of[group]:
-            index = layer - k if group == "moe" else layer
-            one = name.replace(r"(\d+)", str(layer), 1)
-            if r"(\d+)" not in one:
-                expected[one] = (rule, index, full[1:])
-                continue
-            for e in range(config.num_experts):  # routed experts: one tensor per expert
-                expected[one.replace(r"(\d+)", str(e))] = (rule, (index, e), full[2:])
-    return expected
 
 
 def hf_name(rule: Rule, layer: int | None) -> str:
@@ -174,18 +65,13 @@ def invert_transform(transform: str, array: np.ndarray) -> np.ndarray:
 
 def rules_for(config) -> tuple[Rule, ...]:
     """The name map of config's family; a tied head has no LM-head tensor."""
-    rules = {LLaDAConfig: LLADA_RULES, SDARConfig: SDAR_RULES, DreamConfig: DREAM_RULES,
-             LLaDA2Config: LLADA2_RULES}.get(type(config))
-    if rules is None:
-        raise ValueError(f"no HF name map for config type {type(config).__name__}")
+    rules = family_of(config).hf_rules
     return tuple(r for r in rules if not (config.tie_word_embeddings and r.path == ("lm_head",)))
 
 
 def param_shapes_for(config) -> dict:
-    if isinstance(config, LLaDA2Config):
-        from dllm_jax.models.llada2 import param_shapes  # the MoE tree (a module import would be circular)
-        return param_shapes(config)
-    return lm_param_shapes(config)
+    """The checkpoint-layout parameter shapes of config's family."""
+    return family_of(config).param_shapes(config)
 
 
 @dataclasses.dataclass(frozen=True)
@@ -315,8 +201,9 @@ def plan_conversion(hf_dir: str | Path, config) -> list[PlannedTensor]:
     entries = read_headers(hf_dir)
     rules = rules_for(config)
     shapes = param_shapes_for(config)
-    expected = llada2_expected(config, shapes) if isinstance(config, LLaDA2Config) else {}
-    for rule in () if isinstance(config, LLaDA2Config) else rules:
+    expand = family_of(config).hf_expected  # a family whose tensors are not one per rule and layer
+    expected = expand(config, shapes) if expand else {}
+    for rule in () if expand else rules:
         layers = range(config.num_layers) if rule.per_layer else [None]
         for layer in layers:
             target = tree_get(shapes, rule.path)
@@ -347,12 +234,6 @@ def raise_problems(hf_dir: Path, problems: list[str]):
     tail = f"\n  ... and {more} more" if more else ""
     raise ValueError(f"checkpoint {hf_dir} does not match its config ({len(problems)} problems):\n  "
                      + "\n  ".join(shown) + tail)
-
-
-def tree_get(tree: dict, path: tuple[str, ...]):
-    for key in path:
-        tree = tree[key]
-    return tree
 
 
 def empty_tree(shapes: dict, dtype) -> dict:

@@ -23,9 +23,8 @@ from dllm_jax import validation as check
 from dllm_jax.attention.methods import make_method
 from dllm_jax.eval.tasks import Sample, as_tokenizer, max_answer_length, score
 from dllm_jax.eval.vocab import build_tokenizer
+from dllm_jax.families import FAMILIES, family_of
 from dllm_jax.generate import generate
-from dllm_jax.models.llada import LLaDA
-from dllm_jax.models.sdar import SDAR
 
 
 @dataclasses.dataclass(frozen=True)
@@ -114,10 +113,12 @@ def unique(values) -> tuple:
 
 def check_samples(model, samples: list[Sample]) -> None:
     """The model must stop on the samples' EOS and must not read any prompt token as its mask."""
-    if not isinstance(model, (LLaDA, SDAR)):
-        raise ValueError(f"evaluate supports LLaDA and SDAR models, got {type(model).__name__}")
+    family = next((f for f in FAMILIES.values() if type(model) is f.model_class), None)
+    if family is None or family.eval_options is None:  # a family without greedy defaults (the module docstring)
+        evaluated = [f.label for f in FAMILIES.values() if f.eval_options is not None]
+        raise ValueError(f"evaluate supports {' and '.join(evaluated)} models, got {type(model).__name__}")
     config = model.config
-    stops = tuple(config.eos_token_ids) if isinstance(model, SDAR) else (config.eos_token_id,)
+    stops = config.stop_ids
     eos = sorted({int(s.answer_ids[-1]) for s in samples})
     if not set(eos) <= set(stops):
         raise ValueError(f"the samples' answers end with EOS id(s) {eos}, but the model stops on {stops} (config "
@@ -141,17 +142,12 @@ def default_options(model, samples: list[Sample], given: dict) -> dict[str, Any]
     """Greedy decoding with room for the longest answer of the samples' tasks (module docstring); a
     given LLaDA gen_length sets the default steps and block_length (one block, one token per step)."""
     length = max(max(max_answer_length(s.task) for s in samples), max(len(s.answer_ids) for s in samples))
-    if isinstance(model, LLaDA):
-        length = given.get("gen_length", length)
-        return dict(gen_length=length, steps=length, block_length=length, temperature=0.0)
-    bs = model.config.block_size
-    return dict(max_new_tokens=answer_window(length, bs), denoising_steps=bs, top_k=1,
-                remasking="low_confidence_static")
+    return family_of(model).eval_options(length, model.config, given)
 
 
 def check_answer_room(model, samples: list[Sample], options: dict) -> None:
     """The answer region must hold every answer and its EOS (generate checks everything else)."""
-    key = "gen_length" if isinstance(model, LLaDA) else "max_new_tokens"
+    key = family_of(model).answer_option
     longest = max(len(s.answer_ids) for s in samples)
     if check.is_int(options[key]) and options[key] < longest:
         raise ValueError(f"{key}={options[key]} is shorter than the longest answer ({longest} tokens with its EOS): "

@@ -17,16 +17,15 @@ import math
 import jax
 import jax.numpy as jnp
 
+from dllm_jax.families import family_of
+
 MAX_ROWS = 64  # past this a batch gains little speed, and an out-of-memory error costs more answers
 CPU_BUDGET = 2 * 2**30  # bytes, where jax reports no device memory
 
 
 def weight_bytes(config, dtype) -> int:
     """Bytes of the model's parameters in `dtype` (from the config's shapes: nothing is loaded)."""
-    from dllm_jax.models import llada2
-    from dllm_jax.models.layers import lm_param_shapes
-
-    shapes = llada2.param_shapes(config) if config.family == "llada2" else lm_param_shapes(config)
+    shapes = family_of(config).param_shapes(config)
     leaves = jax.tree.leaves(shapes, is_leaf=lambda x: isinstance(x, tuple))
     return sum(math.prod(shape) for shape in leaves) * jnp.dtype(dtype).itemsize
 

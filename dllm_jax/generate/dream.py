@@ -45,9 +45,13 @@ from flax import struct
 from dllm_jax import validation as check
 from dllm_jax.attention.policy import AttentionPolicy, Dense, check_policy
 from dllm_jax.config import DreamConfig
+from dllm_jax.generate.progress import progress_bar, tick
+from dllm_jax.generate.requests import (ProbeLoop, as_array, check_context, check_prompt, make_options, on_devices,
+                                        on_mesh)
 from dllm_jax.generate.sampling import commit_top
 from dllm_jax.models import dream as dream_model
 from dllm_jax.models.llada import init_policy_state
+from dllm_jax.sharding import to_host
 
 ALGS = ("origin", "maskgit_plus", "topk_margin", "entropy")
 LOWEST = float(np.finfo(np.float32).min)  # the official filters' masked_fill value (torch.finfo(dtype).min)
@@ -254,3 +258,46 @@ def check_request(config: DreamConfig, prompt_ids: np.ndarray, attention_mask, m
     if padded and not isinstance(method, Dense):
         raise ValueError(f"{type(method).__name__} takes no padding mask: generate left-padded Dream prompts with "
                          "dense attention (method=None), or prompts of one length")
+
+
+# --- the family's request: checks, run, probes (dllm_jax.families names these) ----------------------
+
+def prepare(model, prompt_ids, attention_mask, method, options: dict):
+    """Checks a Dream request (options, prompt, padding, context) before anything compiles; returns
+    (DreamOptions, int32 prompt_ids, the method bound to this generation's schedule)."""
+    opts = make_options(DreamOptions, "Dream", options)
+    prompt_ids = as_array("prompt_ids", prompt_ids)
+    check_prompt(model.config, prompt_ids, attention_mask)
+    check_request(model.config, prompt_ids, attention_mask, method, opts)
+    check_context(model.config, prompt_ids.shape[-1], opts.max_new_tokens)
+    method = method.bind(total_steps=opts.steps, prompt_length=prompt_ids.shape[1], gen_length=opts.max_new_tokens)
+    return opts, prompt_ids.astype(np.int32), method
+
+
+def run(model, prompt_ids, attention_mask, seed: int, method, progress: bool, return_nfe: bool, options: dict):
+    """`dllm_jax.generate.generate` for a Dream model (its docstring); `method` is a checked policy."""
+    if return_nfe:
+        raise ValueError("return_nfe=True is for LLaDA models (Dream runs exactly `steps` forwards)")
+    mesh = model.mesh
+    opts, prompt_ids, method = prepare(model, prompt_ids, attention_mask, method, options)
+    method = on_devices(mesh, method, prompt_ids.shape[1] + opts.max_new_tokens)
+    mask = None if attention_mask is None else np.asarray(attention_mask, np.int32)
+    placed_ids, placed_mask = on_mesh(mesh, prompt_ids, mask)
+    with progress_bar(opts.steps, "Dream denoising", progress) as run_id:
+        out = generate_dream_jit(
+            model.params(), placed_ids, placed_mask, seed, np.int32(run_id), config=model.config, options=opts,
+            prompt_has_masks=bool((prompt_ids == model.config.mask_token_id).any()), policy=method,
+            on_step=tick if progress else None)
+        return to_host(out)
+
+
+def probe_loop(model, prompt_ids, method, options: dict) -> ProbeLoop:
+    """The loop `dllm_jax.analysis.analyze` probes: one policy call per step and layer."""
+    opts, prompt_ids, method = prepare(model, prompt_ids, None, method, options)
+    has_masks = bool((prompt_ids == model.config.mask_token_id).any())
+
+    def run_probe(probe, seed):
+        return generate_dream_jit(model.params(), prompt_ids, None, seed, np.int32(0), config=model.config,
+                                  options=opts, prompt_has_masks=has_masks, policy=probe, return_policy_state=True)
+
+    return ProbeLoop(method, opts.steps, run_probe)

@@ -27,9 +27,12 @@ from flax import struct
 from dllm_jax import validation as check
 from dllm_jax.attention.policy import AttentionPolicy, Dense, Mode, check_policy
 from dllm_jax.config import LLaDAConfig
+from dllm_jax.generate.progress import progress_bar, tick
+from dllm_jax.generate.requests import (ProbeLoop, as_array, check_context, check_prompt, make_options, on_devices,
+                                        on_mesh)
 from dllm_jax.generate.sampling import commit_top, factor_counts, gumbel_argmax, transfer_counts
 from dllm_jax.models import llada as llada_model
-from dllm_jax.models.layers import check_inputs
+from dllm_jax.sharding import to_host
 
 REMASKING = ("low_confidence", "random")
 CACHES = ("prefix", "dual")
@@ -355,10 +358,70 @@ STATIC = ("config", "options", "prompt_has_masks", "policy", "on_step", "return_
 generate_llada_jit = jax.jit(generate_llada, static_argnames=STATIC)
 
 
-def check_prompt(config, prompt_ids: np.ndarray, attention_mask) -> None:
-    """Checks prompt_ids [B, P] (non-empty; integer ids in [0, vocab_size)) and attention_mask [B, P]
-    (0/1 or bool) on the host with numpy (`check_inputs`): a refused prompt costs no transfer,
-    tracing or compilation."""
-    if prompt_ids.ndim != 2 or 0 in prompt_ids.shape:
-        raise ValueError(f"prompt_ids must be [batch>0, length>0], got shape {prompt_ids.shape}")
-    check_inputs(config, prompt_ids, attention_mask, name="prompt_ids")
+
+# --- the family's request: checks, run, probes (dllm_jax.families names these) ----------------------
+
+def prepare(model, prompt_ids, attention_mask, method, options: dict):
+    """Checks a LLaDA request (options, prompt, context) before anything compiles; returns (LLaDAOptions,
+    int32 prompt_ids, the method bound to this generation's schedule)."""
+    opts = make_options(LLaDAOptions, "LLaDA", options)
+    prompt_ids = as_array("prompt_ids", prompt_ids)
+    check_prompt(model.config, prompt_ids, attention_mask)
+    check_context(model.config, prompt_ids.shape[-1], opts.gen_length)
+    # methods whose schedule depends on the generation (SparseD, PulseCol, SpargeAttn) fix it here
+    method = method.bind(total_steps=opts.steps, prompt_length=prompt_ids.shape[1], gen_length=opts.gen_length)
+    return opts, prompt_ids.astype(np.int32), method
+
+
+def check_fast(config, prompt_ids: np.ndarray, method, opts: LLaDAOptions) -> None:
+    """What Fast-dLLM decoding (cache= / threshold=) supports: prompts without mask ids, and with a
+    cache a policy that attends over a cached window (Dense, SparseD, PulseCol)."""
+    if opts.cache is not None and type(method).attend_window is AttentionPolicy.attend_window:
+        raise ValueError(f"cache={opts.cache!r} (Fast-dLLM) runs with dense attention, SparseD or PulseCol, got "
+                         f"method {type(method).__name__}: it has no attention over a cached window "
+                         "(threshold= alone works with every LLaDA method)")
+    if (prompt_ids == config.mask_token_id).any():
+        raise ValueError(f"prompt_ids hold the mask id {config.mask_token_id}: infilling is not supported with cache= or "
+                         "threshold= (Fast-dLLM decodes the answer blocks only)")
+
+
+def run(model, prompt_ids, attention_mask, seed: int, method, progress: bool, return_nfe: bool, options: dict):
+    """`dllm_jax.generate.generate` for a LLaDA model (its docstring); `method` is a checked policy."""
+    mesh = model.mesh
+    opts, prompt_ids, method = prepare(model, prompt_ids, attention_mask, method, options)
+    if opts.fast:
+        check_fast(model.config, prompt_ids, method, opts)
+    method = on_devices(mesh, method, prompt_ids.shape[1] + opts.gen_length)
+    mask = None if attention_mask is None else np.asarray(attention_mask, np.int32)
+    placed_ids, placed_mask = on_mesh(mesh, prompt_ids, mask)  # the host arrays stay for the checks
+    if opts.fast:
+        with progress_bar(opts.steps, "LLaDA denoising (at most)", progress) as run_id:
+            out, nfe = generate_llada_fast_jit(model.params(), placed_ids, placed_mask, seed, np.int32(run_id),
+                                               config=model.config, options=opts, policy=method,
+                                               on_step=tick if progress else None)
+            return (to_host(out), int(nfe)) if return_nfe else to_host(out)
+    with progress_bar(opts.steps, "LLaDA denoising", progress) as run_id:
+        out = generate_llada_jit(model.params(), placed_ids, placed_mask, seed,
+                                 np.int32(run_id), config=model.config, options=opts,
+                                 prompt_has_masks=bool((prompt_ids == model.config.mask_token_id).any()),
+                                 policy=method, on_step=tick if progress else None)
+        return (to_host(out), opts.steps * (2 if opts.cfg_scale > 0 else 1)) if return_nfe else to_host(out)
+
+
+def probe_loop(model, prompt_ids, method, options: dict) -> ProbeLoop:
+    """The loop `dllm_jax.analysis.analyze` probes: one policy call per step and layer."""
+    opts, prompt_ids, method = prepare(model, prompt_ids, None, method, options)
+    has_masks = bool((prompt_ids == model.config.mask_token_id).any())
+
+    def run_probe(probe, seed):
+        return generate_llada_jit(model.params(), prompt_ids, None, seed, np.int32(0), config=model.config,
+                                  options=opts, prompt_has_masks=has_masks, policy=probe, return_policy_state=True)
+
+    return ProbeLoop(method, opts.steps, run_probe)
+
+
+def eval_options(answer_length: int, config: LLaDAConfig, given: dict) -> dict:
+    """Greedy decoding of one token per step over one block (`dllm_jax.eval.evaluate`'s defaults); a
+    given gen_length sets the default steps and block_length."""
+    length = given.get("gen_length", answer_length)
+    return dict(gen_length=length, steps=length, block_length=length, temperature=0.0)

@@ -41,10 +41,13 @@ import numpy as np
 from dllm_jax import validation as check
 from dllm_jax.attention.policy import AttentionPolicy, Dense, check_policy
 from dllm_jax.config import LLaDA2Config
+from dllm_jax.generate.progress import progress_bar, tick
+from dllm_jax.generate.requests import (ProbeLoop, as_array, check_context, check_prompt, make_options, on_devices,
+                                        on_mesh)
 from dllm_jax.generate.sampling import commit_top, sample_tokens, transfer_counts
 from dllm_jax.generate.sdar import BlockSampler, decode_blocks
 from dllm_jax.models import llada2 as llada2_model
-from dllm_jax.sharding import shard_kv_cache, tracing_on
+from dllm_jax.sharding import shard_kv_cache, to_host, tracing_on
 
 CACHE_TILE = 128
 
@@ -180,3 +183,54 @@ def check_request(config: LLaDA2Config, prompt_ids: np.ndarray, attention_mask, 
     if masks.size:
         raise ValueError(f"prompt_ids hold the mask id {config.mask_token_id} at [row, position] "
                          f"{masks[:5].tolist()}: the official sampler denoises the answer blocks only")
+
+
+# --- the family's request: checks, run, probes (dllm_jax.families names these) ----------------------
+
+def prepare(model, prompt_ids, attention_mask, method, options: dict):
+    """Checks an LLaDA2 request (options, prompt, context) before anything compiles; returns (LLaDA2Options,
+    int32 prompt_ids, the number of blocks decoded)."""
+    opts = make_options(LLaDA2Options, "LLaDA2", options)
+    prompt_ids = as_array("prompt_ids", prompt_ids)
+    check_prompt(model.config, prompt_ids, attention_mask)
+    check_request(model.config, prompt_ids, attention_mask, opts)
+    check_context(model.config, prompt_ids.shape[1], opts.gen_length)
+    p, bl = prompt_ids.shape[1], opts.block_length
+    return opts, prompt_ids.astype(np.int32), -(-(p + opts.gen_length) // bl) - p // bl
+
+
+def run(model, prompt_ids, attention_mask, seed: int, method, progress: bool, return_nfe: bool, options: dict):
+    """`dllm_jax.generate.generate` for an LLaDA2 model: options gen_length=2048, block_length=32, steps=32
+    (per block), temperature=0.0 (greedy), top_k=0, top_p=1.0, threshold=0.95, minimal_topk=1; block
+    diffusion with a prefix KV cache, so MAGE and FlashBlock run on it as on SDAR. Prompts of one length;
+    one prompt returns int32 [1, n] (prompt + answer up to and including the first eos), a batch int32
+    [B, P + gen_length] with config.pad_token_id after each row's eos."""
+    if return_nfe:
+        raise ValueError("return_nfe=True is for LLaDA models (LLaDA2's forwards per block follow its schedule)")
+    mesh = model.mesh
+    opts, prompt_ids, blocks = prepare(model, prompt_ids, attention_mask, method, options)
+    method = on_devices(mesh, method, None)
+    placed_ids, _ = on_mesh(mesh, prompt_ids, None)
+    with progress_bar(blocks, "LLaDA2 blocks", progress) as run_id:
+        x, _ = generate_llada2_jit(model.params(), placed_ids, seed, np.int32(run_id), config=model.config,
+                                   options=opts, policy=method, on_step=tick if progress else None, mesh=mesh)
+        x = to_host(x)
+    rows = answers(x, prompt_ids.shape[1], opts, model.config.eos_token_id)
+    if len(rows) == 1:
+        return np.stack(rows)
+    out = np.full((len(rows), prompt_ids.shape[1] + opts.gen_length), model.config.pad_token_id, np.int32)
+    for b, row in enumerate(rows):
+        out[b, :len(row)] = row
+    return out
+
+
+def probe_loop(model, prompt_ids, method, options: dict) -> ProbeLoop:
+    """The loop `dllm_jax.analysis.analyze_blocks` probes."""
+    opts, prompt_ids, blocks = prepare(model, prompt_ids, None, method, options)
+
+    def run_probe(probe, seed):
+        tokens, _, state = generate_llada2_jit(model.params(), prompt_ids, seed, np.int32(0), config=model.config,
+                                               options=opts, policy=probe, return_policy_state=True)
+        return tokens, state
+
+    return ProbeLoop(method, blocks * (opts.effective_steps + 1), run_probe)

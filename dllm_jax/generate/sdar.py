@@ -50,9 +50,12 @@ from flax import struct
 from dllm_jax import validation as check
 from dllm_jax.attention.policy import AttentionPolicy, Dense, Mode, check_policy, unmasked_since_refresh
 from dllm_jax.config import SDARConfig
+from dllm_jax.generate.progress import progress_bar, tick
+from dllm_jax.generate.requests import (ProbeLoop, as_array, check_context, check_prompt, make_options, on_devices,
+                                        on_mesh)
 from dllm_jax.generate.sampling import sample_tokens, transfer_counts, transfer_mask
 from dllm_jax.models import sdar as sdar_model
-from dllm_jax.sharding import shard_kv_cache
+from dllm_jax.sharding import shard_kv_cache, to_host
 
 CACHE_TILE = 128
 REMASKING = ("low_confidence_dynamic", "low_confidence_static", "sequential")
@@ -326,3 +329,103 @@ def left_padded(rows, prompt_ids, attention_mask, width: int, pad_id: int):
         kept = row[: width - pad]
         out[b, pad: pad + len(kept)] = kept
     return out
+
+
+# --- the family's request: checks, run, probes (dllm_jax.families names these) ----------------------
+
+def prepare(model, prompt_ids, attention_mask, method, options: dict):
+    """Checks an SDAR request (options, left-padded prompts, context) before anything compiles; returns
+    (SDAROptions, int32 prompt_ids, int32 attention_mask or None, the number of decoding iterations)."""
+    opts = make_options(SDAROptions, "SDAR", options)
+    prompt_ids = as_array("prompt_ids", prompt_ids)
+    check_prompt(model.config, prompt_ids, attention_mask)
+    mask = None if attention_mask is None else np.asarray(attention_mask).astype(np.int32)
+    lengths = check_left_padding(mask) if mask is not None else np.full(prompt_ids.shape[0], prompt_ids.shape[1])
+    check_sdar_request(model.config, prompt_ids, lengths, opts)
+    for row, length in enumerate(lengths):
+        check_context(model.config, int(length), opts.max_new_tokens, row=None if mask is None else row)
+    bs = model.config.block_size
+    blocks = max(-(-(int(n) + opts.max_new_tokens) // bs) - int(n) // bs for n in lengths)
+    return opts, prompt_ids.astype(np.int32), mask, blocks
+
+
+def check_left_padding(mask: np.ndarray) -> np.ndarray:
+    """The real prompt length of each row of a 0/1 attention_mask [B, P] that must be left padding
+    (0...0 1...1) with at least one token; ValueError naming the first bad row otherwise."""
+    lengths = mask.sum(axis=1)
+    for row, (values, length) in enumerate(zip(mask, lengths)):
+        if length == 0:
+            raise ValueError(f"attention_mask row {row} is all padding: every prompt needs at least one token")
+        if values[mask.shape[1] - length:].min() == 0:
+            raise ValueError(f"attention_mask row {row} is not left padding (zeros, then ones): "
+                             f"{values.tolist()[:40]}{' ...' if mask.shape[1] > 40 else ''}; SDAR prompts are "
+                             "left-padded, each row's tokens contiguous at the end")
+    return lengths
+
+
+def check_sdar_request(config, prompt_ids: np.ndarray, lengths, options: SDAROptions) -> None:
+    """What SDAR's sampler needs of options and prompts together (see `generate`'s docstring);
+    `lengths` are the rows' real prompt lengths (their tokens at the end of each row)."""
+    bs = config.block_size
+    if options.denoising_steps > bs:
+        raise ValueError(f"denoising_steps={options.denoising_steps} exceeds the model's block_size={bs}: a block "
+                         f"is fully decoded within {bs} steps (the schedule gives the steps after that 0 tokens); "
+                         f"pass denoising_steps <= {bs}")
+    if options.top_k > config.vocab_size:
+        raise ValueError(f"top_k={options.top_k} exceeds the vocabulary (vocab_size={config.vocab_size})")
+    width = prompt_ids.shape[1]
+    for row, p in enumerate(int(n) for n in lengths):
+        tokens = prompt_ids[row, width - p:]
+        committed = p - p % bs
+        positions = np.flatnonzero(tokens[:committed] == config.mask_token_id)
+        if positions.size:
+            where = ("prompt_ids hold" if len(lengths) == 1 and p == width else
+                     f"prompt row {row} holds (positions counted from its first token)")
+            raise ValueError(
+                f"{where} the mask token id {config.mask_token_id} at positions {positions.tolist()[:10]}, inside "
+                f"the complete prompt blocks (positions 0..{committed - 1}, block_size={bs}): those are prefilled into "
+                f"the KV cache and never denoised, so a mask there cannot be filled in. Only the trailing partial "
+                f"block can be infilled" + (f" (positions {committed}..{p - 1})" if committed < p else
+                                            " (this prompt has none: its length is a multiple of block_size)"))
+
+
+def run(model, prompt_ids, attention_mask, seed: int, method, progress: bool, return_nfe: bool, options: dict):
+    """`dllm_jax.generate.generate` for an SDAR model (its docstring); `method` is a checked policy."""
+    if return_nfe:
+        raise ValueError("return_nfe=True is for LLaDA models (SDAR's forwards per block follow its schedule)")
+    mesh = model.mesh
+    opts, prompt_ids, mask, blocks = prepare(model, prompt_ids, attention_mask, method, options)
+    method = on_devices(mesh, method, None)
+    placed_ids, placed_mask = on_mesh(mesh, prompt_ids, mask)
+    with progress_bar(blocks, "SDAR blocks", progress) as run_id:
+        x, end = generate_sdar_jit(model.params(), placed_ids, placed_mask, seed, np.int32(run_id),
+                                   config=model.config, options=opts, policy=method,
+                                   on_step=tick if progress else None, mesh=mesh)
+        x, end = to_host(x), to_host(end)
+    lengths = np.full(len(x), prompt_ids.shape[1]) if mask is None else mask.sum(axis=1)
+    rows = trim(x, end, lengths, set(model.config.stop_ids))
+    if mask is None and len(rows) == 1:
+        return np.stack(rows)
+    return left_padded(rows, prompt_ids, np.ones_like(prompt_ids) if mask is None else mask,
+                       prompt_ids.shape[1] + opts.max_new_tokens, model.config.pad_token_id)
+
+
+def probe_loop(model, prompt_ids, method, options: dict) -> ProbeLoop:
+    """The loop `dllm_jax.analysis.analyze_blocks` probes."""
+    opts, prompt_ids, _, blocks = prepare(model, prompt_ids, None, method, options)
+
+    def run_probe(probe, seed):
+        tokens, _, state = generate_sdar_jit(model.params(), prompt_ids, None, seed, np.int32(0), config=model.config,
+                                             options=opts, policy=probe, return_policy_state=True)
+        return tokens, state
+
+    # each block: its first forward carries the previous block's commit (two calls), then the later steps
+    return ProbeLoop(method, blocks * (opts.denoising_steps + 1), run_probe)
+
+
+def eval_options(answer_length: int, config: SDARConfig, given: dict) -> dict:
+    """Greedy decoding of one token per step (`dllm_jax.eval.evaluate`'s defaults: top_k=1, static
+    remasking, denoising_steps = block_size) over whole blocks holding `answer_length` tokens."""
+    bs = config.block_size
+    return dict(max_new_tokens=-(-answer_length // bs) * bs, denoising_steps=bs, top_k=1,
+                remasking="low_confidence_static")

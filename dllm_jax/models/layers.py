@@ -68,9 +68,21 @@ def apply_rope(x, cos, sin, *, in_fp32: bool):
 EXECUTIONS = ("unrolled", "scan")
 
 
+def rotate(x, cos, sin, config):
+    """RoPE (`apply_rope`) on the first config.rotary_dim dimensions of each head of x [B, L, H, D]; the
+    rest pass through (LLaDA2's partial rotary; the other families rotate all of them)."""
+    r = config.rotary_dim
+    if r == x.shape[-1]:
+        return apply_rope(x, cos, sin, in_fp32=config.rope_in_fp32)
+    rotated = apply_rope(x[..., :r], cos, sin, in_fp32=config.rope_in_fp32)
+    return jnp.concatenate([rotated, x[..., r:]], axis=-1)
+
+
 def attention_sublayer(p, x, cos, sin, attend, state, layer, config):
     """x + o_proj(attend(rope(q), rope(k), v)) of the pre-normed x; p holds one layer's inference
-    weights (fused qkv_proj).
+    weights (fused qkv_proj). The config's attention variants: q/k/v biases (`qkv_bias`: Dream, LLaDA2's
+    use_qkv_bias), per-head q/k RMSNorm before RoPE (`qk_norm`), partial rotary (`rotary_dim`), an output
+    bias (`o_bias`: LLaDA2's use_bias).
 
     `attend(q, k, v, state, layer) -> (out, state)` is the model's per-layer attention step: the
     attention policy's call on that layer (dllm_jax.attention.policy.attend_layer), plus any KV-cache
@@ -82,18 +94,20 @@ def attention_sublayer(p, x, cos, sin, attend, state, layer, config):
     b, n, _ = x.shape
     h, kv, hd = config.num_heads, config.num_kv_heads, config.head_dim
     qkv = jnp.matmul(rms_norm(x, p["attn_norm"], eps), p["qkv_proj"], precision=precision)
-    if has_qkv_bias(config):
+    if config.qkv_bias:
         qkv = qkv + p["qkv_bias"]  # HF Linear: the bias added to the projection, before RoPE
     qkv = qkv.reshape(b, n, kv, h // kv + 2, hd)  # per KV head: its query heads, its key, its value
     q, k, v = qkv[:, :, :, :-2].reshape(b, n, h, hd), qkv[:, :, :, -2], qkv[:, :, :, -1]
     if config.qk_norm:
         q = rms_norm(q, p["q_norm"], eps)
         k = rms_norm(k, p["k_norm"], eps)
-    q = apply_rope(q, cos, sin, in_fp32=config.rope_in_fp32)
-    k = apply_rope(k, cos, sin, in_fp32=config.rope_in_fp32)
+    q, k = rotate(q, cos, sin, config), rotate(k, cos, sin, config)
     with jax.named_scope("attention"):
         out, state = attend(q, k, v, state, layer)
-    return x + jnp.matmul(out.reshape(b, n, h * hd), p["o_proj"], precision=precision), state
+    out = jnp.matmul(out.reshape(b, n, h * hd), p["o_proj"], precision=precision)
+    if config.o_bias:
+        out = out + p["o_bias"]
+    return x + out, state
 
 
 def swiglu_gate(both):
@@ -141,11 +155,6 @@ def decoder_stack(layers, x, cos, sin, attend, config, state=()):
     return carry.x, carry.state
 
 
-def has_qkv_bias(config) -> bool:
-    """Whether the family's q/k/v projections carry biases (Qwen2 / Dream; a class attribute, static)."""
-    return getattr(config, "qkv_bias", False)
-
-
 def check_execution(execution: str) -> None:
     if execution not in EXECUTIONS:
         raise ValueError(f"execution={execution!r} is not one of {EXECUTIONS} (unrolled: fastest, the default; "
@@ -161,7 +170,7 @@ def fuse_layers(stacked: dict, config) -> dict:
     # [L, d, K, G + 2, D]: each KV head's query heads, key and value side by side (module docstring)
     grouped = [stacked.pop(name).reshape(n, d, kv, -1, hd) for name in ("q_proj", "k_proj", "v_proj")]
     fused["qkv_proj"] = jnp.concatenate(grouped, axis=3).reshape(n, d, -1)
-    if has_qkv_bias(config):
+    if config.qkv_bias:
         biases = [stacked.pop(name).reshape(n, kv, -1, hd) for name in ("q_bias", "k_bias", "v_bias")]
         fused["qkv_bias"] = jnp.concatenate(biases, axis=2).reshape(n, -1)  # the columns of qkv_proj
     fused["o_proj"] = stacked.pop("o_proj").reshape(n, -1, d)
@@ -257,7 +266,7 @@ def layer_param_shapes(config) -> dict[str, tuple[int, ...]]:
     }
     if config.qk_norm:
         shapes |= {"q_norm": (n, hd), "k_norm": (n, hd)}
-    if has_qkv_bias(config):
+    if config.qkv_bias:
         shapes |= {"q_bias": (n, h, hd), "k_bias": (n, kv, hd), "v_bias": (n, kv, hd)}
     return shapes
 
@@ -270,7 +279,7 @@ def inference_layer_shapes(config) -> dict[str, tuple[int, ...]]:
               "gate_up_proj": (d, 2 * i), "down_proj": (i, d)}
     if config.qk_norm:
         shapes |= {"q_norm": (hd,), "k_norm": (hd,)}
-    if has_qkv_bias(config):
+    if config.qkv_bias:
         shapes |= {"qkv_bias": ((h + 2 * kv) * hd,)}
     return shapes
 
@@ -324,6 +333,7 @@ class DecoderLM(nnx.Module):
         check_execution(execution)
         self.config = config
         self.execution = execution
+        self.mesh = None  # the Mesh its weights are placed on (set by dllm_jax.checkpoint.model_from_params)
         init = nnx.initializers.normal(stddev=0.02)
         self.embed = nnx.Param(init(rngs.params(), (config.vocab_size, config.hidden_size), dtype))
         self.layers = self.make_layers(config, dtype=dtype, rngs=rngs)

@@ -16,7 +16,7 @@ Architecture (the official `modeling_llada2_moe.py`; facts in dllm_jax/configs/l
 Block diffusion: attention is bidirectional inside each block and causal across blocks (the official
 sampler's `block_diffusion_attention_mask`), so the K/V of finished blocks never change and the cached
 path (`prefill`, `block_step`, `commit_and_step`, on SDAR's static `KVCache`) equals the full forward.
-That path and the full forward are SDAR's (`dllm_jax.models.sdar`), run with this family's `FAMILY`
+That path and the full forward are SDAR's (`dllm_jax.models.sdar`), run with this family's `DECODER`
 (its decoder stack, partial-rotary RoPE tables and parameter preparation); the module's host methods
 are SDAR's `BlockDiffusionLM`.
 
@@ -48,13 +48,22 @@ from dllm_jax.attention.dense import matmul_precision
 from dllm_jax.attention.policy import AttentionPolicy, Dense
 from dllm_jax.config import LLaDA2Config
 from dllm_jax.models import sdar
-from dllm_jax.models.layers import apply_rope, mlp_sublayer, rms_norm, rope_tables, swiglu_gate
+from dllm_jax.models.layers import attention_sublayer, mlp_sublayer, rms_norm, rope_tables, swiglu_gate
 from dllm_jax.models.moe import routed_experts
-from dllm_jax.sharding import traced_mesh
-from dllm_jax.models.sdar import BlockDiffusionLM, Family, KVCache, Segment, init_cache, init_policy_state
+from dllm_jax.sharding import DECODER_AXES, traced_mesh
+from dllm_jax.models.sdar import BlockDiffusionLM, BlockDecoder, KVCache, Segment, init_cache, init_policy_state
 
-__all__ = ["LLaDA2", "FAMILY", "KVCache", "Segment", "forward", "prefill", "cached_forward", "block_step",
+__all__ = ["LLaDA2", "DECODER", "KVCache", "Segment", "forward", "prefill", "cached_forward", "block_step",
            "commit_and_step", "init_cache", "init_policy_state"]
+
+
+# The logical axes of the inference layout (dllm_jax.sharding): every expert's hidden dimension over "tp"
+# (each device holds a slice of all experts, so the routed tokens need no all-to-all; the sum of the
+# slices' down projections is the layer's one all-reduce)
+PARAM_AXES = DECODER_AXES | {
+    "qkv_bias": ("tp",), "o_bias": (None,), "router": (None, None), "expert_bias": (None,),
+    "experts_gate_up": (None, None, "tp"), "experts_down": (None, "tp", None),
+    "shared_gate_up": (None, "tp"), "shared_down": ("tp", None)}
 
 
 # --- parameter shapes and layouts ----------------------------------------------------------------
@@ -64,11 +73,11 @@ def attention_shapes(config: LLaDA2Config) -> dict[str, tuple[int, ...]]:
     d, h, kv, hd = config.hidden_size, config.num_heads, config.num_kv_heads, config.head_dim
     qkv = (h + 2 * kv) * hd
     shapes = {"attn_norm": (d,), "qkv_proj": (d, qkv), "o_proj": (h * hd, d), "mlp_norm": (d,)}
-    if config.use_qkv_bias:
+    if config.qkv_bias:
         shapes["qkv_bias"] = (qkv,)
-    if config.use_bias:
+    if config.o_bias:
         shapes["o_bias"] = (d,)
-    if config.use_qk_norm:
+    if config.qk_norm:
         shapes |= {"q_norm": (hd,), "k_norm": (hd,)}
     return shapes
 
@@ -169,38 +178,6 @@ def to_module_tree(params: dict) -> dict:
 
 # --- the forward pass ----------------------------------------------------------------------------
 
-def rotate(x, cos, sin, config: LLaDA2Config):
-    """RoPE on the first rotary_dim dimensions of each head of x [B, L, H, D]; the rest pass through."""
-    r = config.rotary_dim
-    if r == x.shape[-1]:
-        return apply_rope(x, cos, sin, in_fp32=config.rope_in_fp32)
-    rotated = apply_rope(x[..., :r], cos, sin, in_fp32=config.rope_in_fp32)
-    return jnp.concatenate([rotated, x[..., r:]], axis=-1)
-
-
-def attention_sublayer(p, x, cos, sin, attend, state, layer, config: LLaDA2Config):
-    """x + dense(attend(rope(qk_norm(q)), rope(qk_norm(k)), v)) of attn_norm(x); `attend` as in
-    `dllm_jax.models.layers.attention_sublayer`."""
-    precision = matmul_precision(x.dtype)
-    b, n, _ = x.shape
-    h, kv, hd = config.num_heads, config.num_kv_heads, config.head_dim
-    qkv = jnp.matmul(rms_norm(x, p["attn_norm"], config.rms_norm_eps), p["qkv_proj"], precision=precision)
-    if config.use_qkv_bias:
-        qkv = qkv + p["qkv_bias"]
-    qkv = qkv.reshape(b, n, kv, h // kv + 2, hd)
-    q, k, v = qkv[:, :, :, :-2].reshape(b, n, h, hd), qkv[:, :, :, -2], qkv[:, :, :, -1]
-    if config.use_qk_norm:
-        q = rms_norm(q, p["q_norm"], config.rms_norm_eps)
-        k = rms_norm(k, p["k_norm"], config.rms_norm_eps)
-    q, k = rotate(q, cos, sin, config), rotate(k, cos, sin, config)
-    with jax.named_scope("attention"):
-        out, state = attend(q, k, v, state, layer)
-    out = jnp.matmul(out.reshape(b, n, h * hd), p["o_proj"], precision=precision)
-    if config.use_bias:
-        out = out + p["o_bias"]
-    return x + out, state
-
-
 def route(x, router, expert_bias, config: LLaDA2Config):
     """(expert indices int32 [T, k], fp32 weights [T, k]) of tokens x [T, d] (official LLaDA2MoeGate)."""
     t, e, g = x.shape[0], config.num_experts, config.n_group
@@ -256,48 +233,48 @@ def inference(params, config: LLaDA2Config) -> dict:
     return params if isinstance(params["layers"], tuple) else prepare_params(dict(params), config)
 
 
-FAMILY = Family(decoder_stack=decoder_stack, rope_tables=tables, full_params=inference, cached_params=inference)
+DECODER = BlockDecoder(decoder_stack=decoder_stack, rope_tables=tables, full_params=inference, cached_params=inference)
 
 
 def forward(params, input_ids, policy_state=None, step=0, *, config: LLaDA2Config, block_length: int | None = None,
             policy: AttentionPolicy = Dense()):
     """Full-sequence forward under the block-causal mask: int32 [B, L] -> (float32 logits [B, L, V],
-    policy_state). The last block may be partial; `dllm_jax.models.sdar.forward` with this family."""
+    policy_state). The last block may be partial; `dllm_jax.models.sdar.forward` with this family's DECODER."""
     return sdar.forward(params, input_ids, policy_state, step, config=config, block_length=block_length,
-                        policy=policy, family=FAMILY)
+                        policy=policy, decoder=DECODER)
 
 
 def prefill(params, input_ids, cache: KVCache, lengths=None, *, config: LLaDA2Config, block_length: int | None = None,
             policy: AttentionPolicy = Dense(), chunk_tokens: int = sdar.PREFILL_TOKENS) -> KVCache:
     """Writes the K/V of the complete prompt blocks input_ids [B, P] at positions 0..P-1 and sets the
     fill lengths to `lengths` (default P); `dllm_jax.models.sdar.prefill` (dense, exact, in chunks)
-    with this family."""
+    with this family's DECODER."""
     return sdar.prefill(params, input_ids, cache, lengths, config=config, block_length=block_length, policy=policy,
-                        family=FAMILY, chunk_tokens=chunk_tokens)
+                        decoder=DECODER, chunk_tokens=chunk_tokens)
 
 
 def cached_forward(params, segments: tuple, cache: KVCache, policy_state, *, config: LLaDA2Config,
                    policy: AttentionPolicy):
     """One forward of the concatenated segments against the cache; `dllm_jax.models.sdar.cached_forward`
-    with this family."""
-    return sdar.cached_forward(params, segments, cache, policy_state, config=config, policy=policy, family=FAMILY)
+    with this family's DECODER."""
+    return sdar.cached_forward(params, segments, cache, policy_state, config=config, policy=policy, decoder=DECODER)
 
 
 def block_step(params, block_ids, cache: KVCache, policy_state=None, mode=None, *, config: LLaDA2Config,
                policy: AttentionPolicy = Dense(), commit=False):
     """One block block_ids [B, n] at positions length[b].. against the cache; with commit=True the fill
     length advances by n. Returns (float32 logits [B, n, V], cache, policy_state);
-    `dllm_jax.models.sdar.block_step` with this family."""
+    `dllm_jax.models.sdar.block_step` with this family's DECODER."""
     return sdar.block_step(params, block_ids, cache, policy_state, mode, config=config, policy=policy, commit=commit,
-                           family=FAMILY)
+                           decoder=DECODER)
 
 
 def commit_and_step(params, finished_ids, pending, block_ids, cache: KVCache, policy_state, finished_mode, mode, *,
                     config: LLaDA2Config, policy: AttentionPolicy = Dense()):
     """The commit of a finished block (rows where `pending`) and the next block's first step in one
-    forward; exact under the block-causal mask (`dllm_jax.models.sdar.commit_and_step` with this family)."""
+    forward; exact under the block-causal mask (`dllm_jax.models.sdar.commit_and_step` with this family's DECODER)."""
     return sdar.commit_and_step(params, finished_ids, pending, block_ids, cache, policy_state, finished_mode, mode,
-                                config=config, policy=policy, family=FAMILY)
+                                config=config, policy=policy, decoder=DECODER)
 
 
 # --- the module ----------------------------------------------------------------------------------
@@ -330,7 +307,7 @@ class LLaDA2(BlockDiffusionLM):
     from the config, 32); `init_cache`, `prefill`, `block_step` the cached path the sampler runs
     (`BlockDiffusionLM`); embedding, final norm and head as `DecoderLM`, layers dense or MoE by index."""
 
-    family = FAMILY
+    decoder = DECODER
 
     def __init__(self, config: LLaDA2Config, *, dtype=jnp.bfloat16, rngs: nnx.Rngs, execution: str = "unrolled"):
         if execution != "unrolled":

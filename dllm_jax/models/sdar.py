@@ -20,7 +20,7 @@ inside a jitted loop the update happens in place. Rows of a batch may sit at dif
 row. The cached path runs the layers unrolled (each layer's cache is its own buffer, indexed by a
 static layer number); parameters in the scan layout are sliced into layers first.
 
-The forward and the cached path are shared by every block-diffusion family: a `Family` names the
+The forward and the cached path are shared by every block-diffusion family: a `BlockDecoder` names the
 family's decoder stack, RoPE tables and parameter preparation (SDAR's by default; LLaDA2's MoE
 stack in `dllm_jax.models.llada2` runs the same functions with its own), and `BlockDiffusionLM`
 holds the host-side methods (input checks, the jitted calls) of both families' modules.
@@ -91,9 +91,9 @@ def as_given(params, config: SDARConfig) -> dict:
 
 
 @dataclasses.dataclass(frozen=True)
-class Family:
+class BlockDecoder:
     """What a block-diffusion family plugs into this module's forward and cached path. Every field is a
-    module-level function, so a Family hashes and compares by those functions: a static jit argument."""
+    module-level function, so a BlockDecoder hashes and compares by those functions: a static jit argument."""
 
     decoder_stack: Callable  # (layers, x [B, L, d], cos, sin, attend, config, state) -> (x, state)
     rope_tables: Callable  # (positions int32 [...], config) -> fp32 (cos, sin) [..., rotated dims]
@@ -101,7 +101,7 @@ class Family:
     cached_params: Callable  # (params, config) -> the tree with per-layer dicts (the cached path indexes layers)
 
 
-SDAR_FAMILY = Family(decoder_stack=decoder_stack, rope_tables=qwen3_tables, full_params=as_given,
+SDAR_DECODER = BlockDecoder(decoder_stack=decoder_stack, rope_tables=qwen3_tables, full_params=as_given,
                      cached_params=unrolled)
 
 
@@ -114,25 +114,25 @@ def block_causal_mask(n: int, block_length: int, positions=None):
 
 
 def forward(params, input_ids, policy_state=None, step=0, *, config: SDARConfig, block_length: int | None = None,
-            policy: AttentionPolicy = Dense(), family: Family = SDAR_FAMILY):
+            policy: AttentionPolicy = Dense(), decoder: BlockDecoder = SDAR_DECODER):
     """Full-sequence forward under the block-causal mask: int32 [B, L] -> (float32 logits [B, L, V],
     new policy_state), attention through `policy` at `step` (its state as in `llada.forward`).
 
-    The last block may be partial (L need not be a multiple of the block length). `family` supplies
+    The last block may be partial (L need not be a multiple of the block length). `decoder` supplies
     the layers, RoPE and parameter preparation (SDAR's by default), here and in the cached path.
     """
-    params = family.full_params(params, config)
+    params = decoder.full_params(params, config)
     b, n = input_ids.shape
     if policy_state is None:
         policy_state = init_policy_state(policy, config, b, n, block_length=n)
     mask = block_causal_mask(n, block_length or config.block_size)
     mode = policy.mode(step)
-    cos, sin = family.rope_tables(jnp.arange(n), config)
+    cos, sin = decoder.rope_tables(jnp.arange(n), config)
 
     def attend(q, k, v, states, layer):
         return attend_layer(policy, mode, q, k, v, states, layer, mask=mask)
 
-    x, policy_state = family.decoder_stack(params["layers"], params["embed"][input_ids], cos, sin, attend, config,
+    x, policy_state = decoder.decoder_stack(params["layers"], params["embed"][input_ids], cos, sin, attend, config,
                                     policy_state)
     return lm_head(params, x, config), policy_state
 
@@ -147,7 +147,7 @@ def prefill_chunk_length(batch: int, n: int, block_length: int, chunk_tokens: in
 
 
 def prefill(params, input_ids, cache: KVCache, lengths=None, *, config: SDARConfig, block_length: int | None = None,
-            policy: AttentionPolicy = Dense(), family: Family = SDAR_FAMILY,
+            policy: AttentionPolicy = Dense(), decoder: BlockDecoder = SDAR_DECODER,
             chunk_tokens: int = PREFILL_TOKENS) -> KVCache:
     """Writes the K/V of the complete prompt blocks input_ids [B, P] (P % block_size == 0) at
     positions 0..P-1 and sets the fill lengths to `lengths` (int32 [B], multiples of the block size,
@@ -163,7 +163,7 @@ def prefill(params, input_ids, cache: KVCache, lengths=None, *, config: SDARConf
     The cache must hold exact keys and values, so `policy` runs in its DENSE mode, from its initial
     state (discarded). The blocks are `block_length` long (the config's block size by default).
     """
-    params = family.cached_params(params, config)
+    params = decoder.cached_params(params, config)
     b, n = input_ids.shape
     bl = block_length or config.block_size
     chunk = prefill_chunk_length(b, n, bl, chunk_tokens)
@@ -173,7 +173,7 @@ def prefill(params, input_ids, cache: KVCache, lengths=None, *, config: SDARConf
     def chunk_forward(cache: KVCache, start):
         positions = start + jnp.arange(chunk)
         mask = block_causal_mask(cache.max_length, bl, positions)  # [chunk, max_length]
-        cos, sin = family.rope_tables(positions, config)
+        cos, sin = decoder.rope_tables(positions, config)
 
         def attend(q, k, v, state, layer):
             cache, policy_state = state
@@ -184,7 +184,7 @@ def prefill(params, input_ids, cache: KVCache, lengths=None, *, config: SDARConf
             return out, (cache, policy_state)
 
         ids = jax.lax.dynamic_slice_in_dim(input_ids, start, chunk, axis=1)
-        _, (cache, _) = family.decoder_stack(params["layers"], params["embed"][ids], cos, sin, attend, config,
+        _, (cache, _) = decoder.decoder_stack(params["layers"], params["embed"][ids], cos, sin, attend, config,
                                              (cache, policy_state))
         return cache, None
 
@@ -204,17 +204,17 @@ class Segment:
 
 
 def cached_forward(params, segments: tuple, cache: KVCache, policy_state, *, config: SDARConfig,
-                   policy: AttentionPolicy, family: Family = SDAR_FAMILY):
+                   policy: AttentionPolicy, decoder: BlockDecoder = SDAR_DECODER):
     """One forward over the concatenated segments against the cache: per layer, every segment's K/V
     is written at its positions (in order: a later segment overwrites an earlier one at the same
     positions), then each segment attends (in order, the policy state threaded through). Returns
     (float32 logits of the last segment [B, n, V], cache with the writes, policy_state); fill
     lengths unchanged."""
-    params = family.cached_params(params, config)
+    params = decoder.cached_params(params, config)
     sizes = [seg.ids.shape[1] for seg in segments]
     bounds = [sum(sizes[:i]) for i in range(1, len(sizes))]
     positions = jnp.concatenate([seg.start[:, None] + jnp.arange(n) for seg, n in zip(segments, sizes)], axis=1)
-    cos, sin = family.rope_tables(positions, config)
+    cos, sin = decoder.rope_tables(positions, config)
 
     def attend(q, k, v, state, layer):
         cache, policy_state = state
@@ -231,13 +231,13 @@ def cached_forward(params, segments: tuple, cache: KVCache, policy_state, *, con
         return jnp.concatenate(outs, axis=1), (cache, policy_state)
 
     ids = jnp.concatenate([seg.ids for seg in segments], axis=1)
-    x, (cache, policy_state) = family.decoder_stack(params["layers"], params["embed"][ids], cos, sin, attend, config,
+    x, (cache, policy_state) = decoder.decoder_stack(params["layers"], params["embed"][ids], cos, sin, attend, config,
                                              (cache, policy_state))
     return lm_head(params, x[:, -sizes[-1]:], config), cache, policy_state
 
 
 def block_step(params, block_ids, cache: KVCache, policy_state=None, mode=None, *, config: SDARConfig,
-               policy: AttentionPolicy = Dense(), commit=False, family: Family = SDAR_FAMILY):
+               policy: AttentionPolicy = Dense(), commit=False, decoder: BlockDecoder = SDAR_DECODER):
     """One block of tokens block_ids [B, n], row b at positions length[b]..length[b]+n-1, against the cache.
 
     Every block token attends to its row's whole filled prefix and to every token of the block,
@@ -257,12 +257,12 @@ def block_step(params, block_ids, cache: KVCache, policy_state=None, mode=None, 
         mode = policy.block_mode(0, unmasked=jnp.zeros((b,), jnp.int32), commit=commit)
     segment = Segment(ids=block_ids, start=cache.length, mode=mode)
     logits, new_cache, policy_state = cached_forward(params, (segment,), cache, policy_state, config=config,
-                                                     policy=policy, family=family)
+                                                     policy=policy, decoder=decoder)
     return logits, new_cache.replace(length=jnp.where(commit, cache.length + n, cache.length)), policy_state
 
 
 def commit_and_step(params, finished_ids, pending, block_ids, cache: KVCache, policy_state, finished_mode, mode, *,
-                    config: SDARConfig, policy: AttentionPolicy = Dense(), family: Family = SDAR_FAMILY):
+                    config: SDARConfig, policy: AttentionPolicy = Dense(), decoder: BlockDecoder = SDAR_DECODER):
     """The commit of a finished block and the first step of the next one in one forward (the weights
     are read once for both): in rows where `pending` (bool [B]), finished_ids [B, n] are appended at
     length..length+n-1 (attending as a commit forward would, in `finished_mode`) and block_ids
@@ -278,7 +278,7 @@ def commit_and_step(params, finished_ids, pending, block_ids, cache: KVCache, po
     finished = Segment(ids=finished_ids, start=cache.length, mode=jnp.where(pending, finished_mode, int(Mode.SPARSE)))
     # a row without a pending block writes its block's K/V over the ignored segment's (same positions)
     logits, cache, policy_state = cached_forward(params, (finished, Segment(ids=block_ids, start=start, mode=mode)),
-                                                 cache, policy_state, config=config, policy=policy, family=family)
+                                                 cache, policy_state, config=config, policy=policy, decoder=decoder)
     return logits, cache.replace(length=start), policy_state
 
 
@@ -291,24 +291,24 @@ def init_policy_state(policy: AttentionPolicy, config: SDARConfig, batch: int, m
                          kv_len=max_length, head_dim=config.head_dim)
 
 
-@functools.partial(jax.jit, static_argnames=("config", "block_length", "policy", "family"))
+@functools.partial(jax.jit, static_argnames=("config", "block_length", "policy", "decoder"))
 def _logits_jit(params, input_ids, *, config: SDARConfig, block_length: int | None, policy: AttentionPolicy,
-                family: Family):
-    return forward(params, input_ids, config=config, block_length=block_length, policy=policy, family=family)[0]
+                decoder: BlockDecoder):
+    return forward(params, input_ids, config=config, block_length=block_length, policy=policy, decoder=decoder)[0]
 
 
-_prefill_jit = jax.jit(prefill, static_argnames=("config", "block_length", "policy", "family"))
+_prefill_jit = jax.jit(prefill, static_argnames=("config", "block_length", "policy", "decoder"))
 
 
-@functools.partial(jax.jit, static_argnames=("config", "commit", "policy", "family"))
+@functools.partial(jax.jit, static_argnames=("config", "commit", "policy", "decoder"))
 def _block_step_jit(params, block_ids, cache: KVCache, *, config: SDARConfig, commit: bool, policy: AttentionPolicy,
-                    family: Family):
-    logits, cache, _ = block_step(params, block_ids, cache, config=config, commit=commit, policy=policy, family=family)
+                    decoder: BlockDecoder):
+    logits, cache, _ = block_step(params, block_ids, cache, config=config, commit=commit, policy=policy, decoder=decoder)
     return logits, cache
 
 
 class BlockDiffusionLM(DecoderLM):
-    """The host-side methods of a block-diffusion LM (a subclass sets its `family`, a class attribute).
+    """The host-side methods of a block-diffusion LM (a subclass sets its `decoder`, a class attribute).
 
     `model(input_ids)` is the full block-causal forward; `init_cache`, `prefill` and `block_step` are
     the cached path the block-diffusion loop runs. Each method checks its inputs on the host, takes an
@@ -324,14 +324,14 @@ class BlockDiffusionLM(DecoderLM):
             raise ValueError(f"block_length must be positive, got {block_length}")
         check_policy(policy)
         return _logits_jit(self.params(), input_ids, config=self.config, block_length=block_length, policy=policy,
-                           family=self.family)
+                           decoder=self.decoder)
 
     def init_cache(self, batch: int, max_length: int) -> KVCache:
         """An empty cache for `batch` rows and up to `max_length` positions, in the model's dtype (on a
         sharded model: rows over "dp", KV heads over "tp")."""
         if batch <= 0 or max_length <= 0:
             raise ValueError(f"batch and max_length must be positive, got {batch=}, {max_length=}")
-        return shard_kv_cache(init_cache(self.config, batch, max_length, self.dtype), getattr(self, "mesh", None))
+        return shard_kv_cache(init_cache(self.config, batch, max_length, self.dtype), self.mesh)
 
     def prefill(self, input_ids, cache: KVCache, *, policy: AttentionPolicy = Dense()) -> KVCache:
         """Fills an empty cache with the complete prompt blocks input_ids [B, P]."""
@@ -343,7 +343,7 @@ class BlockDiffusionLM(DecoderLM):
                              f"block_size={bs} (run the trailing {n % bs} tokens as the first block)")
         check_cache(cache, input_ids.shape[0], 0, n, self.config)
         check_policy(policy)
-        return _prefill_jit(self.params(), input_ids, cache, config=self.config, policy=policy, family=self.family)
+        return _prefill_jit(self.params(), input_ids, cache, config=self.config, policy=policy, decoder=self.decoder)
 
     def block_step(self, block_ids, cache: KVCache, *, commit: bool = False, policy: AttentionPolicy = Dense()):
         """(logits [B, n, V], cache) of one block against the cache; see `block_step`."""
@@ -352,13 +352,13 @@ class BlockDiffusionLM(DecoderLM):
         check_cache(cache, block_ids.shape[0], None, block_ids.shape[1], self.config)
         check_policy(policy)
         return _block_step_jit(self.params(), block_ids, cache, config=self.config, commit=commit, policy=policy,
-                               family=self.family)
+                               decoder=self.decoder)
 
 
 class SDAR(BlockDiffusionLM):
     """SDAR / TraDo block-diffusion LM (Qwen3 architecture); methods as `BlockDiffusionLM`."""
 
-    family = SDAR_FAMILY
+    decoder = SDAR_DECODER
 
 
 def check_cache(cache: KVCache, batch: int, expected_length: int | None, n: int, config: SDARConfig) -> None:

@@ -265,7 +265,7 @@ def initial_weights(args, special, *, vocab_size: int, length: int):
     _, model = read_hf_config(args.init)
     if model.family != args.family:
         raise ValueError(f"--init {args.init} holds a {model.family} model, not --family {args.family}")
-    eos = model.eos_token_ids if args.family == "sdar" else (model.eos_token_id,)
+    eos = model.stop_ids
     ids = (model.mask_token_id, model.pad_token_id, eos[0])
     if ids != (special.mask, special.pad, special.eos) or model.vocab_size < vocab_size:
         raise ValueError(f"--init {args.init}: mask/pad/eos ids {ids} and vocabulary {model.vocab_size} do not fit "

@@ -1,0 +1,178 @@
+"""The model families: one frozen entry per family (LLaDA, SDAR, Dream, LLaDA2) naming everything the
+rest of the package looks up about it, so that no module branches on a config or model class.
+
+A family's *name* ("llada", "sdar", "dream", "llada2") is its key here and its config's `family`; its
+*label* ("LLaDA", ...) is the display name the messages use (`family_named` accepts either). Lookups:
+`family_of(config_or_model)`, `model_family(model)` (models only), `family_named(name)`, `FAMILIES`
+(name -> entry), `family_for_kind`.
+
+Layering: this module imports the configs, the models (their parameter layouts and HF name maps) and
+the family modules of `dllm_jax.generate`; what looks families up (`dllm_jax.generate.generate`,
+`dllm_jax.checkpoint`, `dllm_jax.eval`, `dllm_jax.analysis`) imports this module, never the reverse.
+
+Adding a family: its config class (a `dllm_jax.config.DecoderConfig` subclass, which `config_from_hf`
+then knows by its MODEL_TYPES / ARCHITECTURES), its model module (the model class, `param_shapes`, its
+HF name map in `dllm_jax.models.hf_names`), its generate module (options class, `prepare`, `run`,
+`probe_loop`, optionally `eval_options`), and one `Family` entry below.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from typing import Any, Callable
+
+from dllm_jax.attention import methods
+from dllm_jax.config import DecoderConfig, DreamConfig, LLaDA2Config, LLaDAConfig, SDARConfig
+from dllm_jax.generate import dream as gen_dream
+from dllm_jax.generate import llada as gen_llada
+from dllm_jax.generate import llada2 as gen_llada2
+from dllm_jax.generate import sdar as gen_sdar
+from dllm_jax.models import hf_names, layers
+from dllm_jax.models import llada2 as llada2_model
+from dllm_jax.models.dream import Dream
+from dllm_jax.models.llada import LLaDA
+from dllm_jax.models.sdar import SDAR
+from dllm_jax.sharding import DECODER_AXES
+
+# what tensor parallelism splits over "tp" in every family (the KV heads, the MLP, the vocabulary)
+TP_SPLIT = ("num_kv_heads", "intermediate_size", "vocab_size")
+
+
+@dataclasses.dataclass(frozen=True, kw_only=True, eq=False)
+class Family:
+    """Everything the package looks up about one model family (compared and hashed by identity: an entry
+    is the family, and its tables, e.g. `param_axes`, are dicts)."""
+
+    name: str  # the registry key; the config's `family`
+    config_class: type[DecoderConfig]
+    model_class: type  # built by dllm_jax.checkpoint.model_from_params around a parameter tree
+    # generation (dllm_jax.generate): its options dataclass; prepare(model, prompt_ids, attention_mask, method,
+    # options) checks a request before anything compiles; run(model, prompt_ids, attention_mask, seed, method,
+    # progress, return_nfe, options) is `generate` for the family; probe_loop(model, prompt_ids, method,
+    # options) -> ProbeLoop is the loop dllm_jax.analysis probes
+    options_class: type
+    prepare: Callable
+    run: Callable
+    probe_loop: Callable
+    answer_option: str  # generate's option giving the answer length
+    # which attention methods apply and which analysis probes it (dllm_jax.attention.methods.KINDS):
+    # BIDIRECTIONAL (full-sequence steps: `analyze`) or BLOCK (block steps over a KV cache: `analyze_blocks`)
+    method_kind: str
+    # checkpoints: checkpoint-layout shapes of a config, the HF name map, and (None: one tensor per rule and
+    # layer) the function giving {HF name: (rule, index, shape)} where tensors are stacked differently
+    param_shapes: Callable[[Any], dict]
+    hf_rules: tuple[hf_names.Rule, ...]
+    hf_expected: Callable[[Any, dict], dict] | None = None
+    # checkpoint layout -> inference layout, and inference tree -> nnx pure dict (dllm_jax.models.layers's)
+    prepare_params: Callable = layers.prepare_params
+    to_module_tree: Callable = layers.to_module_tree
+    # sharding (dllm_jax.sharding): logical axes per inference-layout parameter, and the config sizes "tp" splits
+    param_axes: dict
+    tp_split: tuple[str, ...] = TP_SPLIT
+    # evaluation (dllm_jax.eval.evaluate): greedy one-token-per-step options for an answer length, or None
+    # where evaluate has no defaults for the family (refused)
+    eval_options: Callable[[int, Any, dict], dict] | None = None
+    # the config field holding a tuple of stop ids that may be empty (config.stop_ids reads every family's)
+    stops_field: str | None = None
+
+    def __post_init__(self):
+        if self.method_kind not in methods.KINDS:
+            raise ValueError(f"{self.name}: method_kind={self.method_kind!r} is not one of {methods.KINDS}")
+        if self.config_class.family != self.name:
+            raise ValueError(f"{self.config_class.__name__}.family={self.config_class.family!r} is not {self.name!r}")
+
+    @property
+    def label(self) -> str:
+        return self.config_class.LABEL
+
+    @property
+    def model_types(self) -> tuple[str, ...]:
+        """The HF `model_type` values config_from_hf reads as this family."""
+        return self.config_class.MODEL_TYPES
+
+    @property
+    def architectures(self) -> tuple[str, ...]:
+        return self.config_class.ARCHITECTURES
+
+    @property
+    def methods(self) -> list[str]:
+        """The names of the sparse-attention methods that apply (`make_method`; "dense" always does)."""
+        return methods.method_names(self.method_kind)
+
+    @property
+    def sequence_parallel(self) -> bool:
+        """Whether a mesh's "sp" axis splits its forwards (the full-sequence ones only)."""
+        return self.method_kind == methods.BIDIRECTIONAL
+
+    def check_method(self, method) -> None:
+        """ValueError if `method` is a published method of the other kind, naming the ones that apply."""
+        methods.check_method(method, self.method_kind, self.label)
+
+    def without_stops(self, config):
+        """`config` generating to its full length (no stop id: benchmarks of random weights, which would stop
+        at a random eos), where the family's stop ids may be none (`stops_field`); otherwise unchanged."""
+        return config if self.stops_field is None else dataclasses.replace(config, **{self.stops_field: ()})
+
+
+FAMILIES: dict[str, Family] = {f.name: f for f in (
+    Family(name="llada", config_class=LLaDAConfig, model_class=LLaDA, options_class=gen_llada.LLaDAOptions,
+           prepare=gen_llada.prepare, run=gen_llada.run, probe_loop=gen_llada.probe_loop, answer_option="gen_length",
+           method_kind=methods.BIDIRECTIONAL, param_shapes=layers.lm_param_shapes, hf_rules=hf_names.LLADA_RULES,
+           param_axes=DECODER_AXES, eval_options=gen_llada.eval_options),
+    Family(name="sdar", config_class=SDARConfig, model_class=SDAR, options_class=gen_sdar.SDAROptions,
+           prepare=gen_sdar.prepare, run=gen_sdar.run, probe_loop=gen_sdar.probe_loop, answer_option="max_new_tokens",
+           method_kind=methods.BLOCK, param_shapes=layers.lm_param_shapes, hf_rules=hf_names.SDAR_RULES,
+           param_axes=DECODER_AXES, eval_options=gen_sdar.eval_options, stops_field="eos_token_ids"),
+    Family(name="dream", config_class=DreamConfig, model_class=Dream, options_class=gen_dream.DreamOptions,
+           prepare=gen_dream.prepare, run=gen_dream.run, probe_loop=gen_dream.probe_loop,
+           answer_option="max_new_tokens", method_kind=methods.BIDIRECTIONAL, param_shapes=layers.lm_param_shapes,
+           hf_rules=hf_names.DREAM_RULES,
+           param_axes=DECODER_AXES | {"qkv_bias": ("tp",)}),  # the bias splits like qkv_proj's columns
+    Family(name="llada2", config_class=LLaDA2Config, model_class=llada2_model.LLaDA2,
+           options_class=gen_llada2.LLaDA2Options, prepare=gen_llada2.prepare, run=gen_llada2.run,
+           probe_loop=gen_llada2.probe_loop, answer_option="gen_length", method_kind=methods.BLOCK,
+           param_shapes=llada2_model.param_shapes, hf_rules=hf_names.LLADA2_RULES,
+           hf_expected=hf_names.llada2_expected, prepare_params=llada2_model.prepare_params,
+           to_module_tree=llada2_model.to_module_tree, param_axes=llada2_model.PARAM_AXES,
+           tp_split=TP_SPLIT + ("moe_intermediate_size",)),  # the experts' hidden dimension splits too
+)}
+
+
+def family_named(name: str) -> Family:
+    """The family called `name`: its registry name or its label, in any case ("llada2", "LLaDA2")."""
+    family = FAMILIES.get(str(name).lower()) if isinstance(name, str) else None
+    if family is None:
+        raise ValueError(f"unknown model family {name!r}; known: {[f.label for f in FAMILIES.values()]}")
+    return family
+
+
+def family_of(thing) -> Family:
+    """The family of a config or model (by its `config`), or of a config or model class."""
+    if isinstance(thing, type):
+        found = [f for f in FAMILIES.values() if thing in (f.config_class, f.model_class)]
+    else:
+        config = thing if isinstance(thing, DecoderConfig) else getattr(thing, "config", None)
+        found = [f for f in FAMILIES.values() if type(config) is f.config_class]
+    if not found:
+        what = thing.__name__ if isinstance(thing, type) else type(thing).__name__
+        raise ValueError(f"{what} is not a model or config of a known family "
+                         f"({', '.join(f.label for f in FAMILIES.values())})")
+    return found[0]
+
+
+def model_family(model, caller: str = "generate") -> Family:
+    """The family whose model class `model` is an instance of; ValueError naming `caller` and the
+    families otherwise (a config, or any other object)."""
+    for family in FAMILIES.values():
+        if type(model) is family.model_class:
+            return family
+    labels = [f.label for f in FAMILIES.values()]
+    raise ValueError(f"{caller} supports {', '.join(labels[:-1])} and {labels[-1]} models, got {type(model).__name__}")
+
+
+def family_for_kind(kind: str) -> list[Family]:
+    """The families whose method kind is `kind` (dllm_jax.attention.methods.BIDIRECTIONAL or BLOCK)."""
+    return [f for f in FAMILIES.values() if f.method_kind == kind]
+
+
+__all__ = ["FAMILIES", "Family", "family_for_kind", "family_named", "family_of", "model_family"]
