@@ -42,9 +42,10 @@ import numpy as np
 
 from dllm_jax import generate
 from dllm_jax.attention.methods import describe
-from dllm_jax.bench import (FAMILIES, call_times, family_methods, fmt, markdown_table, model_for, time_calls,
+from dllm_jax.bench import (call_times, family_methods, fmt, markdown_table, model_for, time_calls,
                             write_results)
 from dllm_jax.config import shipped_config
+from dllm_jax.families import family_of
 from dllm_jax.models.layers import swiglu_gate
 from dllm_jax.models.llada2 import route
 from dllm_jax.models.moe import routed_experts
@@ -178,7 +179,7 @@ def generate_rows(args):
             gc.collect()
             held[name] = model_for(name, layers=args.layers, context=context + 64, dtype=jnp.bfloat16)
         model, config = held[name]
-        family = FAMILIES[config.family]
+        family = family_of(config).label
         options = options_for(family, args)
         prompt = context - args.new_tokens
         ids = np.random.default_rng(batch).integers(0, config.mask_token_id, (batch, prompt)).astype(np.int32)

@@ -59,7 +59,7 @@ from dllm_jax.bench import markdown_table, write_results
 from dllm_jax.config import LLaDAConfig, read_hf_config
 from dllm_jax.eval import TASKS, evaluate, load_tokenizer, make_samples, max_answer_length, min_context_length
 from dllm_jax.eval.tasks import SANITY_CONTEXT, prompt_length
-from dllm_jax.generate import check_context
+from dllm_jax.generate.requests import check_context
 from dllm_jax.train.data import TRAIN_SEED_FLOOR
 
 warnings.filterwarnings("ignore", category=DeprecationWarning)  # the Pallas Triton backend warns on use

@@ -13,10 +13,11 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
-from dllm_jax.checkpoint.hf import (TARGET_DTYPES, Rule, hf_name, hf_shape, llada2_expected, param_shapes_for,
+from dllm_jax.checkpoint.hf import (TARGET_DTYPES, Rule, hf_name, hf_shape, param_shapes_for,
                                     rules_for, tree_get)
 from dllm_jax.checkpoint.hf_write import write_hf_files
 from dllm_jax.config import DreamConfig, LLaDA2Config, LLaDAConfig, SDARConfig
+from dllm_jax.families import family_of
 
 
 def tiny_llada_config(**overrides) -> LLaDAConfig:
@@ -80,9 +81,10 @@ def hf_tensor_specs(config) -> list[tuple[str, Rule, tuple[int, ...]]]:
     and stacked experts (one tensor per routed expert), so `llada2_expected` names them; the dense families'
     rules each give one tensor per layer (or one in all)."""
     shapes = param_shapes_for(config)
-    if isinstance(config, LLaDA2Config):
+    expected = family_of(config).hf_expected
+    if expected is not None:
         return [(name, rule, hf_shape(rule.transform, target))
-                for name, (rule, _, target) in llada2_expected(config, shapes).items()]
+                for name, (rule, _, target) in expected(config, shapes).items()]
     specs = []
     for rule in rules_for(config):
         target = tree_get(shapes, rule.path)
@@ -105,7 +107,7 @@ def random_params(config, key, dtype=jnp.bfloat16) -> dict:
     device, leaf by leaf, with the scheme of `random_weight`: full-size models (8B benchmarks) never
     pass through host memory. The values differ from `random_hf_tensors`' (another generator)."""
     shapes = param_shapes_for(config)
-    if isinstance(config, LLaDA2Config):  # its HF tensors map to stacked experts: draw the tree's leaves directly
+    if family_of(config).hf_expected is not None:  # LLaDA2: its HF tensors map to stacked experts: draw the tree's leaves directly
         leaves, tree = jax.tree.flatten_with_path(shapes, is_leaf=lambda x: isinstance(x, tuple))
         keys = jax.random.split(key, len(leaves))
         return jax.tree.unflatten(tree, [random_tree_leaf(k, name=path[-1].key, shape=shape, dtype=jnp.dtype(dtype))

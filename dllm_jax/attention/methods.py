@@ -107,14 +107,6 @@ def check_method(method, kind: str, family: str) -> None:
                          f"{family} use one of {method_names(kind)} (or method=None for dense attention)")
 
 
-def check_family(method, family: str) -> None:
-    """Deprecated (the command line's old call; it moves to `dllm_jax.families.family_named(family)
-    .check_method(method)` at integration): `check_method` for the family labelled `family`."""
-    from dllm_jax.families import family_named  # the registry sits above this module
-
-    family_named(family).check_method(method)
-
-
 def _lookup(name: str):
     if name not in METHODS:
         raise ValueError(f"unknown method {name!r}; known: ['dense'] + {list(METHODS)} "

@@ -16,14 +16,14 @@ Random weights come from `dllm_jax.testing.random_params`.
 
 from dllm_jax.bench.attention import attention_rows, on_gpu, random_lists
 from dllm_jax.bench.generation import generate_rows
-from dllm_jax.bench.models import FAMILIES, family_methods, model_for
+from dllm_jax.bench.models import family_methods, model_for
 from dllm_jax.bench.profile import ATTENTION_KERNEL, profiled_attention_share, traced_kernels
 from dllm_jax.bench.results import claim, claim_stem, write_results
 from dllm_jax.bench.command import markdown, run
 from dllm_jax.bench.tables import cell, fmt, markdown_table
 from dllm_jax.bench.timing import call_times, median_min_max, time_calls, time_carried
 
-__all__ = ["ATTENTION_KERNEL", "FAMILIES", "attention_rows", "call_times", "cell", "claim", "claim_stem",
+__all__ = ["ATTENTION_KERNEL", "attention_rows", "call_times", "cell", "claim", "claim_stem",
            "family_methods", "fmt", "generate_rows", "markdown", "markdown_table", "median_min_max", "model_for",
            "on_gpu", "profiled_attention_share", "random_lists", "run", "time_calls", "time_carried", "traced_kernels",
            "write_results"]

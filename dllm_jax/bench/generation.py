@@ -7,18 +7,19 @@ import functools
 
 import numpy as np
 
-from dllm_jax.bench.models import FAMILIES, family_methods, model_for
+from dllm_jax.bench.models import family_methods, model_for
 from dllm_jax.bench.tables import markdown_table
 from dllm_jax.bench.timing import call_times
 
 
 def generate_rows(model_names, *, context: int, new_tokens: int, layers, dtype, progress: bool):
     from dllm_jax.attention.methods import describe
+    from dllm_jax.families import family_of
     from dllm_jax.generate import generate
     rows = []
     for name in model_names:
         model, config = model_for(name, layers=layers, context=context, dtype=dtype)
-        family = FAMILIES[config.family]
+        family = family_of(config).label
         prompt_len = context - new_tokens
         if family == "LLaDA2":  # 8 steps per 32-token block (4 tokens each); a block's commit rides on the next
             options = dict(gen_length=new_tokens, block_length=32, steps=8)  # block's first step: 8 forwards

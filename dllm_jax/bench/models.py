@@ -8,14 +8,12 @@ import dataclasses
 import jax
 
 
-FAMILIES = {"llada": "LLaDA", "sdar": "SDAR", "dream": "Dream", "llada2": "LLaDA2"}  # config.family -> name
-
-
 def family_methods(family: str, small: bool) -> dict:
     """The methods timed per family: the defaults at real sizes, scaled-down blocks for tiny ones."""
-    from dllm_jax.attention.methods import make_method
+    from dllm_jax.attention.methods import BIDIRECTIONAL, make_method
+    from dllm_jax.families import family_named
 
-    if family in ("LLaDA", "Dream"):  # both bidirectional: the same methods
+    if family_named(family).method_kind == BIDIRECTIONAL:  # LLaDA, Dream: the same methods
         params = dict(sparsed=dict(block_size=16), pulsecol=dict(group_size=16), sparge=dict(block_q=16, block_kv=16))
         names = ["sparsed", "pulsecol", "sparge"]
     else:
@@ -29,6 +27,7 @@ def model_for(name: str, *, layers: int | None, context: int, dtype, execution: 
     "tiny-llada2"; `execution` and `mesh` as `load_model` takes them (None: its default, one device)."""
     from dllm_jax.checkpoint.api import model_from_params
     from dllm_jax.config import shipped_config
+    from dllm_jax.families import family_of
     from dllm_jax.testing import (random_params, tiny_dream_config, tiny_llada2_config, tiny_llada_config,
                                   tiny_sdar_config)
 
@@ -38,8 +37,7 @@ def model_for(name: str, *, layers: int | None, context: int, dtype, execution: 
     changes = dict(max_position_embeddings=max(config.max_position_embeddings, context))  # random weights: no limit
     if layers is not None:
         changes["num_layers"] = layers
-    if hasattr(config, "eos_token_ids"):
-        changes["eos_token_ids"] = ()  # no stop token: random weights would stop at a random EOS
-    config = dataclasses.replace(config, **changes)
+    # no stop token where the family allows none: random weights would stop at a random EOS
+    config = family_of(config).without_stops(dataclasses.replace(config, **changes))
     layout = {} if execution is None else dict(execution=execution)
     return model_from_params(config, random_params(config, jax.random.key(0), dtype), mesh=mesh, **layout), config

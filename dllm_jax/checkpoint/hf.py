@@ -21,9 +21,7 @@ from safetensors import SafetensorError, safe_open
 from tqdm.auto import tqdm
 
 from dllm_jax.families import family_of
-# the name maps, re-exported: dllm_jax.testing and older callers read them here
-from dllm_jax.models.hf_names import (DREAM_RULES, LLADA2_RULES, LLADA_RULES, SDAR_RULES, Rule,  # noqa: F401
-                                      llada2_expected, tree_get)
+from dllm_jax.models.hf_names import Rule, tree_get
 
 FLOAT_DTYPES = {"F32": np.float32, "F16": np.float16, "BF16": ml_dtypes.bfloat16}
 TARGET_DTYPES = {"bfloat16": ml_dtypes.bfloat16, "float32": np.float32}

@@ -16,7 +16,14 @@ from dllm_jax.cli.request import Request, checked_request
 from dllm_jax.cli.sampling import sampling_parent
 from dllm_jax.flags import non_negative_int
 
-BIDIRECTIONAL = ("LLaDA", "Dream")  # analyze's families (per-step patterns); the others: analyze_blocks
+
+def bidirectional(request: Request) -> bool:
+    """Whether the checkpoint's family decodes full-sequence steps (analyze: per-step patterns and per-head
+    heat maps) rather than blocks over a KV cache (analyze_blocks)."""
+    from dllm_jax.attention.methods import BIDIRECTIONAL
+    from dllm_jax.families import family_named
+
+    return family_named(request.family).method_kind == BIDIRECTIONAL
 
 
 def add_parser(subparsers) -> None:
@@ -64,7 +71,7 @@ def probed_figures(model, ids, request: Request, seed: int, layer: int | None):
     """(the probe's report, {file name: matplotlib figure}) of one generate call under the pattern probe."""
     from dllm_jax.analysis import analyze, analyze_blocks, plot_error, plot_head_patterns, plot_jaccard, plot_recall
 
-    if request.family in BIDIRECTIONAL:
+    if bidirectional(request):
         report = analyze(model, ids, request.method, seed=seed, **request.options)
         plots = {"recall": plot_recall, "jaccard": plot_jaccard, "error": plot_error}
     else:  # SDAR, LLaDA2: block diffusion over a prefix cache
@@ -79,7 +86,7 @@ def probed_figures(model, ids, request: Request, seed: int, layer: int | None):
 def checked_layer(layer: int | None, request: Request) -> int | None:
     """The layer of the per-head heat maps of LLaDA and Dream (default the last; None for SDAR and LLaDA2,
     which have no such plot)."""
-    if request.family not in BIDIRECTIONAL:
+    if not bidirectional(request):
         if layer is not None:
             raise ValueError(f"--layer applies to LLaDA models and Dream ones (the per-head heat maps); this "
                              f"checkpoint is {request.family}")

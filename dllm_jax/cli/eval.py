@@ -44,17 +44,18 @@ def add_parser(subparsers) -> None:
 def run(args) -> None:
     """Generates answers to seeded samples of a synthetic task and prints the accuracy (--json: also
     every sample's record)."""
-    from dllm_jax.attention.methods import check_family
     from dllm_jax.checkpoint import load_model
-    from dllm_jax.config import LLaDAConfig, read_hf_config
+    from dllm_jax.config import read_hf_config
     from dllm_jax.eval import evaluate, load_tokenizer, make_samples
+    from dllm_jax.families import family_of
 
     method = method_from_args(args)  # every flag and sample error before the slow loading
     _, config = read_hf_config(args.model)
-    if config.family in ("dream", "llada2"):
+    family = family_of(config)
+    if family.eval_options is None:
         raise ValueError("eval supports LLaDA and SDAR checkpoints (the synthetic tasks' tiny trained models); this "
-                         f"one is {type(config).__name__.removesuffix('Config')}")
-    check_family(method, "LLaDA" if isinstance(config, LLaDAConfig) else "SDAR")
+                         f"one is {family.label}")
+    family.check_method(method)
     check_eval_size(args, config)  # before the samples are built and the weights load: both may take minutes
     out = None if args.json is None else checked_out_file(Path(args.json), "--json")
     samples = make_samples(args.task, args.context, args.samples, args.seed, load_tokenizer(args.model))
@@ -81,17 +82,17 @@ def print_result(args, samples, result) -> None:
 def check_eval_size(args, config) -> None:
     """--context and --samples against the task and the model (config.json only): the task must fit the
     context, the prompt and its answer window the model's positions, and the samples the limits above."""
-    from dllm_jax.config import SDARConfig
     from dllm_jax.eval import max_answer_length, min_context_length
-    from dllm_jax.eval.evaluate import answer_window
     from dllm_jax.eval.tasks import prompt_length
+    from dllm_jax.families import family_of
 
     least = min_context_length(args.task)
     if args.context < least:
         raise ValueError(f"--context {args.context} is too short for --task {args.task}: its statements and question "
                          f"alone take {least} tokens (the least --context)")
     prompt = prompt_length(args.task, args.context)
-    window = answer_window(max_answer_length(args.task), config.block_size if isinstance(config, SDARConfig) else None)
+    family = family_of(config)
+    window = family.eval_options(max_answer_length(args.task), config, {})[family.answer_option]
     limit = config.max_position_embeddings
     if prompt + window > limit:
         raise ValueError(f"--context {args.context} + {window} answer tokens = {prompt + window} positions exceeds the "

@@ -84,7 +84,7 @@ def run_batch(model, tokenizer, args, request, batch, *, alone: bool) -> None:
                               method=request.method, **options))
     elapsed = time.perf_counter() - start
     prompt, decoded = batch.ids.shape[1], out.shape[1] - batch.ids.shape[1]
-    stops = stop_ids(request.config)
+    stops = request.config.stop_ids
     # SDAR decodes whole blocks, so it may return up to block_size - 1 tokens past --gen-length: --gen-length
     # is a maximum (as its help says), so the rest is cut here, and the report says it was decoded.
     new = out[:, prompt:prompt + args.gen_length]
@@ -144,10 +144,6 @@ def summary(batch: PromptBatch, counts: list[int], rounded: str) -> str:
     rows = f" ({' + '.join(map(str, counts))})" if len(counts) <= 8 else ""  # one line, also for large batches
     return f"{len(counts)} prompts ({sizes}) in one batch, {sum(counts)} generated in all{rows}{rounded}"
 
-
-def stop_ids(config) -> tuple[int, ...]:
-    """The ids that end an answer: SDAR's stop tokens (config eos_token_ids), LLaDA's EOS."""
-    return tuple(config.eos_token_ids) if hasattr(config, "eos_token_ids") else (config.eos_token_id,)
 
 
 def answer_ids(new: np.ndarray, stops: tuple[int, ...], pad_id: int, *, padded: bool) -> np.ndarray:

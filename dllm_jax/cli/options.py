@@ -29,10 +29,9 @@ OPTION_FIELD = re.compile(r"(?<![\w.-])(" + "|".join(sorted(OPTION_FLAGS, key=le
 
 def options_class(family: str):
     """The Options dataclass of generate for `family` (its checks run on the flags before any loading)."""
-    from dllm_jax.generate import DreamOptions, LLaDAOptions, SDAROptions
-    from dllm_jax.generate.llada2 import LLaDA2Options
+    from dllm_jax.families import family_named
 
-    return {"LLaDA": LLaDAOptions, "SDAR": SDAROptions, "Dream": DreamOptions, "LLaDA2": LLaDA2Options}[family]
+    return family_named(family).options_class
 
 
 def option_default(family: str, field: str):

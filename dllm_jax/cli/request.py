@@ -23,14 +23,15 @@ class Request:
 def checked_request(args) -> Request:
     """The request of the generate / analyze flags; ValueError naming the flag for anything the
     checkpoint's family would refuse or ignore (reads config.json only)."""
-    from dllm_jax.attention.methods import check_family
     from dllm_jax.config import read_hf_config
+    from dllm_jax.families import family_of
 
     method = method_from_args(args)
     _, config = read_hf_config(args.model)
-    family = family_of(config)
+    entry = family_of(config)
+    family = entry.label
     check_family_flags(args, family)
-    check_family(method, family)
+    entry.check_method(method)
     check_steps(args, family, config)
     check_top_k(args, config)
     if family == "SDAR":
@@ -41,14 +42,6 @@ def checked_request(args) -> Request:
     except ValueError as e:
         raise ValueError(flag_names(str(e))) from None
     return Request(config=config, family=family, method=method, options=options)
-
-
-def family_of(config) -> str:
-    """The family name of a checkpoint's config (every config class not listed is SDAR's)."""
-    from dllm_jax.config import DreamConfig, LLaDA2Config, LLaDAConfig
-
-    families = {LLaDAConfig: "LLaDA", DreamConfig: "Dream", LLaDA2Config: "LLaDA2"}
-    return families.get(type(config), "SDAR")
 
 
 def check_steps(args, family: str, config) -> None:

@@ -10,7 +10,6 @@ from dllm_jax.attention.policy import Dense, check_policy
 from dllm_jax.generate.dream import DreamOptions
 from dllm_jax.generate.llada import LLaDAOptions
 from dllm_jax.generate.llada2 import LLaDA2Options
-from dllm_jax.generate.requests import check_context  # noqa: F401 (benchmarks/quality.py reads it here)
 from dllm_jax.generate.sdar import SDAROptions
 
 

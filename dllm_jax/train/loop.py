@@ -34,13 +34,13 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 import optax
-import safetensors.numpy
 import orbax.checkpoint as ocp
 from flax import struct
 from tqdm.auto import tqdm
 
 from dllm_jax.checkpoint.api import SIDE_FILES
 from dllm_jax.checkpoint.hf import hf_name, invert_transform, rules_for, tree_get
+from dllm_jax.checkpoint.hf_write import INDEX_FILE, write_hf_files
 from dllm_jax.checkpoint.manifest import CHUNK_BYTES, tree_checksums
 from dllm_jax.checkpoint.orbax import tree_paths
 from dllm_jax.config import LLaDAConfig, SDARConfig
@@ -630,15 +630,10 @@ def export_hf(params: dict, model_config, directory, tokenizer_dir=None, *, dtyp
     directory = Path(directory)
     directory.mkdir(parents=True, exist_ok=True)
     remove_stale_index(directory)
-    write_atomic(directory / "model.safetensors", safetensors.numpy.save(tensors))
-    hf_config = model_config.to_hf_config() | {"torch_dtype": dtype}
-    write_atomic(directory / "config.json", json.dumps(hf_config, indent=2) + "\n")
+    write_hf_files(directory, model_config.to_hf_config() | {"torch_dtype": dtype}, tensors)
     for name, content in side.items():
         write_atomic(directory / name, content)
     return directory
-
-
-INDEX_FILE = "model.safetensors.index.json"
 
 
 def remove_stale_index(directory: Path) -> None:
