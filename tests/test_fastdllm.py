@@ -1,12 +1,14 @@
 """Fast-dLLM decoding for LLaDA (generate's cache= / threshold= / cache_refresh=): exact where it must be,
 equal to a PyTorch port of the official sampler where it approximates, and refused where unsupported."""
 
+import functools
 from pathlib import Path
 
 import numpy as np
 import pytest
 
 from dllm_jax import eval as dev
+import jax
 import jax.numpy as jnp
 
 from dllm_jax import PulseCol, SparseD, generate, load_model
@@ -135,6 +137,13 @@ def test_sparse_cached_decoding_with_a_threshold_leaves_no_mask(model, rng, meth
     assert OPTIONS["gen_length"] // OPTIONS["block_length"] <= nfe <= OPTIONS["gen_length"]
 
 
+@functools.partial(jax.jit, static_argnames=("method",))
+def full_attention(method, q, k, v, state, mode):
+    """method.attend over the whole sequence, compiled once per (method, shapes) for every window case
+    (called eagerly, its lax.cond compiled anew in each case)."""
+    return method.attend(q, k, v, state, mode)[0]
+
+
 @pytest.mark.parametrize("start,width", [(0, 16), (37, 16), (48, 32), (70, 20), (5, 85), (89, 1)])
 def test_a_window_attends_like_its_rows_of_the_full_sparse_attention(rng, start, width):
     """attend_window on positions start .. start + width - 1 equals those rows of the full sequence's
@@ -147,10 +156,10 @@ def test_a_window_attends_like_its_rows_of_the_full_sparse_attention(rng, start,
     pulsecol = PulseCol(sparsity=0.7, group_size=16).bind(total_steps=10)
     for method, state in ((sparsed, select_blocks(q, k, prefill_len=50, block_size=16, select=0.3)),
                           (pulsecol, select_columns(q, k, group_size=16, num_keep=num_keep(n, 0.7)))):
-        full, _ = method.attend(q, k, v, state, sparse)
+        full = full_attention(method, q, k, v, state, sparse)
         window = method.attend_window(q[:, start:start + width], k, v, state, sparse, start=jnp.int32(start))
         np.testing.assert_allclose(window, full[:, start:start + width], atol=1e-5, err_msg=type(method).__name__)
-        dense, _ = method.attend(q, k, v, state, jnp.int32(Mode.DENSE if method is sparsed else Mode.ESTIMATE))
+        dense = full_attention(method, q, k, v, state, jnp.int32(Mode.DENSE if method is sparsed else Mode.ESTIMATE))
         window = method.attend_window(q[:, start:start + width], k, v, state, jnp.int32(Mode.DENSE),
                                       start=jnp.int32(start))
         np.testing.assert_allclose(window, dense[:, start:start + width], atol=1e-5, err_msg=type(method).__name__)

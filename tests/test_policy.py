@@ -1,5 +1,6 @@
 """The policy hook: per-layer policy state rides in the generate loop's carry (oracle top-k policy)."""
 
+import jax
 import numpy as np
 import pytest
 import torch
@@ -42,14 +43,16 @@ def test_state_threads_through_the_compiled_loop_like_a_python_loop(model, rng):
     per-layer policy state carried by hand between the steps."""
     policy = OracleTopK(block=4, keep=2)
     config, params = model.config, model.params()
+    # one compilation for every step (step traced); called eagerly, each step's lax.cond compiled anew
+    forward = jax.jit(llada.forward, static_argnames=("config", "policy"))
     differs_from_dense = []
     for prompt in prompts(rng, 3):
         state = llada.init_policy_state(policy, config, prompt.shape[0], prompt.shape[1] + OPTIONS["gen_length"])
         step = [0]
 
         def logits_fn(x, mask, state_box=[state]):
-            logits, state_box[0] = llada.forward(params, x.numpy(), None, state_box[0], step[0], config=config,
-                                                 policy=policy)
+            logits, state_box[0] = forward(params, x.numpy(), None, state_box[0], step[0], config=config,
+                                           policy=policy)
             step[0] += 1
             return torch.tensor(np.asarray(logits))
 
