@@ -13,15 +13,6 @@ from dllm_jax.testing import tiny_llada_config, tiny_sdar_config, write_hf_check
 sys.path.insert(0, str(Path(__file__).parent))  # torch_reference.py
 
 
-def pytest_configure(config):
-    """`-n N` (the Makefile's `make test`) sends whole test files to the workers (xdist's "loadfile"), not
-    single tests ("load", its default): split over two workers, a file's module-scoped fixtures (the
-    sharded-generation subprocess, torch references, trained runs) ran once in each, and each worker
-    compiled the same programs again. A `--dist` other than "load" is kept."""
-    if getattr(config.option, "dist", "no") == "load" and not getattr(config.option, "distload", False):
-        config.option.dist = "loadfile"
-
-
 @pytest.fixture(scope="module", autouse=True)
 def release_compiled_code():
     """Drops JAX's compiled executables after each test file. Each XLA:CPU executable keeps memory

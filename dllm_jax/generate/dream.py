@@ -46,8 +46,8 @@ from dllm_jax import validation as check
 from dllm_jax.attention.policy import AttentionPolicy, Dense, check_policy
 from dllm_jax.config import DreamConfig
 from dllm_jax.generate.progress import progress_bar, tick
-from dllm_jax.generate.requests import (ProbeLoop, as_array, check_context, check_prompt, make_options, on_devices,
-                                        on_mesh)
+from dllm_jax.generate.requests import (ProbeLoop, as_array, check_context, check_prompt, full_sequence_probe,
+                                        make_options, on_devices, on_mesh)
 from dllm_jax.generate.sampling import commit_top
 from dllm_jax.models import dream as dream_model
 from dllm_jax.models.llada import init_policy_state
@@ -293,11 +293,4 @@ def run(model, prompt_ids, attention_mask, seed: int, method, progress: bool, re
 
 def probe_loop(model, prompt_ids, method, options: dict) -> ProbeLoop:
     """The loop `dllm_jax.analysis.analyze` probes: one policy call per step and layer."""
-    opts, prompt_ids, method = prepare(model, prompt_ids, None, method, options)
-    has_masks = bool((prompt_ids == model.config.mask_token_id).any())
-
-    def run_probe(probe, seed):
-        return generate_dream_jit(model.params(), prompt_ids, None, seed, np.int32(0), config=model.config,
-                                  options=opts, prompt_has_masks=has_masks, policy=probe, return_policy_state=True)
-
-    return ProbeLoop(method, opts.steps, run_probe)
+    return full_sequence_probe(model, prompt_ids, method, options, prepare=prepare, loop=generate_dream_jit)

@@ -28,8 +28,8 @@ from dllm_jax import validation as check
 from dllm_jax.attention.policy import AttentionPolicy, Dense, Mode, check_policy
 from dllm_jax.config import LLaDAConfig
 from dllm_jax.generate.progress import progress_bar, tick
-from dllm_jax.generate.requests import (ProbeLoop, as_array, check_context, check_prompt, make_options, on_devices,
-                                        on_mesh)
+from dllm_jax.generate.requests import (ProbeLoop, as_array, check_context, check_prompt, full_sequence_probe,
+                                        make_options, on_devices, on_mesh)
 from dllm_jax.generate.sampling import commit_top, factor_counts, gumbel_argmax, transfer_counts
 from dllm_jax.models import llada as llada_model
 from dllm_jax.sharding import to_host
@@ -410,14 +410,7 @@ def run(model, prompt_ids, attention_mask, seed: int, method, progress: bool, re
 
 def probe_loop(model, prompt_ids, method, options: dict) -> ProbeLoop:
     """The loop `dllm_jax.analysis.analyze` probes: one policy call per step and layer."""
-    opts, prompt_ids, method = prepare(model, prompt_ids, None, method, options)
-    has_masks = bool((prompt_ids == model.config.mask_token_id).any())
-
-    def run_probe(probe, seed):
-        return generate_llada_jit(model.params(), prompt_ids, None, seed, np.int32(0), config=model.config,
-                                  options=opts, prompt_has_masks=has_masks, policy=probe, return_policy_state=True)
-
-    return ProbeLoop(method, opts.steps, run_probe)
+    return full_sequence_probe(model, prompt_ids, method, options, prepare=prepare, loop=generate_llada_jit)
 
 
 def eval_options(answer_length: int, config: LLaDAConfig, given: dict) -> dict:

@@ -26,6 +26,19 @@ class ProbeLoop:
     run: Callable[[AttentionPolicy, Any], tuple]  # (probe, seed) -> (tokens, the probe's per-layer state)
 
 
+def full_sequence_probe(model, prompt_ids, method, options: dict, *, prepare: Callable, loop: Callable) -> ProbeLoop:
+    """The probe loop of a bidirectional family (LLaDA, Dream): `prepare` checks the request, `loop` is the
+    family's jitted generate loop; one policy call per step and layer."""
+    opts, prompt_ids, method = prepare(model, prompt_ids, None, method, options)
+    has_masks = bool((prompt_ids == model.config.mask_token_id).any())
+
+    def run_probe(probe, seed):
+        return loop(model.params(), prompt_ids, None, seed, np.int32(0), config=model.config, options=opts,
+                    prompt_has_masks=has_masks, policy=probe, return_policy_state=True)
+
+    return ProbeLoop(method, opts.steps, run_probe)
+
+
 def check_prompt(config, prompt_ids: np.ndarray, attention_mask) -> None:
     """Checks prompt_ids [B, P] (non-empty; integer ids in [0, vocab_size)) and attention_mask [B, P]
     (0/1 or bool) on the host with numpy (`check_inputs`): a refused prompt costs no transfer,
