@@ -8,11 +8,10 @@ PY := $(VENV)/bin/python
 demo: $(VENV)/.installed-core
 	$(PY) -m dllm_jax.cli demo
 
-# Two workers (CI has 2 cores; each is a JAX process of 2-4 GB), whole files per worker so a file's fixtures
-# and compiled programs are made once. The suite's time is XLA:CPU compilation, which LLVM at -O0 cuts by
-# about a quarter (XLA's own HLO passes and float semantics do not depend on it).
+# Two workers (CI has 2 cores; each is a JAX process of 2-4 GB), whole files per worker so a file's
+# module fixtures and compiled programs are made once, not once per worker.
 test: $(VENV)/.installed-test
-	XLA_FLAGS="$(XLA_FLAGS) --xla_backend_optimization_level=0" $(PY) -m pytest -m "not gpu" -q -n 2 --dist loadfile
+	$(PY) -m pytest -m "not gpu" -q -n 2 --dist loadfile
 
 $(PY):
 	"$$(scripts/find-python)" -m venv $(VENV)
