@@ -160,12 +160,17 @@ def family_of(thing) -> Family:
     return found[0]
 
 
+def family_of_model(model) -> Family | None:
+    """The family whose model class `model` is an instance of, or None (a config, or any other object)."""
+    return next((family for family in FAMILIES.values() if type(model) is family.model_class), None)
+
+
 def model_family(model, caller: str = "generate") -> Family:
     """The family whose model class `model` is an instance of; ValueError naming `caller` and the
     families otherwise (a config, or any other object)."""
-    for family in FAMILIES.values():
-        if type(model) is family.model_class:
-            return family
+    family = family_of_model(model)
+    if family is not None:
+        return family
     labels = [f.label for f in FAMILIES.values()]
     raise ValueError(f"{caller} supports {', '.join(labels[:-1])} and {labels[-1]} models, got {type(model).__name__}")
 

@@ -7,7 +7,7 @@ the bidirectional families (method kind BIDIRECTIONAL), `analyze_blocks` the blo
 from __future__ import annotations
 
 from dllm_jax.attention.methods import BIDIRECTIONAL, BLOCK
-from dllm_jax.families import FAMILIES, family_for_kind
+from dllm_jax.families import family_for_kind, family_of_model
 from dllm_jax.generate.requests import ProbeLoop
 
 
@@ -18,7 +18,7 @@ def loop_for(kind: str, model, prompt_ids, method, options: dict) -> ProbeLoop:
     """The probe loop of `model`'s family, which must be of method kind `kind`; ValueError for a model of
     another kind (naming the function that takes it) or of no family, and for a method of the other kind."""
     caller = ANALYSES[kind]
-    family = next((f for f in FAMILIES.values() if type(model) is f.model_class), None)
+    family = family_of_model(model)
     if family is None or family.method_kind != kind:
         names = " and ".join(f.label for f in family_for_kind(kind))
         hint = ""

@@ -23,7 +23,7 @@ from dllm_jax import validation as check
 from dllm_jax.attention.methods import make_method
 from dllm_jax.eval.tasks import Sample, as_tokenizer, max_answer_length, score
 from dllm_jax.eval.vocab import build_tokenizer
-from dllm_jax.families import FAMILIES, family_of
+from dllm_jax.families import FAMILIES, family_of, family_of_model
 from dllm_jax.generate import generate
 
 
@@ -113,7 +113,7 @@ def unique(values) -> tuple:
 
 def check_samples(model, samples: list[Sample]) -> None:
     """The model must stop on the samples' EOS and must not read any prompt token as its mask."""
-    family = next((f for f in FAMILIES.values() if type(model) is f.model_class), None)
+    family = family_of_model(model)
     if family is None or family.eval_options is None:  # a family without greedy defaults (the module docstring)
         evaluated = [f.label for f in FAMILIES.values() if f.eval_options is not None]
         raise ValueError(f"evaluate supports {' and '.join(evaluated)} models, got {type(model).__name__}")
