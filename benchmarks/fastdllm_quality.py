@@ -24,7 +24,7 @@ from benchmarks.quality import checked_tag, split
 from dllm_jax import PulseCol, SparseD, generate, load_model
 from dllm_jax import eval as dev
 from dllm_jax.bench import markdown_table, write_results
-from dllm_jax.eval.evaluate import answer_window
+from dllm_jax.generate.requests import answer_window
 
 DECODINGS = {  # row -> generate options on top of the window and schedule
     "exact": {},

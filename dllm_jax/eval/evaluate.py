@@ -131,13 +131,6 @@ def check_samples(model, samples: list[Sample]) -> None:
                              "(dllm_jax.eval.SPECIAL_IDS.mask)")
 
 
-def answer_window(length: int, block_size: int | None = None) -> int:
-    """The answer region generation decodes for answers of up to `length` tokens (EOS included): that
-    many for LLaDA (block_size None), whole blocks of `block_size` for SDAR, which denoises a block as
-    one. Training pads answers to this window too (`dllm_jax.train`), so it sees what generation sees."""
-    return length if block_size is None else -(-length // block_size) * block_size
-
-
 def default_options(model, samples: list[Sample], given: dict) -> dict[str, Any]:
     """Greedy decoding with room for the longest answer of the samples' tasks (module docstring); a
     given LLaDA gen_length sets the default steps and block_length (one block, one token per step)."""

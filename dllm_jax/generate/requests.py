@@ -26,6 +26,13 @@ class ProbeLoop:
     run: Callable[[AttentionPolicy, Any], tuple]  # (probe, seed) -> (tokens, the probe's per-layer state)
 
 
+def answer_window(length: int, block_size: int | None = None) -> int:
+    """The answer region generation decodes for answers of up to `length` tokens (EOS included): that
+    many for LLaDA (block_size None), whole blocks of `block_size` for SDAR, which denoises a block as
+    one. Training pads answers to this window too (`dllm_jax.train`), so it sees what generation sees."""
+    return length if block_size is None else -(-length // block_size) * block_size
+
+
 def full_sequence_probe(model, prompt_ids, method, options: dict, *, prepare: Callable, loop: Callable) -> ProbeLoop:
     """The probe loop of a bidirectional family (LLaDA, Dream): `prepare` checks the request, `loop` is the
     family's jitted generate loop; one policy call per step and layer."""

@@ -51,8 +51,8 @@ from dllm_jax import validation as check
 from dllm_jax.attention.policy import AttentionPolicy, Dense, Mode, check_policy, unmasked_since_refresh
 from dllm_jax.config import SDARConfig
 from dllm_jax.generate.progress import progress_bar, tick
-from dllm_jax.generate.requests import (ProbeLoop, as_array, check_context, check_prompt, make_options, on_devices,
-                                        on_mesh)
+from dllm_jax.generate.requests import (ProbeLoop, answer_window, as_array, check_context, check_prompt, make_options,
+                                        on_devices, on_mesh)
 from dllm_jax.generate.sampling import sample_tokens, transfer_counts, transfer_mask
 from dllm_jax.models import sdar as sdar_model
 from dllm_jax.sharding import shard_kv_cache, to_host
@@ -427,5 +427,5 @@ def eval_options(answer_length: int, config: SDARConfig, given: dict) -> dict:
     """Greedy decoding of one token per step (`dllm_jax.eval.evaluate`'s defaults: top_k=1, static
     remasking, denoising_steps = block_size) over whole blocks holding `answer_length` tokens."""
     bs = config.block_size
-    return dict(max_new_tokens=-(-answer_length // bs) * bs, denoising_steps=bs, top_k=1,
+    return dict(max_new_tokens=answer_window(answer_length, bs), denoising_steps=bs, top_k=1,
                 remasking="low_confidence_static")

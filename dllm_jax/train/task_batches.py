@@ -98,7 +98,7 @@ def room_for(task: str, family: str) -> int:
     positions after the EOS must be trained as masked positions too, not shown as padding that gives
     away where the answer ends."""
     from dllm_jax.eval import max_answer_length
-    from dllm_jax.eval.evaluate import answer_window
+    from dllm_jax.generate.requests import answer_window
 
     return answer_window(max_answer_length(task), None if family == "llada" else SDAR_BLOCK)
 
