@@ -5,6 +5,7 @@ models. The same files run unchanged on a GPU, and the copies in notebooks/ keep
 run (scripts/run_notebooks.py). Execution here writes nothing back.
 """
 
+import os
 from pathlib import Path
 
 import pytest
@@ -26,6 +27,12 @@ def test_every_notebook_is_tested():
 def test_notebook_runs_top_to_bottom(path, monkeypatch):
     monkeypatch.delenv("DLLM_JAX_LLADA", raising=False)  # the tiny models, whatever the environment says
     monkeypatch.delenv("DLLM_JAX_SDAR", raising=False)
+    # the kernel compiles with XLA's default optimisation, as a user's does: `make test` adds LLVM -O0
+    # (TEST_XLA_FLAGS) for the compile-bound tests, under which the notebooks' 1k-token passes run 2x slower
+    flags = os.environ.get("XLA_FLAGS", "")
+    for flag in os.environ.get("TEST_XLA_FLAGS", "").split():
+        flags = flags.replace(flag, "")
+    monkeypatch.setenv("XLA_FLAGS", flags.strip())
     notebook = nbformat.read(path, as_version=4)
     NotebookClient(notebook, timeout=900, kernel_name="python3",
                    resources={"metadata": {"path": str(path.parent)}}).execute()
