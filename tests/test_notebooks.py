@@ -10,6 +10,8 @@ from pathlib import Path
 
 import pytest
 
+from dllm_jax.testing import user_environment
+
 # nbformat and nbclient come with the test extras (CPU CI); the GPU machine may lack them, and
 # `pytest -m gpu` must still collect there, so this module is skipped rather than failing to import
 nbformat = pytest.importorskip("nbformat")
@@ -27,12 +29,8 @@ def test_every_notebook_is_tested():
 def test_notebook_runs_top_to_bottom(path, monkeypatch):
     monkeypatch.delenv("DLLM_JAX_LLADA", raising=False)  # the tiny models, whatever the environment says
     monkeypatch.delenv("DLLM_JAX_SDAR", raising=False)
-    # the kernel compiles with XLA's default optimisation, as a user's does: `make test` adds LLVM -O0
-    # (TEST_XLA_FLAGS) for the compile-bound tests, under which the notebooks' 1k-token passes run 2x slower
-    flags = os.environ.get("XLA_FLAGS", "")
-    for flag in os.environ.get("TEST_XLA_FLAGS", "").split():
-        flags = flags.replace(flag, "")
-    monkeypatch.setenv("XLA_FLAGS", flags.strip())
+    # the kernel compiles as a user's does, without `make test`'s -O0 (TEST_XLA_FLAGS)
+    monkeypatch.setenv("XLA_FLAGS", user_environment(os.environ)["XLA_FLAGS"])
     notebook = nbformat.read(path, as_version=4)
     NotebookClient(notebook, timeout=900, kernel_name="python3",
                    resources={"metadata": {"path": str(path.parent)}}).execute()
