@@ -45,12 +45,19 @@ def _dense_kernel(kvlen_ref, q_ref, k_ref, v_ref, o_ref, lse_ref, *, scale_log2,
     q = q_ref[...]
     lo, hi = _share(kvlen_ref[0], num_splits, block_kv)
     n = jnp.maximum(hi - lo, 0)
+    capacity = k_ref.shape[0]  # >= block_kv (`_split_kv`), not necessarily a multiple of it
 
     def tile(j, carry, masked):
         start = pl.multiple_of(lo + j * block_kv, block_kv)
-        k = k_ref[pl.ds(start, block_kv), :]
-        v = v_ref[pl.ds(start, block_kv), :]
-        valid = start + jnp.arange(block_kv) < hi if masked else None
+        if not masked:  # whole tiles below hi <= capacity
+            valid, first = None, start
+        else:  # the last tile may run past the capacity: it loads the last block_kv rows instead (in
+            # bounds, no padded copy of the cache) and keeps only its positions in [start, hi)
+            first = jnp.minimum(start, capacity - block_kv)
+            position = first + jnp.arange(block_kv)
+            valid = (position >= start) & (position < hi)
+        k = k_ref[pl.ds(first, block_kv), :]
+        v = v_ref[pl.ds(first, block_kv), :]
         return c.tile_update(carry, q, k, v, scale_log2, valid)
 
     carry = jax.lax.fori_loop(0, n // block_kv, functools.partial(tile, masked=False),
@@ -130,9 +137,9 @@ def _launch(kernel, lead, q, k, v, *, block_kv, num_splits, num_warps, num_stage
 @functools.partial(jax.jit, static_argnames=("scale", "block_kv", "num_splits", "num_warps", "num_stages",
                                              "interpret"))
 def _split_kv(q, k, v, kv_len, *, scale, block_kv, num_splits, num_warps, num_stages, interpret):
-    # a capacity that is a multiple of block_kv is read in place; padding copies the whole cache
-    nk_pad = c.cdiv(k.shape[1], block_kv) * block_kv
-    k, v = c.pad_axis(k, 1, nk_pad), c.pad_axis(v, 1, nk_pad)
+    # any capacity of at least one tile is read in place (the kernel's last tile stays in bounds); a
+    # smaller cache is padded to one tile, a copy of fewer than block_kv rows
+    k, v = c.pad_axis(k, 1, max(k.shape[1], block_kv)), c.pad_axis(v, 1, max(v.shape[1], block_kv))
     kernel = functools.partial(_dense_kernel, scale_log2=scale * c.LOG2E, block_kv=block_kv,
                                num_splits=num_splits)
     lead = [(pl.BlockSpec((None, 1), lambda s, bi, h: (bi, 0)), kv_len[:, None])]
@@ -185,8 +192,8 @@ def split_kv_attention(q, k, v, *, kv_len=None, scale=None, return_lse=False, in
       kv_len: None, int or int [B]: the filled length; keys at or beyond it are ignored, whatever
         they hold (the kernel zeroes their values at tile load: NaN or Inf there cannot leak).
       scale: default 1/sqrt(D). return_lse: also return the natural-log LSE f32 [B, Hq, Nq].
-      block_kv: key tile (power of two >= 16); a capacity Nk that is not a multiple of it is padded
-        (a copy of k and v per call). num_splits: programs per (batch, KV head) along the keys;
+      block_kv: key tile (power of two >= 16); any capacity Nk >= block_kv is read in place, a
+        multiple of block_kv or not (a smaller one is padded to one tile). num_splits: programs per (batch, KV head) along the keys;
         default `default_num_splits`.
 
     Returns o [B, Nq, Hq, D] in q.dtype, or (o, lse).

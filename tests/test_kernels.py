@@ -166,6 +166,8 @@ class KernelChecks:
         (4, 4, 2, 300, [0, 217], 3),     # an empty cache row, a length inside a tile
         (32, 4, 1, 200, None, 8),        # more splits than live tiles on the short row
         (5, 2, 2, 64, [64, 1], None),    # the default split count
+        (4, 4, 2, 300, [300, 290], 3),   # a full cache whose last tile runs past a capacity of 9.4 tiles
+        (4, 2, 1, 20, [20, 7], 2),       # a capacity below one tile (padded to one)
     ])
     def test_split_kv(self, rng, dtype, nq, hq, hkv, nk, kv_len, splits):
         q, k, v = qkv(rng, 2, nq, nk, hq, hkv, 64, dtype)
@@ -376,3 +378,27 @@ def test_bad_input_raises_value_error(case):
     call, message = _bad_calls()[case]
     with pytest.raises(ValueError, match=re.escape(message)):
         call()
+
+
+def _equations(jaxpr):
+    """Every equation of a closed jaxpr, those of nested jaxprs (jit, pallas_call bodies, loops) included."""
+    for eqn in jaxpr.eqns:
+        yield eqn
+        for param in eqn.params.values():
+            for sub in param if isinstance(param, (tuple, list)) else (param,):
+                inner = getattr(sub, "jaxpr", sub)
+                if hasattr(inner, "eqns"):
+                    yield from _equations(inner)
+
+
+@pytest.mark.parametrize("nk", [200, 256])
+def test_split_kv_reads_a_cache_of_any_capacity_in_place(rng, nk):
+    """A capacity that is not a multiple of the key tile reaches the kernel as it is: no pad (a copy of
+    the whole cache per call, at 128k keys 3x the attention's own time) anywhere in the program."""
+    q, k, v = qkv(rng, 1, 4, nk, 4, 2, 64, jnp.float32)
+    jaxpr = jax.make_jaxpr(functools.partial(pk.split_kv_attention, kv_len=jnp.asarray([nk - 3]), block_kv=64,
+                                             interpret=True))(q, k, v)
+    equations = list(_equations(jaxpr.jaxpr))
+    calls = [e for e in equations if e.primitive.name == "pallas_call"]
+    assert calls and all(x.aval.shape == k.shape for e in calls for x in e.invars[-2:])
+    assert not [e for e in equations if e.primitive.name == "pad" and e.invars[0].aval.shape == k.shape]
