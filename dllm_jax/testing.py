@@ -107,7 +107,8 @@ def random_params(config, key, dtype=jnp.bfloat16) -> dict:
     device, leaf by leaf, with the scheme of `random_weight`: full-size models (8B benchmarks) never
     pass through host memory. The values differ from `random_hf_tensors`' (another generator)."""
     shapes = param_shapes_for(config)
-    if family_of(config).hf_expected is not None:  # LLaDA2: its HF tensors map to stacked experts: draw the tree's leaves directly
+    # LLaDA2: its HF tensors map to stacked experts, so the tree's leaves are drawn directly
+    if family_of(config).hf_expected is not None:
         leaves, tree = jax.tree.flatten_with_path(shapes, is_leaf=lambda x: isinstance(x, tuple))
         keys = jax.random.split(key, len(leaves))
         return jax.tree.unflatten(tree, [random_tree_leaf(k, name=path[-1].key, shape=shape, dtype=jnp.dtype(dtype))

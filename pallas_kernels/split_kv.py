@@ -193,8 +193,8 @@ def split_kv_attention(q, k, v, *, kv_len=None, scale=None, return_lse=False, in
         they hold (the kernel zeroes their values at tile load: NaN or Inf there cannot leak).
       scale: default 1/sqrt(D). return_lse: also return the natural-log LSE f32 [B, Hq, Nq].
       block_kv: key tile (power of two >= 16); any capacity Nk >= block_kv is read in place, a
-        multiple of block_kv or not (a smaller one is padded to one tile). num_splits: programs per (batch, KV head) along the keys;
-        default `default_num_splits`.
+        multiple of block_kv or not (a smaller one is padded to one tile). num_splits: programs per
+        (batch, KV head) along the keys; default `default_num_splits`.
 
     Returns o [B, Nq, Hq, D] in q.dtype, or (o, lse).
     """
