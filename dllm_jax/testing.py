@@ -200,3 +200,15 @@ def user_environment(environ) -> dict:
     test_flags = set(env.pop("TEST_XLA_FLAGS", "").split())
     env["XLA_FLAGS"] = " ".join(flag for flag in flags if flag not in test_flags)
     return env
+
+
+def jaxpr_equations(jaxpr):
+    """Every equation of a jaxpr, those of nested jaxprs (jit, checkpoint, pallas_call bodies, loops)
+    included: what a test walks to say what a traced program holds."""
+    for eqn in jaxpr.eqns:
+        yield eqn
+        for param in eqn.params.values():
+            for sub in param if isinstance(param, (tuple, list)) else (param,):
+                inner = getattr(sub, "jaxpr", sub)
+                if hasattr(inner, "eqns"):
+                    yield from jaxpr_equations(inner)

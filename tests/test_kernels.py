@@ -17,6 +17,7 @@ import pytest
 from jax.experimental import pallas as pl
 
 import pallas_kernels as pk
+from dllm_jax.testing import jaxpr_equations
 
 pytestmark = pytest.mark.filterwarnings("ignore::DeprecationWarning")  # the Triton backend warns on use
 
@@ -380,17 +381,6 @@ def test_bad_input_raises_value_error(case):
         call()
 
 
-def _equations(jaxpr):
-    """Every equation of a closed jaxpr, those of nested jaxprs (jit, pallas_call bodies, loops) included."""
-    for eqn in jaxpr.eqns:
-        yield eqn
-        for param in eqn.params.values():
-            for sub in param if isinstance(param, (tuple, list)) else (param,):
-                inner = getattr(sub, "jaxpr", sub)
-                if hasattr(inner, "eqns"):
-                    yield from _equations(inner)
-
-
 @pytest.mark.parametrize("nk", [200, 256])
 def test_split_kv_reads_a_cache_of_any_capacity_in_place(rng, nk):
     """A capacity that is not a multiple of the key tile reaches the kernel as it is: no pad (a copy of
@@ -398,7 +388,7 @@ def test_split_kv_reads_a_cache_of_any_capacity_in_place(rng, nk):
     q, k, v = qkv(rng, 1, 4, nk, 4, 2, 64, jnp.float32)
     jaxpr = jax.make_jaxpr(functools.partial(pk.split_kv_attention, kv_len=jnp.asarray([nk - 3]), block_kv=64,
                                              interpret=True))(q, k, v)
-    equations = list(_equations(jaxpr.jaxpr))
+    equations = list(jaxpr_equations(jaxpr.jaxpr))
     calls = [e for e in equations if e.primitive.name == "pallas_call"]
     assert calls and all(x.aval.shape == k.shape for e in calls for x in e.invars[-2:])
     assert not [e for e in equations if e.primitive.name == "pad" and e.invars[0].aval.shape == k.shape]

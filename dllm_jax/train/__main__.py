@@ -21,6 +21,7 @@ from pathlib import Path
 from dllm_jax.flags import (finite_float, non_negative_float, non_negative_int, number, one_line, positive_float,
                             positive_int)
 from dllm_jax.config import LLaDAConfig, SDARConfig
+from dllm_jax.train.attention import CHUNK
 from dllm_jax.train.task_batches import SDAR_BLOCK, batch_source, option_variants, task_options_of
 
 # "medium" is "small" twice as deep (6.6M parameters; 13 MB stored in bfloat16, --export-dtype), the shape of the
@@ -127,6 +128,9 @@ def arguments() -> argparse.ArgumentParser:
     p.add_argument("--stratified-t", action="store_true",
                    help="draw each batch's masking ratios stratified over [min_t, 1) (one per 1/n of it, for the n rows "
                         "(LLaDA) or blocks (SDAR)) instead of iid: lower variance of the 1/t weights")
+    p.add_argument("--attention-chunk", type=positive_int, default=CHUNK, metavar="N",
+                   help="queries per chunk of the training attention: memory of one chunk's scores against the whole "
+                        "sequence instead of [L, L] (dllm_jax.train.attention); a smaller chunk for longer contexts")
     p.add_argument("--min-t", type=open_fraction, default=1e-3,
                    help="masking ratios are drawn from U(min_t, 1) (LLaDA's eps); a larger floor spends more of the "
                         "loss on mostly-masked answers, where the needle must be found rather than read off the "
@@ -192,7 +196,7 @@ def run(args) -> Path:
                          learning_rate=args.lr, warmup_steps=args.warmup, weight_decay=args.weight_decay,
                          grad_clip=args.grad_clip, compute_dtype=args.dtype, run_dir=str(args.out),
                          checkpoint_every=args.checkpoint_every, log_every=args.log_every, seed=args.seed,
-                         stratified_t=args.stratified_t, eps=args.min_t)
+                         stratified_t=args.stratified_t, eps=args.min_t, attention_chunk=args.attention_chunk)
     settings = batch_settings(args)
     if args.resume:
         check_resume(args.out, config, settings)

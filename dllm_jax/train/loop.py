@@ -44,10 +44,10 @@ from dllm_jax.checkpoint.hf_write import INDEX_FILE, write_hf_files
 from dllm_jax.checkpoint.manifest import CHUNK_BYTES, tree_checksums
 from dllm_jax.checkpoint.orbax import tree_paths
 from dllm_jax.config import LLaDAConfig, SDARConfig
-from dllm_jax.models import llada
 from dllm_jax.models.layers import lm_param_shapes
+from dllm_jax.train.attention import CHUNK
 from dllm_jax.train.data import Batch, Prefetcher
-from dllm_jax.train.losses import LossMetrics, llada_loss, sdar_loss
+from dllm_jax.train.losses import LossMetrics, llada_logits, llada_loss, sdar_loss
 from dllm_jax.files import write_atomic
 from dllm_jax.validation import flag, integer, real
 
@@ -80,6 +80,7 @@ class TrainConfig:
     compute_dtype: str = "bfloat16"
     eps: float = 1e-3  # masking ratios t are drawn from U(eps, 1)
     stratified_t: bool = False
+    attention_chunk: int = CHUNK  # queries per chunk of the training attention (dllm_jax.train.attention)
     run_dir: str | None = None
     checkpoint_every: int = 0
     log_every: int = 10
@@ -88,7 +89,7 @@ class TrainConfig:
     def __post_init__(self):
         if not isinstance(self.model, tuple(FAMILIES.values())):
             raise ValueError(f"TrainConfig.model must be an LLaDAConfig or SDARConfig, got {type(self.model).__name__}")
-        for name in ("steps", "batch_size", "seq_length", "log_every"):
+        for name in ("steps", "batch_size", "seq_length", "log_every", "attention_chunk"):
             object.__setattr__(self, name, integer(f"TrainConfig.{name}", getattr(self, name)))
         for name in ("warmup_steps", "checkpoint_every", "seed"):
             object.__setattr__(self, name, integer(f"TrainConfig.{name}", getattr(self, name), minimum=0))
@@ -218,14 +219,13 @@ def loss_fn(config: TrainConfig) -> Callable:
     def loss(params, tokens, loss_mask, lengths, key):
         params = jax.tree.map(lambda p: p.astype(dtype), params)
         if config.family == "llada":
-            real = jnp.arange(tokens.shape[1]) < lengths[:, None]
+            def logits(params, ids):
+                return llada_logits(params, ids, lengths, config=model, chunk=config.attention_chunk)
 
-            def llada_logits(params, ids):
-                return llada.forward(params, ids, real, config=model, padding="mask")[0]
-
-            return llada_loss(llada_logits, params, tokens, loss_mask, key, mask_token_id=model.mask_token_id,
+            return llada_loss(logits, params, tokens, loss_mask, key, mask_token_id=model.mask_token_id,
                               eps=config.eps, stratified=config.stratified_t)
-        return sdar_loss(params, tokens, loss_mask, key, config=model, eps=config.eps, stratified=config.stratified_t)
+        return sdar_loss(params, tokens, loss_mask, key, config=model, eps=config.eps, stratified=config.stratified_t,
+                         chunk=config.attention_chunk)
 
     return loss
 
@@ -427,7 +427,8 @@ def run_differences(old: dict, config: TrainConfig, batch_settings: dict | None 
     before batch settings were recorded has none to compare."""
     new = json.loads(json.dumps(config.to_json()))
     old = {f.name: f.default for f in dataclasses.fields(config) if f.default is not dataclasses.MISSING} | old
-    free = {"run_dir", "checkpoint_every", "log_every", "steps", "batches"}
+    # attention_chunk trades memory for chunks; the loss is the same
+    free = {"run_dir", "checkpoint_every", "log_every", "steps", "batches", "attention_chunk"}
     changed = {k: (old.get(k), new.get(k)) for k in sorted(set(old) | set(new))
                if k not in free and old.get(k) != new.get(k)}
     if batch_settings is not None and "batches" in old:

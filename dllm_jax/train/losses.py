@@ -16,6 +16,9 @@ batches (every position eligible, no padding) it is LLaDA's pretraining loss (su
     block (as BD3-LM), every noisy block attends bidirectionally to itself and to the clean copy of
     the blocks before it, the clean copy attends block-causally to itself; see `two_copy_mask`.
 
+Both forwards attend in query chunks (dllm_jax.train.attention): no [L, L] or [2L, 2L] scores or masks,
+so the same losses train at 16k-32k tokens; `chunk=None` materialises the masks instead (the reference).
+
 With `stratified=True` the n ratios of a batch (its rows, or all its blocks) are not iid but one
 stratified draw (low-discrepancy t, as MDLM's variance reduction): one point in each of the n intervals
 [eps + (1-eps) k/n, eps + (1-eps) (k+1)/n), the intervals dealt out in a random order. Each t is still
@@ -31,8 +34,10 @@ import optax
 from flax import struct
 
 from dllm_jax.attention.policy import Dense, Mode
-from dllm_jax.config import SDARConfig
+from dllm_jax.config import LLaDAConfig, SDARConfig
+from dllm_jax.models import llada
 from dllm_jax.models.layers import decoder_stack, lm_head, rope_tables
+from dllm_jax.train.attention import CHUNK, padded_attention, two_copy_attention
 
 
 @struct.dataclass
@@ -144,35 +149,56 @@ def two_copy_mask(length: int, block_size: int):
     return jnp.where(q_noisy, jnp.where(k_noisy, same, before), ~k_noisy & (same | before))
 
 
-def two_copy_logits(params, noisy, clean, *, config: SDARConfig, policy=Dense()):
+def two_copy_logits(params, noisy, clean, *, config: SDARConfig, chunk: int | None = CHUNK):
     """float32 logits [B, L, V] of the noisy copy noisy [B, L], in one forward over [noisy ; clean]
-    under `two_copy_mask`; both copies sit at positions 0..L-1 (the same RoPE angles), so noisy block
-    b sees exactly what SDAR's block-causal forward shows block b of clean[:b] ++ noisy block b.
+    under `two_copy_mask`'s rule; both copies sit at positions 0..L-1 (the same RoPE angles), so noisy
+    block b sees exactly what SDAR's block-causal forward shows block b of clean[:b] ++ noisy block b.
 
-    Runs the model's pure layer functions (`decoder_stack`, `lm_head`) with this module's mask and
+    `chunk`: queries per chunk of `attention.two_copy_attention` (no [2L, 2L] array, what training at
+    long contexts needs); None attends through the materialised `two_copy_mask` (the reference).
+    Runs the model's pure layer functions (`decoder_stack`, `lm_head`) with this module's attention and
     positions, since `sdar.forward` builds its own [L, L] mask over positions 0..L-1.
     """
     length = noisy.shape[1]
     ids = jnp.concatenate([noisy, clean], axis=1)
     positions = jnp.concatenate([jnp.arange(length), jnp.arange(length)])
     cos, sin = rope_tables(positions, config.head_dim, config.rope_theta)
-    mask = two_copy_mask(length, config.block_size)
+    if chunk is None:
+        mask = two_copy_mask(length, config.block_size)
 
-    def attend(q, k, v, state, layer):
-        return policy.attend(q, k, v, state, Mode.DENSE, mask=mask)
+        def attend(q, k, v, state, layer):
+            return Dense().attend(q, k, v, state, Mode.DENSE, mask=mask)
+    else:
+        def attend(q, k, v, state, layer):
+            return two_copy_attention(q, k, v, block_size=config.block_size, chunk=chunk), state
 
     x, _ = decoder_stack(params["layers"], params["embed"][ids], cos, sin, attend, config)
     return lm_head(params, x[:, :length], config)
 
 
-def sdar_loss(params, tokens, loss_mask, key, *, config: SDARConfig, eps: float = 1e-3, stratified: bool = False):
+def llada_logits(params, ids, lengths, *, config: LLaDAConfig, chunk: int | None = CHUNK):
+    """float32 logits [B, L, V] of LLaDA's training forward over ids [B, L], each row's keys at or beyond
+    lengths int32 [B] hidden from every query (`llada.forward(padding="mask")`). `chunk` as in
+    `two_copy_logits` (`attention.padded_attention`; None: the [B, L] key mask through the model's Dense)."""
+    if chunk is None:
+        return llada.forward(params, ids, jnp.arange(ids.shape[1]) < lengths[:, None], config=config,
+                             padding="mask")[0]
+
+    def attend(q, k, v, state, layer):
+        return padded_attention(q, k, v, lengths, chunk=chunk), state
+
+    return llada.logits_through(params, ids, attend, (), config=config, logits_from=0)[0]
+
+
+def sdar_loss(params, tokens, loss_mask, key, *, config: SDARConfig, eps: float = 1e-3, stratified: bool = False,
+              chunk: int | None = CHUNK):
     """SDAR's block-diffusion loss of tokens int32 [B, L] (module docstring): one t per block of
     `config.block_size` (`stratified`: one stratified draw over all the batch's blocks), eligible
-    positions (loss_mask) masked with their block's t, one forward of `two_copy_logits`, CE of the
-    masked positions weighted by 1/t. Returns (scalar loss, LossMetrics).
+    positions (loss_mask) masked with their block's t, one forward of `two_copy_logits` (its `chunk`), CE
+    of the masked positions weighted by 1/t. Returns (scalar loss, LossMetrics).
     """
     t_key, mask_key = jax.random.split(key)
     t = block_ratios(t_key, *tokens.shape, block_size=config.block_size, eps=eps, stratified=stratified)
     noised = mask_tokens(tokens, loss_mask, t, mask_key, mask_token_id=config.mask_token_id)
-    logits = two_copy_logits(params, noised.tokens, tokens, config=config)
+    logits = two_copy_logits(params, noised.tokens, tokens, config=config, chunk=chunk)
     return weighted_loss(logits, tokens, noised, loss_mask)
