@@ -11,7 +11,7 @@ from dllm_jax.cli import main
 from dllm_jax.eval import (SPECIAL_IDS, TASKS, VOCAB_SIZE, EvalResult, Sample, build_tokenizer, evaluate,
                            load_tokenizer, make_samples, max_answer_length, min_context_length, score)
 from dllm_jax.eval import tasks, vocab
-from dllm_jax.testing import tiny_llada_config, tiny_sdar_config, write_hf_checkpoint
+from dllm_jax.testing import no_compilation, tiny_llada_config, tiny_sdar_config, write_hf_checkpoint
 from dllm_jax.tokenizer import ChatTokenizer
 
 TOKENIZER = build_tokenizer()
@@ -220,6 +220,17 @@ def test_evaluate_refuses_a_model_of_other_token_ids(tiny_model):
         evaluate(tiny_model(LLADA), samples, gen_length=4, progress=False)
     with pytest.raises(ValueError, match="one or more Samples"):
         evaluate(tiny_model(LLADA), [], progress=False)
+
+
+@pytest.mark.parametrize("config", [LLADA, SDAR], ids=["llada", "sdar"])
+def test_evaluate_refuses_a_context_beyond_the_models_positions_before_compiling(tiny_model, config):
+    """Both numbers named, nothing compiled: prompts of 512 tokens for a model of 320 positions, and prompts
+    that fit whose answer window does not (dllm-jax eval's check: tests/test_cli_hardening.py)."""
+    model = tiny_model(config)
+    with no_compilation(), pytest.raises(ValueError, match=r"512 tokens.* context of 320 positions"):
+        evaluate(model, make_samples("passkey", 512, 2, 0, TOKENIZER), progress=False)
+    with no_compilation(), pytest.raises(ValueError, match=r"exceeds the model's context of 320 positions"):
+        evaluate(model, make_samples("passkey", 318, 1, 0, TOKENIZER), progress=False)
 
 
 def test_eval_command_prints_the_accuracy_and_writes_json(tmp_path, capsys):

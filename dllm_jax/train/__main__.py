@@ -62,7 +62,8 @@ open_fraction = number(float, "a number in (0, 1)", lambda v: 0 < v < 1)
 FLAG_OF = {"learning_rate": "--lr", "batch_size": "--batch", "warmup_steps": "--warmup",
            "weight_decay": "--weight-decay", "grad_clip": "--grad-clip", "compute_dtype": "--dtype", "eps": "--min-t",
            "stratified_t": "--stratified-t", "seed": "--seed", "seq_length": "--context (its longest batch)",
-           "family": "--family", "model": "the model (--family, --config, --rope-theta, --init, --grow-layers)",
+           "family": "--family",
+           "model": "the model (--family, --config, --rope-theta, --init, --grow-layers, --widen-heads, --max-positions)",
            "batches.task": "--task", "batches.context": "--context", "batches.niah_needles": "--niah-needles",
            "batches.vt_hops": "--vt-hops", "batches.vt_ask_back": "--vt-ask-back",
            "batches.pad_in_loss": "--no-pad-loss"}
@@ -153,6 +154,14 @@ def arguments() -> argparse.ArgumentParser:
                    help="with --init: deepen the checkpoint's model to this many layers (a multiple of its own): each "
                         "layer is followed by copies with zero output projections, so training starts from exactly the "
                         "checkpoint's function (dllm_jax.train.loop.grow_layers)")
+    p.add_argument("--widen-heads", type=positive_int, default=None, metavar="HEAD_DIM",
+                   help="with --init (SDAR): widen the checkpoint's heads to this head_dim (a multiple of its own, e.g. "
+                        "32 -> 64 for the Hopper kernels), computing exactly the checkpoint's function "
+                        "(dllm_jax.train.loop.widen_heads)")
+    p.add_argument("--max-positions", type=positive_int, default=None, metavar="N",
+                   help="max_position_embeddings of the trained model (default: an --init checkpoint's own, else "
+                        "max(longest --context, 4096)); raising an --init checkpoint's extends its context (RoPE has "
+                        "no weights per position)")
     p.add_argument("--no-progress", dest="progress", action="store_false")
     return p
 
@@ -173,8 +182,9 @@ def run(args) -> Path:
     short = [f"{t} needs >= {least[t]}" for t in args.task for c in args.context if c < least[t]]
     if short:
         raise ValueError(f"--context {args.context} too short: {sorted(set(short))}")
-    if args.grow_layers is not None and args.init is None:
-        raise ValueError("--grow-layers deepens the model of an --init checkpoint: give --init")
+    for flag, value in (("--grow-layers", args.grow_layers), ("--widen-heads", args.widen_heads)):
+        if value is not None and args.init is None:
+            raise ValueError(f"{flag} changes the model of an --init checkpoint: give --init")
     if args.rope_theta is not None and args.init is not None:
         raise ValueError("--rope-theta sets a new model's RoPE base; an --init checkpoint keeps its own: give one")
     if args.stop_at is not None and args.stop_at > args.steps:
@@ -188,7 +198,7 @@ def run(args) -> Path:
     length = batches.length  # the longest bucket
     if args.init is None:
         model, params = model_config(args.family, args.config, vocab_size=tokenizer.get_vocab_size(),
-                                     special=special, max_positions=max(length, 4096),
+                                     special=special, max_positions=args.max_positions or max(length, 4096),
                                      rope_theta=args.rope_theta), None
     else:
         model, params = initial_weights(args, special, vocab_size=tokenizer.get_vocab_size(), length=length)
@@ -262,7 +272,7 @@ def initial_weights(args, special, *, vocab_size: int, length: int):
     checked against the run: its family, the task tokenizer's ids and the sequence length."""
     from dllm_jax.checkpoint.hf import read_hf_params
     from dllm_jax.config import read_hf_config
-    from dllm_jax.train.loop import grow_layers
+    from dllm_jax.train.loop import grow_layers, widen_heads
 
     if args.resume:
         raise ValueError("--init starts a new run from a checkpoint's weights; --resume continues a run: give one")
@@ -276,12 +286,18 @@ def initial_weights(args, special, *, vocab_size: int, length: int):
                          f"the task tokenizer ({special.mask}, {special.pad}, {special.eos}; {vocab_size} tokens)")
     if args.family == "sdar" and model.block_size != SDAR_BLOCK:
         raise ValueError(f"--init {args.init} has block size {model.block_size}; the task training uses {SDAR_BLOCK}")
-    if model.max_position_embeddings < length:
-        raise ValueError(f"--init {args.init} allows {model.max_position_embeddings} positions; the run needs {length}")
+    positions = args.max_positions or model.max_position_embeddings
+    if positions < length:
+        raise ValueError(f"--init {args.init} allows {positions} positions; the run needs {length}"
+                         + ("" if args.max_positions else " (raise them with --max-positions)"))
     params = read_hf_params(args.init, model, dtype="float32", progress=False)
+    model = dataclasses.replace(model, max_position_embeddings=positions)
     if args.grow_layers is not None:
         params = grow_layers(params, args.grow_layers)
         model = dataclasses.replace(model, num_layers=args.grow_layers)
+    if args.widen_heads is not None:
+        params = widen_heads(params, model, args.widen_heads)
+        model = dataclasses.replace(model, head_dim=args.widen_heads)
     return model, params
 
 

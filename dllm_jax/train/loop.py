@@ -194,6 +194,40 @@ def grow_layers(params: dict, num_layers: int) -> dict:
     return {**params, "layers": grown}
 
 
+def widen_heads(params: dict, config, head_dim: int) -> dict:
+    """Checkpoint-layout `params` of a model with a head_dim field (SDAR) widened to `head_dim` (a
+    multiple f of the current), computing what the trained model did: old dimension j of each half of
+    a head moves to f·j of that half, where half-rotation RoPE gives it the same frequency
+    (theta^(-2j/D) = theta^(-2fj/fD)); the new dimensions start at zero (zero query, key, value and
+    output weights, zero q/k norm weights). The logit scale 1/sqrt(head_dim) falls by sqrt(f), and the
+    q/k RMSNorm statistics, taken over f times the dimensions, grow the normalised values by sqrt(f) (up
+    to the norm's eps): the key norm weights divided by sqrt(f) make up for both. This is how the trained
+    32-wide heads become the 64- or 128-wide heads the Hopper kernels take. Returns new float32 arrays;
+    ValueError for a width that is not a multiple, or a model without a head_dim field and q/k norms."""
+    if "head_dim" not in {f.name for f in dataclasses.fields(config)} or not config.qk_norm:
+        raise ValueError(f"{type(config).__name__}: widen_heads needs a head_dim field (LLaDA's is hidden_size / "
+                         "num_heads) and q/k RMSNorm (SDAR)")
+    old = config.head_dim
+    head_dim = integer("head_dim", head_dim)
+    if head_dim % old:
+        raise ValueError(f"widen_heads: head_dim {head_dim} is not a multiple of the model's {old}")
+    f, half = head_dim // old, old // 2
+    index = np.concatenate([f * np.arange(half), f * np.arange(half) + head_dim // 2])  # new place of each old dim
+    gain = {"k_norm": f ** -0.5}
+    axis = {"q_proj": 3, "k_proj": 3, "v_proj": 3, "q_bias": 2, "k_bias": 2, "v_bias": 2, "o_proj": 2,
+            "q_norm": 1, "k_norm": 1}
+    layers = {}
+    for name, value in params["layers"].items():
+        value = jnp.asarray(value, jnp.float32)
+        if name in axis:
+            shape = list(value.shape)
+            shape[axis[name]] = head_dim
+            at = (slice(None),) * axis[name] + (index,)
+            value = jnp.zeros(shape, jnp.float32).at[at].set(value * gain.get(name, 1.0))
+        layers[name] = value
+    return {**params, "layers": layers}
+
+
 def schedule(config: TrainConfig) -> optax.Schedule:
     return optax.warmup_cosine_decay_schedule(0.0, config.learning_rate, config.warmup_steps, config.steps,
                                               end_value=config.final_lr_fraction * config.learning_rate)
