@@ -405,6 +405,19 @@ def test_training_over_two_buckets_lowers_the_loss():
     assert np.isfinite(losses).all() and losses[-10:].mean() < 0.8 * losses[:10].mean(), losses
 
 
+@pytest.mark.parametrize("size", ["small-64", "medium-64"])
+def test_sizes_of_64_wide_heads_give_both_families_heads_of_64(size):
+    """The long-context sizes: 4 query / 2 KV heads of 64 for LLaDA (head_dim = hidden / heads) and SDAR alike;
+    the 8-head sizes keep SDAR's heads of 32, as the shipped models have."""
+    from dllm_jax.eval import SPECIAL_IDS
+
+    for family in ("llada", "sdar"):
+        config = model_config(family, size, vocab_size=512, special=SPECIAL_IDS, max_positions=32768)
+        shape = (config.head_dim, config.num_heads, config.num_kv_heads, config.max_position_embeddings)
+        assert shape == (64, 4, 2, 32768), (family, shape)
+    assert model_config("sdar", "medium", vocab_size=512, special=SPECIAL_IDS, max_positions=4096).head_dim == 32
+
+
 def test_resume_accepts_a_run_written_before_a_config_field_existed(tmp_path):
     config = run_config(LLADA)
     old = json.loads(json.dumps(config.to_json()))

@@ -26,10 +26,17 @@ from dllm_jax.train.task_batches import SDAR_BLOCK, batch_source, option_variant
 
 # "medium" is "small" twice as deep (6.6M parameters; 13 MB stored in bfloat16, --export-dtype), the shape of the
 # shipped models, which got there by --grow-layers from a trained "small"; from scratch, on the full tasks, it had
-# learned nothing yet after ~4k steps (checkpoints/README.md)
+# learned nothing yet after ~4k steps (checkpoints/README.md). Their heads are 32 wide; "small-64" and "medium-64"
+# have 4 query / 2 KV heads of 64 (the width the Hopper kernels take, issue 39; the same parameter count), the
+# only way to 64-wide heads for LLaDA, whose head_dim is hidden_size / num_heads (SDAR's can be widened,
+# --widen-heads).
 SIZES = {"tiny": dict(hidden_size=64, num_layers=2, num_heads=4, num_kv_heads=2, intermediate_size=192),
          "small": dict(hidden_size=256, num_layers=4, num_heads=8, num_kv_heads=4, intermediate_size=768),
-         "medium": dict(hidden_size=256, num_layers=8, num_heads=8, num_kv_heads=4, intermediate_size=768)}
+         "medium": dict(hidden_size=256, num_layers=8, num_heads=8, num_kv_heads=4, intermediate_size=768),
+         "small-64": dict(hidden_size=256, num_layers=4, num_heads=4, num_kv_heads=2, intermediate_size=768, head_dim=64),
+         "medium-64": dict(hidden_size=256, num_layers=8, num_heads=4, num_kv_heads=2, intermediate_size=768,
+                           head_dim=64)}
+SDAR_HEAD_DIM = 32  # SDAR's head width where a size names none (LLaDA's is always hidden_size / num_heads)
 
 
 # RoPE bases of a new model. LLaDA's is 1e4, not LLaDA-8B's 5e5: with 32-wide heads the larger base leaves
@@ -42,7 +49,8 @@ def model_config(family: str, size: str, *, vocab_size: int, special, max_positi
                  rope_theta: float | None = None):
     """The architecture `size` (a key of SIZES) of `family` over the task vocabulary; `rope_theta`
     (default ROPE_THETA[family]) is its RoPE base."""
-    shapes = SIZES[size]
+    shapes = dict(SIZES[size])
+    head_dim = shapes.pop("head_dim", SDAR_HEAD_DIM)
     theta = ROPE_THETA[family] if rope_theta is None else rope_theta
     if not theta > 1:
         raise ValueError(f"rope_theta must be > 1, got {theta}")
@@ -50,7 +58,7 @@ def model_config(family: str, size: str, *, vocab_size: int, special, max_positi
         return LLaDAConfig(**shapes, rope_theta=theta, vocab_size=vocab_size, tokenizer_vocab_size=vocab_size,
                            max_position_embeddings=max_positions, mask_token_id=special.mask,
                            eos_token_id=special.eos, pad_token_id=special.pad, eot_token_id=special.eos)
-    return SDARConfig(**shapes, head_dim=32, rope_theta=theta, vocab_size=vocab_size,
+    return SDARConfig(**shapes, head_dim=head_dim, rope_theta=theta, vocab_size=vocab_size,
                       max_position_embeddings=max_positions, block_size=SDAR_BLOCK, mask_token_id=special.mask,
                       eos_token_ids=(special.eos,), pad_token_id=special.pad)
 
