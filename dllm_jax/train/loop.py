@@ -65,7 +65,8 @@ class TrainConfig:
     `seq_length` is the longest batch the run trains on (checked against the model's positions); batches
     may be shorter (one per context bucket, `data.BucketedSource`): the step compiles once per length.
     `stratified_t` draws a batch's masking ratios as one stratified sample (`losses.stratified_uniform`)
-    instead of iid.
+    instead of iid. `attention_chunk` is the training attention's queries per chunk
+    (dllm_jax.train.attention: no [L, L] memory at any length); it sets memory, not the loss.
     """
 
     model: LLaDAConfig | SDARConfig
