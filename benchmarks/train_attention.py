@@ -19,8 +19,8 @@ from dllm_jax.bench.results import write_results
 from dllm_jax.bench.tables import markdown_table
 from dllm_jax.bench.timing import time_calls
 from dllm_jax.config import LLaDAConfig, SDARConfig
-from dllm_jax.train import init_params
-from dllm_jax.train.losses import llada_logits, llada_loss, sdar_loss
+from dllm_jax.train import TrainConfig, init_params
+from dllm_jax.train.loop import loss_fn
 
 SHAPE = dict(hidden_size=256, num_layers=8, num_heads=4, num_kv_heads=2, intermediate_size=768)  # head_dim 64
 VOCAB = 512
@@ -39,23 +39,6 @@ def model(family: str, length: int):
     return SDARConfig(**common, head_dim=64, block_size=4, eos_token_ids=(2,))
 
 
-def loss_of(family: str, config, variant: str):
-    """(params, tokens, loss_mask, lengths, key) -> loss of one variant, bf16 compute."""
-    chunk = None if variant == "materialised" else int(variant.split("-")[1])
-
-    def loss(params, tokens, loss_mask, lengths, key):
-        params = jax.tree.map(lambda p: p.astype(jnp.bfloat16), params)
-        if family == "sdar":
-            return sdar_loss(params, tokens, loss_mask, key, config=config, chunk=chunk)[0]
-
-        def logits(p, ids):
-            return llada_logits(p, ids, lengths, config=config, chunk=chunk)
-
-        return llada_loss(logits, params, tokens, loss_mask, key, mask_token_id=config.mask_token_id)[0]
-
-    return loss
-
-
 def measure(family: str, length: int, variant: str, capacity: int) -> dict:
     config = model(family, length)
     batch = max(1, TOKENS_PER_STEP // length)
@@ -65,7 +48,10 @@ def measure(family: str, length: int, variant: str, capacity: int) -> dict:
     lengths = jnp.full((batch,), length - 8, jnp.int32)  # a little right padding, as training batches have
     loss_mask = jnp.arange(length)[None] < lengths[:, None]
     args = (params, tokens, loss_mask, lengths, jax.random.PRNGKey(1))
-    step = jax.jit(jax.value_and_grad(loss_of(family, config, variant)))
+    chunk = None if variant == "materialised" else int(variant.split("-")[1])
+    # the training loop's own loss (bf16 compute from fp32 weights), as `train` runs it
+    loss = loss_fn(TrainConfig(model=config, steps=2, batch_size=batch, seq_length=length, attention_chunk=chunk))
+    step = jax.jit(jax.value_and_grad(loss, has_aux=True))
     row = dict(family=family, context=length, batch=batch, variant=variant)
     try:
         compiled = step.lower(*args).compile()
@@ -76,7 +62,7 @@ def measure(family: str, length: int, variant: str, capacity: int) -> dict:
     row |= dict(temp_gib=temp / 2**30)
     if temp > FITS * capacity:
         return row | dict(status="does not fit")
-    loss, _ = compiled(*args)
+    (loss, _), _ = compiled(*args)
     seconds = time_calls(compiled, *args, repeats=3, burst_s=0)
     return row | dict(status="ok", loss=float(loss), step_ms=seconds * 1e3, tokens_per_s=batch * length / seconds)
 

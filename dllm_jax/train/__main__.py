@@ -33,7 +33,8 @@ from dllm_jax.train.task_batches import SDAR_BLOCK, batch_source, option_variant
 SIZES = {"tiny": dict(hidden_size=64, num_layers=2, num_heads=4, num_kv_heads=2, intermediate_size=192),
          "small": dict(hidden_size=256, num_layers=4, num_heads=8, num_kv_heads=4, intermediate_size=768),
          "medium": dict(hidden_size=256, num_layers=8, num_heads=8, num_kv_heads=4, intermediate_size=768),
-         "small-64": dict(hidden_size=256, num_layers=4, num_heads=4, num_kv_heads=2, intermediate_size=768, head_dim=64),
+         "small-64": dict(hidden_size=256, num_layers=4, num_heads=4, num_kv_heads=2, intermediate_size=768,
+                          head_dim=64),
          "medium-64": dict(hidden_size=256, num_layers=8, num_heads=4, num_kv_heads=2, intermediate_size=768,
                            head_dim=64)}
 SDAR_HEAD_DIM = 32  # SDAR's head width where a size names none (LLaDA's is always hidden_size / num_heads)
@@ -71,7 +72,8 @@ FLAG_OF = {"learning_rate": "--lr", "batch_size": "--batch", "warmup_steps": "--
            "weight_decay": "--weight-decay", "grad_clip": "--grad-clip", "compute_dtype": "--dtype", "eps": "--min-t",
            "stratified_t": "--stratified-t", "seed": "--seed", "seq_length": "--context (its longest batch)",
            "family": "--family",
-           "model": "the model (--family, --config, --rope-theta, --init, --grow-layers, --widen-heads, --max-positions)",
+           "model": "the model (--family, --config, --rope-theta, --init, --grow-layers, --widen-heads, "
+                    "--max-positions)",
            "batches.task": "--task", "batches.context": "--context", "batches.niah_needles": "--niah-needles",
            "batches.vt_hops": "--vt-hops", "batches.vt_ask_back": "--vt-ask-back",
            "batches.pad_in_loss": "--no-pad-loss"}

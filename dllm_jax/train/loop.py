@@ -66,7 +66,8 @@ class TrainConfig:
     may be shorter (one per context bucket, `data.BucketedSource`): the step compiles once per length.
     `stratified_t` draws a batch's masking ratios as one stratified sample (`losses.stratified_uniform`)
     instead of iid. `attention_chunk` is the training attention's queries per chunk
-    (dllm_jax.train.attention: no [L, L] memory at any length); it sets memory, not the loss.
+    (dllm_jax.train.attention: no [L, L] memory at any length); it sets memory, not the loss. None
+    attends through materialised [L, L] masks instead: the reference the tests and the benchmark compare.
     """
 
     model: LLaDAConfig | SDARConfig
@@ -81,7 +82,7 @@ class TrainConfig:
     compute_dtype: str = "bfloat16"
     eps: float = 1e-3  # masking ratios t are drawn from U(eps, 1)
     stratified_t: bool = False
-    attention_chunk: int = CHUNK  # queries per chunk of the training attention (dllm_jax.train.attention)
+    attention_chunk: int | None = CHUNK  # queries per chunk of the training attention (dllm_jax.train.attention)
     run_dir: str | None = None
     checkpoint_every: int = 0
     log_every: int = 10
@@ -90,8 +91,10 @@ class TrainConfig:
     def __post_init__(self):
         if not isinstance(self.model, tuple(FAMILIES.values())):
             raise ValueError(f"TrainConfig.model must be an LLaDAConfig or SDARConfig, got {type(self.model).__name__}")
-        for name in ("steps", "batch_size", "seq_length", "log_every", "attention_chunk"):
+        for name in ("steps", "batch_size", "seq_length", "log_every"):
             object.__setattr__(self, name, integer(f"TrainConfig.{name}", getattr(self, name)))
+        if self.attention_chunk is not None:
+            object.__setattr__(self, "attention_chunk", integer("TrainConfig.attention_chunk", self.attention_chunk))
         for name in ("warmup_steps", "checkpoint_every", "seed"):
             object.__setattr__(self, name, integer(f"TrainConfig.{name}", getattr(self, name), minimum=0))
         if self.warmup_steps >= self.steps:
