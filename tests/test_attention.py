@@ -7,7 +7,8 @@ import numpy as np
 import pytest
 
 from dllm_jax.attention import backends, kernels
-from dllm_jax.attention.dense import dense_attention
+from dllm_jax.attention.dense import dense_attention, query_chunked_attention, xla_attention
+from dllm_jax.testing import jaxpr_equations
 from dllm_jax.attention.policy import Mode
 from dllm_jax.attention.sparsed import SparseD
 
@@ -26,6 +27,34 @@ def test_matches_jax_nn_attention(rng, hq, hkv, dtype):
     tol = 1e-5 if dtype == "float32" else 2e-2
     assert out.dtype == q.dtype and out.shape == q.shape
     np.testing.assert_allclose(np.asarray(out, np.float32), np.asarray(expected), atol=tol, rtol=tol)
+
+
+@pytest.mark.parametrize("n,chunk", [(37, 8), (40, 8), (9, 16)])
+@pytest.mark.parametrize("masks", ["block", "batch_block", "keys_and_fill"])
+def test_query_chunks_compute_every_row_as_one_pass(rng, n, chunk, masks):
+    # chunks of unequal division (37 rows in 5 chunks of 8 with 3 padded rows), exact division, and one chunk
+    b, s, hq, hkv, d = 2, n + 5, 4, 2, 8
+    q, k, v = (jnp.asarray(rng.standard_normal(shape), jnp.float32) for shape in
+               [(b, n, hq, d), (b, s, hkv, d), (b, s, hkv, d)])
+    block = (np.arange(n)[:, None] + 5) // 4 >= np.arange(s)[None, :] // 4
+    given = {"block": dict(mask=jnp.asarray(block)),
+             "batch_block": dict(mask=jnp.asarray(block[None] & (rng.random((b, n, s)) > 0.2))),
+             "keys_and_fill": dict(key_mask=jnp.asarray(rng.random((b, s)) > 0.3), kv_len=jnp.array([s - 3, s]))}[masks]
+    got = query_chunked_attention(q, k, v, chunk=chunk, scale=0.3, **given)
+    want = xla_attention(q, k, v, scale=0.3, **given)
+    assert got.shape == want.shape
+    np.testing.assert_allclose(np.asarray(got), np.asarray(want), atol=1e-6, rtol=1e-6)
+
+
+def test_xla_backend_on_a_cpu_runs_query_chunks_and_reference_one_pass(rng):
+    q, k, v = (jnp.asarray(rng.standard_normal((1, 300, 2, 8)), jnp.float32) for _ in range(3))
+    loops = {}
+    for backend in ("xla", "reference"):
+        jaxpr = jax.make_jaxpr(lambda q, k, v: dense_attention(q, k, v, backend=backend))(q, k, v)
+        loops[backend] = sum(eqn.primitive.name in ("scan", "while") for eqn in jaxpr_equations(jaxpr))
+    assert jax.default_backend() == "cpu" and loops == {"xla": 1, "reference": 0}
+    np.testing.assert_allclose(np.asarray(dense_attention(q, k, v, backend="xla")),
+                               np.asarray(dense_attention(q, k, v, backend="reference")), atol=1e-6, rtol=1e-6)
 
 
 def test_masked_keys_have_no_influence(rng):

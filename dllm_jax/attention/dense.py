@@ -56,6 +56,39 @@ def xla_attention(q, k, v, *, key_mask=None, mask=None, kv_len=None, scale=None)
     return out.reshape(b, n, hq, d).astype(q.dtype)
 
 
+# Query rows per chunk of the "xla" backend on a CPU. Streaming [.., L, S] fp32 logits through memory is what
+# long rows cost there; a chunk's [.., C, S] logits stay in cache: 2.2-2.3x faster attention at [8, 1024] and
+# [10, 4096] (bf16, with and without a block-causal mask; 128 beat 256 and 512) on a 2-core machine. A GPU keeps
+# one pass: there the chunks would run one after another.
+CPU_QUERY_CHUNK = 128
+
+
+def query_chunked_attention(q, k, v, *, key_mask=None, mask=None, kv_len=None, scale=None,
+                            chunk: int = CPU_QUERY_CHUNK):
+    """`xla_attention` in `lax.map` over query chunks of at most `chunk` rows (as equal as the length
+    allows; the last is padded with hidden rows that are dropped): the same rows, each with all its
+    keys, so the same softmax per row. One chunk for L <= chunk."""
+    b, n, hq, d = q.shape
+    count = -(-n // chunk)
+    if count == 1:
+        return xla_attention(q, k, v, key_mask=key_mask, mask=mask, kv_len=kv_len, scale=scale)
+    size = -(-n // count)
+    pad = count * size - n
+    q_chunks = jnp.moveaxis(jnp.pad(q, ((0, 0), (0, pad), (0, 0), (0, 0))).reshape(b, count, size, hq, d), 1, 0)
+    mask_chunks = None
+    if mask is not None:
+        lead = mask.shape[:-2]
+        padded = jnp.pad(mask, [(0, 0)] * len(lead) + [(0, pad), (0, 0)])
+        mask_chunks = jnp.moveaxis(padded.reshape(*lead, count, size, mask.shape[-1]), len(lead), 0)
+
+    def one(chunk_inputs):
+        q_chunk, mask_chunk = chunk_inputs
+        return xla_attention(q_chunk, k, v, key_mask=key_mask, mask=mask_chunk, kv_len=kv_len, scale=scale)
+
+    out = jax.lax.map(one, (q_chunks, mask_chunks))  # [count, B, size, Hq, D]
+    return jnp.moveaxis(out, 0, 1).reshape(b, count * size, hq, d)[:, :n]
+
+
 # The backends this function implements itself (the Pallas ones go through `kernels.attention`).
 DENSE_BACKENDS = ("auto", "reference", "xla", "cudnn")
 
@@ -73,8 +106,9 @@ def dense_attention(q, k, v, *, key_mask=None, mask=None, kv_len=None, scale=Non
       kv_len: optional int32 scalar or [B]: keys at or beyond it are hidden (a KV cache's fill).
       scale: logit scale, default 1/sqrt(D).
       backend: "auto" (`backends.dense_default`: cuDNN on a GPU for bf16/fp16, XLA otherwise),
-        "reference" / "xla" (the jnp `xla_attention`) or "cudnn" (names of `dllm_jax.attention.backends`;
-        the Pallas kernels are reached through `Dense(backend=...)`).
+        "reference" / "xla" (the jnp `xla_attention`; "xla" on a CPU in query chunks,
+        `query_chunked_attention`) or "cudnn" (names of `dllm_jax.attention.backends`; the Pallas kernels
+        are reached through `Dense(backend=...)`).
       implementation: the old name of `backend`, refused (ValueError) so that one keyword remains.
     Returns:
       [B, L, Hq, D] in q's dtype.
@@ -85,6 +119,8 @@ def dense_attention(q, k, v, *, key_mask=None, mask=None, kv_len=None, scale=Non
     backends.check(backend, "dense_attention backend", DENSE_BACKENDS)
     if backend == "auto":
         backend = backends.dense_default(q.dtype, q.shape[-1])
+    if backend == "xla" and backends.platform() == "cpu":
+        return query_chunked_attention(q, k, v, key_mask=key_mask, mask=mask, kv_len=kv_len, scale=scale)
     if backend in ("reference", "xla"):
         return xla_attention(q, k, v, key_mask=key_mask, mask=mask, kv_len=kv_len, scale=scale)
     b, n, s = q.shape[0], q.shape[1], k.shape[1]
