@@ -319,19 +319,24 @@ def test_command_line_starts_from_a_checkpoints_weights(tmp_path, capsys):
     assert json.loads((tmp_path / "a" / "train_config.json").read_text())["stratified_t"] is True
     first = tmp_path / "a" / "hf"
     assert json.loads((first / "config.json").read_text())["rope_theta"] == 10000.0
-    assert train_main(["--family", "sdar", *common, "--steps", "3", "--stop-at", "1", "--init", str(first),
-                       "--out", str(tmp_path / "b")]) == 0
+    # the first run's seed (0) is the default: its samples again, refused unless --seed says so
+    assert train_main(["--family", "sdar", *common, "--steps", "3", "--init", str(first),
+                       "--out", str(tmp_path / "b")]) == 2
+    assert "comes from a run with seed 0" in capsys.readouterr().err and not (tmp_path / "b").exists()
+    assert train_main(["--family", "sdar", *common, "--steps", "3", "--stop-at", "1", "--seed", "1",
+                       "--init", str(first), "--out", str(tmp_path / "b")]) == 0
     before, after = load_file(first / "model.safetensors"), load_file(tmp_path / "b" / "hf" / "model.safetensors")
     assert before.keys() == after.keys()
     assert json.loads((tmp_path / "b" / "hf" / "config.json").read_text())["rope_theta"] == 10000.0
     for name in before:
         np.testing.assert_array_equal(after[name], before[name])
-    assert train_main(["--family", "llada", *common, "--steps", "3", "--init", str(first),
+    assert train_main(["--family", "llada", *common, "--steps", "3", "--init", str(first), "--seed", "1",
                        "--out", str(tmp_path / "c")]) == 2
     assert "holds a sdar model" in capsys.readouterr().err
     # --grow-layers, --widen-heads, --max-positions: twice as deep, heads twice as wide, a longer context, and
     # (still at the zero learning rate) the checkpoint's function up to the q/k norms' eps
-    assert train_main(["--family", "sdar", *common, "--steps", "3", "--stop-at", "1", "--init", str(first),
+    assert train_main(["--family", "sdar", *common, "--steps", "3", "--stop-at", "1", "--seed", "1",
+                       "--init", str(first),
                        "--grow-layers", "4", "--widen-heads", "64", "--max-positions", "8192",
                        "--out", str(tmp_path / "d")]) == 0
     small, grown = load_model(first, dtype="float32"), load_model(tmp_path / "d" / "hf", dtype="float32")
@@ -342,11 +347,11 @@ def test_command_line_starts_from_a_checkpoints_weights(tmp_path, capsys):
     assert train_main(["--family", "sdar", *common, "--steps", "3", "--grow-layers", "4",
                        "--out", str(tmp_path / "e")]) == 2
     assert "--grow-layers changes the model of an --init checkpoint" in capsys.readouterr().err
-    assert train_main(["--family", "sdar", *common, "--steps", "3", "--init", str(first), "--max-positions", "32",
-                       "--out", str(tmp_path / "e")]) == 2
+    assert train_main(["--family", "sdar", *common, "--steps", "3", "--init", str(first), "--seed", "1",
+                       "--max-positions", "32", "--out", str(tmp_path / "e")]) == 2
     assert re.search(r"allows 32 positions; the run needs \d+", capsys.readouterr().err)
-    assert train_main(["--family", "sdar", *common, "--steps", "3", "--init", str(first), "--rope-theta", "1e5",
-                       "--out", str(tmp_path / "f")]) == 2
+    assert train_main(["--family", "sdar", *common, "--steps", "3", "--init", str(first), "--seed", "1",
+                       "--rope-theta", "1e5", "--out", str(tmp_path / "f")]) == 2
     assert "an --init checkpoint keeps its own" in capsys.readouterr().err
     assert train_main(["--family", "sdar", *common, "--steps", "3", "--rope-theta", "1",
                        "--out", str(tmp_path / "g")]) == 2
@@ -503,18 +508,20 @@ def test_command_line_task_options_reach_the_batches(tmp_path, capsys):
     from dllm_jax.eval import build_tokenizer
 
     tokenizer = build_tokenizer()
-    args = build_parser().parse_args(["--family", "llada", "--task", "niah_multikey", "--context", "128",
+    args = build_parser().parse_args(["--seed", "0", "--family", "llada", "--task", "niah_multikey", "--context", "128",
                                       "--batch", "3", "--steps", "5", "--niah-needles", "1", "--out", "unused"])
     for step in range(3):
         for row in batch_source(args, tokenizer)(step).tokens:
             assert tokenizer.decode(row.tolist()).count("magic number for") == 2  # the one needle and the question
-    mixed = build_parser().parse_args(["--family", "sdar", "--task", "variable_tracking,passkey", "--context", "128",
-                                       "--batch", "24", "--steps", "5", "--vt-hops", "0,1", "--out", "unused"])
+    mixed = build_parser().parse_args(["--seed", "0", "--family", "sdar", "--task", "variable_tracking,passkey",
+                                       "--context", "128", "--batch", "24", "--steps", "5", "--vt-hops", "0,1",
+                                       "--out", "unused"])
     texts = [tokenizer.decode(row.tolist()) for row in batch_source(mixed, tokenizer)(0).tokens]
     hops = collections.Counter(text.count("= VAR") for text in texts if "VAR" in text)
     assert set(hops) == {0, 2} and min(hops.values()) >= 3  # two chains: no hop, or one hop each
-    first = build_parser().parse_args(["--family", "sdar", "--task", "variable_tracking", "--context", "64",
-                                       "--batch", "4", "--steps", "5", "--vt-ask-back", "1", "--out", "unused"])
+    first = build_parser().parse_args(["--seed", "0", "--family", "sdar", "--task", "variable_tracking",
+                                       "--context", "64", "--batch", "4", "--steps", "5", "--vt-ask-back", "1",
+                                       "--out", "unused"])
     for row in batch_source(first, tokenizer)(0).tokens:  # one hop: the question names the variable holding the value
         text = tokenizer.decode(row.tolist())
         assert f"VAR {text.split('value of VAR ')[1].split()[0]} = VAR" not in text

@@ -76,15 +76,15 @@ def squares(jaxpr, size: int) -> list:
 @pytest.mark.parametrize("family", ["llada", "sdar"])
 def test_the_training_step_builds_no_length_by_length_array(rng, family):
     """Loss and gradients at L = 320 (above the tiny models' widths and vocabularies) with 32-query chunks:
-    nothing in the program is [.., >= L, .., >= L] (the materialised path has [2L, 2L] masks and
-    [B, H, 2L, 2L] scores, which the check does find)."""
+    nothing in the program is [.., >= L, .., >= L] (SDAR's materialised path has [2L, 2L] masks, which the
+    check does find; LLaDA's has none on a CPU either, where XLA attention runs in 128-row query chunks)."""
     length = 320
     config = tiny_llada_config if family == "llada" else tiny_sdar_config
     model = config(max_position_embeddings=length)
     params = init_params(model, jax.random.PRNGKey(0))
     tokens = jnp.asarray(rng.integers(3, 60, (2, length)), jnp.int32)
     args = (params, tokens, jnp.ones((2, length), bool), jnp.full(2, length, jnp.int32), jax.random.PRNGKey(1))
-    for chunk, expect_square in ((32, False), (None, True)):
+    for chunk, expect_square in ((32, False), (None, True)) if family == "sdar" else ((32, False),):
         loss = loss_fn(TrainConfig(model=model, steps=2, batch_size=2, seq_length=length, attention_chunk=chunk))
         found = squares(jax.make_jaxpr(jax.value_and_grad(loss, has_aux=True))(*args), length)
         assert bool(found) == expect_square, found

@@ -146,7 +146,10 @@ def arguments() -> argparse.ArgumentParser:
                    help="masking ratios are drawn from U(min_t, 1) (LLaDA's eps); a larger floor spends more of the "
                         "loss on mostly-masked answers, where the needle must be found rather than read off the "
                         "answer digits already shown")
-    p.add_argument("--seed", type=train_seed, default=0)
+    p.add_argument("--seed", type=train_seed, default=None,
+                   help="seeds the batches (each step's context and samples) and the masking (default 0); a run "
+                        "started with --init from a run of the same seed would draw that run's samples again, so "
+                        "the default is refused there: give each run of a curriculum its own --seed")
     p.add_argument("--data-workers", type=non_negative_int, default=min(4, max(1, (os.cpu_count() or 2) - 1)),
                    help="background processes building the batches ahead of the step (0: build them in the loop)")
     p.add_argument("--checkpoint-every", type=non_negative_int, default=500,
@@ -201,6 +204,7 @@ def run(args) -> Path:
         raise ValueError(f"--stop-at {args.stop_at} is past --steps {args.steps} (the run's last step)")
     if args.warmup >= args.steps:
         raise ValueError(f"--warmup {args.warmup} must be below --steps {args.steps}")
+    args.seed = run_seed(args)
     check_out(args)
     tokenizer = build_tokenizer()
     special = vocab.special_ids(tokenizer)
@@ -230,6 +234,24 @@ def run(args) -> Path:
     loss = f"; loss {last['loss']:.4f}" if last else ""
     print(f"{done}{loss}; HF checkpoint in {hf_dir}")
     return hf_dir
+
+
+def run_seed(args) -> int:
+    """--seed, 0 by default; ValueError for the default where --init comes from a run seeded 0 (its
+    train_config.json beside or above the HF directory): each step's samples depend on (seed, step) alone,
+    so such a run would replay the earlier run's samples wherever the contexts match (the long-context
+    SDAR runs L3, L5 and L6 did, and reached a training loss near 0 while their evaluation stayed at 80%)."""
+    if args.seed is not None:
+        return args.seed
+    if args.init is not None and not args.resume:
+        for path in (args.init / "train_config.json", args.init.parent / "train_config.json"):
+            if path.is_file():
+                if json.loads(path.read_text()).get("seed") == 0:
+                    raise ValueError(f"--init {args.init} comes from a run with seed 0 ({path}), this run's "
+                                     "default: its steps would draw that run's samples again; give --seed N (a new "
+                                     "seed, or 0 to replay them on purpose)")
+                break
+    return 0
 
 
 def batch_settings(args) -> dict:
