@@ -6,7 +6,8 @@ Stage 1, `predict_block_map` (plain XLA: pooling costs one read of q and k, the 
   1. smooth_k: k <- k - mean over the sequence of k (per batch row and KV head);
   2. per block of block_q query rows / block_kv key rows: the mean row, and the self-similarity
      mean_ij cos(x_i, x_j) = |sum_i x_i/|x_i||^2 / n^2 (diagonal included, n the block's true size);
-     a block is "similar" iff its self-similarity > simthreshd1;
+     a block is "similar" iff its self-similarity > simthreshd1 and it is whole (the official kernels'
+     zero padding makes a partial last block's similarity NaN, so it is never similar: computed whole);
   3. S = pooled_q pooled_k^T * scale, columns of non-similar key blocks set to -inf, softmax per row;
   4. per row keep the largest entries whose cumulative sum is <= cdfthreshd (TopCdf; cdfthreshd = 1
      keeps all, whatever the rounding of the sum), or the floor(topk * n_kb) largest; at least one;
@@ -105,6 +106,11 @@ def pool_blocks(x, block: int):
     return mean.transpose(0, 2, 1, 3), sim.transpose(0, 2, 1)
 
 
+def whole_blocks(n: int, block: int):
+    """bool [ceil(n / block)]: which blocks of `block` rows hold `block` real rows (all but a partial last)."""
+    return (jnp.arange(c.cdiv(n, block)) + 1) * block <= n
+
+
 def predict_block_map(q, k, *, simthreshd1, cdfthreshd=None, topk=None, smooth_k=True, block_q=64,
                       block_kv=128, scale=None, attention_sink=False):
     """SpargeAttn's stage-1 map for q [B, Nq, Hq, D] and k [B, Nk, Hkv, D]: bool [B, Hq, nqb, nkb]
@@ -121,8 +127,11 @@ def predict_block_map(q, k, *, simthreshd1, cdfthreshd=None, topk=None, smooth_k
     pooled_k, sim_k = pool_blocks(k, block_kv)
     group = hq // hkv
     pooled_k, sim_k = jnp.repeat(pooled_k, group, axis=1), jnp.repeat(sim_k, group, axis=1)
-    similar_q = sim_q > sim_threshold[None, :, None]  # [B, Hq, nqb]
-    similar_k = sim_k > sim_threshold[None, :, None]  # [B, Hq, nkb]
+    # A partial last block is never similar, as in the official kernels: they zero its missing rows, whose
+    # direction x / |x| is then 0/0, so its self-similarity is NaN and fails "> simthreshd1". (With a
+    # prompt and a short answer window, that block holds the answer rows: they attend densely.)
+    similar_q = (sim_q > sim_threshold[None, :, None]) & whole_blocks(nq, block_q)  # [B, Hq, nqb]
+    similar_k = (sim_k > sim_threshold[None, :, None]) & whole_blocks(nk, block_kv)  # [B, Hq, nkb]
     scores = jnp.einsum("bhqd,bhkd->bhqk", pooled_q, pooled_k, precision=jax.lax.Precision.HIGHEST)
     scores = jnp.where(similar_k[:, :, None, :], scores * c.resolve_scale(scale, d), -jnp.inf)
     no_similar_key = ~jnp.any(similar_k, axis=-1)[:, :, None, None]

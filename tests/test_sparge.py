@@ -18,7 +18,9 @@ pytestmark = pytest.mark.filterwarnings("ignore::DeprecationWarning")
 
 def numpy_block_map(q, k, *, simthreshd1, cdfthreshd=None, topk=None, smooth_k=True, block_q, block_kv,
                     attention_sink=False):
-    """The rule as docs/methods.md §4 states it, one row at a time in float64 with explicit Gram matrices."""
+    """The rule as docs/methods.md §4 states it, one row at a time in float64 with explicit Gram matrices; a
+    partial last block is zero-padded to its full size as the official kernels load it, so its zero rows'
+    directions are 0/0 and its similarity NaN (never above the threshold)."""
     q, k = np.asarray(q, np.float64), np.asarray(k, np.float64)
     b, nq, hq, d = q.shape
     nk, hkv = k.shape[1], k.shape[2]
@@ -32,8 +34,11 @@ def numpy_block_map(q, k, *, simthreshd1, cdfthreshd=None, topk=None, smooth_k=T
         out = []
         for i in range(count):
             rows = x[i * size:(i + 1) * size]
-            unit = rows / np.maximum(np.linalg.norm(rows, axis=1, keepdims=True), 1e-12)
-            out.append((rows.mean(axis=0), (unit @ unit.T).mean()))  # mean cosine over all pairs
+            padded = np.concatenate([rows, np.zeros((size - len(rows), d))])
+            with np.errstate(invalid="ignore"):
+                unit = padded / np.linalg.norm(padded, axis=1, keepdims=True)
+            similarity = (unit @ unit.T).sum() / len(rows) ** 2  # mean cosine over all pairs of real rows
+            out.append((rows.mean(axis=0), similarity))
         return out
 
     keep = np.zeros((b, hq, nqb, nkb), bool)
@@ -104,6 +109,17 @@ class SpargeChecks:
         want = numpy_block_map(q, k, **args)
         assert 0 < want.mean() < 1, "the inputs should exercise both kept and pruned blocks"
         np.testing.assert_array_equal(got, want)
+        assert want[:, :, -1].all() and want[..., -1].all()  # the partial last blocks: kept whole
+
+    def test_whole_last_blocks_are_judged_by_their_similarity(self, rng):
+        """Lengths that are multiples of the blocks: the last blocks are whole and may be pruned like any other
+        (only partial ones are always kept)."""
+        q, k, _ = structured_qkv(rng, 1, 128, 2, 2, 32, F32)
+        keep = np.asarray(pk.predict_block_map(q, k, simthreshd1=-1.0, cdfthreshd=0.0, block_q=16, block_kv=32))
+        assert not keep[..., -1].all()
+        partial = np.asarray(pk.predict_block_map(q[:, :120], k[:, :120], simthreshd1=-1.0, cdfthreshd=0.0,
+                                                  block_q=16, block_kv=32))
+        assert partial[..., -1].all() and partial[:, :, -1].all()
 
     def test_similarity_decides_fix_blocks(self, rng):
         """simthreshd1 above every similarity makes every block a fix block (the map is full); below every
