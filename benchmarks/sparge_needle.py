@@ -3,7 +3,7 @@ needle's key block, per layer, next to the dense attention that block gets, and 
 
 Inputs are what a denoising step of `dllm_jax.eval.evaluate` sees at 1k: passkey prompts of 1024 tokens and
 the 6-token answer window, all masked (the first step). For every layer, from the q/k that layer sees
-(`dllm_jax.analysis.calibration.layer_inputs`) and the per-head calibration in use:
+(`dllm_jax.analysis.calibration.layer_inputs`) and the calibrated policy's per-layer, per-head values:
   - answer rows: whether the map keeps the needle's key block (the digits' 128-key tile) for the query
     block of the answer rows, and their dense attention mass on that block;
   - needle rows: whether the query block holding the digits keeps its own key block (the tile of the
@@ -25,7 +25,7 @@ import numpy as np
 
 import dllm_jax
 from dllm_jax.analysis.calibration import layer_inputs
-from dllm_jax.attention.sparge import SpargeAttn, load_calibration
+from dllm_jax.attention.sparge import SpargeAttn
 from dllm_jax.bench.results import write_results
 from dllm_jax.bench.tables import markdown_table
 from dllm_jax.eval import SPECIAL_IDS, evaluate, load_tokenizer, make_samples, max_answer_length
@@ -43,33 +43,32 @@ def needle_position(sample, tokenizer) -> int:
     return ids.index(tokenizer.token_to_id("pass")) + 3
 
 
-def probe(model, tokenizer, calibration: dict, samples: int) -> list[dict]:
+def probe(model, tokenizer, policy: SpargeAttn, samples: int) -> list[dict]:
     cases = make_samples("passkey", CONTEXT, samples, PROBE_SEED, tokenizer)
     answer = max_answer_length("passkey")
     ids = np.stack([np.concatenate([s.prompt_ids, np.full(answer, SPECIAL_IDS.mask)]) for s in cases])
     needles = np.array([needle_position(s, tokenizer) for s in cases])
     n = ids.shape[1]
-    bq, bk = calibration["block_q"], calibration["block_kv"]
+    bq, bk = policy.block_q, policy.block_kv
     q, k, _ = (np.asarray(x, np.float32) for x in layer_inputs(model, ids))  # [L, B, N, H, D]
     rows = np.arange(len(cases))
     needle_kb, needle_qb, answer_qb = needles // bk, needles // bq, (n - answer) // bq
     out = []
     for layer in range(q.shape[0]):
+        # the map the policy's kernel gets at this layer (its PV filter aside)
+        selection = {policy.selection_param: np.asarray(getattr(policy, policy.selection_param))[layer]}
         keep = np.asarray(predict_block_map(
-            jnp.asarray(q[layer]), jnp.asarray(k[layer]), block_q=bq, block_kv=bk,
-            smooth_k=calibration.get("smooth_k", True), simthreshd1=np.asarray(calibration["simthreshd1"][layer]),
-            cdfthreshd=np.asarray(calibration["cdfthreshd"][layer])))  # [B, H, nqb, nkb]
-        heads = q.shape[3]
-        kk = np.repeat(k[layer], heads // k.shape[3], axis=2)
+            jnp.asarray(q[layer]), jnp.asarray(k[layer]), block_q=bq, block_kv=bk, smooth_k=policy.smooth_k,
+            attention_sink=policy.attention_sink, simthreshd1=np.asarray(policy.simthreshd1)[layer],
+            **selection))  # [B, H, nqb, nkb]
+        kk = np.repeat(k[layer], q.shape[3] // k.shape[3], axis=2)
         logits = np.einsum("bqhd,bkhd->bhqk", q[layer][:, n - answer:], kk) / np.sqrt(q.shape[-1])
-        probs = np.exp(logits - logits.max(-1, keepdims=True))
-        probs /= probs.sum(-1, keepdims=True)
+        probs = np.asarray(jax.nn.softmax(logits, axis=-1))
         on_needle = [probs[b, :, :, needle_kb[b] * bk:(needle_kb[b] + 1) * bk].sum(-1).mean() for b in rows]
         out.append(dict(layer=layer, answer_rows_keep_needle=float(keep[rows, :, answer_qb, needle_kb].mean()),
                         answer_mass_on_needle=float(np.mean(on_needle)),
                         needle_rows_keep_own=float(keep[rows, :, needle_qb, needle_kb].mean()),
-                        needle_rows_density=float(keep[rows, :, needle_qb].mean()), density=float(keep.mean()),
-                        partial_answer_block=bool(n % bq)))
+                        needle_rows_density=float(keep[rows, :, needle_qb].mean()), density=float(keep.mean())))
     return out
 
 
@@ -103,7 +102,7 @@ def main():
     parser.add_argument("--samples", type=int, default=20, help="fresh samples per task (and probe prompts)")
     parser.add_argument("--out", type=Path, default=Path("benchmarks/results"))
     args = parser.parse_args()
-    calibration = load_calibration(args.calibration)  # a bad file fails before the model loads
+    policy = SpargeAttn.from_calibration(args.calibration)  # a bad file fails before the model loads
     model = dllm_jax.load_model(CHECKPOINT, dtype="float32", progress=False)
     tokenizer = load_tokenizer(CHECKPOINT)
     meta = dict(benchmark="sparge_needle", device=jax.devices()[0].device_kind, jax=jax.__version__,
@@ -111,8 +110,8 @@ def main():
                 probe=f"{args.samples} passkey prompts at {CONTEXT} tokens (seed {PROBE_SEED}) + "
                       f"{max_answer_length('passkey')} masks, the first denoising step; shares over samples x heads",
                 accuracy=f"{args.samples} fresh samples per task at {CONTEXT} tokens, evaluation seed {EVAL_SEED}")
-    layers = probe(model, tokenizer, calibration, args.samples)
-    scores = accuracy(model, tokenizer, SpargeAttn.from_calibration(args.calibration), args.samples)
+    layers = probe(model, tokenizer, policy, args.samples)
+    scores = accuracy(model, tokenizer, policy, args.samples)
     report(meta, layers, scores, args.out)
 
 
