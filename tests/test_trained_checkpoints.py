@@ -19,6 +19,8 @@ from dllm_jax.train.data import TRAIN_SEED_FLOOR
 
 CHECKPOINTS = Path(__file__).parent.parent / "checkpoints"
 TRAINED = {"tiny-sdar-tasks": "SDAR", "tiny-llada-tasks": "LLaDA"}
+LONG = {"tiny-sdar-long": "SDAR"}  # trained to 16k tokens (issue 39's bar: >= 95% at 1k-16k on fresh seeds)
+SHIPPED = TRAINED | LONG
 # what both models reach >= 95% on with fresh seeds (checkpoints/README.md), checked here on small samples
 LEARNED = [("passkey", 1024), ("niah_multikey", 1024), ("variable_tracking", 1024), ("sanity", 64)]
 
@@ -26,10 +28,10 @@ LEARNED = [("passkey", 1024), ("niah_multikey", 1024), ("variable_tracking", 102
 @pytest.fixture(scope="module")
 def models():
     """{name: model in float32} of every shipped checkpoint, loaded once for the module."""
-    return {name: dllm_jax.load_model(CHECKPOINTS / name, dtype="float32", progress=False) for name in TRAINED}
+    return {name: dllm_jax.load_model(CHECKPOINTS / name, dtype="float32", progress=False) for name in SHIPPED}
 
 
-@pytest.fixture(params=sorted(TRAINED))
+@pytest.fixture(params=sorted(SHIPPED))
 def trained(request, models):
     """(directory, model in float32) of one shipped checkpoint."""
     return CHECKPOINTS / request.param, models[request.param]
@@ -42,11 +44,11 @@ def tokenizer():
 
 def test_shipped_checkpoint_is_small_and_uses_the_task_tokenizer(trained):
     directory, model = trained
-    assert type(model).__name__ == TRAINED[directory.name]
+    assert type(model).__name__ == SHIPPED[directory.name]
     assert (directory / "model.safetensors").stat().st_size <= 25 * 2**20
     assert dev.load_tokenizer(directory).get_vocab() == dev.build_tokenizer().get_vocab()
     config, ids = model.config, dev.SPECIAL_IDS
-    eos = config.eos_token_ids if TRAINED[directory.name] == "SDAR" else (config.eos_token_id,)
+    eos = config.eos_token_ids if SHIPPED[directory.name] == "SDAR" else (config.eos_token_id,)
     assert (config.mask_token_id, config.pad_token_id, eos) == (ids.mask, ids.pad, (ids.eos,))
     assert config.vocab_size >= dev.VOCAB_SIZE
 
@@ -64,11 +66,23 @@ def test_shipped_checkpoint_converts_to_the_same_model(trained, tmp_path, rng):
 def test_shipped_checkpoint_answers_fresh_samples(tmp_path, rng, name, task, context):
     """Through `dllm-jax eval` in a process of its own that compiles as a user's does: the 1k-token LLaDA
     passes are execution-bound, ~2.4x slower under `make test`'s LLVM -O0 (TEST_XLA_FLAGS)."""
-    seed = int(rng.integers(0, TRAIN_SEED_FLOOR))  # a fresh evaluation seed, never a training one
+    assert_answers(tmp_path, rng, name, task, context, dtype="float32")
+
+
+@pytest.mark.parametrize("name", sorted(LONG))
+def test_long_context_checkpoint_answers_fresh_samples_at_4k(tmp_path, rng, name):
+    """Variable tracking (the task the long runs found hardest) at 4k tokens, in bfloat16, the dtype the
+    model was trained and evaluated in (faster than float32 on a CPU: ~1 min for the 10 samples)."""
+    assert_answers(tmp_path, rng, name, "variable_tracking", 4096, dtype="bfloat16")
+
+
+def assert_answers(tmp_path, rng, name: str, task: str, context: int, dtype: str) -> None:
+    """>= 9 of 10 samples of a fresh evaluation seed (never a training one) right, through `dllm-jax eval`."""
+    seed = int(rng.integers(0, TRAIN_SEED_FLOOR))
     out = tmp_path / "result.json"
     run = subprocess.run([sys.executable, "-m", "dllm_jax.cli", "eval", "--model", str(CHECKPOINTS / name),
                           "--task", task, "--context", str(context), "--samples", "10", "--seed", str(seed),
-                          "--batch-size", "10", "--dtype", "float32", "--json", str(out), "--quiet"],
+                          "--batch-size", "10", "--dtype", dtype, "--json", str(out), "--quiet"],
                          env=user_environment(os.environ), capture_output=True, text=True, timeout=600)
     assert run.returncode == 0, run.stderr[-3000:]
     result = json.loads(out.read_text())
