@@ -4,8 +4,9 @@ attention.
 
     PYTHONPATH=. python -m benchmarks.quality --models checkpoints/tiny-sdar-tasks,checkpoints/tiny-llada-tasks \
         --contexts 1024,2048 --samples 40 --seed 1 --out benchmarks/results [--tag NAME] [--diagnostics 4] \
-        [--methods dense,mage,sparsed:select=0.2,...] [--tasks passkey,...]
+        [--methods dense,mage,sparsed:select=0.2,...] [--tasks passkey,...] [--time-repeats 2]
     PYTHONPATH=. python -m benchmarks.quality --merge a.json,b.json --out benchmarks/results [--tag NAME]
+    PYTHONPATH=. python -m benchmarks.quality --plot results.json --out docs/images   # Pareto PNGs (matplotlib)
 
 Per model (an HF checkpoint directory with the task tokenizer), per context and long task
 (`dllm_jax.eval.TASKS` but sanity), every method configuration of the model's family (`SETTINGS`)
@@ -31,6 +32,14 @@ SpargeAttn is calibrated per head on each model and context (`calibrate_llada`, 
 few prompts drawn with training seeds (>= `TRAIN_SEED_FLOOR`), never the evaluation prompts; the
 calibration JSON files are written next to the results.
 
+Speed (`--time-repeats N`, N >= 1): after a row's evaluation has compiled and run, `dllm_jax.generate`
+runs again on the same batch of prompts with the same options, N times (`dllm_jax.bench.call_times`,
+synchronised per call); a row's time per sample is the median over the batch size. Each setting's
+speed-up is dense's time per sample over its own, dense measured in the same run, on the same prompts
+and options, with the capacity `generate` allocates: the loop a user runs. `--plot` draws one Pareto
+picture per model and context from a results file (x: speed-up over dense, y: accuracy over the tasks;
+one labelled point per setting).
+
 A row that fails records its error and the run goes on. Results: <out>/quality[_tag]_<device>_<date>.{json,md}.
 `--merge` writes one table from the JSON files of several runs (e.g. one per model and context, each
 within a time limit); a row present in several files is taken from the last.
@@ -41,6 +50,7 @@ from __future__ import annotations
 import argparse
 import dataclasses
 import datetime
+import json
 import math
 import time
 import traceback
@@ -51,14 +61,17 @@ from pathlib import Path
 import jax
 import numpy as np
 
-from benchmarks.merging import merge as merge_results, union
+from benchmarks.merging import merge as merge_results, read_results, union
 from dllm_jax import load_model
+from dllm_jax import generate
 from dllm_jax.analysis import analyze, analyze_blocks, calibrate_llada, save_calibration
 from dllm_jax.attention.methods import METHODS, describe, make_method
 from dllm_jax.bench import markdown_table, write_results
+from dllm_jax.bench.timing import call_times
 from dllm_jax.config import LLaDAConfig, read_hf_config
 from dllm_jax.eval import TASKS, evaluate, load_tokenizer, make_samples, max_answer_length, min_context_length
 from dllm_jax.eval.tasks import SANITY_CONTEXT, prompt_length
+from dllm_jax.files import write_atomic
 from dllm_jax.generate.requests import check_context
 from dllm_jax.train.data import TRAIN_SEED_FLOOR
 
@@ -154,6 +167,7 @@ class Plan:
     diagnostics: int
     out: Path
     tag: str
+    time_repeats: int = 0  # timed generate calls per row after its evaluation (0: no speed measured)
 
     def settings(self, family: str) -> tuple[Setting, ...]:
         return tuple(s for s in SETTINGS if s.key in self.chosen and family in family_of(s.method))
@@ -177,6 +191,10 @@ def parse_args(argv=None) -> argparse.Namespace:
                    help=f"comma-separated subset of {', '.join(METHOD_NAMES)} (each with all its levels) or of "
                    "the rows METHOD:LEVEL (e.g. mage:defaults, sparsed:select=0.2; see SETTINGS); default: all")
     p.add_argument("--tasks", default=",".join(TASKS), help=f"comma-separated subset of {', '.join(TASKS)}")
+    p.add_argument("--time-repeats", type=int, default=0, metavar="N",
+                   help="time N more generate calls of each row's batch (warm) for its speed-up over dense (0: none)")
+    p.add_argument("--plot", default=None, metavar="JSON",
+                   help="draw the Pareto PNGs (speed-up x accuracy) of a results file into --out (no model runs)")
     p.add_argument("--merge", default=None, metavar="JSON[,JSON]",
                    help="write one table from the JSON results of earlier runs (no model runs)")
     return p.parse_args(argv)
@@ -249,6 +267,8 @@ def checked_plan(args: argparse.Namespace) -> Plan:
     contexts = checked_contexts(args.contexts, tasks)
     if args.samples < 1:
         raise ValueError(f"--samples {args.samples} must be at least 1")
+    if args.time_repeats < 0:
+        raise ValueError(f"--time-repeats {args.time_repeats} must be at least 0")
     if not 0 <= args.seed < TRAIN_SEED_FLOOR:
         raise ValueError(f"--seed {args.seed} must lie in [0, {TRAIN_SEED_FLOOR}): seeds from {TRAIN_SEED_FLOOR} on "
                          "are training seeds (dllm_jax.train.data.TRAIN_SEED_FLOOR)")
@@ -267,7 +287,7 @@ def checked_plan(args: argparse.Namespace) -> Plan:
         if not any(m.family in family_of(method) for m in models):
             raise ValueError(f"--methods {key} serves {family_of(method)[0]} models, and no --models is one")
     plan = Plan(models=models, contexts=contexts, tasks=tasks, chosen=chosen, samples=args.samples, seed=args.seed,
-                diagnostics=diagnostics, out=Path(args.out), tag=checked_tag(args.tag))
+                diagnostics=diagnostics, out=Path(args.out), tag=checked_tag(args.tag), time_repeats=args.time_repeats)
     for spec in models:
         for task in tasks:
             for context in ([SANITY_CONTEXT] if task == "sanity" else contexts):
@@ -343,14 +363,16 @@ def run_row(spec: ModelSpec, plan: Plan, model, tokenizer, samples, setting: Set
     """One (model, task, context, setting): accuracy over all samples in one batch, then diagnostics."""
     row = dict(model=spec.name, family=spec.family, task=samples[0].task, context=context, method=setting.method,
                level=setting.level, name=setting.name, label=None, accuracy=None, correct=None, n=len(samples),
-               distractor_answers=None, recall=None, l1=None, seconds=None, diagnostics_seconds=None, error=None,
-               diagnostics_error=None)
+               distractor_answers=None, recall=None, l1=None, seconds=None, sample_seconds=None, speedup=None,
+               diagnostics_seconds=None, error=None, diagnostics_error=None)
     try:
         method, row["label"] = build(setting, context, calibration, plan.out)
         result = evaluate(model, samples, tokenizer=tokenizer, method=method, batch_size=len(samples), progress=False)
         # wrong answers that were a distractor's whole value: the wrong needle taken, not a garbled copy
         row.update(accuracy=result.accuracy, correct=result.num_correct, seconds=result.seconds,
                    distractor_answers=sum(result.distractors().values()))
+        if plan.time_repeats:
+            row["sample_seconds"] = time_per_sample(model, samples, method, result.options, plan.time_repeats)
     except Exception as e:  # one failing row must not lose the others' results
         row["error"] = f"{type(e).__name__}: {e}"
         traceback.print_exc()
@@ -366,17 +388,36 @@ def run_row(spec: ModelSpec, plan: Plan, model, tokenizer, samples, setting: Set
     return row
 
 
+def time_per_sample(model, samples, method, options: dict, repeats: int) -> float:
+    """Median seconds of `generate` on the samples' prompts as one batch (what `evaluate` just ran, so
+    compiled), over the batch size."""
+    ids = np.stack([s.prompt_ids for s in samples])
+    times = call_times(lambda: generate(model, ids, method=method, **options), repeats=repeats, warmup=0, burst_s=0)
+    return float(np.median(times)) / len(samples)
+
+
+def add_speedups(rows: list[dict]) -> None:
+    """Each timed row's speed-up: the same (model, task, context)'s dense time per sample over its own."""
+    dense = {(r["model"], r["task"], r["context"]): r["sample_seconds"] for r in rows if r["method"] == "dense"}
+    for r in rows:
+        base = dense.get((r["model"], r["task"], r["context"]))
+        if base and r["sample_seconds"]:
+            r["speedup"] = base / r["sample_seconds"]
+
+
 def progress_line(row: dict) -> str:
     where = f"{row['model']} {row['task']}@{row['context']} {row['label'] or row['name']}"
     if row["error"]:
         return f"{where}: ERROR {row['error']}"
     diag = "" if row["diagnostics_seconds"] is None else (
         f", recall {fmt(row['recall'], '.3f')}, L1 {fmt(row['l1'], '.3f')} ({row['diagnostics_seconds']:.1f} s)")
-    return f"{where}: {row['accuracy']:.1%} ({row['correct']}/{row['n']}) in {row['seconds']:.1f} s{diag}"
+    timed = "" if row["sample_seconds"] is None else f", {1e3 * row['sample_seconds']:.1f} ms/sample warm"
+    return f"{where}: {row['accuracy']:.1%} ({row['correct']}/{row['n']}) in {row['seconds']:.1f} s{timed}{diag}"
 
 
-def run_model(spec: ModelSpec, plan: Plan, calibrations: list[dict]) -> list[dict]:
-    """Every row of one model, in the order: sanity (dense), then per context, task and setting."""
+def run_model(spec: ModelSpec, plan: Plan, calibrations: list[dict], on_row=lambda rows: None) -> list[dict]:
+    """Every row of one model, in the order: sanity (dense), then per context, task and setting;
+    `on_row(rows so far)` after each."""
     model = load_model(spec.path, progress=False)
     tokenizer = load_tokenizer(spec.path)
     rows = []
@@ -398,6 +439,8 @@ def run_model(spec: ModelSpec, plan: Plan, calibrations: list[dict]) -> list[dic
                 calibrations.append(calibrated[key])
             rows.append(run_row(spec, plan, model, tokenizer, samples, setting, context, calibrated.get(key)))
             print(progress_line(rows[-1]), flush=True)
+            add_speedups(rows)
+            on_row(rows)
     return rows
 
 
@@ -438,6 +481,29 @@ def model_table(meta: dict, model: str, rows: list[dict]) -> list[str]:
     return lines + markdown_table(header, cells, align="l" + "r" * (len(cols) + 2)) + [""]
 
 
+def speed_table(meta: dict, model: str, rows: list[dict]) -> list[str]:
+    """Per setting and (task, context): the speed-up over dense in the same run; dense's row gives its
+    warm milliseconds per sample. Nothing when the run timed no row."""
+    mine = [r for r in rows if r["model"] == model]
+    if not any(r.get("sample_seconds") for r in mine):
+        return []
+    cols = [c for c in columns(meta) if c[0] != "sanity"]
+    cells = []
+    for setting in family_settings(meta, meta["families"][model]):
+        by_cell = {(r["task"], r["context"]): r for r in mine if (r["method"], r["level"]) == (setting.method,
+                                                                                                setting.level)}
+        if setting.method == "dense":
+            values = [fmt(by_cell[c]["sample_seconds"] and 1e3 * by_cell[c]["sample_seconds"], ".1f") + " ms"
+                      if c in by_cell else "–" for c in cols]
+        else:
+            values = [fmt(by_cell[c].get("speedup"), ".2f") + "×" if c in by_cell else "–" for c in cols]
+        cells.append([setting.name, *values])
+    lines = [f"Speed of {model}: warm `generate` time per sample of the whole batch ({meta['samples']} prompts, "
+             f"median of {meta.get('time_repeats')} calls) for dense, and each setting's speed-up over it (same run, "
+             "same prompts and options):", ""]
+    return lines + markdown_table(["method", *(f"{t}@{c}" for t, c in cols)], cells, align="l" + "r" * len(cols)) + [""]
+
+
 def settings_table(meta: dict, model: str, rows: list[dict]) -> list[str]:
     contexts = meta["contexts"]
     lines = [f"What the rows of {model} run at each context (`describe` of the policy):", ""]
@@ -466,7 +532,7 @@ def report(meta: dict, rows: list[dict]) -> list[str]:
              "n/a: not measurable for the method (SpargeAttn has no fixed pattern, so no recall) or failed; –: not "
              "run. The sanity task (64-token prompts) runs dense only.", ""]
     for model in meta["models"]:
-        lines += model_table(meta, model, rows) + settings_table(meta, model, rows)
+        lines += model_table(meta, model, rows) + speed_table(meta, model, rows) + settings_table(meta, model, rows)
     if meta["calibrations"]:
         lines += ["SpargeAttn calibrations (per head, on prompts drawn with training seeds; JSON next to this file):",
                   ""]
@@ -487,16 +553,23 @@ def run(plan: Plan) -> Path:
                 jax=jax.__version__, date=datetime.date.today().isoformat(), models=[m.name for m in plan.models],
                 families={m.name: m.family for m in plan.models}, model_paths=[str(m.path) for m in plan.models],
                 contexts=list(plan.contexts), tasks=list(plan.tasks), methods=list(plan.chosen), samples=plan.samples,
-                seed=plan.seed, diagnostics=plan.diagnostics)
+                seed=plan.seed, diagnostics=plan.diagnostics, time_repeats=plan.time_repeats)
     print(f"quality on {meta['device']}: models {meta['models']}, contexts {meta['contexts']}, {plan.samples} samples, "
           f"seed {plan.seed}", flush=True)
     start = time.perf_counter()
     rows: list[dict] = []
     calibrations: list[dict] = []
     for spec in plan.models:
-        rows += run_model(spec, plan, calibrations)
+        rows += run_model(spec, plan, calibrations, on_row=lambda mine: save_partial(plan, meta, rows + mine))
     meta |= dict(calibrations=calibrations, seconds=time.perf_counter() - start)
     return write_results(plan.out, meta, rows, report(meta, rows))
+
+
+def save_partial(plan: Plan, meta: dict, rows: list[dict]) -> None:
+    """The rows so far, under the name the finished run's JSON takes (a run cut short keeps them)."""
+    stem = f"{meta['benchmark']}_{meta['device'].replace(' ', '_')}_{meta['date']}"
+    plan.out.mkdir(parents=True, exist_ok=True)
+    write_atomic(plan.out / f"{stem}.json", json.dumps(dict(meta, partial=True, rows=rows), indent=2) + "\n")
 
 
 # --- merging the results of several runs (e.g. one per model and context, each within a time limit) ---
@@ -520,8 +593,76 @@ def merge(paths: tuple[str, ...], out: Path, tag: str) -> Path:
                          changes=changes, key=lambda r: (r["model"], r["task"], r["context"], r["method"], r["level"]))
 
 
-def main(argv=None) -> Path:
+# --- the Pareto pictures ---
+
+def pareto_points(data: dict, model: str, context: int) -> list[dict]:
+    """Per setting run on (model, context) with a speed-up: its mean accuracy and mean speed-up over the
+    tasks (dense: 1), and its samples."""
+    points = []
+    for setting in family_settings(data, data["families"][model]):
+        mine = [r for r in data["rows"] if (r["model"], r["context"], r["method"], r["level"]) ==
+                (model, context, setting.method, setting.level) and not r["error"] and r["task"] != "sanity"]
+        speedups = [1.0 if setting.method == "dense" else r.get("speedup") for r in mine]
+        if mine and all(v is not None for v in speedups):
+            points.append(dict(name=setting.name, speedup=float(np.mean(speedups)),
+                               accuracy=100 * sum(r["correct"] for r in mine) / sum(r["n"] for r in mine),
+                               samples=sum(r["n"] for r in mine)))
+    return points
+
+
+def plot(path: str, out: Path) -> list[Path]:
+    """One PNG per (model, context) of a results file: x the mean speed-up over dense, y the accuracy over
+    the tasks, a labelled point per setting, the Pareto front joined. Returns the files written."""
+    try:
+        import matplotlib
+        matplotlib.use("Agg")
+        import matplotlib.pyplot as plt
+    except ImportError as e:
+        raise ValueError("--plot needs matplotlib: pip install 'dllm-jax[analysis]'") from e
+    data = read_results([path], flag="--plot")[0]
+    if not any(r.get("speedup") for r in data["rows"]):
+        raise ValueError(f"--plot {path}: no row has a speed-up (run with --time-repeats N)")
+    out.mkdir(parents=True, exist_ok=True)
+    written = []
+    for model in data["models"]:
+        for context in data["contexts"]:
+            points = pareto_points(data, model, context)
+            if len(points) < 2:
+                continue
+            fig, ax = plt.subplots(figsize=(6.4, 4.4))
+            ax.scatter([p["speedup"] for p in points], [p["accuracy"] for p in points], zorder=3)
+            for p in points:
+                ax.annotate(p["name"], (p["speedup"], p["accuracy"]), textcoords="offset points", xytext=(4, 4),
+                            fontsize=8)
+            front = pareto_front(points)
+            ax.plot([p["speedup"] for p in front], [p["accuracy"] for p in front], "--", color="gray", zorder=2)
+            tasks = sorted({r["task"] for r in data["rows"] if r["model"] == model and r["context"] == context
+                            and r["task"] != "sanity"})
+            ax.set(xlabel="speed-up over dense (warm generate, same run)",
+                   ylabel=f"accuracy % ({', '.join(tasks)}; {points[0]['samples']} samples)",
+                   title=f"{model} at {context} tokens — {data['device']}, {data['date']}")
+            ax.grid(alpha=0.3)
+            target = out / f"{data['benchmark']}_pareto_{model}_{context}.png"
+            fig.tight_layout()
+            fig.savefig(target, dpi=120)
+            plt.close(fig)
+            written.append(target)
+            print(f"wrote {target}")
+    return written
+
+
+def pareto_front(points: list[dict]) -> list[dict]:
+    """The points no other point beats in both speed-up and accuracy, by speed-up."""
+    front = [p for p in points if not any(q["speedup"] >= p["speedup"] and q["accuracy"] >= p["accuracy"] and
+                                          (q["speedup"], q["accuracy"]) != (p["speedup"], p["accuracy"])
+                                          for q in points)]
+    return sorted(front, key=lambda p: p["speedup"])
+
+
+def main(argv=None) -> Path | list[Path]:
     args = parse_args(argv)
+    if args.plot is not None:
+        return plot(args.plot, Path(args.out))
     if args.merge is not None:
         if args.models is not None:
             raise ValueError("--merge rebuilds a table from results files: it takes no --models")

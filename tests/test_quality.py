@@ -43,7 +43,7 @@ def test_quality_smoke_run_covers_every_task_and_method_asked(tmp_path):
     out = tmp_path / "results"
     md = quality.main(["--models", f"{SDAR_TASKS},{llada}", "--contexts", "128", "--samples", "2", "--seed", "1",
                        "--tasks", "passkey,sanity", "--methods", "dense,sparsed:defaults", "--diagnostics", "1",
-                       "--out", str(out), "--tag", "smoke"])
+                       "--time-repeats", "1", "--out", str(out), "--tag", "smoke"])
     data = json.loads(md.with_suffix(".json").read_text())
     assert data["benchmark"] == "quality_smoke" and (data["samples"], data["seed"]) == (2, 1)
     rows = data["rows"]
@@ -64,7 +64,16 @@ def test_quality_smoke_run_covers_every_task_and_method_asked(tmp_path):
     # diagnostics were measured for the sparse row: SparseD has both a pattern (recall) and an output error
     sparse = next(r for r in rows if r["method"] == "sparsed")
     assert sparse["diagnostics_error"] is None and 0 <= sparse["recall"] <= 1 and sparse["l1"] >= 0
+    # timed warm: the speed-up is dense's time per sample over the method's, on the same model and cell
+    llada_dense = next(r for r in rows if (r["model"], r["task"], r["method"]) == ("tiny-llada", "passkey", "dense"))
+    assert sparse["sample_seconds"] > 0 and llada_dense["sample_seconds"] > 0
+    assert sparse["speedup"] == pytest.approx(llada_dense["sample_seconds"] / sparse["sample_seconds"])
     table = md.read_text()
+    assert "Speed of tiny-llada" in table and f"{sparse['speedup']:.2f}×" in table
+    # the Pareto picture: one per model and context with two or more settings (the SDAR ran dense only)
+    pictures = quality.main(["--plot", str(md.with_suffix(".json")), "--out", str(tmp_path / "plots")])
+    assert pictures == [tmp_path / "plots" / "quality_smoke_pareto_tiny-llada_128.png"]
+    assert pictures[0].read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
     assert "## tiny-sdar-tasks (SDAR)" in table and "## tiny-llada (LLaDA)" in table and "passkey@128" in table
     # runs split per model (as on a time-limited GPU) merge into the table of the single run
     parts = []
@@ -89,9 +98,16 @@ def test_quality_smoke_run_covers_every_task_and_method_asked(tmp_path):
     (["--tasks", "passkey", "--contexts", "32"], "row mage:k=ctx/64 is invalid"),  # k = 32 // 64 = 0
     (["--contexts", "8192"], "max_position_embeddings"),
     (["--merge", "a.json"], "takes no --models"),
+    (["--time-repeats", "-1"], "--time-repeats -1"),
 ])
 def test_quality_rejects_bad_flags_before_any_model_work(flags, message, tmp_path):
     # the flags are checked from config.json alone, before any weights load or any file is written
     with pytest.raises(ValueError, match=message):
         quality.main(["--models", str(SDAR_TASKS), "--out", str(tmp_path / "out"), *flags])
     assert not (tmp_path / "out").exists()
+
+
+def test_pareto_front_keeps_the_points_nothing_beats_on_both_axes():
+    points = [dict(name=n, speedup=x, accuracy=y) for n, x, y in
+              [("dense", 1.0, 98.0), ("a", 1.5, 97.0), ("b", 1.4, 95.0), ("c", 2.0, 90.0), ("d", 1.0, 90.0)]]
+    assert [p["name"] for p in quality.pareto_front(points)] == ["dense", "a", "c"]
