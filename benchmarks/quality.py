@@ -560,7 +560,8 @@ def run(plan: Plan) -> Path:
     rows: list[dict] = []
     calibrations: list[dict] = []
     for spec in plan.models:
-        rows += run_model(spec, plan, calibrations, on_row=lambda mine: save_partial(plan, meta, rows + mine))
+        rows += run_model(spec, plan, calibrations, on_row=lambda mine: save_partial(
+            plan, meta | dict(calibrations=calibrations, seconds=time.perf_counter() - start), rows + mine))
     meta |= dict(calibrations=calibrations, seconds=time.perf_counter() - start)
     return write_results(plan.out, meta, rows, report(meta, rows))
 
@@ -631,16 +632,22 @@ def plot(path: str, out: Path) -> list[Path]:
                 continue
             fig, ax = plt.subplots(figsize=(6.4, 4.4))
             ax.scatter([p["speedup"] for p in points], [p["accuracy"] for p in points], zorder=3)
-            for p in points:
-                ax.annotate(p["name"], (p["speedup"], p["accuracy"]), textcoords="offset points", xytext=(4, 4),
-                            fontsize=8)
+            # the labels of settings with one accuracy stepped down in turn, so that ties stay readable
+            ties: dict[float, int] = {}
+            for p in sorted(points, key=lambda p: p["speedup"]):
+                rank = ties[p["accuracy"]] = ties.get(p["accuracy"], -1) + 1
+                ax.annotate(p["name"], (p["speedup"], p["accuracy"]), textcoords="offset points",
+                            xytext=(5, 4 - 10 * rank), fontsize=8)
+            low, high = min(p["speedup"] for p in points), max(p["speedup"] for p in points)
+            ax.set_xlim(min(0.9, low - 0.05), max(1.3, high * 1.15))  # a 1% difference does not fill the axis
             front = pareto_front(points)
             ax.plot([p["speedup"] for p in front], [p["accuracy"] for p in front], "--", color="gray", zorder=2)
             tasks = sorted({r["task"] for r in data["rows"] if r["model"] == model and r["context"] == context
                             and r["task"] != "sanity"})
             ax.set(xlabel="speed-up over dense (warm generate, same run)",
                    ylabel=f"accuracy % ({', '.join(tasks)}; {points[0]['samples']} samples)",
-                   title=f"{model} at {context} tokens — {data['device']}, {data['date']}")
+                   )
+            ax.set_title(f"{model} at {context} tokens — {data['device']}, {data['date']}", fontsize=9)
             ax.grid(alpha=0.3)
             target = out / f"{data['benchmark']}_pareto_{model}_{context}.png"
             fig.tight_layout()
