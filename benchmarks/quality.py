@@ -62,8 +62,7 @@ import jax
 import numpy as np
 
 from benchmarks.merging import merge as merge_results, read_results, union
-from dllm_jax import load_model
-from dllm_jax import generate
+from dllm_jax import generate, load_model
 from dllm_jax.analysis import analyze, analyze_blocks, calibrate_llada, save_calibration
 from dllm_jax.attention.methods import METHODS, describe, make_method
 from dllm_jax.bench import markdown_table, write_results
@@ -493,10 +492,10 @@ def speed_table(meta: dict, model: str, rows: list[dict]) -> list[str]:
         by_cell = {(r["task"], r["context"]): r for r in mine if (r["method"], r["level"]) == (setting.method,
                                                                                                 setting.level)}
         if setting.method == "dense":
-            values = [fmt(by_cell[c]["sample_seconds"] and 1e3 * by_cell[c]["sample_seconds"], ".1f") + " ms"
-                      if c in by_cell else "–" for c in cols]
+            values = [f"{1e3 * by_cell[c]['sample_seconds']:.1f} ms" if by_cell.get(c, {}).get("sample_seconds")
+                      else "–" for c in cols]
         else:
-            values = [fmt(by_cell[c].get("speedup"), ".2f") + "×" if c in by_cell else "–" for c in cols]
+            values = [f"{by_cell[c]['speedup']:.2f}×" if by_cell.get(c, {}).get("speedup") else "–" for c in cols]
         cells.append([setting.name, *values])
     lines = [f"Speed of {model}: warm `generate` time per sample of the whole batch ({meta['samples']} prompts, "
              f"median of {meta.get('time_repeats')} calls) for dense, and each setting's speed-up over it (same run, "
