@@ -31,19 +31,41 @@ def test_matches_jax_nn_attention(rng, hq, hkv, dtype):
 
 @pytest.mark.parametrize("n,chunk", [(37, 8), (40, 8), (9, 16)])
 @pytest.mark.parametrize("masks", ["block", "batch_block", "keys_and_fill"])
-def test_query_chunks_compute_every_row_as_one_pass(rng, n, chunk, masks):
-    # chunks of unequal division (37 rows in 5 chunks of 8 with 3 padded rows), exact division, and one chunk
+@pytest.mark.parametrize("key_buckets", [1, 3])
+def test_query_chunks_compute_every_row_as_one_pass(rng, n, chunk, masks, key_buckets):
+    # chunks of unequal division (37 rows in 5 chunks of 8 with 3 padded rows), exact division, and one chunk;
+    # with key buckets, each chunk attends to the shortest of 3 key prefixes that holds every key it may see
     b, s, hq, hkv, d = 2, n + 5, 4, 2, 8
     q, k, v = (jnp.asarray(rng.standard_normal(shape), jnp.float32) for shape in
                [(b, n, hq, d), (b, s, hkv, d), (b, s, hkv, d)])
     block = (np.arange(n)[:, None] + 5) // 4 >= np.arange(s)[None, :] // 4
+    batch_block = block[None] & (rng.random((b, n, s)) > 0.2)
+    batch_block[0, 2] = False  # a row that sees no key keeps its uniform softmax over all of them
     given = {"block": dict(mask=jnp.asarray(block)),
-             "batch_block": dict(mask=jnp.asarray(block[None] & (rng.random((b, n, s)) > 0.2))),
+             "batch_block": dict(mask=jnp.asarray(batch_block)),
              "keys_and_fill": dict(key_mask=jnp.asarray(rng.random((b, s)) > 0.3), kv_len=jnp.array([s - 3, s]))}[masks]
-    got = query_chunked_attention(q, k, v, chunk=chunk, scale=0.3, **given)
+    got = query_chunked_attention(q, k, v, chunk=chunk, scale=0.3, key_buckets=key_buckets, **given)
     want = xla_attention(q, k, v, scale=0.3, **given)
     assert got.shape == want.shape
     np.testing.assert_allclose(np.asarray(got), np.asarray(want), atol=1e-6, rtol=1e-6)
+
+
+def test_key_buckets_take_the_shortest_key_prefix_a_chunk_needs(rng):
+    """Under a causal mask the first of 4 chunks needs the first quarter of the keys: its rows equal one pass,
+    and the program holds one branch per prefix (4 key lengths), each a slice of the keys."""
+    n = s = 64
+    q, k, v = (jnp.asarray(rng.standard_normal((1, n, 2, 8)), jnp.float32) for _ in range(3))
+    causal = jnp.asarray(np.tril(np.ones((n, s), bool)))
+    run = lambda q, k, v: query_chunked_attention(q, k, v, mask=causal, chunk=16, key_buckets=4)  # noqa: E731
+    np.testing.assert_allclose(np.asarray(run(q, k, v)), np.asarray(xla_attention(q, k, v, mask=causal)),
+                               atol=1e-6, rtol=1e-6)
+    jaxpr = jax.make_jaxpr(run)(q, k, v)
+    switches = [e for e in jaxpr_equations(jaxpr.jaxpr) if e.primitive.name == "cond"]
+    assert len(switches) == 1 and len(switches[0].params["branches"]) == 4
+    key_lengths = {e.outvars[0].aval.shape[1]
+                   for branch in switches[0].params["branches"] for e in branch.jaxpr.eqns
+                   if e.primitive.name == "slice" and e.invars[0].aval.shape[1] == s}
+    assert key_lengths == {16, 32, 48}  # the fourth prefix is every key: no slice
 
 
 def test_xla_backend_on_a_cpu_runs_query_chunks_and_reference_one_pass(rng):

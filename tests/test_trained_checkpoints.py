@@ -72,8 +72,8 @@ def test_shipped_checkpoint_answers_fresh_samples(tmp_path, rng, name, task, con
 
 @pytest.mark.parametrize("name", sorted(LONG))
 def test_long_context_checkpoint_answers_fresh_samples_at_4k(tmp_path, rng, name):
-    """Variable tracking (the task the long runs found hardest) at 4k tokens, in bfloat16 (~1 min for the
-    10 samples on 2 cores; 1.5 min in float32)."""
+    """Variable tracking (the task the long runs found hardest) at 4k tokens, in bfloat16 (~50 s for the
+    10 samples on 2 cores, most of it the 4k prefill; float32 is slower there)."""
     assert_answers(tmp_path, rng, name, "variable_tracking", 4096, dtype="bfloat16")
 
 

@@ -12,7 +12,8 @@ that down: the kernel entries get "triton" or "mosaic" (never "auto") and do not
               and head_dim <= 128, XLA otherwise. CPU: XLA          otherwise. CPU: the references
   "reference" the pure-jnp attention (`dense.xla_attention`)        the pure-jnp `<name>_reference`s
   "xla"       the same jnp attention, compiled by XLA (on a CPU in   (refused: use "reference")
-              query chunks of 128 rows: `dense.CPU_QUERY_CHUNK`)
+              query chunks of 128 rows: `dense.CPU_QUERY_CHUNK`;
+              under a long mask, each on a key prefix)
   "cudnn"     cuDNN flash attention (jax.nn.dot_product_attention)  (refused: cuDNN has no sparse kernels)
   "triton"    a KV-cache block -> split-KV kernel (flash for        the Triton kernels
               blocks too long for its tile); no mask -> flash
