@@ -65,7 +65,7 @@ from benchmarks.merging import merge as merge_results, read_results, union
 from dllm_jax import generate, load_model
 from dllm_jax.analysis import analyze, analyze_blocks, calibrate_llada, save_calibration
 from dllm_jax.attention.methods import METHODS, describe, make_method
-from dllm_jax.bench import markdown_table, write_results
+from dllm_jax.bench import markdown_table, results_stem, write_results
 from dllm_jax.bench.timing import call_times
 from dllm_jax.config import LLaDAConfig, read_hf_config
 from dllm_jax.eval import TASKS, evaluate, load_tokenizer, make_samples, max_answer_length, min_context_length
@@ -567,9 +567,9 @@ def run(plan: Plan) -> Path:
 
 def save_partial(plan: Plan, meta: dict, rows: list[dict]) -> None:
     """The rows so far, under the name the finished run's JSON takes (a run cut short keeps them)."""
-    stem = f"{meta['benchmark']}_{meta['device'].replace(' ', '_')}_{meta['date']}"
     plan.out.mkdir(parents=True, exist_ok=True)
-    write_atomic(plan.out / f"{stem}.json", json.dumps(dict(meta, partial=True, rows=rows), indent=2) + "\n")
+    text = json.dumps(dict(meta, partial=True, rows=rows), indent=2) + "\n"
+    write_atomic(plan.out / f"{results_stem(meta)}.json", text)
 
 
 # --- merging the results of several runs (e.g. one per model and context, each within a time limit) ---
@@ -644,8 +644,7 @@ def plot(path: str, out: Path) -> list[Path]:
             tasks = sorted({r["task"] for r in data["rows"] if r["model"] == model and r["context"] == context
                             and r["task"] != "sanity"})
             ax.set(xlabel="speed-up over dense (warm generate, same run)",
-                   ylabel=f"accuracy % ({', '.join(tasks)}; {points[0]['samples']} samples)",
-                   )
+                   ylabel=f"accuracy % ({', '.join(tasks)}; {points[0]['samples']} samples)")
             ax.set_title(f"{model} at {context} tokens — {data['device']}, {data['date']}", fontsize=9)
             ax.grid(alpha=0.3)
             target = out / f"{data['benchmark']}_pareto_{model}_{context}.png"

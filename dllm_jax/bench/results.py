@@ -21,7 +21,7 @@ def write_results(out_dir: Path, meta: dict, rows: list[dict], lines: list[str],
 
     out_dir = Path(out_dir)
     out_dir.mkdir(parents=True, exist_ok=True)
-    stem = f"{meta['benchmark']}_{meta['device'].replace(' ', '_')}_{meta['date']}"
+    stem = results_stem(meta)
     if keep_existing:
         stem = claim_stem(out_dir, stem)
     write_atomic(out_dir / f"{stem}.json", json.dumps(dict(meta, rows=rows), indent=2) + "\n")
@@ -29,6 +29,11 @@ def write_results(out_dir: Path, meta: dict, rows: list[dict], lines: list[str],
     write_atomic(out_dir / f"{stem}.md", table)
     print(table)
     return out_dir / f"{stem}.md"
+
+
+def results_stem(meta: dict) -> str:
+    """<benchmark>_<device>_<date>: the name of a run's results files (before any _2, _3 of `claim_stem`)."""
+    return f"{meta['benchmark']}_{meta['device'].replace(' ', '_')}_{meta['date']}"
 
 
 def claim_stem(out_dir: Path, stem: str) -> str:
