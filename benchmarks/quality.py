@@ -649,7 +649,7 @@ def plot(path: str, out: Path) -> list[Path]:
             ax.grid(alpha=0.3)
             target = out / f"{data['benchmark']}_pareto_{model}_{context}.png"
             fig.tight_layout()
-            fig.savefig(target, dpi=120)
+            fig.savefig(target, dpi=120, bbox_inches="tight")
             plt.close(fig)
             written.append(target)
             print(f"wrote {target}")
