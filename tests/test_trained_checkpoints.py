@@ -66,13 +66,14 @@ def test_shipped_checkpoint_converts_to_the_same_model(trained, tmp_path, rng):
 def test_shipped_checkpoint_answers_fresh_samples(tmp_path, rng, name, task, context):
     """Through `dllm-jax eval` in a process of its own that compiles as a user's does: the 1k-token LLaDA
     passes are execution-bound, ~2.4x slower under `make test`'s LLVM -O0 (TEST_XLA_FLAGS). In bfloat16,
-    the dtype the weights are stored in (10 LLaDA passkey samples at 1k on 2 cores: 28 s, 40 s in float32)."""
+    the dtype the weights are stored in (10 LLaDA passkey samples at 1k on 2 cores: 12.7 s of generation,
+    27.5 s before the CPU attention ran head-major)."""
     assert_answers(tmp_path, rng, name, task, context, dtype="bfloat16")
 
 
 @pytest.mark.parametrize("name", sorted(LONG))
 def test_long_context_checkpoint_answers_fresh_samples_at_4k(tmp_path, rng, name):
-    """Variable tracking (the task the long runs found hardest) at 4k tokens, in bfloat16 (~50 s for the
+    """Variable tracking (the task the long runs found hardest) at 4k tokens, in bfloat16 (~30 s for the
     10 samples on 2 cores, most of it the 4k prefill; float32 is slower there)."""
     assert_answers(tmp_path, rng, name, "variable_tracking", 4096, dtype="bfloat16")
 
