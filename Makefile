@@ -15,7 +15,7 @@ demo: $(VENV)/.installed-core
 # (tests/test_notebooks.py).
 TEST_XLA_FLAGS := --xla_backend_optimization_level=0
 test: $(VENV)/.installed-test
-	XLA_FLAGS="$(XLA_FLAGS) $(TEST_XLA_FLAGS)" TEST_XLA_FLAGS="$(TEST_XLA_FLAGS)" $(PY) -m pytest -m "not gpu" -q -n 2 --dist loadfile --no-loadscope-reorder
+	XLA_FLAGS="$(XLA_FLAGS) $(TEST_XLA_FLAGS)" TEST_XLA_FLAGS="$(TEST_XLA_FLAGS)" $(PY) -m pytest -m "not gpu" -q -n 2 --dist loadfile
 
 $(PY):
 	"$$(scripts/find-python)" -m venv $(VENV)

@@ -13,21 +13,6 @@ from dllm_jax.testing import tiny_llada_config, tiny_sdar_config, write_hf_check
 sys.path.insert(0, str(Path(__file__).parent))  # torch_reference.py
 
 
-# The longest files first (summed test seconds on the 2-core CI machine, `--durations`, 2026-11-27), so that
-# `make test`'s two workers (`--dist loadfile --no-loadscope-reorder`: whole files, in this order) end
-# together: with xdist's default order (most tests first) these few-test files came last, and one worker
-# ran them alone at the end.
-LONGEST_FILES = ("test_sharding.py", "test_trained_checkpoints.py", "test_flashblock.py", "test_notebooks.py",
-                 "test_generate_sdar_batch.py", "test_train.py", "test_cli.py", "test_kernels.py",
-                 "test_fastdllm.py", "test_llada2.py", "test_mage.py", "test_families.py", "test_generate_sdar.py",
-                 "test_sdar.py", "test_sparge.py")
-
-
-def pytest_collection_modifyitems(items):
-    rank = {name: i for i, name in enumerate(LONGEST_FILES)}
-    items.sort(key=lambda item: rank.get(item.path.name, len(rank)))  # stable: the rest keep their order
-
-
 @pytest.fixture(scope="module", autouse=True)
 def release_compiled_code():
     """Drops JAX's compiled executables after each test file. Each XLA:CPU executable keeps memory
