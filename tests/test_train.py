@@ -22,7 +22,7 @@ from dllm_jax.train.__main__ import build_parser, model_config
 from dllm_jax.train.task_batches import TaskSampler, batch_source, room_for
 from dllm_jax.train.__main__ import main as train_main
 from dllm_jax.train.data import BucketedSource, Prefetcher
-from dllm_jax.train.loop import check_same_run, grow_layers, loss_fn, widen_heads
+from dllm_jax.train.loop import check_same_run, grow_layers, loss_fn, regroup_heads, widen_heads
 from dllm_jax.train.losses import block_ratios, mask_tokens, row_ratios, two_copy_logits
 
 LLADA = tiny_llada_config(vocab_size=64, tokenizer_vocab_size=64, mask_token_id=60, eos_token_id=61, pad_token_id=61,
@@ -500,6 +500,37 @@ def test_widened_heads_compute_what_the_trained_ones_did(rng):
         widen_heads(params, model, model.head_dim + 8)
     with pytest.raises(ValueError, match="LLaDA's is hidden_size / num_heads"):
         widen_heads(init_params(tiny_llada_config(), jax.random.PRNGKey(0)), tiny_llada_config(), 64)
+
+
+def test_regrouped_heads_keep_each_groups_first_member_exactly(rng):
+    """regroup_heads: LLaDA's 8 query / 4 KV heads merged into 4 / 2 twice as wide. A merged head's logits are
+    the sum of its members', so with every second member silenced (zero query, key, value and output weights:
+    the heads that use an odd KV head) the 4-head model computes exactly what the 8-head one did: the first
+    members keep their RoPE frequencies, their logit scale and their own keys. A head count that does not
+    divide both head counts, and a model with q/k norms, are refused."""
+    model = tiny_llada_config(num_heads=8, num_kv_heads=4)
+    params = jax.tree.map(lambda p: p * 10 if p.ndim > 2 else p, init_params(model, jax.random.PRNGKey(5)))
+    odd_kv = np.arange(model.num_kv_heads) % 2 == 1
+    odd_q = np.repeat(odd_kv, model.num_heads // model.num_kv_heads)
+    layers = dict(params["layers"])
+    for name, silenced, axis in (("q_proj", odd_q, 2), ("o_proj", odd_q, 1), ("k_proj", odd_kv, 2),
+                                 ("v_proj", odd_kv, 2)):
+        keep = jnp.asarray(~silenced, jnp.float32).reshape((-1,) + (1,) * (layers[name].ndim - axis - 1))
+        layers[name] = layers[name] * keep
+    params = {**params, "layers": layers}
+    ids = jnp.asarray(rng.integers(3, model.vocab_size, (2, 12)))
+
+    def logits(params, config):
+        return np.asarray(jax.jit(lambda p: llada.forward(p, ids, config=config)[0])(params))
+
+    merged = dataclasses.replace(model, num_heads=4, num_kv_heads=2)
+    regrouped = regroup_heads(params, model, 4)
+    assert regrouped["layers"]["q_proj"].shape[-2:] == (4, 2 * model.head_dim)
+    np.testing.assert_allclose(logits(regrouped, merged), logits(params, model), rtol=1e-5, atol=1e-5)
+    with pytest.raises(ValueError, match="do not divide"):
+        regroup_heads(params, model, 3)
+    with pytest.raises(ValueError, match="without q/k norms"):
+        regroup_heads(init_params(tiny_sdar_config(), jax.random.PRNGKey(0)), tiny_sdar_config(), 2)
 
 
 def test_command_line_task_options_reach_the_batches(tmp_path, capsys):

@@ -73,7 +73,7 @@ FLAG_OF = {"learning_rate": "--lr", "batch_size": "--batch", "warmup_steps": "--
            "stratified_t": "--stratified-t", "seed": "--seed", "seq_length": "--context (its longest batch)",
            "family": "--family",
            "model": "the model (--family, --config, --rope-theta, --init, --grow-layers, --widen-heads, "
-                    "--max-positions)",
+                    "--regroup-heads, --max-positions)",
            "batches.task": "--task", "batches.context": "--context", "batches.niah_needles": "--niah-needles",
            "batches.vt_hops": "--vt-hops", "batches.vt_ask_back": "--vt-ask-back",
            "batches.pad_in_loss": "--no-pad-loss"}
@@ -171,6 +171,10 @@ def arguments() -> argparse.ArgumentParser:
                    help="with --init (SDAR): widen the checkpoint's heads to this head_dim (a multiple of its own, e.g. "
                         "32 -> 64 for the Hopper kernels), computing exactly the checkpoint's function "
                         "(dllm_jax.train.loop.widen_heads)")
+    p.add_argument("--regroup-heads", type=positive_int, default=None, metavar="NUM_HEADS",
+                   help="with --init (LLaDA, whose head_dim is hidden_size / num_heads): merge the checkpoint's query "
+                        "and KV heads into this many query heads, as many times wider (e.g. 8 x 32 -> 4 x 64); lossy, "
+                        "a warm start to train on (dllm_jax.train.loop.regroup_heads)")
     p.add_argument("--max-positions", type=positive_int, default=None, metavar="N",
                    help="max_position_embeddings of the trained model (default: an --init checkpoint's own, else "
                         "max(longest --context, 4096)); raising an --init checkpoint's extends its context (RoPE has "
@@ -195,7 +199,8 @@ def run(args) -> Path:
     short = [f"{t} needs >= {least[t]}" for t in args.task for c in args.context if c < least[t]]
     if short:
         raise ValueError(f"--context {args.context} too short: {sorted(set(short))}")
-    for flag, value in (("--grow-layers", args.grow_layers), ("--widen-heads", args.widen_heads)):
+    for flag, value in (("--grow-layers", args.grow_layers), ("--widen-heads", args.widen_heads),
+                        ("--regroup-heads", args.regroup_heads)):
         if value is not None and args.init is None:
             raise ValueError(f"{flag} changes the model of an --init checkpoint: give --init")
     if args.rope_theta is not None and args.init is not None:
@@ -304,7 +309,7 @@ def initial_weights(args, special, *, vocab_size: int, length: int):
     checked against the run: its family, the task tokenizer's ids and the sequence length."""
     from dllm_jax.checkpoint.hf import read_hf_params
     from dllm_jax.config import read_hf_config
-    from dllm_jax.train.loop import grow_layers, widen_heads
+    from dllm_jax.train.loop import grow_layers, regroup_heads, widen_heads
 
     if args.resume:
         raise ValueError("--init starts a new run from a checkpoint's weights; --resume continues a run: give one")
@@ -330,6 +335,10 @@ def initial_weights(args, special, *, vocab_size: int, length: int):
     if args.widen_heads is not None:
         params = widen_heads(params, model, args.widen_heads)
         model = dataclasses.replace(model, head_dim=args.widen_heads)
+    if args.regroup_heads is not None:
+        params = regroup_heads(params, model, args.regroup_heads)
+        model = dataclasses.replace(model, num_heads=args.regroup_heads,
+                                    num_kv_heads=model.num_kv_heads * args.regroup_heads // model.num_heads)
     return model, params
 
 

@@ -232,6 +232,51 @@ def widen_heads(params: dict, config, head_dim: int) -> dict:
     return {**params, "layers": layers}
 
 
+def regroup_heads(params: dict, config, num_heads: int) -> dict:
+    """Checkpoint-layout `params` with each group of f = config.num_heads / `num_heads` query heads (and f
+    KV heads) merged into one f times wider head, the hidden size unchanged: the only way to widen the heads
+    of a model whose head_dim is hidden_size / num_heads (LLaDA). Lossy by construction, a warm start to
+    train on: a merged head takes one softmax over the sum of its members' logits, and its members' values
+    share that softmax. Member r of a group takes dimensions f·j + r of each RoPE half, so member 0 keeps
+    its frequencies exactly (theta^(-2j/D) = theta^(-2fj/fD)) and the others' shift by under one old step.
+    The query weights gain sqrt(f) for the 1/sqrt(head_dim) scale. Member r of query head h (KV group
+    c = h // G, G query heads per KV head) is the old query head (f·c + r)·G + h % G, whose KV head is the
+    old f·c + r: member r of the new KV head c, so each old query still meets its own keys. Returns new
+    float32 arrays; ValueError for a head count that does not divide both head counts."""
+    old_heads, old_kv = config.num_heads, config.num_kv_heads
+    num_heads = integer("num_heads", num_heads)
+    if old_heads % num_heads or old_kv % (old_heads // num_heads):
+        raise ValueError(f"regroup_heads: {num_heads} heads do not divide the model's {old_heads} query and "
+                         f"{old_kv} KV heads by one factor")
+    f, group, dim = old_heads // num_heads, old_heads // old_kv, config.head_dim
+    half = dim // 2
+    index = np.concatenate([f * np.arange(half), f * np.arange(half) + f * half])  # member 0's new dimensions
+    new_kv = old_kv // f
+    q_members = [[(f * (h // group) + r) * group + h % group for r in range(f)] for h in range(num_heads)]
+    kv_members = [[f * c + r for r in range(f)] for c in range(new_kv)]
+
+    def merge(value, head_axis, members, gain=1.0):
+        value = jnp.asarray(value, jnp.float32) * gain
+        shape = list(value.shape)
+        shape[head_axis], shape[head_axis + 1] = len(members), f * dim
+        out = jnp.zeros(shape, jnp.float32)
+        lead = (slice(None),) * head_axis
+        for new, olds in enumerate(members):
+            for r, old in enumerate(olds):
+                out = out.at[lead + (new, index + r)].set(value[lead + (old,)])
+        return out
+
+    heads = {"q_proj": (2, q_members, f ** 0.5), "q_bias": (1, q_members, f ** 0.5), "o_proj": (1, q_members, 1.0),
+             "k_proj": (2, kv_members, 1.0), "v_proj": (2, kv_members, 1.0), "k_bias": (1, kv_members, 1.0),
+             "v_bias": (1, kv_members, 1.0)}
+    if config.qk_norm:
+        raise ValueError(f"{type(config).__name__}: regroup_heads takes models without q/k norms (LLaDA); widen "
+                         "an SDAR's heads with widen_heads")
+    layers = {name: merge(value, *heads[name]) if name in heads else jnp.asarray(value, jnp.float32)
+              for name, value in params["layers"].items()}
+    return {**params, "layers": layers}
+
+
 def schedule(config: TrainConfig) -> optax.Schedule:
     return optax.warmup_cosine_decay_schedule(0.0, config.learning_rate, config.warmup_steps, config.steps,
                                               end_value=config.final_lr_fraction * config.learning_rate)
