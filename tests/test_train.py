@@ -350,9 +350,13 @@ def test_command_line_starts_from_a_checkpoints_weights(tmp_path, capsys):
     assert train_main(["--family", "sdar", *common, "--steps", "3", "--init", str(first), "--seed", "1",
                        "--max-positions", "32", "--out", str(tmp_path / "e")]) == 2
     assert re.search(r"allows 32 positions; the run needs \d+", capsys.readouterr().err)
+    # --rope-theta with --init: the checkpoint's base replaced (a warm start for longer contexts)
+    assert train_main(["--family", "sdar", *common, "--steps", "3", "--stop-at", "1", "--init", str(first),
+                       "--seed", "1", "--rope-theta", "1e5", "--out", str(tmp_path / "f")]) == 0
+    assert json.loads((tmp_path / "f" / "hf" / "config.json").read_text())["rope_theta"] == 1e5
     assert train_main(["--family", "sdar", *common, "--steps", "3", "--init", str(first), "--seed", "1",
-                       "--rope-theta", "1e5", "--out", str(tmp_path / "f")]) == 2
-    assert "an --init checkpoint keeps its own" in capsys.readouterr().err
+                       "--rope-theta", "0.5", "--out", str(tmp_path / "f2")]) == 2
+    assert "rope_theta must be > 1" in capsys.readouterr().err
     assert train_main(["--family", "sdar", *common, "--steps", "3", "--rope-theta", "1",
                        "--out", str(tmp_path / "g")]) == 2
     assert "rope_theta must be > 1" in capsys.readouterr().err

@@ -46,15 +46,19 @@ SDAR_HEAD_DIM = 32  # SDAR's head width where a size names none (LLaDA's is alwa
 ROPE_THETA = {"llada": 10000.0, "sdar": 1000000.0}
 
 
+def checked_rope_theta(theta: float) -> float:
+    if not theta > 1:
+        raise ValueError(f"rope_theta must be > 1, got {theta}")
+    return theta
+
+
 def model_config(family: str, size: str, *, vocab_size: int, special, max_positions: int,
                  rope_theta: float | None = None):
     """The architecture `size` (a key of SIZES) of `family` over the task vocabulary; `rope_theta`
     (default ROPE_THETA[family]) is its RoPE base."""
     shapes = dict(SIZES[size])
     head_dim = shapes.pop("head_dim", SDAR_HEAD_DIM)
-    theta = ROPE_THETA[family] if rope_theta is None else rope_theta
-    if not theta > 1:
-        raise ValueError(f"rope_theta must be > 1, got {theta}")
+    theta = checked_rope_theta(ROPE_THETA[family] if rope_theta is None else rope_theta)
     if family == "llada":
         return LLaDAConfig(**shapes, rope_theta=theta, vocab_size=vocab_size, tokenizer_vocab_size=vocab_size,
                            max_position_embeddings=max_positions, mask_token_id=special.mask,
@@ -104,7 +108,9 @@ def arguments() -> argparse.ArgumentParser:
     p.add_argument("--family", choices=("llada", "sdar"), required=True)
     p.add_argument("--config", choices=tuple(SIZES), default="tiny", help="model size")
     p.add_argument("--rope-theta", type=finite_float, default=None,
-                   help="RoPE base of a new model (default: LLaDA 1e4, SDAR 1e6); an --init checkpoint keeps its own")
+                   help="RoPE base of a new model (default: LLaDA 1e4, SDAR 1e6); with --init, the checkpoint's base "
+                        "replaced (a larger base for longer contexts: the trained attention then sees other angles, "
+                        "a warm start; default: the checkpoint's own)")
     p.add_argument("--task", type=comma_list(str), default=["passkey"],
                    help="task(s), comma-separated (dllm_jax.eval.TASKS); each sample draws one")
     p.add_argument("--context", type=comma_list(positive_int), default=[1024],
@@ -203,8 +209,6 @@ def run(args) -> Path:
                         ("--regroup-heads", args.regroup_heads)):
         if value is not None and args.init is None:
             raise ValueError(f"{flag} changes the model of an --init checkpoint: give --init")
-    if args.rope_theta is not None and args.init is not None:
-        raise ValueError("--rope-theta sets a new model's RoPE base; an --init checkpoint keeps its own: give one")
     if args.stop_at is not None and args.stop_at > args.steps:
         raise ValueError(f"--stop-at {args.stop_at} is past --steps {args.steps} (the run's last step)")
     if args.warmup >= args.steps:
@@ -329,6 +333,8 @@ def initial_weights(args, special, *, vocab_size: int, length: int):
                          + ("" if args.max_positions else " (raise them with --max-positions)"))
     params = read_hf_params(args.init, model, dtype="float32", progress=False)
     model = dataclasses.replace(model, max_position_embeddings=positions)
+    if args.rope_theta is not None:
+        model = dataclasses.replace(model, rope_theta=checked_rope_theta(args.rope_theta))
     if args.grow_layers is not None:
         params = grow_layers(params, args.grow_layers)
         model = dataclasses.replace(model, num_layers=args.grow_layers)
