@@ -1,0 +1,31 @@
+"""Evaluates a checkpoint on several (task, context, seed) cells in one process, as a user's process
+compiles (tests/test_trained_checkpoints.py runs it without `make test`'s -O0 flags: the 1k-token
+passes are execution-bound), and writes one record per cell:
+python tests/evaluate_cells.py CHECKPOINT DTYPE OUT.json TASK:CONTEXT:SEED [...]"""
+
+import json
+import sys
+from pathlib import Path
+
+import dllm_jax
+from dllm_jax import eval as dev
+
+SAMPLES = 10
+
+
+def main(checkpoint: Path, dtype: str, out: Path, cells: list[str]) -> None:
+    tokenizer = dev.load_tokenizer(checkpoint)
+    model = dllm_jax.load_model(checkpoint, dtype=dtype, progress=False)
+    rows = []
+    for cell in cells:
+        task, context, seed = cell.split(":")
+        samples = dev.make_samples(task, int(context), SAMPLES, int(seed), tokenizer)
+        result = dev.evaluate(model, samples, tokenizer=tokenizer, batch_size=SAMPLES, progress=False)
+        rows.append(dict(task=task, context=int(context), seed=int(seed), num_samples=result.num_samples,
+                         cells=sorted({(r.task, r.context_length) for r in result.records}),
+                         accuracy=result.accuracy, answers=[(r.answer, r.predicted) for r in result.records]))
+    out.write_text(json.dumps(rows))
+
+
+if __name__ == "__main__":
+    main(Path(sys.argv[1]), sys.argv[2], Path(sys.argv[3]), sys.argv[4:])
