@@ -20,6 +20,10 @@ LLaDA runs one block of the answer window with one token per step; SDAR runs 4 d
 block of 4 with `low_confidence_static` remasking. (Under SDAR's default confidence threshold the
 trained model fills each passkey answer block at its first step, so MAGE and FlashBlock, which act from
 a block's second step on, would never run.)
+The two Fast-dLLM rows of LLaDA (`dense:dual`, `sparsed:defaults+dual`) decode instead through the dual
+cache with confidence threshold 0.9 (several tokens per step where the model is sure), as issue 39 asks;
+their speed-ups are over the same dense baseline, and their diagnostics (SparseD's) follow the uncached
+dense trajectory, as every LLaDA row's.
 
 Diagnostics: on the first `--diagnostics` samples of each (task, context), `dllm_jax.analysis.analyze`
 (LLaDA: the sparse steps) or `analyze_blocks` (SDAR: a block's steps after its first, along the dense
@@ -89,6 +93,9 @@ def sparsed_block(context: int) -> int:
     return 32 if context < 4096 else 128
 
 
+FAST_DUAL = (("cache", "dual"), ("threshold", 0.9))  # Fast-dLLM's decoding (LLaDA): issue 39's rows
+
+
 @dataclasses.dataclass(frozen=True)
 class Setting:
     """One method configuration: a row of the table."""
@@ -98,14 +105,24 @@ class Setting:
     meaning: str  # what the level means, for the Markdown
     params: Callable[[int], dict]  # context length -> make_method parameters
     calibration: tuple[float, float] | None = None  # SpargeAttn: calibrate_llada's (l1, pv_l1) targets
+    decoding: tuple[tuple[str, object], ...] = ()  # generate options beyond evaluate's (Fast-dLLM's cache)
 
     @property
     def name(self) -> str:
-        return TITLES[self.method] if self.method == "dense" else f"{TITLES[self.method]} {self.level}"
+        return f"{TITLES[self.method]} {self.level}" if self.level else TITLES[self.method]
 
     @property
     def key(self) -> str:
-        return self.method if self.method == "dense" else f"{self.method}:{self.level}"
+        return f"{self.method}:{self.level}" if self.level else self.method
+
+    @property
+    def baseline(self) -> bool:
+        """Exact attention decoded as `evaluate` decodes: the row every speed-up is measured against."""
+        return self.method == "dense" and not self.decoding
+
+    @property
+    def families(self) -> tuple[str, ...]:
+        return ("LLaDA",) if self.decoding else family_of(self.method)  # Fast-dLLM's caches are LLaDA's
 
 
 # The paper's defaults do not all fit 1k-2k contexts, so some are set per context (the Markdown says what
@@ -138,6 +155,9 @@ SETTINGS = (
             "(the paper's ablation: tau 2, 3, 4)", lambda c: dict(tau=4)),
     Setting("flashblock+mage", "k=ctx/16", "FlashBlock tau 2 (residual reuse) around MAGE k = context/16",
             lambda c: dict(tau=2, k=c // 16)),
+    Setting("dense", "dual", "Fast-dLLM's dual cache, confidence threshold 0.9", lambda c: {}, decoding=FAST_DUAL),
+    Setting("sparsed", "defaults+dual", "SparseD at its defaults over Fast-dLLM's dual cache, threshold 0.9",
+            lambda c: dict(block_size=sparsed_block(c)), decoding=FAST_DUAL),
 )
 
 
@@ -169,7 +189,7 @@ class Plan:
     time_repeats: int = 0  # timed generate calls per row after its evaluation (0: no speed measured)
 
     def settings(self, family: str) -> tuple[Setting, ...]:
-        return tuple(s for s in SETTINGS if s.key in self.chosen and family in family_of(s.method))
+        return tuple(s for s in SETTINGS if s.key in self.chosen and family in s.families)
 
     @property
     def benchmark(self) -> str:
@@ -282,9 +302,9 @@ def checked_plan(args: argparse.Namespace) -> Plan:
         raise ValueError(f"--models {args.models}: two directories share a name ({names}); the table names models "
                          "by it")
     for key in chosen if args.methods is not None else ():
-        method = key.split(":")[0]
-        if not any(m.family in family_of(method) for m in models):
-            raise ValueError(f"--methods {key} serves {family_of(method)[0]} models, and no --models is one")
+        families = next(s.families for s in SETTINGS if s.key == key)
+        if not any(m.family in families for m in models):
+            raise ValueError(f"--methods {key} serves {' and '.join(families)} models, and no --models is one")
     plan = Plan(models=models, contexts=contexts, tasks=tasks, chosen=chosen, samples=args.samples, seed=args.seed,
                 diagnostics=diagnostics, out=Path(args.out), tag=checked_tag(args.tag), time_repeats=args.time_repeats)
     for spec in models:
@@ -363,13 +383,15 @@ def run_row(spec: ModelSpec, plan: Plan, model, tokenizer, samples, setting: Set
     row = dict(model=spec.name, family=spec.family, task=samples[0].task, context=context, method=setting.method,
                level=setting.level, name=setting.name, label=None, accuracy=None, correct=None, n=len(samples),
                distractor_answers=None, recall=None, l1=None, seconds=None, sample_seconds=None, speedup=None,
-               diagnostics_seconds=None, error=None, diagnostics_error=None)
+               diagnostics_seconds=None, error=None, diagnostics_error=None, decoding=None)
     try:
         method, row["label"] = build(setting, context, calibration, plan.out)
-        result = evaluate(model, samples, tokenizer=tokenizer, method=method, batch_size=len(samples), progress=False)
+        result = evaluate(model, samples, tokenizer=tokenizer, method=method, batch_size=len(samples), progress=False,
+                          **dict(setting.decoding))
         # wrong answers that were a distractor's whole value: the wrong needle taken, not a garbled copy
         row.update(accuracy=result.accuracy, correct=result.num_correct, seconds=result.seconds,
-                   distractor_answers=sum(result.distractors().values()))
+                   distractor_answers=sum(result.distractors().values()),
+                   decoding={k: result.options[k] for k, _ in setting.decoding} or None)
         if plan.time_repeats:
             row["sample_seconds"] = time_per_sample(model, samples, method, result.options, plan.time_repeats)
     except Exception as e:  # one failing row must not lose the others' results
@@ -379,7 +401,9 @@ def run_row(spec: ModelSpec, plan: Plan, model, tokenizer, samples, setting: Set
     if method is not None and plan.diagnostics:
         start = time.perf_counter()
         try:
-            row["recall"], row["l1"] = diagnose(spec, model, samples[:plan.diagnostics], method, result.options)
+            # the method against exact attention on the dense trajectory: the probes decode without a cache
+            options = {k: v for k, v in result.options.items() if k not in dict(setting.decoding)}
+            row["recall"], row["l1"] = diagnose(spec, model, samples[:plan.diagnostics], method, options)
         except Exception as e:  # the accuracy stands; the table says n/a
             row["diagnostics_error"] = f"{type(e).__name__}: {e}"
             traceback.print_exc()
@@ -397,7 +421,8 @@ def time_per_sample(model, samples, method, options: dict, repeats: int) -> floa
 
 def add_speedups(rows: list[dict]) -> None:
     """Each timed row's speed-up: the same (model, task, context)'s dense time per sample over its own."""
-    dense = {(r["model"], r["task"], r["context"]): r["sample_seconds"] for r in rows if r["method"] == "dense"}
+    dense = {(r["model"], r["task"], r["context"]): r["sample_seconds"] for r in rows
+             if r["method"] == "dense" and not r["level"]}
     for r in rows:
         base = dense.get((r["model"], r["task"], r["context"]))
         if base and r["sample_seconds"]:
@@ -421,7 +446,7 @@ def run_model(spec: ModelSpec, plan: Plan, calibrations: list[dict], on_row=lamb
     tokenizer = load_tokenizer(spec.path)
     rows = []
     settings = plan.settings(spec.family)
-    jobs = [("sanity", SANITY_CONTEXT, [s for s in settings if s.method == "dense"])] if "sanity" in plan.tasks else []
+    jobs = [("sanity", SANITY_CONTEXT, [s for s in settings if s.baseline])] if "sanity" in plan.tasks else []
     jobs += [(task, c, settings) for c in plan.contexts for task in plan.tasks if task != "sanity"]
     calibrated: dict[tuple[int, tuple], dict] = {}
     for task, context, chosen in jobs:
@@ -455,7 +480,7 @@ def columns(meta: dict) -> list[tuple[str, int]]:
 
 
 def family_settings(meta: dict, family: str) -> list[Setting]:
-    return [s for s in SETTINGS if s.key in meta["methods"] and family in family_of(s.method)]
+    return [s for s in SETTINGS if s.key in meta["methods"] and family in s.families]
 
 
 def accuracy_cell(row: dict | None) -> str:
@@ -491,7 +516,7 @@ def speed_table(meta: dict, model: str, rows: list[dict]) -> list[str]:
     for setting in family_settings(meta, meta["families"][model]):
         by_cell = {(r["task"], r["context"]): r for r in mine if (r["method"], r["level"]) == (setting.method,
                                                                                                 setting.level)}
-        if setting.method == "dense":
+        if setting.baseline:
             values = [f"{1e3 * by_cell[c]['sample_seconds']:.1f} ms" if by_cell.get(c, {}).get("sample_seconds")
                       else "–" for c in cols]
         else:
@@ -602,7 +627,7 @@ def pareto_points(data: dict, model: str, context: int) -> list[dict]:
     for setting in family_settings(data, data["families"][model]):
         mine = [r for r in data["rows"] if (r["model"], r["context"], r["method"], r["level"]) ==
                 (model, context, setting.method, setting.level) and not r["error"] and r["task"] != "sanity"]
-        speedups = [1.0 if setting.method == "dense" else r.get("speedup") for r in mine]
+        speedups = [1.0 if setting.baseline else r.get("speedup") for r in mine]
         if mine and all(v is not None for v in speedups):
             points.append(dict(name=setting.name, speedup=float(np.mean(speedups)),
                                accuracy=100 * sum(r["correct"] for r in mine) / sum(r["n"] for r in mine),

@@ -42,16 +42,17 @@ def test_quality_smoke_run_covers_every_task_and_method_asked(tmp_path):
     llada = write_task_llada(tmp_path / "tiny-llada")
     out = tmp_path / "results"
     md = quality.main(["--models", f"{SDAR_TASKS},{llada}", "--contexts", "128", "--samples", "2", "--seed", "1",
-                       "--tasks", "passkey,sanity", "--methods", "dense,sparsed:defaults", "--diagnostics", "1",
+                       "--tasks", "passkey,sanity", "--methods", "dense,sparsed:defaults,dense:dual", "--diagnostics", "1",
                        "--time-repeats", "1", "--out", str(out), "--tag", "smoke"])
     data = json.loads(md.with_suffix(".json").read_text())
     assert data["benchmark"] == "quality_smoke" and (data["samples"], data["seed"]) == (2, 1)
     rows = data["rows"]
-    cells = {(r["model"], r["task"], r["context"], r["method"]) for r in rows}
-    # every (task, method) asked, for each model's family; sanity (64-token prompts) dense only
-    assert cells == {("tiny-sdar-tasks", "passkey", 128, "dense"), ("tiny-sdar-tasks", "sanity", 64, "dense"),
-                     ("tiny-llada", "passkey", 128, "dense"), ("tiny-llada", "passkey", 128, "sparsed"),
-                     ("tiny-llada", "sanity", 64, "dense")}
+    cells = {(r["model"], r["task"], r["context"], r["method"], r["level"]) for r in rows}
+    # every (task, setting) asked, for each model's family (Fast-dLLM's dual cache: LLaDA's); sanity (64-token
+    # prompts) dense only
+    assert cells == {("tiny-sdar-tasks", "passkey", 128, "dense", ""), ("tiny-sdar-tasks", "sanity", 64, "dense", ""),
+                     ("tiny-llada", "passkey", 128, "dense", ""), ("tiny-llada", "passkey", 128, "sparsed", "defaults"),
+                     ("tiny-llada", "passkey", 128, "dense", "dual"), ("tiny-llada", "sanity", 64, "dense", "")}
     assert len(rows) == len(cells)
     assert next(r for r in rows if r["method"] == "sparsed")["level"] == "defaults"  # one row of SparseD asked
     for r in rows:
@@ -65,9 +66,15 @@ def test_quality_smoke_run_covers_every_task_and_method_asked(tmp_path):
     sparse = next(r for r in rows if r["method"] == "sparsed")
     assert sparse["diagnostics_error"] is None and 0 <= sparse["recall"] <= 1 and sparse["l1"] >= 0
     # timed warm: the speed-up is dense's time per sample over the method's, on the same model and cell
-    llada_dense = next(r for r in rows if (r["model"], r["task"], r["method"]) == ("tiny-llada", "passkey", "dense"))
+    llada_dense = next(r for r in rows if (r["model"], r["task"], r["method"], r["level"]) ==
+                       ("tiny-llada", "passkey", "dense", ""))
     assert sparse["sample_seconds"] > 0 and llada_dense["sample_seconds"] > 0
     assert sparse["speedup"] == pytest.approx(llada_dense["sample_seconds"] / sparse["sample_seconds"])
+    # the dual-cache row decoded through Fast-dLLM's cache (evaluate's options say so), timed against the same
+    # uncached dense row
+    dual = next(r for r in rows if r["level"] == "dual")
+    assert dual["decoding"] == {"cache": "dual", "threshold": 0.9} and llada_dense["decoding"] is None
+    assert dual["speedup"] == pytest.approx(llada_dense["sample_seconds"] / dual["sample_seconds"])
     table = md.read_text()
     assert "Speed of tiny-llada" in table and f"{sparse['speedup']:.2f}×" in table
     # the Pareto picture: one per model and context with two or more settings (the SDAR ran dense only)
@@ -94,6 +101,7 @@ def test_quality_smoke_run_covers_every_task_and_method_asked(tmp_path):
     (["--seed", str(2**31)], "training seeds"),
     (["--samples", "2", "--diagnostics", "3"], "--diagnostics 3"),
     (["--methods", "sparsed"], "no --models is one"),
+    (["--methods", "dense:dual"], "dense:dual serves LLaDA models"),
     (["--methods", "mage:k=ctx/1000"], "mage:k=ctx/1000"),
     (["--tasks", "passkey", "--contexts", "32"], "row mage:k=ctx/64 is invalid"),  # k = 32 // 64 = 0
     (["--contexts", "8192"], "max_position_embeddings"),
