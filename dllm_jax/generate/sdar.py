@@ -161,12 +161,14 @@ def denoise_block(params, cur, cache, policy_state, key, draws, active, finished
     `sampler.commit_and_step`). Each forward's policy mode comes from
     `policy.block_mode(row_step, unmasked=..., commit=False)`, with `unmasked` the block tokens
     unmasked since the row's last forward whose mode was not SPARSE; rows that wait (finished or
-    inactive) run SPARSE. `draws` int32 [B] counts each row's random draws so far. Returns
+    inactive) run SPARSE. `key` is one PRNG key for every row or a key per row ([B]: a serving slot's
+    own seed); `draws` int32 [B] counts each row's random draws so far. Returns
     (cur, cache, policy_state, draws, Finished of this block: pending where active, with the
     commit mode each row's own progress gives).
     """
     mask_id = config.mask_token_id
     b, n = cur.shape
+    keys = jnp.broadcast_to(key, (b,))
     schedule = sampler.schedule(options, config, n)
     steps = schedule.shape[0]
 
@@ -175,7 +177,7 @@ def denoise_block(params, cur, cache, policy_state, key, draws, active, finished
 
     def sample(s: BlockCarry, logits, mode, denoising) -> BlockCarry:
         mask_index = s.cur == mask_id
-        u = jax.vmap(lambda t: jax.random.uniform(jax.random.fold_in(key, t), (1, n), jnp.float32)[0])(s.draws)
+        u = jax.vmap(lambda k, t: jax.random.uniform(jax.random.fold_in(k, t), (1, n), jnp.float32)[0])(keys, s.draws)
         count = schedule[jnp.minimum(s.row_step, steps - 1)]
         x0, transfer = sampler.commit(logits, u, mask_index, count, options)
         transfer = transfer & denoising[:, None]
@@ -217,43 +219,60 @@ def row_slices(x, starts, width: int):
     return jax.vmap(lambda row, s: jax.lax.dynamic_slice_in_dim(row, s, width))(x, starts)
 
 
+def decode_block(params, carry: DecodeCarry, key, block, active, *, lengths, block_length: int, stop_ids, config,
+                 options, policy: AttentionPolicy, sampler: BlockSampler) -> DecodeCarry:
+    """Decodes block `block[b]` (int32 [B], row-local) of every row where `active` (bool [B]) by
+    `denoise_block` and writes it into carry.x: one iteration of `decode_blocks`, and a serving engine's
+    step over its slots (each slot at its own block). A row stops once a stop token (int32 `stop_ids`)
+    appears at or past lengths[b]; inactive rows keep their tokens, decoded length and pending commit
+    state as `denoise_block` leaves them."""
+    bl = block_length
+    width = carry.x.shape[1]
+    starts = jnp.minimum(block * bl, width - bl)
+    cur = row_slices(carry.x, starts, bl)
+    cur, cache, policy_state, draws, finished = denoise_block(
+        params, cur, carry.cache, carry.policy_state, key, carry.draws, active, carry.finished, config=config,
+        options=options, policy=policy, sampler=sampler)
+    generated = starts[:, None] + jnp.arange(bl) >= lengths[:, None]
+    stopped = carry.stopped | (active & jnp.any(jnp.isin(cur, stop_ids) & generated, axis=1))
+    x = jax.vmap(lambda row, new, s, a: jnp.where(a, jax.lax.dynamic_update_slice_in_dim(row, new, s, 0), row))(
+        carry.x, cur, starts, active)
+    return carry.replace(x=x, cache=cache, policy_state=policy_state, finished=finished, draws=draws,
+                         decoded=jnp.where(active, (block + 1) * bl, carry.decoded), stopped=stopped)
+
+
+def no_pending_block(batch: int, block_length: int) -> Finished:
+    """No row has a finished block waiting for its commit."""
+    return Finished(ids=jnp.zeros((batch, block_length), jnp.int32), pending=jnp.zeros((batch,), bool),
+                    mode=jnp.full((batch,), int(Mode.SPARSE), jnp.int32))
+
+
 def decode_blocks(params, x, cache, policy_state, key, *, lengths, first, last, iterations: int, block_length: int,
                   stop_ids, config, options, policy: AttentionPolicy, sampler: BlockSampler, on_step=None,
                   run_id=0) -> DecodeCarry:
     """The scan over blocks shared by the block-diffusion samplers, in row-local coordinates (module
     docstring): iteration i decodes row b's block first[b] + i of x int32 [B, width] (prompt, then masks)
-    by `denoise_block` (with `sampler`) while it is below last[b] and no stop token (int32 `stop_ids`)
+    by `decode_block` (with `sampler`) while it is below last[b] and no stop token (int32 `stop_ids`)
     appeared at or past lengths[b]. `on_step(run_id, i)` (static), if given, is called on the host after
     every iteration. Returns the final DecodeCarry."""
-    bl = block_length
-    b, width = x.shape
+    b = x.shape[0]
 
     def decode(carry: DecodeCarry, i) -> DecodeCarry:
         block = first + i
-        active = (block < last) & ~carry.stopped
-        starts = jnp.minimum(block * bl, width - bl)
-        cur = row_slices(carry.x, starts, bl)
-        cur, cache, policy_state, draws, finished = denoise_block(
-            params, cur, carry.cache, carry.policy_state, key, carry.draws, active, carry.finished, config=config,
-            options=options, policy=policy, sampler=sampler)
+        carry = decode_block(params, carry, key, block, (block < last) & ~carry.stopped, lengths=lengths,
+                             block_length=block_length, stop_ids=stop_ids, config=config, options=options,
+                             policy=policy, sampler=sampler)
         if on_step is not None:
             # a count needs no ordering, and an unordered callback adds no sync point per step
             jax.debug.callback(on_step, run_id, i, ordered=False)
-        generated = starts[:, None] + jnp.arange(bl) >= lengths[:, None]
-        stopped = carry.stopped | (active & jnp.any(jnp.isin(cur, stop_ids) & generated, axis=1))
-        x = jax.vmap(lambda row, new, s, a: jnp.where(a, jax.lax.dynamic_update_slice_in_dim(row, new, s, 0), row))(
-            carry.x, cur, starts, active)
-        return carry.replace(x=x, cache=cache, policy_state=policy_state, finished=finished, draws=draws,
-                             decoded=jnp.where(active, (block + 1) * bl, carry.decoded), stopped=stopped)
+        return carry
 
     def per_block(carry: DecodeCarry, i):
         idle = jnp.all(carry.stopped | (first + i >= last))
         return jax.lax.cond(idle, lambda carry, i: carry, decode, carry, i), None
 
-    nothing = Finished(ids=jnp.zeros((b, bl), jnp.int32), pending=jnp.zeros((b,), bool),
-                       mode=jnp.full((b,), int(Mode.SPARSE), jnp.int32))
-    carry = DecodeCarry(x=x, cache=cache, policy_state=policy_state, finished=nothing,
-                        draws=jnp.zeros((b,), jnp.int32), decoded=first * bl, stopped=jnp.zeros((b,), bool))
+    carry = DecodeCarry(x=x, cache=cache, policy_state=policy_state, finished=no_pending_block(b, block_length),
+                        draws=jnp.zeros((b,), jnp.int32), decoded=first * block_length, stopped=jnp.zeros((b,), bool))
     carry, _ = jax.lax.scan(per_block, carry, jnp.arange(iterations, dtype=jnp.int32))
     return carry
 

@@ -1,0 +1,239 @@
+"""Continuous batching for SDAR: a fixed number of slots that requests enter and leave between block steps.
+
+`generate` batches in lockstep: a row that has finished idles until the slowest row of its batch ends,
+and a new prompt waits for the whole batch. The engine keeps `slots` rows on the device instead (a
+static batch: one compiled step serves every mix of requests). `insert` prefills one request's prompt
+into a free slot's rows of the slot-indexed KV cache; `step` advances every busy slot by one block
+(its denoising forwards and the commit riding on the next block's first forward), each slot at its
+own block in its own row-local coordinates, exactly as one row of batched `generate` does
+(`dllm_jax.generate.sdar.decode_block`). Between steps the host scheduler (`Engine.step`) retires the
+slots that finished and admits queued requests into them, so a short request leaves as soon as its
+last block is decoded and a new one starts at the next step.
+
+Each request draws its random numbers from its own seed (a PRNG key per slot) and its own counter, and
+its prompt is prefilled alone, so a request's tokens are those `generate` returns for its prompt alone
+with the same seed and options, whatever else shares the slots. The sampling options (remasking,
+denoising steps, temperature, top-k, top-p, threshold) are the engine's, static in its compiled step;
+a request sets its prompt, its `max_new_tokens` and its seed.
+
+Prompts are prefilled in a few static lengths (`prefill_buckets`: whole blocks, doubling up to the
+slot width): a prompt takes the shortest bucket that holds its complete blocks, so the inserts compile
+once per bucket. Only the dense attention runs in the engine for now.
+"""
+
+from __future__ import annotations
+
+import collections
+import dataclasses
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+from flax import struct
+
+from dllm_jax import validation as check
+from dllm_jax.attention.policy import Dense
+from dllm_jax.config import SDARConfig
+from dllm_jax.generate.requests import check_context, check_prompt, make_options
+from dllm_jax.generate.sdar import (CACHE_TILE, SDAR_SAMPLER, DecodeCarry, SDAROptions, check_sdar_request,
+                                    decode_block, no_pending_block, trim)
+from dllm_jax.models import sdar as sdar_model
+
+
+@struct.dataclass
+class Slots:
+    """The engine's device state: every field has the slot axis first."""
+
+    carry: DecodeCarry  # row-local tokens, KV cache, pending commits, draws, decoded lengths, stops
+    keys: jax.Array  # PRNG key per slot (its request's seed)
+    lengths: jax.Array  # int32 [S]: prompt tokens of the slot's request
+    block: jax.Array  # int32 [S]: the next block the slot decodes (row-local)
+    last: jax.Array  # int32 [S]: one past the slot's last block
+    busy: jax.Array  # bool [S]: a request occupies the slot
+
+
+@dataclasses.dataclass(frozen=True)
+class Completion:
+    """A finished request: `tokens` are its prompt and generated tokens as `generate` returns them for
+    the prompt alone (cut after the first stop token)."""
+
+    request_id: int
+    tokens: np.ndarray  # int32 [prompt + generated]
+    prompt_length: int
+
+    @property
+    def generated(self) -> np.ndarray:
+        return self.tokens[self.prompt_length:]
+
+
+@dataclasses.dataclass(frozen=True)
+class Request:
+    request_id: int
+    prompt_ids: np.ndarray  # int32 [P]
+    max_new_tokens: int
+    seed: int
+
+
+def prefill_buckets(block_size: int, width: int) -> tuple[int, ...]:
+    """The static prompt lengths an insert prefills: one block, then doubling, then the whole width."""
+    buckets, n = [], block_size
+    while n < width:
+        buckets.append(n)
+        n *= 2
+    return tuple(buckets) + (width,)
+
+
+def init_slots(params, *, config: SDARConfig, slots: int, width: int) -> Slots:
+    """Every slot free: masks, an empty cache of `width` positions plus one block of scratch (in whole
+    128-key tiles, as `generate` allocates), no pending commit."""
+    bl = config.block_size
+    capacity = -(-(width + bl) // CACHE_TILE) * CACHE_TILE
+    carry = DecodeCarry(x=jnp.full((slots, width), config.mask_token_id, jnp.int32),
+                        cache=sdar_model.init_cache(config, slots, capacity, params["embed"].dtype), policy_state=(),
+                        finished=no_pending_block(slots, bl), draws=jnp.zeros((slots,), jnp.int32),
+                        decoded=jnp.zeros((slots,), jnp.int32), stopped=jnp.zeros((slots,), bool))
+    zeros = lambda: jnp.zeros((slots,), jnp.int32)  # noqa: E731  (one buffer each: the step donates them)
+    return Slots(carry=carry, keys=jax.random.split(jax.random.key(0), slots), lengths=zeros(), block=zeros(),
+                 last=zeros(), busy=jnp.zeros((slots,), bool))
+
+
+def insert(params, state: Slots, slot, prompt, length, max_new_tokens, seed, *, config: SDARConfig) -> Slots:
+    """Slot `slot` takes a request: `prompt` int32 [bucket] (a multiple of the block size; its first
+    `length` tokens are the prompt) is prefilled alone into a one-row cache, whose rows replace the
+    slot's; the slot's fill length is its complete prompt blocks (what lies past them is scratch, as in
+    a left-padded `generate` batch), its tokens, draws, stop flag and pending commit start afresh, its
+    key is `seed`'s."""
+    bl = config.block_size
+    carry = state.carry
+    width = carry.x.shape[1]
+    first = length // bl
+    cache = sdar_model.init_cache(config, 1, carry.cache.max_length, carry.cache.k[0].dtype)
+    cache = sdar_model.prefill(sdar_model.unrolled(params, config), prompt[None], cache, (first * bl)[None],
+                               config=config)
+    row = jnp.where(jnp.arange(width) < length, jnp.pad(prompt, (0, width - prompt.shape[0])), config.mask_token_id)
+    put = lambda big, one: big.at[slot].set(one[0])  # noqa: E731
+    new_cache = carry.cache.replace(k=tuple(map(put, carry.cache.k, cache.k)),
+                                    v=tuple(map(put, carry.cache.v, cache.v)),
+                                    length=carry.cache.length.at[slot].set(first * bl))
+    finished = carry.finished.replace(pending=carry.finished.pending.at[slot].set(False))
+    carry = carry.replace(x=carry.x.at[slot].set(row), cache=new_cache, finished=finished,
+                          draws=carry.draws.at[slot].set(0), decoded=carry.decoded.at[slot].set(first * bl),
+                          stopped=carry.stopped.at[slot].set(False))
+    return state.replace(carry=carry, keys=state.keys.at[slot].set(jax.random.key(seed)),
+                         lengths=state.lengths.at[slot].set(length), block=state.block.at[slot].set(first),
+                         last=state.last.at[slot].set(-(-(length + max_new_tokens) // bl)),
+                         busy=state.busy.at[slot].set(True))
+
+
+def step(params, state: Slots, *, config: SDARConfig, options: SDAROptions) -> Slots:
+    """Every busy slot that has a block left and no stop decodes its next block."""
+    active = state.busy & (state.block < state.last) & ~state.carry.stopped
+    carry = decode_block(sdar_model.unrolled(params, config), state.carry, state.keys, state.block, active,
+                         lengths=state.lengths, block_length=config.block_size,
+                         stop_ids=jnp.asarray(config.eos_token_ids, jnp.int32), config=config, options=options,
+                         policy=Dense(), sampler=SDAR_SAMPLER)
+    return state.replace(carry=carry, block=jnp.where(active, state.block + 1, state.block))
+
+
+_insert_jit = jax.jit(insert, static_argnames=("config",), donate_argnames=("state",))
+_step_jit = jax.jit(step, static_argnames=("config", "options"), donate_argnames=("state",))
+
+
+class Engine:
+    """Continuous batching of SDAR requests over `slots` device rows of up to `max_context` tokens each
+    (prompt + new tokens). `submit` queues a request; `step` admits queued requests into free slots,
+    advances every busy slot by one block and returns the requests that finished; `run` steps until
+    nothing is left. `options` are SDAR's sampling options (`dllm_jax.generate`; max_new_tokens is
+    per request)."""
+
+    def __init__(self, model, *, slots: int = 8, max_context: int | None = None, **options):
+        config = model.config
+        if not isinstance(config, SDARConfig):
+            raise ValueError(f"the serving engine runs SDAR models (block diffusion); got {type(config).__name__}")
+        if "max_new_tokens" in options:
+            raise ValueError("max_new_tokens is per request: pass it to submit")
+        self.model, self.config = model, config
+        self.options = make_options(SDAROptions, "SDAR", options)
+        self.slots = check.integer("slots", slots, minimum=1)
+        bl = config.block_size
+        limit = config.max_position_embeddings
+        max_context = limit if max_context is None else check.integer("max_context", max_context, minimum=1)
+        if max_context > limit:
+            raise ValueError(f"max_context={max_context} exceeds the model's context of {limit} positions "
+                             "(config max_position_embeddings)")
+        self.width = -(-max_context // bl) * bl
+        self.max_context = max_context
+        check_sdar_request(config, np.zeros((1, 1), np.int32), [1], self.options)
+        self.buckets = prefill_buckets(bl, self.width)
+        self.state = init_slots(model.params(), config=config, slots=self.slots, width=self.width)
+        self.queue: collections.deque[Request] = collections.deque()
+        self.running: list[Request | None] = [None] * self.slots
+        self.next_id = 0
+
+    def submit(self, prompt_ids, max_new_tokens: int, seed: int = 0) -> int:
+        """Queues a request (prompt_ids: int [P], P >= 1) and returns its id; ValueError before anything is
+        queued for a prompt the model or the engine cannot take."""
+        prompt = np.asarray(prompt_ids)
+        if prompt.ndim != 1:
+            raise ValueError(f"prompt_ids must be one prompt [length], got shape {prompt.shape}")
+        check_prompt(self.config, prompt[None], None)
+        prompt = prompt.astype(np.int32)
+        max_new_tokens = check.integer("max_new_tokens", max_new_tokens, minimum=1)
+        seed = check.integer("seed", seed, minimum=0, maximum=2**31 - 1)
+        check_context(self.config, len(prompt), max_new_tokens)
+        if len(prompt) + max_new_tokens > self.max_context:
+            raise ValueError(f"the prompt ({len(prompt)} tokens) + {max_new_tokens} new tokens = "
+                             f"{len(prompt) + max_new_tokens} exceeds the engine's max_context={self.max_context}")
+        check_sdar_request(self.config, prompt[None], [len(prompt)], self.options)
+        request = Request(self.next_id, prompt, max_new_tokens, seed)
+        self.next_id += 1
+        self.queue.append(request)
+        return request.request_id
+
+    @property
+    def busy(self) -> int:
+        return sum(r is not None for r in self.running)
+
+    def admit(self) -> None:
+        """Queued requests into free slots, in arrival order."""
+        params = self.model.params()
+        for slot, running in enumerate(self.running):
+            if running is not None or not self.queue:
+                continue
+            request = self.queue.popleft()
+            n = len(request.prompt_ids)
+            prompt = np.zeros(next(b for b in self.buckets if b >= n), np.int32)  # whole blocks hold the prompt
+            prompt[:n] = request.prompt_ids
+            self.state = _insert_jit(params, self.state, np.int32(slot), prompt, np.int32(n),
+                                     np.int32(request.max_new_tokens), np.int32(request.seed), config=self.config)
+            self.running[slot] = request
+
+    def step(self) -> list[Completion]:
+        """Admits queued requests, decodes one block in every busy slot, retires the finished ones."""
+        self.admit()
+        if not self.busy:
+            return []
+        self.state = _step_jit(self.model.params(), self.state, config=self.config, options=self.options)
+        s = self.state
+        block, last, stopped = (np.asarray(a) for a in (s.block, s.last, s.carry.stopped))
+        done = [slot for slot, r in enumerate(self.running) if r is not None and (block[slot] >= last[slot]
+                                                                                  or stopped[slot])]
+        if not done:
+            return []
+        x, decoded = np.asarray(s.carry.x), np.asarray(s.carry.decoded)
+        completions = []
+        for slot in done:
+            request = self.running[slot]
+            n = len(request.prompt_ids)
+            (tokens,) = trim(x[slot:slot + 1], decoded[slot:slot + 1], [n], set(self.config.stop_ids))
+            completions.append(Completion(request.request_id, np.asarray(tokens), n))
+            self.running[slot] = None
+        self.state = self.state.replace(busy=jnp.asarray([r is not None for r in self.running]))
+        return completions
+
+    def run(self) -> dict[int, Completion]:
+        """Steps until the queue and the slots are empty; {request id: Completion}."""
+        done = {}
+        while self.queue or self.busy:
+            done.update((c.request_id, c) for c in self.step())
+        return done

@@ -1,0 +1,91 @@
+"""dllm_jax.serve.Engine: continuous batching over SDAR slots. Every request gets exactly what `generate`
+returns for its prompt alone, whatever shares the slots and whenever it arrives; slots are reused as
+requests finish; bad requests are refused before they are queued."""
+
+import numpy as np
+import pytest
+
+import dllm_jax
+from dllm_jax.serve import Engine
+from dllm_jax.testing import tiny_llada_config, tiny_sdar_config
+
+
+@pytest.fixture(scope="module")
+def model(tiny_model):
+    # a small vocabulary makes stop tokens (41, 42) likely on random weights: rows stop at different blocks
+    config = tiny_sdar_config(vocab_size=48, mask_token_id=40, eos_token_ids=(41, 42), pad_token_id=42)
+    return tiny_model(config, seed=21)
+
+
+# (prompt length, max_new_tokens, seed): prompts that end mid-block, on a block boundary, inside the first
+# block; answers of one to four blocks, ends that are not block boundaries
+REQUESTS = [(5, 8, 1), (9, 13, 2), (2, 4, 3), (12, 10, 4), (8, 16, 5)]
+
+
+@pytest.mark.parametrize("options", [
+    dict(remasking="sequential", top_k=1, denoising_steps=4),  # greedy
+    dict(remasking="low_confidence_dynamic", denoising_steps=4, temperature=0.8),  # sampled: the request's seed
+], ids=["greedy", "sampled"])
+def test_each_request_gets_what_generate_gives_its_prompt_alone(model, rng, options):
+    engine = Engine(model, slots=3, max_context=64, **options)
+    prompts = [rng.integers(0, 40, n) for n, _, _ in REQUESTS]
+    ids = [engine.submit(p, k, seed=s) for p, (_, k, s) in zip(prompts[:4], REQUESTS[:4])]
+    done = {}
+    for _ in range(2):  # four requests for three slots, two blocks decoded, then one more arrives
+        done.update((c.request_id, c) for c in engine.step())
+    ids += [engine.submit(p, k, seed=s) for p, (_, k, s) in zip(prompts[4:], REQUESTS[4:])]
+    done.update(engine.run())
+    assert sorted(done) == sorted(ids) and not engine.busy and not engine.queue
+    stopped = 0
+    for request_id, prompt, (n, k, seed) in zip(ids, prompts, REQUESTS):
+        alone = np.asarray(dllm_jax.generate(model, prompt[None], max_new_tokens=k, seed=seed, **options))[0]
+        completion = done[request_id]
+        np.testing.assert_array_equal(completion.tokens, alone, err_msg=f"request {request_id}")
+        np.testing.assert_array_equal(completion.generated, alone[n:])
+        stopped += len(alone) < -(-(n + k) // 4) * 4
+    if options.get("top_k") != 1:
+        assert stopped, "no request stopped early: per-slot stops were not exercised"
+
+
+def test_a_short_request_leaves_and_a_queued_one_starts_while_a_long_one_runs(model, rng):
+    engine = Engine(model, slots=2, max_context=64, remasking="sequential", top_k=1, denoising_steps=4)
+    long = engine.submit(rng.integers(0, 40, 8), 40)  # ten blocks (on this prompt, no stop token before)
+    short = engine.submit(rng.integers(0, 40, 8), 4)  # one block
+    queued = engine.submit(rng.integers(0, 40, 8), 4)  # one block too
+    finished_at = {}
+    for step in range(1, 20):
+        for c in engine.step():
+            finished_at[c.request_id] = step
+        if long in finished_at:
+            break
+    assert finished_at[short] == 1  # left after its only block, not when the batch ended
+    assert finished_at[queued] == 2 < finished_at[long]  # took the freed slot at once, while the long one ran
+
+
+@pytest.mark.parametrize("call, message", [
+    (lambda e: e.submit(np.arange(3, 40), 30), "exceeds the engine's max_context=64"),
+    (lambda e: e.submit(np.zeros((2, 4), np.int32), 4), "one prompt"),
+    (lambda e: e.submit(np.array([], np.int32), 4), "prompt_ids must be"),
+    (lambda e: e.submit(np.arange(3, 8), 0), "max_new_tokens"),
+    (lambda e: e.submit(np.arange(3, 8), 4, seed=-1), "seed"),
+    (lambda e: e.submit(np.array([3, 40, 5, 6, 7]), 4), "mask token id 40"),
+    (lambda e: e.submit(np.array([3, 99]), 4), "vocab"),
+])
+def test_bad_requests_are_refused_before_they_are_queued(model, call, message):
+    engine = Engine(model, slots=2, max_context=64, top_k=1)
+    with pytest.raises(ValueError, match=message):
+        call(engine)
+    assert not engine.queue
+
+
+def test_bad_engines_are_refused(model, tiny_model):
+    with pytest.raises(ValueError, match="per request"):
+        Engine(model, max_new_tokens=8)
+    with pytest.raises(ValueError, match="max_context=9999 exceeds the model's context"):
+        Engine(model, max_context=9999)
+    with pytest.raises(ValueError, match="denoising_steps"):
+        Engine(model, denoising_steps=8)
+    with pytest.raises(ValueError, match="unknown SDAR generate options"):
+        Engine(model, steps=4)
+    with pytest.raises(ValueError, match="runs SDAR models"):
+        Engine(tiny_model(tiny_llada_config()))
