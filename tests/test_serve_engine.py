@@ -47,6 +47,21 @@ def test_each_request_gets_what_generate_gives_its_prompt_alone(model, rng, opti
         assert stopped, "no request stopped early: per-slot stops were not exercised"
 
 
+def test_a_method_in_the_slot_gives_what_generate_gives_with_it(model, rng):
+    """FlashBlock around MAGE (both states: MAGE's selection, FlashBlock's cached parts) in one slot that two
+    requests take in turn: the second finds the first's state there, and its first forward must replace it,
+    as generate's first step of a block does."""
+    method = dllm_jax.FlashBlock(tau=2, inner=dllm_jax.MAGE(k=5, exact_layers=1))
+    options = dict(remasking="low_confidence_dynamic", denoising_steps=4, confidence_threshold=0.3)
+    engine = Engine(model, slots=1, max_context=64, method=method, **options)
+    requests = [(rng.integers(0, 40, n), k) for n, k in ((14, 10), (9, 8))]
+    ids = [engine.submit(p, k, seed=1) for p, k in requests]
+    done = engine.run()
+    for request_id, (prompt, k) in zip(ids, requests):
+        alone = np.asarray(dllm_jax.generate(model, prompt[None], max_new_tokens=k, seed=1, method=method, **options))
+        np.testing.assert_array_equal(done[request_id].tokens, alone[0], err_msg=f"request {request_id}")
+
+
 def test_a_short_request_leaves_and_a_queued_one_starts_while_a_long_one_runs(model, rng):
     engine = Engine(model, slots=2, max_context=64, remasking="sequential", top_k=1, denoising_steps=4)
     long = engine.submit(rng.integers(0, 40, 8), 40)  # ten blocks (on this prompt, no stop token before)
@@ -87,5 +102,7 @@ def test_bad_engines_are_refused(model, tiny_model):
         Engine(model, denoising_steps=8)
     with pytest.raises(ValueError, match="unknown SDAR generate options"):
         Engine(model, steps=4)
+    with pytest.raises(ValueError, match="SparseD is a method for LLaDA"):
+        Engine(model, method="sparsed")
     with pytest.raises(ValueError, match="runs SDAR models"):
         Engine(tiny_model(tiny_llada_config()))

@@ -18,7 +18,12 @@ a request sets its prompt, its `max_new_tokens` and its seed.
 
 Prompts are prefilled in a few static lengths (`prefill_buckets`: whole blocks, doubling up to the
 slot width): a prompt takes the shortest bucket that holds its complete blocks, so the inserts compile
-once per bucket. Only the dense attention runs in the engine for now.
+once per bucket.
+
+An attention method (MAGE, FlashBlock, FlashBlock + MAGE) keeps its per-layer state per slot in the step's
+carry. A new request needs none of what the slot's previous request left there: its first forward (no commit
+pending, the block's first step) re-estimates its row's selection and cached parts, as every block's first
+step does in `generate` (tested: equal to `generate` alone with the method).
 """
 
 from __future__ import annotations
@@ -32,8 +37,10 @@ import numpy as np
 from flax import struct
 
 from dllm_jax import validation as check
-from dllm_jax.attention.policy import Dense
+from dllm_jax.attention.methods import make_method
+from dllm_jax.attention.policy import AttentionPolicy, Dense, check_policy
 from dllm_jax.config import SDARConfig
+from dllm_jax.families import family_of
 from dllm_jax.generate.requests import check_context, check_prompt, make_options
 from dllm_jax.generate.sdar import (CACHE_TILE, SDAR_SAMPLER, DecodeCarry, SDAROptions, check_sdar_request,
                                     decode_block, no_pending_block, trim)
@@ -83,13 +90,14 @@ def prefill_buckets(block_size: int, width: int) -> tuple[int, ...]:
     return tuple(buckets) + (width,)
 
 
-def init_slots(params, *, config: SDARConfig, slots: int, width: int) -> Slots:
+def init_slots(params, *, config: SDARConfig, slots: int, width: int, policy: AttentionPolicy) -> Slots:
     """Every slot free: masks, an empty cache of `width` positions plus one block of scratch (in whole
-    128-key tiles, as `generate` allocates), no pending commit."""
+    128-key tiles, as `generate` allocates), the policy's initial state, no pending commit."""
     bl = config.block_size
     capacity = -(-(width + bl) // CACHE_TILE) * CACHE_TILE
     carry = DecodeCarry(x=jnp.full((slots, width), config.mask_token_id, jnp.int32),
-                        cache=sdar_model.init_cache(config, slots, capacity, params["embed"].dtype), policy_state=(),
+                        cache=sdar_model.init_cache(config, slots, capacity, params["embed"].dtype),
+                        policy_state=sdar_model.init_policy_state(policy, config, slots, width),
                         finished=no_pending_block(slots, bl), draws=jnp.zeros((slots,), jnp.int32),
                         decoded=jnp.zeros((slots,), jnp.int32), stopped=jnp.zeros((slots,), bool))
     zeros = lambda: jnp.zeros((slots,), jnp.int32)  # noqa: E731  (one buffer each: the step donates them)
@@ -125,28 +133,28 @@ def insert(params, state: Slots, slot, prompt, length, max_new_tokens, seed, *, 
                          busy=state.busy.at[slot].set(True))
 
 
-def step(params, state: Slots, *, config: SDARConfig, options: SDAROptions) -> Slots:
+def step(params, state: Slots, *, config: SDARConfig, options: SDAROptions, policy: AttentionPolicy) -> Slots:
     """Every busy slot that has a block left and no stop decodes its next block."""
     active = state.busy & (state.block < state.last) & ~state.carry.stopped
     carry = decode_block(sdar_model.unrolled(params, config), state.carry, state.keys, state.block, active,
                          lengths=state.lengths, block_length=config.block_size,
                          stop_ids=jnp.asarray(config.eos_token_ids, jnp.int32), config=config, options=options,
-                         policy=Dense(), sampler=SDAR_SAMPLER)
+                         policy=policy, sampler=SDAR_SAMPLER)
     return state.replace(carry=carry, block=jnp.where(active, state.block + 1, state.block))
 
 
 _insert_jit = jax.jit(insert, static_argnames=("config",), donate_argnames=("state",))
-_step_jit = jax.jit(step, static_argnames=("config", "options"), donate_argnames=("state",))
+_step_jit = jax.jit(step, static_argnames=("config", "options", "policy"), donate_argnames=("state",))
 
 
 class Engine:
     """Continuous batching of SDAR requests over `slots` device rows of up to `max_context` tokens each
     (prompt + new tokens). `submit` queues a request; `step` admits queued requests into free slots,
     advances every busy slot by one block and returns the requests that finished; `run` steps until
-    nothing is left. `options` are SDAR's sampling options (`dllm_jax.generate`; max_new_tokens is
-    per request)."""
+    nothing is left. `method`: None (dense), a method name or an SDAR attention policy, as `generate`'s.
+    `options` are SDAR's sampling options (`dllm_jax.generate`; max_new_tokens is per request)."""
 
-    def __init__(self, model, *, slots: int = 8, max_context: int | None = None, **options):
+    def __init__(self, model, *, slots: int = 8, max_context: int | None = None, method=None, **options):
         config = model.config
         if not isinstance(config, SDARConfig):
             raise ValueError(f"the serving engine runs SDAR models (block diffusion); got {type(config).__name__}")
@@ -154,6 +162,9 @@ class Engine:
             raise ValueError("max_new_tokens is per request: pass it to submit")
         self.model, self.config = model, config
         self.options = make_options(SDAROptions, "SDAR", options)
+        self.policy = Dense() if method is None else make_method(method) if isinstance(method, str) else method
+        check_policy(self.policy)
+        family_of(config).check_method(self.policy)
         self.slots = check.integer("slots", slots, minimum=1)
         bl = config.block_size
         limit = config.max_position_embeddings
@@ -165,7 +176,7 @@ class Engine:
         self.max_context = max_context
         check_sdar_request(config, np.zeros((1, 1), np.int32), [1], self.options)
         self.buckets = prefill_buckets(bl, self.width)
-        self.state = init_slots(model.params(), config=config, slots=self.slots, width=self.width)
+        self.state = init_slots(model.params(), config=config, slots=self.slots, width=self.width, policy=self.policy)
         self.queue: collections.deque[Request] = collections.deque()
         self.running: list[Request | None] = [None] * self.slots
         self.next_id = 0
@@ -213,7 +224,8 @@ class Engine:
         self.admit()
         if not self.busy:
             return []
-        self.state = _step_jit(self.model.params(), self.state, config=self.config, options=self.options)
+        self.state = _step_jit(self.model.params(), self.state, config=self.config, options=self.options,
+                               policy=self.policy)
         s = self.state
         block, last, stopped = (np.asarray(a) for a in (s.block, s.last, s.carry.stopped))
         done = [slot for slot, r in enumerate(self.running) if r is not None and (block[slot] >= last[slot]
