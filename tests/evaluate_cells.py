@@ -22,7 +22,7 @@ def main(checkpoint: Path, dtype: str, out: Path, cells: list[str]) -> None:
         samples = dev.make_samples(task, int(context), SAMPLES, int(seed), tokenizer)
         result = dev.evaluate(model, samples, tokenizer=tokenizer, batch_size=SAMPLES, progress=False)
         rows.append(dict(task=task, context=int(context), seed=int(seed), num_samples=result.num_samples,
-                         cells=sorted({(r.task, r.context_length) for r in result.records}),
+                         tasks=list(result.tasks), context_lengths=list(result.context_lengths),
                          accuracy=result.accuracy, answers=[(r.answer, r.predicted) for r in result.records]))
     out.write_text(json.dumps(rows))
 

@@ -92,7 +92,7 @@ def answered(tmp_path_factory):
 
 def assert_answers(record: dict, task: str, context: int) -> None:
     """>= 9 of the cell's 10 samples right."""
-    assert record["num_samples"] == 10 and record["cells"] == [[task, context]]
+    assert record["num_samples"] == 10 and record["tasks"] == [task] and record["context_lengths"] == [context]
     assert record["accuracy"] >= 0.9, (record["seed"], record["answers"])
 
 

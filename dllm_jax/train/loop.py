@@ -243,6 +243,9 @@ def regroup_heads(params: dict, config, num_heads: int) -> dict:
     c = h // G, G query heads per KV head) is the old query head (f·c + r)·G + h % G, whose KV head is the
     old f·c + r: member r of the new KV head c, so each old query still meets its own keys. Returns new
     float32 arrays; ValueError for a head count that does not divide both head counts."""
+    if config.qk_norm:
+        raise ValueError(f"{type(config).__name__}: regroup_heads takes models without q/k norms (LLaDA); widen "
+                         "an SDAR's heads with widen_heads")
     old_heads, old_kv = config.num_heads, config.num_kv_heads
     num_heads = integer("num_heads", num_heads)
     if old_heads % num_heads or old_kv % (old_heads // num_heads):
@@ -269,9 +272,6 @@ def regroup_heads(params: dict, config, num_heads: int) -> dict:
     heads = {"q_proj": (2, q_members, f ** 0.5), "q_bias": (1, q_members, f ** 0.5), "o_proj": (1, q_members, 1.0),
              "k_proj": (2, kv_members, 1.0), "v_proj": (2, kv_members, 1.0), "k_bias": (1, kv_members, 1.0),
              "v_bias": (1, kv_members, 1.0)}
-    if config.qk_norm:
-        raise ValueError(f"{type(config).__name__}: regroup_heads takes models without q/k norms (LLaDA); widen "
-                         "an SDAR's heads with widen_heads")
     layers = {name: merge(value, *heads[name]) if name in heads else jnp.asarray(value, jnp.float32)
               for name, value in params["layers"].items()}
     return {**params, "layers": layers}
