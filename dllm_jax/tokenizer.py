@@ -32,11 +32,15 @@ class ChatTokenizer:
 
     def render(self, text: str) -> str:
         """The user message through the chat template, ready for the assistant's answer."""
+        return self.render_messages([{"role": "user", "content": text}])
+
+    def render_messages(self, messages: list[dict]) -> str:
+        """A conversation ([{"role": ..., "content": ...}, ...]) through the chat template, ready for the
+        assistant's answer."""
         if self.template is None:
             raise ValueError("this checkpoint ships no chat template; pass chat=False to use the raw prompt")
         return render(self.template, self.where, {"add_generation_prompt": True, "bos_token": self.special("bos_token"),
-                                                  "messages": [{"role": "user", "content": text}],
-                                                  "eos_token": self.special("eos_token")})
+                                                  "messages": messages, "eos_token": self.special("eos_token")})
 
     def encode(self, text: str, *, chat: bool = True) -> np.ndarray:
         """int32 [1, P] token ids of `text` (through the chat template if chat=True)."""
@@ -45,6 +49,13 @@ class ChatTokenizer:
         if not ids:
             raise ValueError("the prompt encodes to no tokens")
         return np.asarray([ids], np.int32)
+
+    def encode_messages(self, messages: list[dict]) -> list[int]:
+        """Token ids of a conversation through the chat template (`render_messages`)."""
+        ids = self.tokenizer.encode(self.render_messages(messages), add_special_tokens=False).ids
+        if not ids:
+            raise ValueError("the messages encode to no tokens")
+        return ids
 
     def decode(self, ids, *, skip: tuple[int, ...] = ()) -> str:
         """Text of `ids`, without special tokens and without the ids in `skip` (e.g. the mask)."""

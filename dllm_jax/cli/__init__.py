@@ -1,4 +1,4 @@
-"""`dllm-jax` command line: convert | generate | analyze | eval | train | bench | demo (`--help` on each).
+"""`dllm-jax` command line: convert | generate | analyze | eval | train | bench | serve | demo (`--help` on each).
 
 One module per subcommand, each with its `add_parser(subparsers)` and `run(args)`; what several share lives
 in common.py (--dtype, --mesh, output paths), methods.py (--method and its flags), sampling.py (generate's
@@ -12,10 +12,10 @@ from __future__ import annotations
 import argparse
 import sys
 
-from dllm_jax.cli import analyze, bench, convert, demo, eval as evaluate, generate, train
+from dllm_jax.cli import analyze, bench, convert, demo, eval as evaluate, generate, serve, train
 from dllm_jax.flags import one_line
 
-SUBCOMMANDS = (convert, generate, analyze, evaluate, train, bench, demo)  # in the order `--help` lists them
+SUBCOMMANDS = (convert, generate, analyze, evaluate, train, bench, serve, demo)  # in the order `--help` lists them
 
 
 def build_parser() -> argparse.ArgumentParser:

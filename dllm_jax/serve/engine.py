@@ -183,7 +183,16 @@ class Engine:
 
     def submit(self, prompt_ids, max_new_tokens: int, seed: int = 0) -> int:
         """Queues a request (prompt_ids: int [P], P >= 1) and returns its id; ValueError before anything is
-        queued for a prompt the model or the engine cannot take."""
+        queued for a prompt the model or the engine cannot take (`check`)."""
+        prompt, max_new_tokens, seed = self.check(prompt_ids, max_new_tokens, seed)
+        request = Request(self.next_id, prompt, max_new_tokens, seed)
+        self.next_id += 1
+        self.queue.append(request)
+        return request.request_id
+
+    def check(self, prompt_ids, max_new_tokens: int, seed: int = 0) -> tuple[np.ndarray, int, int]:
+        """(int32 prompt, max_new_tokens, seed) of a request the engine can take, or a ValueError naming the
+        problem. Reads only the engine's settings: callable from any thread."""
         prompt = np.asarray(prompt_ids)
         if prompt.ndim != 1:
             raise ValueError(f"prompt_ids must be one prompt [length], got shape {prompt.shape}")
@@ -196,14 +205,35 @@ class Engine:
             raise ValueError(f"the prompt ({len(prompt)} tokens) + {max_new_tokens} new tokens = "
                              f"{len(prompt) + max_new_tokens} exceeds the engine's max_context={self.max_context}")
         check_sdar_request(self.config, prompt[None], [len(prompt)], self.options)
-        request = Request(self.next_id, prompt, max_new_tokens, seed)
-        self.next_id += 1
-        self.queue.append(request)
-        return request.request_id
+        return prompt, max_new_tokens, seed
 
     @property
     def busy(self) -> int:
         return sum(r is not None for r in self.running)
+
+    def cancel(self, request_id: int) -> bool:
+        """Drops a queued or running request (its slot is free for the next step); False if it is neither."""
+        for request in self.queue:
+            if request.request_id == request_id:
+                self.queue.remove(request)
+                return True
+        for slot, request in enumerate(self.running):
+            if request is not None and request.request_id == request_id:
+                self.running[slot] = None
+                self.state = self.state.replace(busy=jnp.asarray([r is not None for r in self.running]))
+                return True
+        return False
+
+    def progress(self) -> dict[int, np.ndarray]:
+        """{request id: the tokens it has generated so far} for every running request: its decoded blocks (final:
+        a decoded block never changes), cut after a stop token, as its Completion will hold them."""
+        running = [(slot, r) for slot, r in enumerate(self.running) if r is not None]
+        if not running:
+            return {}
+        x, decoded = np.asarray(self.state.carry.x), np.asarray(self.state.carry.decoded)
+        stops = set(self.config.stop_ids)
+        return {r.request_id: np.asarray(trim(x[slot:slot + 1], decoded[slot:slot + 1], [len(r.prompt_ids)],
+                                              stops)[0][len(r.prompt_ids):]) for slot, r in running}
 
     def admit(self) -> None:
         """Queued requests into free slots, in arrival order."""

@@ -1,0 +1,70 @@
+"""`dllm-jax serve`: an OpenAI-compatible HTTP server over the continuous-batching engine (SDAR)."""
+
+from __future__ import annotations
+
+import argparse
+import sys
+from pathlib import Path
+
+from dllm_jax.cli.common import dtype_parent
+from dllm_jax.cli.methods import methods_parent
+from dllm_jax.flags import fraction, number, positive_int
+
+temperature_flag = number(float, "a number in [0, 2]", lambda v: 0 <= v <= 2)
+
+
+def add_parser(subparsers) -> None:
+    serve = subparsers.add_parser(
+        "serve", parents=[dtype_parent(), methods_parent()],
+        help="serve a checkpoint over an OpenAI-compatible HTTP API (continuous batching, SDAR)",
+        description="Loads an SDAR checkpoint and serves POST /v1/completions and /v1/chat/completions (stream: true "
+                    "sends each decoded block), GET /v1/models, /health and /metrics (Prometheus). Requests share "
+                    "--slots rows of one compiled block step; each gets what `dllm_jax.generate` gives its prompt "
+                    "alone. Sampling options are the server's (a request may repeat them). SIGTERM or Ctrl-C stops "
+                    "taking requests, finishes the running ones, then exits. Needs the serve extra: "
+                    "pip install 'dllm-jax[serve]'.")
+    serve.add_argument("--model", type=Path, required=True, help="checkpoint directory (HF or converted)")
+    serve.add_argument("--model-name", default=None, help="the model id clients send (default: the directory's name)")
+    serve.add_argument("--host", default="127.0.0.1", help="address to listen on (default 127.0.0.1)")
+    serve.add_argument("--port", type=number(int, "a port in [0, 65535]", lambda v: 0 <= v <= 65535), default=8000,
+                       help="port (default 8000)")
+    serve.add_argument("--slots", type=positive_int, default=8, help="requests decoded together (default 8)")
+    serve.add_argument("--max-context", type=positive_int, default=None, metavar="L",
+                       help="prompt + answer tokens a slot holds (default: the model's context)")
+    serve.add_argument("--max-queue", type=positive_int, default=256, metavar="N",
+                       help="requests waiting for a slot before new ones get 429 (default 256)")
+    serve.add_argument("--temperature", type=temperature_flag, default=0.0,
+                       help="0 = greedy (default); above 0, every request samples at this temperature")
+    serve.add_argument("--top-p", type=fraction, default=1.0, help="nucleus filter when sampling (default 1: off)")
+    serve.add_argument("--denoising-steps", type=positive_int, default=None, metavar="N",
+                       help="forwards per block (default: SDAR's, 4)")
+    serve.add_argument("--remasking", choices=["low_confidence_dynamic", "low_confidence_static", "sequential"],
+                       default=None, help="which tokens a step commits (default: SDAR's, low_confidence_dynamic)")
+    serve.add_argument("--log-level", default="info", choices=["critical", "error", "warning", "info", "debug"],
+                       help="uvicorn's log level (default info)")
+    serve.set_defaults(fn=run)
+
+
+def run(args: argparse.Namespace) -> None:
+    try:
+        import uvicorn
+
+        from dllm_jax.serve.app import build_app
+    except ImportError as e:
+        raise ValueError(f"dllm-jax serve needs the serve extra ({e.name} is missing): pip install "
+                         "'dllm-jax[serve]'") from None
+    from dllm_jax.checkpoint import load_model
+    from dllm_jax.cli.methods import method_from_args
+    from dllm_jax.tokenizer import ChatTokenizer
+
+    method = method_from_args(args)
+    options = {k: v for k, v in (("denoising_steps", args.denoising_steps), ("remasking", args.remasking))
+               if v is not None}
+    tokenizer = ChatTokenizer(args.model)
+    model = load_model(args.model, dtype=args.dtype)
+    name = args.model_name or args.model.resolve().name
+    app = build_app(model, tokenizer, model_name=name, slots=args.slots, max_context=args.max_context, method=method,
+                    max_queue=args.max_queue, temperature=args.temperature, top_p=args.top_p, **options)
+    print(f"[dllm-jax serve: {name} on http://{args.host}:{args.port}/v1, {args.slots} slots]", file=sys.stderr,
+          flush=True)
+    uvicorn.run(app, host=args.host, port=args.port, log_level=args.log_level)

@@ -1,0 +1,233 @@
+"""The OpenAI-compatible HTTP server (FastAPI): `POST /v1/completions`, `POST /v1/chat/completions` (the
+checkpoint's chat template; `stream: true` sends each decoded block as a server-sent event), `GET /v1/models`,
+`GET /health` and Prometheus `GET /metrics`, over one `Worker` (the engine's thread).
+
+Bad requests (malformed JSON, unknown or mistyped fields, out-of-range values, a prompt that does not fit the
+context, sampling options other than the server's) get HTTP 400 with OpenAI's error object; an unknown model
+404; a full queue 429; a server that is shutting down or whose engine failed 503. A client that disconnects
+frees its slot.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import json
+import secrets
+import time
+
+from fastapi import FastAPI, Request
+from fastapi.exceptions import RequestValidationError
+from fastapi.responses import JSONResponse, Response, StreamingResponse
+from prometheus_client import CONTENT_TYPE_LATEST, CollectorRegistry, Counter, Gauge, Histogram, generate_latest
+
+from dllm_jax import validation as check
+from dllm_jax.serve import protocol
+from dllm_jax.serve.engine import Engine
+from dllm_jax.serve.worker import Draining, Event, Job, Observer, QueueFull, Ticket, Worker
+
+LATENCY_BUCKETS = (0.05, 0.1, 0.25, 0.5, 1, 2, 4, 8, 16, 32, 64, 128)
+
+
+class ApiError(Exception):
+    def __init__(self, status: int, message: str, kind: str = "invalid_request_error", param: str | None = None,
+                 code: str | None = None):
+        super().__init__(message)
+        self.status, self.body = status, protocol.error_body(message, kind, param, code)
+
+
+class Metrics:
+    """The server's Prometheus metrics, on a registry of their own (one per app); `watch` adds the gauges that
+    read a worker."""
+
+    def __init__(self):
+        self.registry = r = CollectorRegistry()
+        self.tokens = Counter("dllm_generated_tokens", "tokens returned to clients (rate(): tokens/s)", registry=r)
+        self.requests = Counter("dllm_requests", "requests by outcome", ["outcome"], registry=r)
+        self.first_block = Histogram("dllm_time_to_first_block_seconds", "from arrival to the first decoded block",
+                                     buckets=LATENCY_BUCKETS, registry=r)
+        self.latency = Histogram("dllm_request_latency_seconds", "from arrival to the last token",
+                                 buckets=LATENCY_BUCKETS, registry=r)
+
+    def observer(self) -> Observer:
+        def finished(seconds: float, tokens: int) -> None:
+            self.latency.observe(seconds)
+            self.tokens.inc(tokens)
+
+        return Observer(first_block=self.first_block.observe, finished=finished)
+
+    def watch(self, worker: Worker) -> None:
+        r = self.registry
+        Gauge("dllm_queue_depth", "requests accepted and waiting for a slot", registry=r).set_function(worker.waiting)
+        Gauge("dllm_active_slots", "slots holding a request", registry=r).set_function(lambda: worker.engine.busy)
+        Gauge("dllm_slots", "the engine's slots", registry=r).set(worker.engine.slots)
+
+
+def build_app(model, tokenizer, *, model_name: str, slots: int = 8, max_context: int | None = None, method=None,
+              max_queue: int = 256, temperature: float = 0.0, top_p: float = 1.0, **options) -> FastAPI:
+    """An engine for `model` (`Engine`'s arguments; `options`: SDAR's other sampling options), its worker and the
+    app over them. temperature 0 decodes greedily (top_k=1)."""
+    max_queue = check.integer("max_queue", max_queue, minimum=1)
+    temperature = check.real("temperature", temperature, low=0, high=2)
+    top_p = check.real("top_p", top_p, low=0, high=1, low_open=True)
+    sampling = dict(top_k=1) if temperature == 0 else dict(temperature=temperature, top_p=top_p)
+    engine = Engine(model, slots=slots, max_context=max_context, method=method, **(options | sampling))
+    skip = (model.config.mask_token_id,)
+    metrics = Metrics()
+    worker = Worker(engine, lambda ids: tokenizer.decode(ids, skip=skip), max_queue=max_queue,
+                    observer=metrics.observer())
+    metrics.watch(worker)
+    return create_app(worker, tokenizer, model_name=model_name, metrics=metrics, temperature=temperature,
+                      top_p=top_p)
+
+
+def create_app(worker: Worker, tokenizer, *, model_name: str, metrics: Metrics, temperature: float,
+               top_p: float = 1.0) -> FastAPI:
+    """The app over a worker whose observer is `metrics.observer()` (`build_app`); the worker starts and stops
+    with it."""
+    engine = worker.engine
+
+    @contextlib.asynccontextmanager
+    async def lifespan(app):
+        worker.start()
+        yield
+        worker.stop()  # uvicorn has finished the open requests by now; the rest of the queue ends too
+        await asyncio.to_thread(worker.thread.join)
+
+    app = FastAPI(title="dllm-jax", lifespan=lifespan)
+
+    @app.exception_handler(ApiError)
+    async def api_error(request: Request, e: ApiError):
+        metrics.requests.labels(outcome=str(e.status)).inc()
+        return JSONResponse(e.body, status_code=e.status)
+
+    @app.exception_handler(RequestValidationError)
+    async def invalid(request: Request, e: RequestValidationError):
+        first = e.errors()[0]
+        where = ".".join(str(p) for p in first.get("loc", ()) if p != "body")
+        message = f"{where}: {first.get('msg')}" if where else str(first.get("msg"))
+        metrics.requests.labels(outcome="400").inc()
+        return JSONResponse(protocol.error_body(message, param=where or None), status_code=400)
+
+    def job(body: protocol.Sampling, prompt_ids, max_tokens: int | None) -> Job:
+        if body.model != model_name:
+            raise ApiError(404, f"the model {body.model!r} does not exist; this server serves {model_name!r}",
+                           param="model", code="model_not_found")
+        for name, value, server in (("temperature", body.temperature, temperature), ("top_p", body.top_p, top_p)):
+            if value is not None and value != server:
+                raise ApiError(400, f"{name}={value}: this server samples with {name}={server} for every request "
+                                    f"(dllm-jax serve --{name.replace('_', '-')}; per-request sampling options are "
+                                    "not supported)", param=name)
+        try:
+            stop = body.stop_strings()
+            if max_tokens is None:  # as much as the context leaves (chat), else OpenAI's default of 16
+                max_tokens = engine.max_context - len(prompt_ids) if isinstance(body, protocol.ChatRequest) else 16
+            seed = body.seed if body.seed is not None else (0 if temperature == 0 else secrets.randbelow(2**31))
+            prompt, max_tokens, seed = engine.check(prompt_ids, max_tokens, seed)
+        except ValueError as e:
+            raise ApiError(400, str(e)) from None
+        return Job(prompt, max_tokens, seed, stop)
+
+    def encoded(text: str) -> list[int]:
+        ids = tokenizer.tokenizer.encode(text, add_special_tokens=True).ids
+        if not ids:
+            raise ApiError(400, "the prompt encodes to no tokens", param="prompt")
+        return ids
+
+    @app.post("/v1/completions")
+    async def completions(body: protocol.CompletionRequest, request: Request):
+        prompt = body.prompt
+        if isinstance(prompt, list) and prompt and isinstance(prompt[0], str):
+            if len(prompt) != 1:
+                raise ApiError(400, f"prompt holds {len(prompt)} texts: send one prompt per request", param="prompt")
+            prompt = prompt[0]
+        ids = encoded(prompt) if isinstance(prompt, str) else prompt
+        return await answer(job(body, ids, body.max_tokens), body, request, chat=False)
+
+    @app.post("/v1/chat/completions")
+    async def chat(body: protocol.ChatRequest, request: Request):
+        try:
+            ids = tokenizer.encode_messages([m.model_dump() for m in body.messages])
+        except ValueError as e:
+            raise ApiError(400, str(e), param="messages") from None
+        return await answer(job(body, ids, body.max_completion_tokens or body.max_tokens), body, request, chat=True)
+
+    async def answer(job: Job, body: protocol.Sampling, request: Request, *, chat: bool):
+        try:
+            ticket = worker.submit(job)
+        except QueueFull as e:
+            raise ApiError(429, str(e), kind="rate_limit_error") from None
+        except Draining as e:
+            raise ApiError(503, str(e), kind="server_error") from None
+        rid = protocol.new_id("chatcmpl" if chat else "cmpl")
+        if body.stream:
+            usage = body.stream_options is not None and body.stream_options.include_usage
+            return StreamingResponse(stream(ticket, rid, len(job.prompt_ids), chat=chat, usage=usage),
+                                     media_type="text/event-stream")
+        text, final = await collect(ticket, request)
+        if final.error is not None:
+            raise ApiError(500, final.error, kind="server_error")
+        metrics.requests.labels(outcome="200").inc()
+        reply = protocol.completion(rid, model_name, text, final.finish_reason, chat=chat, chunk=False)
+        return reply | {"usage": protocol.usage(len(job.prompt_ids), final.completion_tokens)}
+
+    async def collect(ticket: Ticket, request: Request) -> tuple[str, Event]:
+        """The ticket's whole text and final event; a client that disconnects meanwhile cancels it."""
+        parts = []
+        while True:
+            try:
+                event = await asyncio.wait_for(ticket.queue.get(), timeout=0.25)
+            except TimeoutError:
+                if await request.is_disconnected():
+                    worker.cancel(ticket)
+                    metrics.requests.labels(outcome="disconnected").inc()
+                    raise asyncio.CancelledError from None
+                continue
+            parts.append(event.delta)
+            if event.final:
+                return "".join(parts), event
+
+    async def stream(ticket: Ticket, rid: str, prompt_tokens: int, *, chat: bool, usage: bool):
+        done = False
+        try:
+            while not done:
+                event = await ticket.queue.get()
+                done = event.final
+                if event.error is not None:
+                    yield sse(protocol.error_body(event.error, kind="server_error"))
+                    break
+                if event.delta or done:
+                    yield sse(protocol.completion(rid, model_name, event.delta, event.finish_reason, chat=chat,
+                                                  chunk=True))
+                if done and usage:
+                    yield sse({"id": rid, "object": "chat.completion.chunk" if chat else "text_completion",
+                               "created": int(time.time()), "model": model_name, "choices": [],
+                               "usage": protocol.usage(prompt_tokens, event.completion_tokens)})
+            yield "data: [DONE]\n\n"
+            metrics.requests.labels(outcome="200").inc()
+        finally:
+            if not done:  # the client went away (or the engine failed): free the slot
+                worker.cancel(ticket)
+                metrics.requests.labels(outcome="disconnected").inc()
+
+    @app.get("/v1/models")
+    async def models():
+        return {"object": "list", "data": [{"id": model_name, "object": "model", "created": 0,
+                                            "owned_by": "dllm-jax", "max_model_len": engine.max_context}]}
+
+    @app.get("/health")
+    async def health():
+        if not worker.alive:
+            return JSONResponse({"status": "unavailable", "reason": worker.failure or "the engine is not running"},
+                                status_code=503)
+        return {"status": "ok", "slots": engine.slots, "active": engine.busy, "waiting": worker.waiting()}
+
+    @app.get("/metrics")
+    async def prometheus():
+        return Response(generate_latest(metrics.registry), media_type=CONTENT_TYPE_LATEST)
+
+    return app
+
+
+def sse(obj: dict) -> str:
+    return f"data: {json.dumps(obj)}\n\n"

@@ -1,0 +1,245 @@
+"""`dllm-jax serve`: the OpenAI-compatible HTTP server over the engine, through real HTTP (uvicorn on a local
+socket). Greedy requests from 16 concurrent clients each get exactly what `generate` gives their prompt alone;
+streamed deltas concatenate to the full text; the official `openai` client works; bad input gets 400 with
+OpenAI's error object; a full queue 429; a client that disconnects frees its slot; SIGTERM finishes the running
+requests, then the process exits."""
+
+import concurrent.futures
+import json
+import os
+import signal
+import socket
+import subprocess
+import sys
+import threading
+import time
+from pathlib import Path
+
+import httpx
+import numpy as np
+import openai
+import pytest
+import uvicorn
+
+import dllm_jax
+from dllm_jax.serve.app import build_app
+from dllm_jax.tokenizer import ChatTokenizer
+
+NAME = "tiny"
+MAX_CONTEXT = 96
+
+
+@pytest.fixture(scope="module")
+def sdar(checkpoints):
+    path = checkpoints[1]
+    return path, dllm_jax.load_model(path, dtype="float32", progress=False), ChatTokenizer(path)
+
+
+def serve(app):
+    """Runs `app` under uvicorn on a free local port in a thread; yields the base URL, then shuts it down."""
+    sock = socket.socket()
+    sock.bind(("127.0.0.1", 0))
+    server = uvicorn.Server(uvicorn.Config(app, log_level="warning"))
+    thread = threading.Thread(target=server.run, kwargs=dict(sockets=[sock]), daemon=True)
+    thread.start()
+    deadline = time.monotonic() + 30
+    while not server.started:
+        assert time.monotonic() < deadline and thread.is_alive(), "the server did not start"
+        time.sleep(0.02)
+    yield f"http://127.0.0.1:{sock.getsockname()[1]}"
+    server.should_exit = True
+    thread.join(30)
+    sock.close()
+
+
+@pytest.fixture(scope="module")
+def url(sdar):
+    _, model, tokenizer = sdar
+    yield from serve(build_app(model, tokenizer, model_name=NAME, slots=4, max_context=MAX_CONTEXT))
+
+
+def alone(model, tokenizer, ids, max_tokens: int) -> tuple[str, int, str]:
+    """(text, completion tokens, finish reason) of greedy `generate` on the prompt alone, as the server
+    reports them: cut at max_tokens and after the first stop token."""
+    out = np.asarray(dllm_jax.generate(model, np.asarray(ids)[None], max_new_tokens=max_tokens, top_k=1))[0]
+    new = out[len(ids):][:max_tokens]
+    stops = np.flatnonzero(np.isin(new, model.config.stop_ids))
+    kept = new[:stops[0] + 1] if stops.size else new
+    text = tokenizer.decode(kept, skip=(model.config.mask_token_id,))
+    return text, len(kept), "stop" if stops.size else "length"
+
+
+def post(url, path, body, **kw):
+    return httpx.post(url + path, json=body, timeout=60, **kw)
+
+
+def events(response) -> list:
+    """The JSON objects of a server-sent event stream, [DONE] checked and dropped."""
+    lines = [line[len("data: "):] for line in response.iter_lines() if line.startswith("data: ")]
+    assert lines[-1] == "[DONE]", lines[-3:]
+    return [json.loads(line) for line in lines[:-1]]
+
+
+def test_concurrent_clients_each_get_what_generate_gives_their_prompt_alone(url, sdar, rng):
+    _, model, tokenizer = sdar
+    # 16 clients, 4 slots: requests queue, enter freed slots at different steps, leave at different blocks
+    prompts = [rng.integers(3, 140, 6 if i % 2 else 9).tolist() for i in range(16)]
+    with concurrent.futures.ThreadPoolExecutor(16) as pool:
+        replies = list(pool.map(lambda p: post(url, "/v1/completions", dict(model=NAME, prompt=p, max_tokens=12)),
+                                prompts))
+    finishes = set()
+    for prompt, reply in zip(prompts, replies):
+        assert reply.status_code == 200, reply.text
+        body = reply.json()
+        text, tokens, finish = alone(model, tokenizer, prompt, 12)
+        choice = body["choices"][0]
+        assert (choice["text"], choice["finish_reason"]) == (text, finish), prompt
+        assert body["usage"] == dict(prompt_tokens=len(prompt), completion_tokens=tokens,
+                                     total_tokens=len(prompt) + tokens)
+        assert body["object"] == "text_completion" and body["model"] == NAME
+        finishes.add(finish)
+    metrics = httpx.get(url + "/metrics").text
+    assert "dllm_request_latency_seconds_count" in metrics and "dllm_time_to_first_block_seconds_bucket" in metrics
+
+
+def test_streamed_deltas_concatenate_to_the_full_text(url):
+    for path, body in (("/v1/completions", dict(prompt="w5 w6 w7 w8 w9")),
+                       ("/v1/chat/completions", dict(messages=[{"role": "user", "content": "w5 w6 w7"}]))):
+        body = dict(body, model=NAME, max_tokens=20)
+        full = post(url, path, body).json()["choices"][0]
+        with httpx.stream("POST", url + path, json=dict(body, stream=True, stream_options={"include_usage": True}),
+                          timeout=60) as response:
+            assert response.status_code == 200 and response.headers["content-type"].startswith("text/event-stream")
+            chunks = events(response)
+        usage = chunks.pop()
+        assert usage["choices"] == [] and usage["usage"]["completion_tokens"] > 0
+        pieces = [c["choices"][0]["delta"]["content"] if "chat" in path else c["choices"][0]["text"] for c in chunks]
+        whole = full["message"]["content"] if "chat" in path else full["text"]
+        assert "".join(pieces) == whole
+        assert sum(bool(p) for p in pieces) >= 2, pieces  # one delta per decoded block, not one at the end
+        assert chunks[-1]["choices"][0]["finish_reason"] == full["finish_reason"]
+        assert all(c["choices"][0]["finish_reason"] is None for c in chunks[:-1])
+
+
+def test_the_official_openai_client_works(url, sdar):
+    _, model, tokenizer = sdar
+    client = openai.OpenAI(base_url=url + "/v1", api_key="unused", max_retries=0)
+    assert [m.id for m in client.models.list().data] == [NAME]
+    # prompts of 6 and 9 tokens, 12 new ones: the programs the concurrency test compiled
+    text = "w10 w11 w12 w13 w14 w15"
+    reply = client.completions.create(model=NAME, prompt=text, max_tokens=12, temperature=0)
+    ids = tokenizer.tokenizer.encode(text, add_special_tokens=True).ids
+    assert reply.choices[0].text == alone(model, tokenizer, ids, 12)[0]
+    messages = [{"role": "user", "content": "w20 w21 w22 w23"}]
+    chat = client.chat.completions.create(model=NAME, messages=messages, max_tokens=12)
+    ids = tokenizer.encode_messages(messages)
+    assert chat.choices[0].message.content == alone(model, tokenizer, ids, 12)[0]
+    stream = client.chat.completions.create(model=NAME, messages=messages, max_tokens=12, stream=True)
+    assert "".join(c.choices[0].delta.content or "" for c in stream) == chat.choices[0].message.content
+    with pytest.raises(openai.BadRequestError, match="temperature"):
+        client.completions.create(model=NAME, prompt="w1", max_tokens=4, temperature=0.7)
+
+
+@pytest.mark.parametrize("body, status, message", [
+    ("{not json", 400, "JSON"),
+    (dict(prompt="w1", max_tokens=4, logit_bias={}), 400, "logit_bias"),  # an unknown field
+    (dict(prompt="w1", max_tokens="4"), 400, "max_tokens"),  # mistyped: no string-to-int coercion
+    (dict(prompt="w1", max_tokens=0), 400, "max_tokens"),
+    (dict(prompt="w1", max_tokens=4, stream="yes"), 400, "stream"),
+    (dict(prompt="w1", max_tokens=4, n=2), 400, "n"),
+    (dict(prompt="w1", max_tokens=4, temperature=0.5), 400, "this server samples with temperature=0"),
+    (dict(prompt="w1", max_tokens=4, top_p=-1), 400, "top_p"),
+    (dict(prompt="w1", max_tokens=4, stop=["a", "b", "c", "d", "e"]), 400, "stop"),
+    (dict(prompt="w1", max_tokens=4, seed=-3), 400, "seed"),
+    (dict(prompt=["w1", "w2"], max_tokens=4), 400, "one prompt per request"),
+    (dict(prompt=list(range(3, 93)), max_tokens=10), 400, "max_context=96"),  # prompt + answer > the context
+    (dict(prompt=[3, 4, 150, 5, 6, 7], max_tokens=4), 400, "mask token id 150"),
+    (dict(prompt=[3, 4, 999], max_tokens=4), 400, "vocab"),
+    (dict(prompt="w1", max_tokens=4, model="gpt-4"), 404, "does not exist"),
+])
+def test_bad_requests_get_an_openai_error_object(url, body, status, message):
+    if isinstance(body, str):
+        reply = httpx.post(url + "/v1/completions", content=body, headers={"content-type": "application/json"})
+    else:
+        reply = post(url, "/v1/completions", dict(model=NAME) | body)
+    assert reply.status_code == status, reply.text
+    error = reply.json()["error"]
+    assert message in error["message"] and error["type"] == "invalid_request_error"
+    assert httpx.get(url + "/health").json()["status"] == "ok"  # the engine goes on
+
+
+def test_bad_chat_requests_are_refused(url):
+    for body, message in ((dict(messages=[]), "messages"),
+                          (dict(messages=[{"role": "robot", "content": "x"}]), "role"),
+                          (dict(messages=[{"role": "user", "content": "x"}], max_completion_tokens=0),
+                           "max_completion")):
+        reply = post(url, "/v1/chat/completions", dict(model=NAME) | body)
+        assert reply.status_code == 400 and message in reply.json()["error"]["message"], reply.text
+
+
+def wait_for(condition, what: str, seconds: float = 30):
+    deadline = time.monotonic() + seconds
+    while not condition():
+        assert time.monotonic() < deadline, f"timed out waiting for {what}"
+        time.sleep(0.05)
+
+
+def test_a_full_queue_answers_429_and_a_disconnected_client_frees_its_slot(sdar):
+    _, model, tokenizer = sdar
+    for url in serve(build_app(model, tokenizer, model_name=NAME, slots=1, max_context=512, max_queue=1)):
+        # a burst of 8 ten-block requests for one slot and one place in the queue: the one decoding and the one
+        # waiting are answered, requests that find both taken get 429 (a burst of local requests arrives well
+        # within one request's ten block steps)
+        body = dict(model=NAME, prompt=[5, 6, 7, 8], max_tokens=40)
+        with concurrent.futures.ThreadPoolExecutor(8) as pool:
+            replies = list(pool.map(lambda _: post(url, "/v1/completions", body), range(8)))
+        codes = sorted(r.status_code for r in replies)
+        assert set(codes) == {200, 429} and codes.count(200) >= 2, codes
+        assert all(r.json()["error"]["type"] == "rate_limit_error" for r in replies if r.status_code == 429)
+        # a streaming client goes away after its first block of 125: its slot is freed, not decoded to the end
+        long = dict(model=NAME, prompt=[5, 6, 7, 8], max_tokens=500, stream=True)
+        with httpx.stream("POST", url + "/v1/completions", json=long, timeout=60) as running:
+            next(running.iter_lines())
+        wait_for(lambda: httpx.get(url + "/health").json()["active"] == 0, "the slot to be free")
+        metrics = httpx.get(url + "/metrics").text
+        assert 'dllm_requests_total{outcome="disconnected"} 1.0' in metrics
+        assert 'dllm_requests_total{outcome="429"}' in metrics
+        assert post(url, "/v1/completions", body).status_code == 200
+
+
+def test_sigterm_finishes_the_running_requests_then_exits(checkpoints):
+    sock = socket.socket()
+    sock.bind(("127.0.0.1", 0))
+    port = sock.getsockname()[1]
+    sock.close()
+    env = dict(os.environ, PYTHONPATH=os.pathsep.join([str(Path(__file__).parents[1]),
+                                                       os.environ.get("PYTHONPATH", "")]))
+    server = subprocess.Popen([sys.executable, "-m", "dllm_jax.cli", "serve", "--model", str(checkpoints[1]),
+                               "--port", str(port), "--dtype", "float32", "--slots", "2", "--max-context", "96",
+                               "--log-level", "warning"], env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
+                              text=True)
+    url = f"http://127.0.0.1:{port}"
+    try:
+        def up():
+            assert server.poll() is None, server.stdout.read()
+            try:
+                return httpx.get(url + "/health").status_code == 200
+            except httpx.TransportError:
+                return False
+
+        wait_for(up, "the server to start", 120)
+        long = dict(model=checkpoints[1].name, prompt=[5, 6, 7, 8], max_tokens=80, stream=True)
+        with httpx.stream("POST", url + "/v1/completions", json=long, timeout=120) as running:
+            lines = running.iter_lines()
+            next(lines)
+            server.send_signal(signal.SIGTERM)
+            chunks = [json.loads(line[6:]) for line in lines if line.startswith("data: {")]
+        assert chunks[-1]["choices"][0]["finish_reason"] in ("stop", "length")  # finished, not cut off
+        # uvicorn raises the signal again once it has shut down, so the exit status says SIGTERM ended it
+        assert server.wait(timeout=60) == -signal.SIGTERM
+        assert "Traceback" not in server.stdout.read()
+        with pytest.raises(httpx.TransportError):
+            httpx.get(url + "/health")
+    finally:
+        server.kill()
+        server.wait()
