@@ -1,7 +1,8 @@
 """Evaluates a checkpoint on several (task, context, seed) cells in one process, as a user's process
 compiles (tests/test_trained_checkpoints.py runs it without `make test`'s -O0 flags: the 1k-token
-passes are execution-bound), and writes one record per cell:
-python tests/evaluate_cells.py CHECKPOINT DTYPE OUT.json TASK:CONTEXT:SEED [...]"""
+passes are execution-bound), and writes one record per cell; OPTIONS is a JSON object of `evaluate`'s
+generate options (e.g. {"cache": "dual", "threshold": 0.9}):
+python tests/evaluate_cells.py CHECKPOINT DTYPE OUT.json OPTIONS TASK:CONTEXT:SEED [...]"""
 
 import json
 import sys
@@ -13,14 +14,14 @@ from dllm_jax import eval as dev
 SAMPLES = 10
 
 
-def main(checkpoint: Path, dtype: str, out: Path, cells: list[str]) -> None:
+def main(checkpoint: Path, dtype: str, out: Path, options: dict, cells: list[str]) -> None:
     tokenizer = dev.load_tokenizer(checkpoint)
     model = dllm_jax.load_model(checkpoint, dtype=dtype, progress=False)
     rows = []
     for cell in cells:
         task, context, seed = cell.split(":")
         samples = dev.make_samples(task, int(context), SAMPLES, int(seed), tokenizer)
-        result = dev.evaluate(model, samples, tokenizer=tokenizer, batch_size=SAMPLES, progress=False)
+        result = dev.evaluate(model, samples, tokenizer=tokenizer, batch_size=SAMPLES, progress=False, **options)
         rows.append(dict(task=task, context=int(context), seed=int(seed), num_samples=result.num_samples,
                          tasks=list(result.tasks), context_lengths=list(result.context_lengths),
                          accuracy=result.accuracy, answers=[(r.answer, r.predicted) for r in result.records]))
@@ -28,4 +29,4 @@ def main(checkpoint: Path, dtype: str, out: Path, cells: list[str]) -> None:
 
 
 if __name__ == "__main__":
-    main(Path(sys.argv[1]), sys.argv[2], Path(sys.argv[3]), sys.argv[4:])
+    main(Path(sys.argv[1]), sys.argv[2], Path(sys.argv[3]), json.loads(sys.argv[4]), sys.argv[5:])
