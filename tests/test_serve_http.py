@@ -11,7 +11,6 @@ import signal
 import socket
 import subprocess
 import sys
-import threading
 import time
 from pathlib import Path
 
@@ -19,10 +18,9 @@ import httpx
 import numpy as np
 import openai
 import pytest
-import uvicorn
 
 import dllm_jax
-from dllm_jax.serve.app import build_app
+from dllm_jax.serve.app import build_app, running
 from dllm_jax.tokenizer import ChatTokenizer
 
 NAME = "tiny"
@@ -35,27 +33,11 @@ def sdar(checkpoints):
     return path, dllm_jax.load_model(path, dtype="float32", progress=False), ChatTokenizer(path)
 
 
-def serve(app):
-    """Runs `app` under uvicorn on a free local port in a thread; yields the base URL, then shuts it down."""
-    sock = socket.socket()
-    sock.bind(("127.0.0.1", 0))
-    server = uvicorn.Server(uvicorn.Config(app, log_level="warning"))
-    thread = threading.Thread(target=server.run, kwargs=dict(sockets=[sock]), daemon=True)
-    thread.start()
-    deadline = time.monotonic() + 30
-    while not server.started:
-        assert time.monotonic() < deadline and thread.is_alive(), "the server did not start"
-        time.sleep(0.02)
-    yield f"http://127.0.0.1:{sock.getsockname()[1]}"
-    server.should_exit = True
-    thread.join(30)
-    sock.close()
-
-
 @pytest.fixture(scope="module")
 def url(sdar):
     _, model, tokenizer = sdar
-    yield from serve(build_app(model, tokenizer, model_name=NAME, slots=4, max_context=MAX_CONTEXT))
+    with running(build_app(model, tokenizer, model_name=NAME, slots=4, max_context=MAX_CONTEXT)) as base:
+        yield base
 
 
 def alone(model, tokenizer, ids, max_tokens: int) -> tuple[str, int, str]:
@@ -186,7 +168,7 @@ def wait_for(condition, what: str, seconds: float = 30):
 
 def test_a_full_queue_answers_429_and_a_disconnected_client_frees_its_slot(sdar):
     _, model, tokenizer = sdar
-    for url in serve(build_app(model, tokenizer, model_name=NAME, slots=1, max_context=512, max_queue=1)):
+    with running(build_app(model, tokenizer, model_name=NAME, slots=1, max_context=512, max_queue=1)) as url:
         # a burst of 8 ten-block requests for one slot and one place in the queue: the one decoding and the one
         # waiting are answered, requests that find both taken get 429 (a burst of local requests arrives well
         # within one request's ten block steps)
@@ -198,8 +180,8 @@ def test_a_full_queue_answers_429_and_a_disconnected_client_frees_its_slot(sdar)
         assert all(r.json()["error"]["type"] == "rate_limit_error" for r in replies if r.status_code == 429)
         # a streaming client goes away after its first block of 125: its slot is freed, not decoded to the end
         long = dict(model=NAME, prompt=[5, 6, 7, 8], max_tokens=500, stream=True)
-        with httpx.stream("POST", url + "/v1/completions", json=long, timeout=60) as running:
-            next(running.iter_lines())
+        with httpx.stream("POST", url + "/v1/completions", json=long, timeout=60) as streaming:
+            next(streaming.iter_lines())
         wait_for(lambda: httpx.get(url + "/health").json()["active"] == 0, "the slot to be free")
         metrics = httpx.get(url + "/metrics").text
         assert 'dllm_requests_total{outcome="disconnected"} 1.0' in metrics
@@ -229,8 +211,8 @@ def test_sigterm_finishes_the_running_requests_then_exits(checkpoints):
 
         wait_for(up, "the server to start", 120)
         long = dict(model=checkpoints[1].name, prompt=[5, 6, 7, 8], max_tokens=80, stream=True)
-        with httpx.stream("POST", url + "/v1/completions", json=long, timeout=120) as running:
-            lines = running.iter_lines()
+        with httpx.stream("POST", url + "/v1/completions", json=long, timeout=120) as streaming:
+            lines = streaming.iter_lines()
             next(lines)
             server.send_signal(signal.SIGTERM)
             chunks = [json.loads(line[6:]) for line in lines if line.startswith("data: {")]

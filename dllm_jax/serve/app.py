@@ -14,8 +14,11 @@ import asyncio
 import contextlib
 import json
 import secrets
+import socket
+import threading
 import time
 
+import uvicorn
 from fastapi import FastAPI, Request
 from fastapi.exceptions import RequestValidationError
 from fastapi.responses import JSONResponse, Response, StreamingResponse
@@ -77,8 +80,9 @@ def build_app(model, tokenizer, *, model_name: str, slots: int = 8, max_context:
     worker = Worker(engine, lambda ids: tokenizer.decode(ids, skip=skip), max_queue=max_queue,
                     observer=metrics.observer())
     metrics.watch(worker)
-    return create_app(worker, tokenizer, model_name=model_name, metrics=metrics, temperature=temperature,
-                      top_p=top_p)
+    app = create_app(worker, tokenizer, model_name=model_name, metrics=metrics, temperature=temperature, top_p=top_p)
+    app.state.engine = engine  # for callers that warm it up (benchmarks/serving.py)
+    return app
 
 
 def create_app(worker: Worker, tokenizer, *, model_name: str, metrics: Metrics, temperature: float,
@@ -231,3 +235,25 @@ def create_app(worker: Worker, tokenizer, *, model_name: str, metrics: Metrics, 
 
 def sse(obj: dict) -> str:
     return f"data: {json.dumps(obj)}\n\n"
+
+
+@contextlib.contextmanager
+def running(app: FastAPI, host: str = "127.0.0.1", log_level: str = "warning"):
+    """Serves `app` under uvicorn on a free port of `host` in a thread of this process (tests, the load
+    generator); yields the base URL, and shuts the server down (its lifespan: the engine drains) on exit."""
+    sock = socket.socket()
+    sock.bind((host, 0))
+    server = uvicorn.Server(uvicorn.Config(app, log_level=log_level))
+    thread = threading.Thread(target=server.run, kwargs=dict(sockets=[sock]), daemon=True)
+    thread.start()
+    try:
+        deadline = time.monotonic() + 60
+        while not server.started:
+            if time.monotonic() > deadline or not thread.is_alive():
+                raise RuntimeError("the server did not start")
+            time.sleep(0.02)
+        yield f"http://{host}:{sock.getsockname()[1]}"
+    finally:
+        server.should_exit = True
+        thread.join(60)
+        sock.close()

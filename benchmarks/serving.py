@@ -1,0 +1,234 @@
+"""Serving under load (issue 41): the OpenAI server (`dllm_jax.serve`, continuous batching over slots) against
+lockstep `generate` batches, on the same trace of requests.
+
+    PYTHONPATH=. python -m benchmarks.serving --model sdar-8b-chat --rates 2,8 --requests 64 --slots 16 \
+        --prompt-lengths 128:4096 --output-lengths 32:512 --out benchmarks/results [--tag NAME]
+    PYTHONPATH=. python -m benchmarks.serving --model tiny-sdar --rates 50 --requests 16 --slots 4 \
+        --prompt-lengths 8:64 --output-lengths 4:32 --out /tmp/serving   # a CPU smoke run
+
+The model has random weights (`dllm_jax.bench.model_for`: a shipped config name or tiny-sdar) with its stop
+tokens off, so every request decodes exactly its output length; a word-level tokenizer covers its vocabulary.
+A trace (seeded) draws, per arrival rate, `--requests` requests: Poisson arrivals (exponential gaps at the
+rate, requests per second), prompt lengths log-uniform and output lengths uniform over their ranges.
+
+- **server**: the app on a local port (`dllm_jax.serve.app.running`), one streaming client per request sent
+  at its arrival time (httpx, asyncio); time to first block = arrival to the first streamed text, latency =
+  arrival to the last.
+- **lockstep**: the trace through `generate` batches of up to `--slots` prompts, taken in arrival order when
+  the previous batch ends (or at the next arrival); a batch is left-padded to the next of a few widths and
+  decodes its longest output (`--output-lengths`' maximum, so one program per width), as a lockstep server
+  must; every request of a batch gets its answer when the batch ends (first block = latency).
+
+Both decode greedily with SDAR's defaults (4 denoising steps per block, dynamic remasking). Compilation is
+done before the clock starts: the server's inserts (every prefill length the trace needs) and block step,
+lockstep's program per width. Throughput = output tokens of the trace / (last answer - first arrival).
+Results: <out>/serving[_tag]_<device>_<date>.{json,md}, with the percentiles per rate and mode.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import dataclasses
+import datetime
+import json
+import tempfile
+import time
+from pathlib import Path
+
+import httpx
+import jax
+import jax.numpy as jnp
+import numpy as np
+
+from dllm_jax import generate
+from dllm_jax.bench import markdown_table, model_for, write_results
+from dllm_jax.serve.app import build_app, running
+from dllm_jax.testing import write_tiny_tokenizer
+from dllm_jax.tokenizer import ChatTokenizer, left_pad
+
+
+@dataclasses.dataclass(frozen=True)
+class Request:
+    arrival: float  # seconds after the trace starts
+    prompt: tuple[int, ...]
+    output: int
+
+
+@dataclasses.dataclass(frozen=True)
+class Served:
+    arrival: float
+    first: float  # first block's text, seconds after the trace starts
+    end: float
+    tokens: int
+
+
+def span(text: str) -> tuple[int, int]:
+    lo, _, hi = text.partition(":")
+    lo, hi = int(lo), int(hi or lo)
+    if not 1 <= lo <= hi:
+        raise argparse.ArgumentTypeError(f"{text!r}: want LOW:HIGH with 1 <= LOW <= HIGH")
+    return lo, hi
+
+
+def parse_args(argv=None) -> argparse.Namespace:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--model", default="tiny-sdar", help="a shipped SDAR config name or tiny-sdar")
+    parser.add_argument("--rates", default="4", help="arrival rates, requests per second (comma-separated)")
+    parser.add_argument("--requests", type=int, default=32, help="requests per rate")
+    parser.add_argument("--slots", type=int, default=8, help="server slots = lockstep batch size")
+    parser.add_argument("--prompt-lengths", type=span, default=(128, 4096), metavar="LOW:HIGH")
+    parser.add_argument("--output-lengths", type=span, default=(32, 512), metavar="LOW:HIGH")
+    parser.add_argument("--seed", type=int, default=0)
+    parser.add_argument("--seconds", type=float, default=300, help="longest a mode may take on one rate's trace")
+    parser.add_argument("--out", type=Path, default=Path("benchmarks/results"))
+    parser.add_argument("--tag", default="")
+    args = parser.parse_args(argv)
+    args.rates = [float(r) for r in args.rates.split(",")]
+    if min(args.rates) <= 0 or args.requests < 1 or args.slots < 1:
+        parser.error("--rates must be > 0, --requests and --slots >= 1")
+    return args
+
+
+def make_trace(rate: float, n: int, prompts: tuple[int, int], outputs: tuple[int, int], vocab: int, avoid: int,
+               seed: int) -> list[Request]:
+    rng = np.random.default_rng(seed)
+    arrivals = np.cumsum(rng.exponential(1 / rate, n))
+    arrivals -= arrivals[0]
+    lengths = np.exp(rng.uniform(np.log(prompts[0]), np.log(prompts[1] + 1), n)).astype(int).clip(*prompts)
+    trace = []
+    for t, p, o in zip(arrivals, lengths, rng.integers(outputs[0], outputs[1] + 1, n)):
+        ids = rng.integers(3, vocab, p)
+        trace.append(Request(float(t), tuple(int(i) for i in np.where(ids == avoid, 3, ids)), int(o)))
+    return trace
+
+
+def widths(prompts: tuple[int, int]) -> list[int]:
+    """Lockstep's padded prompt widths: powers of two from the shortest prompt's up to one >= the longest."""
+    w = 1 << max(prompts[0] - 1, 1).bit_length()
+    out = [w]
+    while out[-1] < prompts[1]:
+        out.append(out[-1] * 2)
+    return out
+
+
+async def serve_trace(url: str, name: str, trace: list[Request], seconds: float) -> list[Served]:
+    start = time.perf_counter()
+
+    async def one(client: httpx.AsyncClient, r: Request) -> Served:
+        await asyncio.sleep(max(0.0, r.arrival - (time.perf_counter() - start)))
+        arrival, first, tokens = time.perf_counter() - start, None, 0
+        body = dict(model=name, prompt=list(r.prompt), max_tokens=r.output, stream=True,
+                    stream_options={"include_usage": True})
+        async with client.stream("POST", url + "/v1/completions", json=body) as response:
+            if response.status_code != 200:
+                raise RuntimeError(f"HTTP {response.status_code}: {await response.aread()}")
+            async for line in response.aiter_lines():
+                if not line.startswith("data: {"):
+                    continue
+                chunk = json.loads(line[6:])
+                if chunk.get("usage"):
+                    tokens = chunk["usage"]["completion_tokens"]
+                elif first is None and chunk["choices"][0]["text"]:
+                    first = time.perf_counter() - start
+        end = time.perf_counter() - start
+        return Served(arrival, end if first is None else first, end, tokens)
+
+    limits = httpx.Limits(max_connections=len(trace) + 8)
+    async with httpx.AsyncClient(timeout=seconds, limits=limits) as client:
+        return await asyncio.wait_for(asyncio.gather(*(one(client, r) for r in trace)), seconds)
+
+
+def lockstep_trace(model, trace: list[Request], slots: int, pads: list[int], new: int, pad_id: int) -> list[Served]:
+    start = time.perf_counter()
+    served, waiting, i = [], [], 0
+    while i < len(trace) or waiting:
+        now = time.perf_counter() - start
+        while i < len(trace) and trace[i].arrival <= now:
+            waiting.append(trace[i])
+            i += 1
+        if not waiting:
+            time.sleep(max(0.0, trace[i].arrival - now))
+            continue
+        batch, waiting = waiting[:slots], waiting[slots:]
+        ids, mask = padded_batch([r.prompt for r in batch], slots, pads, pad_id)
+        jax.block_until_ready(generate(model, ids, attention_mask=mask, max_new_tokens=new, top_k=1))
+        end = time.perf_counter() - start
+        served += [Served(r.arrival, end, end, r.output) for r in batch]
+    return served
+
+
+def padded_batch(prompts, slots: int, pads: list[int], pad_id: int):
+    """`slots` rows (missing rows repeat the last prompt), left-padded to the next width of `pads`."""
+    rows = list(prompts) + [prompts[-1]] * (slots - len(prompts))
+    width = next(w for w in pads if w >= max(len(p) for p in rows))
+    ids, mask = left_pad([list(p) for p in rows], pad_id)
+    extra = width - ids.shape[1]
+    return np.pad(ids, ((0, 0), (extra, 0)), constant_values=pad_id), np.pad(mask, ((0, 0), (extra, 0)))
+
+
+def summary(served: list[Served]) -> dict:
+    first = np.array([s.first - s.arrival for s in served])
+    latency = np.array([s.end - s.arrival for s in served])
+    span_s = max(s.end for s in served) - min(s.arrival for s in served)
+    tokens = sum(s.tokens for s in served)
+    return dict(requests=len(served), tokens=tokens, seconds=round(span_s, 3), tokens_per_s=round(tokens / span_s, 1),
+                first_p50=round(float(np.percentile(first, 50)), 3), first_p99=round(float(np.percentile(first, 99)), 3),
+                latency_p50=round(float(np.percentile(latency, 50)), 3),
+                latency_p99=round(float(np.percentile(latency, 99)), 3))
+
+
+def main(argv=None) -> Path:
+    args = parse_args(argv)
+    context = args.prompt_lengths[1] + args.output_lengths[1]
+    model, config = model_for(args.model, layers=None, context=context + 64, dtype=jnp.bfloat16)
+    with tempfile.TemporaryDirectory() as tmp:
+        write_tiny_tokenizer(tmp, config.vocab_size, mask_token_id=config.mask_token_id,
+                             eos_token_id=config.vocab_size - 1)
+        tokenizer = ChatTokenizer(tmp)
+    traces = {rate: make_trace(rate, args.requests, args.prompt_lengths, args.output_lengths, config.vocab_size - 3,
+                               config.mask_token_id, args.seed + i) for i, rate in enumerate(args.rates)}
+    app = build_app(model, tokenizer, model_name=args.model, slots=args.slots, max_context=context,
+                    max_queue=args.requests * 2)
+    pads = widths(args.prompt_lengths)
+    new = args.output_lengths[1]
+    rows = []
+    with running(app) as url:
+        start = time.perf_counter()  # compile: every prefill length the traces use, the step; lockstep's widths
+        lengths = sorted({len(r.prompt) for t in traces.values() for r in t})
+        warm = [Request(0.0, tuple([3] * n), 4) for n in sorted({next(b for b in app.state.engine.buckets if b >= n)
+                                                                   for n in lengths})]
+        asyncio.run(serve_trace(url, args.model, warm, args.seconds))
+        for w in pads:
+            ids, mask = padded_batch([(3,) * w], args.slots, pads, config.pad_token_id)
+            jax.block_until_ready(generate(model, ids, attention_mask=mask, max_new_tokens=new, top_k=1))
+        print(f"compiled in {time.perf_counter() - start:.1f} s", flush=True)
+        for rate, trace in traces.items():
+            for mode in ("server", "lockstep"):
+                if mode == "server":
+                    served = asyncio.run(serve_trace(url, args.model, trace, args.seconds))
+                else:
+                    served = lockstep_trace(model, trace, args.slots, pads, new, config.pad_token_id)
+                row = dict(rate=rate, mode=mode, **summary(served))
+                rows.append(row)
+                print(json.dumps(row), flush=True)
+    for rate in args.rates:
+        by = {r["mode"]: r for r in rows if r["rate"] == rate}
+        by["server"]["speedup"] = round(by["server"]["tokens_per_s"] / by["lockstep"]["tokens_per_s"], 2)
+    meta = dict(benchmark="serving" + (f"_{args.tag}" if args.tag else ""), device=jax.devices()[0].device_kind,
+                jax=jax.__version__, date=datetime.date.today().isoformat(), model=args.model, slots=args.slots,
+                requests=args.requests, prompt_lengths=args.prompt_lengths, output_lengths=args.output_lengths,
+                seed=args.seed, lockstep_widths=pads, lockstep_new_tokens=new)
+    header = ["rate (req/s)", "mode", "tokens/s", "vs lockstep", "first block p50 / p99 (s)", "latency p50 / p99 (s)"]
+    table = [[r["rate"], r["mode"], r["tokens_per_s"], f"{r['speedup']}x" if "speedup" in r else "",
+              f"{r['first_p50']} / {r['first_p99']}", f"{r['latency_p50']} / {r['latency_p99']}"] for r in rows]
+    lines = [f"# Serving: continuous batching against lockstep - {meta['device']}, jax {meta['jax']}, {meta['date']}",
+             "", f"{args.model} (random weights, stops off), {args.slots} slots, {args.requests} requests per rate, "
+             f"prompts {args.prompt_lengths[0]}-{args.prompt_lengths[1]}, outputs {args.output_lengths[0]}-"
+             f"{args.output_lengths[1]} tokens; lockstep widths {pads}, {new} new tokens per batch.", "",
+             *markdown_table(header, table, align="rlrrrr")]
+    return write_results(args.out, meta, rows, lines)
+
+
+if __name__ == "__main__":
+    main()
