@@ -172,10 +172,10 @@ def summary(served: list[Served]) -> dict:
     latency = np.array([s.end - s.arrival for s in served])
     span_s = max(s.end for s in served) - min(s.arrival for s in served)
     tokens = sum(s.tokens for s in served)
+    pct = lambda a, q: round(float(np.percentile(a, q)), 3)  # noqa: E731
     return dict(requests=len(served), tokens=tokens, seconds=round(span_s, 3), tokens_per_s=round(tokens / span_s, 1),
-                first_p50=round(float(np.percentile(first, 50)), 3), first_p99=round(float(np.percentile(first, 99)), 3),
-                latency_p50=round(float(np.percentile(latency, 50)), 3),
-                latency_p99=round(float(np.percentile(latency, 99)), 3))
+                first_p50=pct(first, 50), first_p99=pct(first, 99), latency_p50=pct(latency, 50),
+                latency_p99=pct(latency, 99))
 
 
 def main(argv=None) -> Path:

@@ -21,6 +21,7 @@ import pytest
 
 import dllm_jax
 from dllm_jax.serve.app import build_app, running
+from dllm_jax.testing import tiny_llada2_config, write_hf_checkpoint, write_tiny_tokenizer
 from dllm_jax.tokenizer import ChatTokenizer
 
 NAME = "tiny"
@@ -225,3 +226,45 @@ def test_sigterm_finishes_the_running_requests_then_exits(checkpoints):
     finally:
         server.kill()
         server.wait()
+
+
+@pytest.fixture(scope="module")
+def llada2_checkpoint(tmp_path_factory):
+    """A tiny random LLaDA2 with the word-level tokenizer (160 ids: mask 150, EOS 141, as the CLI's checkpoints)."""
+    config = tiny_llada2_config(vocab_size=160, mask_token_id=150, eos_token_id=141, pad_token_id=141)
+    path = write_hf_checkpoint(tmp_path_factory.mktemp("llada2"), config, seed=2)
+    return write_tiny_tokenizer(path, 160, mask_token_id=150, eos_token_id=141)
+
+
+LOCKSTEP = {"llada": dict(gen_length=16, steps=16, block_length=16), "llada2": dict(gen_length=32, steps=8)}
+
+
+@pytest.mark.parametrize("family", sorted(LOCKSTEP))
+def test_lockstep_families_answer_each_request_as_generate_alone(family, checkpoints, llada2_checkpoint, rng):
+    """LLaDA and LLaDA2 are served in lockstep batches (greedy, the answer length fixed by the server): 6
+    concurrent clients over batches of 3, prompts of two lengths (LLaDA's batches mix them, left-padded with
+    hidden pad keys; LLaDA2's take one length each), each equal to generate on its prompt alone."""
+    path = checkpoints[0] if family == "llada" else llada2_checkpoint
+    model, tokenizer = dllm_jax.load_model(path, dtype="float32", progress=False), ChatTokenizer(path)
+    options = LOCKSTEP[family]
+    with running(build_app(model, tokenizer, model_name=NAME, slots=3, max_context=96, **options)) as url:
+        prompts = [rng.integers(3, 140, 6 if i % 2 else 9).tolist() for i in range(6)]
+        with concurrent.futures.ThreadPoolExecutor(6) as pool:
+            replies = list(pool.map(lambda p: post(url, "/v1/completions", dict(model=NAME, prompt=p, max_tokens=12)),
+                                    prompts))
+        for prompt, reply in zip(prompts, replies):
+            assert reply.status_code == 200, reply.text
+            out = np.asarray(dllm_jax.generate(model, np.asarray(prompt)[None], **options))[0][len(prompt):][:12]
+            stops = np.flatnonzero(np.isin(out, model.config.stop_ids))
+            kept = out[:stops[0] + 1] if stops.size else out
+            assert reply.json()["choices"][0]["text"] == tokenizer.decode(kept, skip=(model.config.mask_token_id,))
+        too_long = post(url, "/v1/completions", dict(model=NAME, prompt=[5, 6], max_tokens=options["gen_length"] + 1))
+        assert too_long.status_code == 400 and "fixed by the server" in too_long.json()["error"]["message"]
+        sampled = post(url, "/v1/completions", dict(model=NAME, prompt=[5, 6], max_tokens=4, temperature=0.5))
+        assert sampled.status_code == 400
+
+
+def test_lockstep_serving_refuses_sampling(checkpoints):
+    model = dllm_jax.load_model(checkpoints[0], dtype="float32", progress=False)
+    with pytest.raises(ValueError, match="greedy"):
+        build_app(model, ChatTokenizer(checkpoints[0]), model_name=NAME, temperature=0.7, gen_length=16)

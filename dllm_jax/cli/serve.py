@@ -16,13 +16,14 @@ temperature_flag = number(float, "a number in [0, 2]", lambda v: 0 <= v <= 2)
 def add_parser(subparsers) -> None:
     serve = subparsers.add_parser(
         "serve", parents=[dtype_parent(), methods_parent()],
-        help="serve a checkpoint over an OpenAI-compatible HTTP API (continuous batching, SDAR)",
-        description="Loads an SDAR checkpoint and serves POST /v1/completions and /v1/chat/completions (stream: true "
-                    "sends each decoded block), GET /v1/models, /health and /metrics (Prometheus). Requests share "
-                    "--slots rows of one compiled block step; each gets what `dllm_jax.generate` gives its prompt "
-                    "alone. Sampling options are the server's (a request may repeat them). SIGTERM or Ctrl-C stops "
-                    "taking requests, finishes the running ones, then exits. Needs the serve extra: "
-                    "pip install 'dllm-jax[serve]'.")
+        help="serve a checkpoint over an OpenAI-compatible HTTP API (continuous batching for SDAR)",
+        description="Loads a checkpoint and serves POST /v1/completions and /v1/chat/completions (stream: true "
+                    "sends each decoded block), GET /v1/models, /health and /metrics (Prometheus). SDAR requests share "
+                    "--slots rows of one compiled block step (continuous batching); LLaDA, Dream and LLaDA2 requests "
+                    "are generated in lockstep batches of up to --slots, greedily, with the answer length fixed by "
+                    "--gen-length. Each request gets what `dllm_jax.generate` gives its prompt alone. Sampling "
+                    "options are the server's (a request may repeat them). SIGTERM or Ctrl-C stops taking requests, "
+                    "finishes the running ones, then exits. Needs the serve extra: pip install 'dllm-jax[serve]'.")
     serve.add_argument("--model", type=Path, required=True, help="checkpoint directory (HF or converted)")
     serve.add_argument("--model-name", default=None, help="the model id clients send (default: the directory's name)")
     serve.add_argument("--host", default="127.0.0.1", help="address to listen on (default 127.0.0.1)")
@@ -40,6 +41,13 @@ def add_parser(subparsers) -> None:
                        help="forwards per block (default: SDAR's, 4)")
     serve.add_argument("--remasking", choices=["low_confidence_dynamic", "low_confidence_static", "sequential"],
                        default=None, help="which tokens a step commits (default: SDAR's, low_confidence_dynamic)")
+    serve.add_argument("--gen-length", type=positive_int, default=None, metavar="N",
+                       help="LLaDA, Dream, LLaDA2 (lockstep): the answer region every request decodes (the family's "
+                            "default); a request's max_tokens may not exceed it")
+    serve.add_argument("--steps", type=positive_int, default=None, metavar="N",
+                       help="LLaDA, Dream, LLaDA2: denoising steps (the family's default)")
+    serve.add_argument("--block-length", type=positive_int, default=None, metavar="N",
+                       help="LLaDA, LLaDA2: block length (the family's default)")
     serve.add_argument("--log-level", default="info", choices=["critical", "error", "warning", "info", "debug"],
                        help="uvicorn's log level (default info)")
     serve.set_defaults(fn=run)
@@ -55,11 +63,23 @@ def run(args: argparse.Namespace) -> None:
                          "'dllm-jax[serve]'") from None
     from dllm_jax.checkpoint import load_model
     from dllm_jax.cli.methods import method_from_args
+    from dllm_jax.config import read_hf_config
+    from dllm_jax.families import family_of
     from dllm_jax.tokenizer import ChatTokenizer
 
+    _, config = read_hf_config(args.model)  # every flag error before the weights load
+    family = family_of(config)
+    sdar_flags, lockstep_flags = ("--denoising-steps", "--remasking"), ("--gen-length", "--steps", "--block-length")
+    mine = sdar_flags if family.name == "sdar" else lockstep_flags
+    given = [flag for flag in sdar_flags + lockstep_flags if getattr(args, flag[2:].replace("-", "_")) is not None]
+    stray = [flag for flag in given if flag not in mine]
+    if stray:
+        raise ValueError(f"{', '.join(stray)} {'does' if len(stray) == 1 else 'do'} not apply to {type(config).__name__[:-6]} (its flags: "
+                         f"{', '.join(mine)})")
+    flags = dict(denoising_steps=args.denoising_steps, remasking=args.remasking) if family.name == "sdar" else {
+        family.answer_option: args.gen_length, "steps": args.steps, "block_length": args.block_length}
+    options = {k: v for k, v in flags.items() if v is not None}
     method = method_from_args(args)
-    options = {k: v for k, v in (("denoising_steps", args.denoising_steps), ("remasking", args.remasking))
-               if v is not None}
     tokenizer = ChatTokenizer(args.model)
     model = load_model(args.model, dtype=args.dtype)
     name = args.model_name or args.model.resolve().name

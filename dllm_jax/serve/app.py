@@ -26,7 +26,9 @@ from prometheus_client import CONTENT_TYPE_LATEST, CollectorRegistry, Counter, G
 
 from dllm_jax import validation as check
 from dllm_jax.serve import protocol
+from dllm_jax.config import SDARConfig
 from dllm_jax.serve.engine import Engine
+from dllm_jax.serve.lockstep import LockstepEngine
 from dllm_jax.serve.worker import Draining, Event, Job, Observer, QueueFull, Ticket, Worker
 
 LATENCY_BUCKETS = (0.05, 0.1, 0.25, 0.5, 1, 2, 4, 8, 16, 32, 64, 128)
@@ -68,13 +70,19 @@ class Metrics:
 
 def build_app(model, tokenizer, *, model_name: str, slots: int = 8, max_context: int | None = None, method=None,
               max_queue: int = 256, temperature: float = 0.0, top_p: float = 1.0, **options) -> FastAPI:
-    """An engine for `model` (`Engine`'s arguments; `options`: SDAR's other sampling options), its worker and the
-    app over them. temperature 0 decodes greedily (top_k=1)."""
+    """An engine for `model`, its worker and the app over them: SDAR's slot `Engine` (`options`: SDAR's other
+    sampling options; temperature 0 decodes greedily, top_k=1), or for the other families a `LockstepEngine`
+    (greedy; `options`: the family's generate options, its answer length included)."""
     max_queue = check.integer("max_queue", max_queue, minimum=1)
     temperature = check.real("temperature", temperature, low=0, high=2)
     top_p = check.real("top_p", top_p, low=0, high=1, low_open=True)
-    sampling = dict(top_k=1) if temperature == 0 else dict(temperature=temperature, top_p=top_p)
-    engine = Engine(model, slots=slots, max_context=max_context, method=method, **(options | sampling))
+    if isinstance(model.config, SDARConfig):
+        sampling = dict(top_k=1) if temperature == 0 else dict(temperature=temperature, top_p=top_p)
+        engine = Engine(model, slots=slots, max_context=max_context, method=method, **(options | sampling))
+    else:
+        sampling = {} if temperature == 0 else dict(temperature=temperature)
+        sampling |= {} if top_p == 1 else dict(top_p=top_p)
+        engine = LockstepEngine(model, slots=slots, max_context=max_context, method=method, **(options | sampling))
     skip = (model.config.mask_token_id,)
     metrics = Metrics()
     worker = Worker(engine, lambda ids: tokenizer.decode(ids, skip=skip), max_queue=max_queue,
@@ -125,7 +133,7 @@ def create_app(worker: Worker, tokenizer, *, model_name: str, metrics: Metrics, 
         try:
             stop = body.stop_strings()
             if max_tokens is None:  # as much as the context leaves (chat), else OpenAI's default of 16
-                max_tokens = engine.max_context - len(prompt_ids) if isinstance(body, protocol.ChatRequest) else 16
+                max_tokens = engine.room(len(prompt_ids)) if isinstance(body, protocol.ChatRequest) else 16
             seed = body.seed if body.seed is not None else (0 if temperature == 0 else secrets.randbelow(2**31))
             prompt, max_tokens, seed = engine.check(prompt_ids, max_tokens, seed)
         except ValueError as e:

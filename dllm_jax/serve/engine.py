@@ -211,6 +211,10 @@ class Engine:
     def busy(self) -> int:
         return sum(r is not None for r in self.running)
 
+    def room(self, prompt_length: int) -> int:
+        """The most new tokens a request with a prompt of this length may ask for."""
+        return max(self.max_context - prompt_length, 1)
+
     def cancel(self, request_id: int) -> bool:
         """Drops a queued or running request (its slot is free for the next step); False if it is neither."""
         for request in self.queue:
