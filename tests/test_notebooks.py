@@ -1,4 +1,5 @@
-"""Every notebook runs top to bottom in a fresh Jupyter kernel (nbclient), as a new user would run it.
+"""Every notebook runs top to bottom in a fresh Jupyter kernel (nbclient), as a new user would run it (the
+compile-bound ones with the suite's LLVM -O0, below).
 
 quickstart loads the trained checkpoints of checkpoints/; on a CPU the other notebooks make tiny random
 models. The same files run unchanged on a GPU, and the copies in notebooks/ keep the outputs of their last
@@ -18,6 +19,11 @@ nbformat = pytest.importorskip("nbformat")
 NotebookClient = pytest.importorskip("nbclient").NotebookClient
 
 NOTEBOOKS = sorted((Path(__file__).parent.parent / "notebooks").glob("*.ipynb"))
+# quickstart evaluates the trained checkpoints at 1k tokens: execution-bound, ~2x slower under `make test`'s LLVM
+# -O0 (TEST_XLA_FLAGS), so its kernel runs without it. The others compile tiny random models and run them for
+# milliseconds: under -O0 (the same programs, only LLVM's optimisation off) families.ipynb took 25.1 s against
+# 36.9 s and sparse_patterns.ipynb 33.4 s against 39.3 s on 2 cores (2026-11-27)
+EXECUTION_BOUND = {"quickstart.ipynb"}
 
 
 def test_every_notebook_is_tested():
@@ -29,8 +35,8 @@ def test_every_notebook_is_tested():
 def test_notebook_runs_top_to_bottom(path, monkeypatch):
     monkeypatch.delenv("DLLM_JAX_LLADA", raising=False)  # the tiny models, whatever the environment says
     monkeypatch.delenv("DLLM_JAX_SDAR", raising=False)
-    # the kernel compiles as a user's does, without `make test`'s -O0 (TEST_XLA_FLAGS)
-    monkeypatch.setenv("XLA_FLAGS", user_environment(os.environ)["XLA_FLAGS"])
+    if path.name in EXECUTION_BOUND:  # the kernel compiles as a user's does, without `make test`'s -O0
+        monkeypatch.setenv("XLA_FLAGS", user_environment(os.environ)["XLA_FLAGS"])
     notebook = nbformat.read(path, as_version=4)
     NotebookClient(notebook, timeout=900, kernel_name="python3",
                    resources={"metadata": {"path": str(path.parent)}}).execute()
