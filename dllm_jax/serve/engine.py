@@ -28,7 +28,6 @@ step does in `generate` (tested: equal to `generate` alone with the method).
 
 from __future__ import annotations
 
-import collections
 import dataclasses
 
 import jax
@@ -36,15 +35,15 @@ import jax.numpy as jnp
 import numpy as np
 from flax import struct
 
-from dllm_jax import validation as check
 from dllm_jax.attention.methods import make_method
 from dllm_jax.attention.policy import AttentionPolicy, Dense, check_policy
 from dllm_jax.config import SDARConfig
 from dllm_jax.families import family_of
-from dllm_jax.generate.requests import check_context, check_prompt, make_options
+from dllm_jax.generate.requests import check_context, make_options
 from dllm_jax.generate.sdar import (CACHE_TILE, SDAR_SAMPLER, DecodeCarry, SDAROptions, check_sdar_request,
                                     decode_block, no_pending_block, trim)
 from dllm_jax.models import sdar as sdar_model
+from dllm_jax.serve.requests import Request, RequestQueue
 
 
 @struct.dataclass
@@ -71,14 +70,6 @@ class Completion:
     @property
     def generated(self) -> np.ndarray:
         return self.tokens[self.prompt_length:]
-
-
-@dataclasses.dataclass(frozen=True)
-class Request:
-    request_id: int
-    prompt_ids: np.ndarray  # int32 [P]
-    max_new_tokens: int
-    seed: int
 
 
 def prefill_buckets(block_size: int, width: int) -> tuple[int, ...]:
@@ -147,7 +138,7 @@ _insert_jit = jax.jit(insert, static_argnames=("config",), donate_argnames=("sta
 _step_jit = jax.jit(step, static_argnames=("config", "options", "policy"), donate_argnames=("state",))
 
 
-class Engine:
+class Engine(RequestQueue):
     """Continuous batching of SDAR requests over `slots` device rows of up to `max_context` tokens each
     (prompt + new tokens). `submit` queues a request; `step` admits queued requests into free slots,
     advances every busy slot by one block and returns the requests that finished; `run` steps until
@@ -160,46 +151,23 @@ class Engine:
             raise ValueError(f"the serving engine runs SDAR models (block diffusion); got {type(config).__name__}")
         if "max_new_tokens" in options:
             raise ValueError("max_new_tokens is per request: pass it to submit")
-        self.model, self.config = model, config
+        super().__init__(config, slots=slots, max_context=max_context)
+        self.model = model
         self.options = make_options(SDAROptions, "SDAR", options)
         self.policy = Dense() if method is None else make_method(method) if isinstance(method, str) else method
         check_policy(self.policy)
         family_of(config).check_method(self.policy)
-        self.slots = check.integer("slots", slots, minimum=1)
         bl = config.block_size
-        limit = config.max_position_embeddings
-        max_context = limit if max_context is None else check.integer("max_context", max_context, minimum=1)
-        if max_context > limit:
-            raise ValueError(f"max_context={max_context} exceeds the model's context of {limit} positions "
-                             "(config max_position_embeddings)")
-        self.width = -(-max_context // bl) * bl
-        self.max_context = max_context
+        self.width = -(-self.max_context // bl) * bl
         check_sdar_request(config, np.zeros((1, 1), np.int32), [1], self.options)
         self.buckets = prefill_buckets(bl, self.width)
         self.state = init_slots(model.params(), config=config, slots=self.slots, width=self.width, policy=self.policy)
-        self.queue: collections.deque[Request] = collections.deque()
         self.running: list[Request | None] = [None] * self.slots
-        self.next_id = 0
-
-    def submit(self, prompt_ids, max_new_tokens: int, seed: int = 0) -> int:
-        """Queues a request (prompt_ids: int [P], P >= 1) and returns its id; ValueError before anything is
-        queued for a prompt the model or the engine cannot take (`check`)."""
-        prompt, max_new_tokens, seed = self.check(prompt_ids, max_new_tokens, seed)
-        request = Request(self.next_id, prompt, max_new_tokens, seed)
-        self.next_id += 1
-        self.queue.append(request)
-        return request.request_id
 
     def check(self, prompt_ids, max_new_tokens: int, seed: int = 0) -> tuple[np.ndarray, int, int]:
         """(int32 prompt, max_new_tokens, seed) of a request the engine can take, or a ValueError naming the
         problem. Reads only the engine's settings: callable from any thread."""
-        prompt = np.asarray(prompt_ids)
-        if prompt.ndim != 1:
-            raise ValueError(f"prompt_ids must be one prompt [length], got shape {prompt.shape}")
-        check_prompt(self.config, prompt[None], None)
-        prompt = prompt.astype(np.int32)
-        max_new_tokens = check.integer("max_new_tokens", max_new_tokens, minimum=1)
-        seed = check.integer("seed", seed, minimum=0, maximum=2**31 - 1)
+        prompt, max_new_tokens, seed = self.checked_prompt(prompt_ids, max_new_tokens, seed)
         check_context(self.config, len(prompt), max_new_tokens)
         if len(prompt) + max_new_tokens > self.max_context:
             raise ValueError(f"the prompt ({len(prompt)} tokens) + {max_new_tokens} new tokens = "
@@ -217,10 +185,8 @@ class Engine:
 
     def cancel(self, request_id: int) -> bool:
         """Drops a queued or running request (its slot is free for the next step); False if it is neither."""
-        for request in self.queue:
-            if request.request_id == request_id:
-                self.queue.remove(request)
-                return True
+        if super().cancel(request_id):
+            return True
         for slot, request in enumerate(self.running):
             if request is not None and request.request_id == request_id:
                 self.running[slot] = None

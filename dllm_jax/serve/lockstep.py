@@ -13,28 +13,26 @@ progress, and a new request waits for the running batch.
 
 from __future__ import annotations
 
-import collections
-
 import numpy as np
 
-from dllm_jax import validation as check
 from dllm_jax.attention.methods import make_method
 from dllm_jax.attention.policy import Dense, check_policy
 from dllm_jax.families import family_of
 from dllm_jax.generate import generate
-from dllm_jax.generate.requests import check_prompt
-from dllm_jax.serve.engine import Completion, Request
+from dllm_jax.serve.engine import Completion
+from dllm_jax.serve.requests import RequestQueue
 from dllm_jax.tokenizer import left_pad
 
 PADDED = {"llada": dict(padding="mask"), "dream": {}}  # families whose batches may mix prompt lengths
 
 
-class LockstepEngine:
+class LockstepEngine(RequestQueue):
     """`Engine`'s interface over lockstep `generate` batches of up to `slots` requests (module docstring).
     `options`: the family's generate options, its answer option included (the answer every request decodes)."""
 
     def __init__(self, model, *, slots: int = 8, max_context: int | None = None, method=None, **options):
-        self.model, self.config = model, model.config
+        super().__init__(model.config, slots=slots, max_context=max_context)
+        self.model = model
         self.family = family_of(self.config)
         if options.get("temperature", 0) != 0:
             raise ValueError(f"lockstep serving of {type(model).__name__} is greedy (temperature 0): a batch draws "
@@ -43,32 +41,18 @@ class LockstepEngine:
         check_policy(self.method)
         self.family.check_method(self.method)
         self.options = dict(options)
-        self.slots = check.integer("slots", slots, minimum=1)
-        limit = self.config.max_position_embeddings
-        self.max_context = limit if max_context is None else check.integer("max_context", max_context, minimum=1)
-        if self.max_context > limit:
-            raise ValueError(f"max_context={self.max_context} exceeds the model's context of {limit} positions "
-                             "(config max_position_embeddings)")
-        self.answer = self.family.options_class(**self.options).__getattribute__(self.family.answer_option)
+        self.answer = getattr(self.family.options_class(**self.options), self.family.answer_option)
         self.family.prepare(model, np.full((1, 1), 3, np.int32), None, self.method, self.options)  # options checked
-        self.queue: collections.deque[Request] = collections.deque()
-        self.next_id = 0
         self.busy = 0
 
     def check(self, prompt_ids, max_new_tokens: int, seed: int = 0) -> tuple[np.ndarray, int, int]:
         """(int32 prompt, max_new_tokens, seed) of a request this server can take, or a ValueError naming the
         problem (any thread)."""
-        prompt = np.asarray(prompt_ids)
-        if prompt.ndim != 1:
-            raise ValueError(f"prompt_ids must be one prompt [length], got shape {prompt.shape}")
-        check_prompt(self.config, prompt[None], None)
-        prompt = prompt.astype(np.int32)
-        max_new_tokens = check.integer("max_new_tokens", max_new_tokens, minimum=1)
+        prompt, max_new_tokens, seed = self.checked_prompt(prompt_ids, max_new_tokens, seed)
         if max_new_tokens > self.answer:
             raise ValueError(f"max_new_tokens={max_new_tokens} exceeds the {self.answer} tokens this server decodes "
                              f"per answer ({self.family.answer_option}, fixed by the server: the family denoises "
                              "its whole answer region, so its length is part of the answer)")
-        seed = check.integer("seed", seed, minimum=0, maximum=2**31 - 1)
         if len(prompt) + self.answer > self.max_context:
             raise ValueError(f"the prompt ({len(prompt)} tokens) + the {self.answer}-token answer region exceeds the "
                              f"server's max_context={self.max_context}")
@@ -78,21 +62,6 @@ class LockstepEngine:
     def room(self, prompt_length: int) -> int:
         """The most new tokens a request may ask for: the answer region's length."""
         return self.answer
-
-    def submit(self, prompt_ids, max_new_tokens: int, seed: int = 0) -> int:
-        prompt, max_new_tokens, seed = self.check(prompt_ids, max_new_tokens, seed)
-        request = Request(self.next_id, prompt, max_new_tokens, seed)
-        self.next_id += 1
-        self.queue.append(request)
-        return request.request_id
-
-    def cancel(self, request_id: int) -> bool:
-        """Drops a queued request (a running batch ends before the next step anyway)."""
-        for request in self.queue:
-            if request.request_id == request_id:
-                self.queue.remove(request)
-                return True
-        return False
 
     def progress(self) -> dict[int, np.ndarray]:
         return {}  # answers arrive whole, when their batch ends

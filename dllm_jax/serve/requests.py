@@ -1,0 +1,66 @@
+"""What both serving engines share (`Engine`, slots; `LockstepEngine`, lockstep batches): their settings, the
+queue of checked requests, and the checks of one request's prompt and answer length."""
+
+from __future__ import annotations
+
+import collections
+import dataclasses
+
+import numpy as np
+
+from dllm_jax import validation as check
+from dllm_jax.generate.requests import check_prompt
+
+
+@dataclasses.dataclass(frozen=True)
+class Request:
+    request_id: int
+    prompt_ids: np.ndarray  # int32 [P]
+    max_new_tokens: int
+    seed: int
+
+
+class RequestQueue:
+    """`slots` and `max_context` checked against the model's config, and the queue: `submit` checks a request
+    (the subclass's `check`) and queues it; `cancel` drops a queued one (subclasses also drop running ones)."""
+
+    def __init__(self, config, *, slots: int, max_context: int | None):
+        self.config = config
+        self.slots = check.integer("slots", slots, minimum=1)
+        limit = config.max_position_embeddings
+        self.max_context = limit if max_context is None else check.integer("max_context", max_context, minimum=1)
+        if self.max_context > limit:
+            raise ValueError(f"max_context={self.max_context} exceeds the model's context of {limit} positions "
+                             "(config max_position_embeddings)")
+        self.queue: collections.deque[Request] = collections.deque()
+        self.next_id = 0
+
+    def check(self, prompt_ids, max_new_tokens: int, seed: int = 0) -> tuple[np.ndarray, int, int]:
+        raise NotImplementedError
+
+    def checked_prompt(self, prompt_ids, max_new_tokens: int, seed: int) -> tuple[np.ndarray, int, int]:
+        """(int32 prompt [P], max_new_tokens, seed) after the checks every engine makes."""
+        prompt = np.asarray(prompt_ids)
+        if prompt.ndim != 1:
+            raise ValueError(f"prompt_ids must be one prompt [length], got shape {prompt.shape}")
+        check_prompt(self.config, prompt[None], None)
+        max_new_tokens = check.integer("max_new_tokens", max_new_tokens, minimum=1)
+        seed = check.integer("seed", seed, minimum=0, maximum=2**31 - 1)
+        return prompt.astype(np.int32), max_new_tokens, seed
+
+    def submit(self, prompt_ids, max_new_tokens: int, seed: int = 0) -> int:
+        """Queues a request (prompt_ids: int [P], P >= 1) and returns its id; ValueError before anything is
+        queued for a request the model or the engine cannot take (`check`)."""
+        prompt, max_new_tokens, seed = self.check(prompt_ids, max_new_tokens, seed)
+        request = Request(self.next_id, prompt, max_new_tokens, seed)
+        self.next_id += 1
+        self.queue.append(request)
+        return request.request_id
+
+    def cancel(self, request_id: int) -> bool:
+        """Drops a queued request; False if none has this id."""
+        for request in self.queue:
+            if request.request_id == request_id:
+                self.queue.remove(request)
+                return True
+        return False
