@@ -22,6 +22,7 @@ import dataclasses
 from typing import Any, Callable
 
 from dllm_jax.attention import methods
+from dllm_jax.attention.policy import AttentionPolicy, Dense, check_policy
 from dllm_jax.config import DecoderConfig, DreamConfig, LLaDA2Config, LLaDAConfig, SDARConfig
 from dllm_jax.generate import dream as gen_dream
 from dllm_jax.generate import llada as gen_llada
@@ -107,6 +108,14 @@ class Family:
     def check_method(self, method) -> None:
         """ValueError if `method` is a published method of the other kind, naming the ones that apply."""
         methods.check_method(method, self.method_kind, self.label)
+
+    def policy(self, method) -> AttentionPolicy:
+        """`generate`'s `method=` as a checked attention policy of this family: None is dense attention, a name
+        the method with its defaults (`make_method`), a policy itself."""
+        policy = methods.make_method(method) if isinstance(method, str) else Dense() if method is None else method
+        check_policy(policy)
+        self.check_method(policy)
+        return policy
 
     def without_stops(self, config):
         """`config` generating to its full length (no stop id: benchmarks of random weights, which would stop

@@ -86,8 +86,8 @@ def answered(tmp_path_factory):
             out = tmp_path_factory.mktemp("cells") / "cells.json"
             args = [f"{task}:{context}:{seed}" for (task, context), seed in zip(cells, seeds)]
             run = subprocess.run([sys.executable, str(HERE / "evaluate_cells.py"), str(CHECKPOINTS / name), dtype,
-                                  str(out), json.dumps(options), *args], env=user_environment(os.environ), capture_output=True, text=True,
-                                 timeout=900)
+                                  str(out), json.dumps(options), *args], env=user_environment(os.environ),
+                                 capture_output=True, text=True, timeout=900)
             assert run.returncode == 0, run.stderr[-3000:]
             done[key] = {(r["task"], r["context"]): r for r in json.loads(out.read_text())}
         return done[key]

@@ -74,8 +74,8 @@ def run(args: argparse.Namespace) -> None:
     given = [flag for flag in sdar_flags + lockstep_flags if getattr(args, flag[2:].replace("-", "_")) is not None]
     stray = [flag for flag in given if flag not in mine]
     if stray:
-        raise ValueError(f"{', '.join(stray)} {'does' if len(stray) == 1 else 'do'} not apply to {type(config).__name__[:-6]} (its flags: "
-                         f"{', '.join(mine)})")
+        verb = "does" if len(stray) == 1 else "do"
+        raise ValueError(f"{', '.join(stray)} {verb} not apply to {family.label} (its flags: {', '.join(mine)})")
     flags = dict(denoising_steps=args.denoising_steps, remasking=args.remasking) if family.name == "sdar" else {
         family.answer_option: args.gen_length, "steps": args.steps, "block_length": args.block_length}
     options = {k: v for k, v in flags.items() if v is not None}

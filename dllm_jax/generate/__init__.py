@@ -5,8 +5,6 @@ from __future__ import annotations
 
 from dllm_jax import families  # the registry imports this package's family modules: read at call time
 from dllm_jax import validation
-from dllm_jax.attention.methods import make_method
-from dllm_jax.attention.policy import Dense, check_policy
 from dllm_jax.generate.dream import DreamOptions
 from dllm_jax.generate.llada import LLaDAOptions
 from dllm_jax.generate.llada2 import LLaDA2Options
@@ -83,11 +81,7 @@ def generate(model, prompt_ids, *, attention_mask=None, seed: int = 0, method=No
     """
     seed = validation.seed(seed)
     family = families.model_family(model)
-    if isinstance(method, str):
-        method = make_method(method)
-    method = Dense() if method is None else method
-    check_policy(method)
-    family.check_method(method)
+    method = family.policy(method)
     return family.run(model, prompt_ids, attention_mask, seed, method, progress, return_nfe, options)
 
 

@@ -141,10 +141,10 @@ def create_app(worker: Worker, tokenizer, *, model_name: str, metrics: Metrics, 
         return Job(prompt, max_tokens, seed, stop)
 
     def encoded(text: str) -> list[int]:
-        ids = tokenizer.tokenizer.encode(text, add_special_tokens=True).ids
-        if not ids:
-            raise ApiError(400, "the prompt encodes to no tokens", param="prompt")
-        return ids
+        try:
+            return tokenizer.encode(text, chat=False)[0].tolist()
+        except ValueError as e:
+            raise ApiError(400, str(e), param="prompt") from None
 
     @app.post("/v1/completions")
     async def completions(body: protocol.CompletionRequest, request: Request):

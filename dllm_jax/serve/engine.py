@@ -35,8 +35,7 @@ import jax.numpy as jnp
 import numpy as np
 from flax import struct
 
-from dllm_jax.attention.methods import make_method
-from dllm_jax.attention.policy import AttentionPolicy, Dense, check_policy
+from dllm_jax.attention.policy import AttentionPolicy
 from dllm_jax.config import SDARConfig
 from dllm_jax.families import family_of
 from dllm_jax.generate.requests import check_context, make_options
@@ -154,9 +153,7 @@ class Engine(RequestQueue):
         super().__init__(config, slots=slots, max_context=max_context)
         self.model = model
         self.options = make_options(SDAROptions, "SDAR", options)
-        self.policy = Dense() if method is None else make_method(method) if isinstance(method, str) else method
-        check_policy(self.policy)
-        family_of(config).check_method(self.policy)
+        self.policy = family_of(config).policy(method)
         bl = config.block_size
         self.width = -(-self.max_context // bl) * bl
         check_sdar_request(config, np.zeros((1, 1), np.int32), [1], self.options)
@@ -190,9 +187,13 @@ class Engine(RequestQueue):
         for slot, request in enumerate(self.running):
             if request is not None and request.request_id == request_id:
                 self.running[slot] = None
-                self.state = self.state.replace(busy=jnp.asarray([r is not None for r in self.running]))
+                self.mark_busy()
                 return True
         return False
+
+    def mark_busy(self) -> None:
+        """The device's busy flags from the host's slots, after requests left them."""
+        self.state = self.state.replace(busy=jnp.asarray([r is not None for r in self.running]))
 
     def progress(self) -> dict[int, np.ndarray]:
         """{request id: the tokens it has generated so far} for every running request: its decoded blocks (final:
@@ -240,7 +241,7 @@ class Engine(RequestQueue):
             (tokens,) = trim(x[slot:slot + 1], decoded[slot:slot + 1], [n], set(self.config.stop_ids))
             completions.append(Completion(request.request_id, np.asarray(tokens), n))
             self.running[slot] = None
-        self.state = self.state.replace(busy=jnp.asarray([r is not None for r in self.running]))
+        self.mark_busy()
         return completions
 
     def run(self) -> dict[int, Completion]:

@@ -15,8 +15,6 @@ from __future__ import annotations
 
 import numpy as np
 
-from dllm_jax.attention.methods import make_method
-from dllm_jax.attention.policy import Dense, check_policy
 from dllm_jax.families import family_of
 from dllm_jax.generate import generate
 from dllm_jax.serve.engine import Completion
@@ -37,9 +35,7 @@ class LockstepEngine(RequestQueue):
         if options.get("temperature", 0) != 0:
             raise ValueError(f"lockstep serving of {type(model).__name__} is greedy (temperature 0): a batch draws "
                              "from one seed, so sampled requests would not get what they get alone")
-        self.method = Dense() if method is None else make_method(method) if isinstance(method, str) else method
-        check_policy(self.method)
-        self.family.check_method(self.method)
+        self.method = self.family.policy(method)
         self.options = dict(options)
         self.answer = getattr(self.family.options_class(**self.options), self.family.answer_option)
         self.family.prepare(model, np.full((1, 1), 3, np.int32), None, self.method, self.options)  # options checked
