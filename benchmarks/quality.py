@@ -10,7 +10,8 @@ attention.
 
 Per model (an HF checkpoint directory with the task tokenizer), per context and long task
 (`dllm_jax.eval.TASKS` but sanity), every method configuration of the model's family (`SETTINGS`)
-generates the answers of all `--samples` samples in one batch (`dllm_jax.eval.evaluate`: one compile
+generates the answers of all `--samples` samples in one batch, or in batches of `--batch-size` where one
+batch of every sample does not fit the GPU (`dllm_jax.eval.evaluate`: one compile
 per answer window, context and method; the samples come from the evaluation `--seed`, never a training
 one).
 The sanity task's prompts are 64 tokens: it runs once per model, dense only.
@@ -37,7 +38,7 @@ few prompts drawn with training seeds (>= `TRAIN_SEED_FLOOR`), never the evaluat
 calibration JSON files are written next to the results.
 
 Speed (`--time-repeats N`, N >= 1): after a row's evaluation has compiled and run, `dllm_jax.generate`
-runs again on the same batch of prompts with the same options, N times (`dllm_jax.bench.call_times`,
+runs again on the first batch of prompts with the same options, N times (`dllm_jax.bench.call_times`,
 synchronised per call); a row's time per sample is the median over the batch size. Each setting's
 speed-up is dense's time per sample over its own, dense measured in the same run, on the same prompts
 and options, with the capacity `generate` allocates: the loop a user runs. `--plot` draws one Pareto
@@ -187,6 +188,11 @@ class Plan:
     out: Path
     tag: str
     time_repeats: int = 0  # timed generate calls per row after its evaluation (0: no speed measured)
+    batch_size: int | None = None  # prompts per generate call (None: all samples in one batch)
+
+    @property
+    def batch(self) -> int:
+        return self.batch_size or self.samples
 
     def settings(self, family: str) -> tuple[Setting, ...]:
         return tuple(s for s in SETTINGS if s.key in self.chosen and family in s.families)
@@ -210,6 +216,9 @@ def parse_args(argv=None) -> argparse.Namespace:
                    help=f"comma-separated subset of {', '.join(METHOD_NAMES)} (each with all its levels) or of "
                    "the rows METHOD:LEVEL (e.g. mage:defaults, sparsed:select=0.2; see SETTINGS); default: all")
     p.add_argument("--tasks", default=",".join(TASKS), help=f"comma-separated subset of {', '.join(TASKS)}")
+    p.add_argument("--batch-size", type=int, default=None, metavar="B",
+                   help="prompts per generate call for accuracy and speed (default: all --samples in one batch; "
+                   "smaller where a batch of every sample does not fit the GPU)")
     p.add_argument("--time-repeats", type=int, default=0, metavar="N",
                    help="time N more generate calls of each row's batch (warm) for its speed-up over dense (0: none)")
     p.add_argument("--plot", default=None, metavar="JSON",
@@ -291,6 +300,8 @@ def checked_plan(args: argparse.Namespace) -> Plan:
     if not 0 <= args.seed < TRAIN_SEED_FLOOR:
         raise ValueError(f"--seed {args.seed} must lie in [0, {TRAIN_SEED_FLOOR}): seeds from {TRAIN_SEED_FLOOR} on "
                          "are training seeds (dllm_jax.train.data.TRAIN_SEED_FLOOR)")
+    if args.batch_size is not None and not 1 <= args.batch_size <= args.samples:
+        raise ValueError(f"--batch-size {args.batch_size} must lie in [1, --samples {args.samples}]")
     diagnostics = min(4, args.samples) if args.diagnostics is None else args.diagnostics
     if not 0 <= diagnostics <= args.samples:
         raise ValueError(f"--diagnostics {diagnostics} must lie in [0, --samples {args.samples}]")
@@ -306,7 +317,8 @@ def checked_plan(args: argparse.Namespace) -> Plan:
         if not any(m.family in families for m in models):
             raise ValueError(f"--methods {key} serves {' and '.join(families)} models, and no --models is one")
     plan = Plan(models=models, contexts=contexts, tasks=tasks, chosen=chosen, samples=args.samples, seed=args.seed,
-                diagnostics=diagnostics, out=Path(args.out), tag=checked_tag(args.tag), time_repeats=args.time_repeats)
+                diagnostics=diagnostics, out=Path(args.out), tag=checked_tag(args.tag), time_repeats=args.time_repeats,
+                batch_size=args.batch_size)
     for spec in models:
         for task in tasks:
             for context in ([SANITY_CONTEXT] if task == "sanity" else contexts):
@@ -379,21 +391,23 @@ def build(setting: Setting, context: int, calibration: dict | None, out: Path):
 
 def run_row(spec: ModelSpec, plan: Plan, model, tokenizer, samples, setting: Setting, context: int,
             calibration: dict | None) -> dict:
-    """One (model, task, context, setting): accuracy over all samples in one batch, then diagnostics."""
+    """One (model, task, context, setting): accuracy over all samples (in batches of `plan.batch`), then
+    diagnostics."""
     row = dict(model=spec.name, family=spec.family, task=samples[0].task, context=context, method=setting.method,
                level=setting.level, name=setting.name, label=None, accuracy=None, correct=None, n=len(samples),
                distractor_answers=None, recall=None, l1=None, seconds=None, sample_seconds=None, speedup=None,
                diagnostics_seconds=None, error=None, diagnostics_error=None, decoding=None)
     try:
         method, row["label"] = build(setting, context, calibration, plan.out)
-        result = evaluate(model, samples, tokenizer=tokenizer, method=method, batch_size=len(samples), progress=False,
+        result = evaluate(model, samples, tokenizer=tokenizer, method=method, batch_size=plan.batch, progress=False,
                           **dict(setting.decoding))
         # wrong answers that were a distractor's whole value: the wrong needle taken, not a garbled copy
         row.update(accuracy=result.accuracy, correct=result.num_correct, seconds=result.seconds,
                    distractor_answers=sum(result.distractors().values()),
                    decoding={k: result.options[k] for k, _ in setting.decoding} or None)
         if plan.time_repeats:
-            row["sample_seconds"] = time_per_sample(model, samples, method, result.options, plan.time_repeats)
+            row["sample_seconds"] = time_per_sample(model, samples[:plan.batch], method, result.options,
+                                                    plan.time_repeats)
     except Exception as e:  # one failing row must not lose the others' results
         row["error"] = f"{type(e).__name__}: {e}"
         traceback.print_exc()
@@ -412,7 +426,7 @@ def run_row(spec: ModelSpec, plan: Plan, model, tokenizer, samples, setting: Set
 
 
 def time_per_sample(model, samples, method, options: dict, repeats: int) -> float:
-    """Median seconds of `generate` on the samples' prompts as one batch (what `evaluate` just ran, so
+    """Median seconds of `generate` on the samples' prompts as one batch (a batch `evaluate` just ran, so
     compiled), over the batch size."""
     ids = np.stack([s.prompt_ids for s in samples])
     times = call_times(lambda: generate(model, ids, method=method, **options), repeats=repeats, warmup=0, burst_s=0)
@@ -522,7 +536,8 @@ def speed_table(meta: dict, model: str, rows: list[dict]) -> list[str]:
         else:
             values = [f"{by_cell[c]['speedup']:.2f}×" if by_cell.get(c, {}).get("speedup") else "–" for c in cols]
         cells.append([setting.name, *values])
-    lines = [f"Speed of {model}: warm `generate` time per sample of the whole batch ({meta['samples']} prompts, "
+    batch = meta.get("batch_size") or meta["samples"]
+    lines = [f"Speed of {model}: warm `generate` time per sample of one batch ({batch} prompts, "
              f"median of {meta.get('time_repeats')} calls) for dense, and each setting's speed-up over it (same run, "
              "same prompts and options):", ""]
     return lines + markdown_table(["method", *(f"{t}@{c}" for t, c in cols)], cells, align="l" + "r" * len(cols)) + [""]
@@ -577,7 +592,8 @@ def run(plan: Plan) -> Path:
                 jax=jax.__version__, date=datetime.date.today().isoformat(), models=[m.name for m in plan.models],
                 families={m.name: m.family for m in plan.models}, model_paths=[str(m.path) for m in plan.models],
                 contexts=list(plan.contexts), tasks=list(plan.tasks), methods=list(plan.chosen), samples=plan.samples,
-                seed=plan.seed, diagnostics=plan.diagnostics, time_repeats=plan.time_repeats)
+                seed=plan.seed, diagnostics=plan.diagnostics, time_repeats=plan.time_repeats,
+                batch_size=plan.batch)
     print(f"quality on {meta['device']}: models {meta['models']}, contexts {meta['contexts']}, {plan.samples} samples, "
           f"seed {plan.seed}", flush=True)
     start = time.perf_counter()

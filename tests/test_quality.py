@@ -43,9 +43,9 @@ def test_quality_smoke_run_covers_every_task_and_method_asked(tmp_path):
     out = tmp_path / "results"
     md = quality.main(["--models", f"{SDAR_TASKS},{llada}", "--contexts", "128", "--samples", "2", "--seed", "1",
                        "--tasks", "passkey,sanity", "--methods", "dense,sparsed:defaults,dense:dual", "--diagnostics", "1",
-                       "--time-repeats", "1", "--out", str(out), "--tag", "smoke"])
+                       "--time-repeats", "1", "--batch-size", "1", "--out", str(out), "--tag", "smoke"])
     data = json.loads(md.with_suffix(".json").read_text())
-    assert data["benchmark"] == "quality_smoke" and (data["samples"], data["seed"]) == (2, 1)
+    assert data["benchmark"] == "quality_smoke" and (data["samples"], data["seed"], data["batch_size"]) == (2, 1, 1)
     rows = data["rows"]
     cells = {(r["model"], r["task"], r["context"], r["method"], r["level"]) for r in rows}
     # every (task, setting) asked, for each model's family (Fast-dLLM's dual cache: LLaDA's); sanity (64-token
@@ -57,7 +57,7 @@ def test_quality_smoke_run_covers_every_task_and_method_asked(tmp_path):
     assert next(r for r in rows if r["method"] == "sparsed")["level"] == "defaults"  # one row of SparseD asked
     for r in rows:
         assert r["error"] is None, r
-        assert 0.0 <= r["accuracy"] <= 1.0 and r["n"] == 2
+        assert 0.0 <= r["accuracy"] <= 1.0 and r["n"] == 2  # both samples, in batches of 1
         assert r["distractor_answers"] == 0  # passkey and sanity state no distractor to take
     # the SDAR checkpoint is trained on passkey: dense retrieval at 128 tokens is a real check
     dense = next(r for r in rows if (r["model"], r["task"], r["method"]) == ("tiny-sdar-tasks", "passkey", "dense"))
@@ -107,6 +107,7 @@ def test_quality_smoke_run_covers_every_task_and_method_asked(tmp_path):
     (["--contexts", "8192"], "max_position_embeddings"),
     (["--merge", "a.json"], "takes no --models"),
     (["--time-repeats", "-1"], "--time-repeats -1"),
+    (["--samples", "4", "--batch-size", "5"], "--batch-size 5"),
 ])
 def test_quality_rejects_bad_flags_before_any_model_work(flags, message, tmp_path):
     # the flags are checked from config.json alone, before any weights load or any file is written
