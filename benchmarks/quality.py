@@ -536,7 +536,10 @@ def speed_table(meta: dict, model: str, rows: list[dict]) -> list[str]:
         else:
             values = [f"{by_cell[c]['speedup']:.2f}×" if by_cell.get(c, {}).get("speedup") else "–" for c in cols]
         cells.append([setting.name, *values])
-    batch = meta.get("batch_size") or meta["samples"]
+    batches = per_context(meta, "batch_size")
+    batch = (str(batches[meta["contexts"][0]]) if len(set(batches.values())) == 1 else
+             "per context, the last merged run's: " + ", ".join(f"{n} at {c}" for c, n in batches.items()) +
+             "; each run's file in `merged_from` has its own")
     lines = [f"Speed of {model}: warm `generate` time per sample of one batch ({batch} prompts, "
              f"median of {meta.get('time_repeats')} calls) for dense, and each setting's speed-up over it (same run, "
              "same prompts and options):", ""]
@@ -557,6 +560,29 @@ def settings_table(meta: dict, model: str, rows: list[dict]) -> list[str]:
     return lines + markdown_table(["row", "meaning", *(str(c) for c in contexts)], cells) + [""]
 
 
+def per_context(meta: dict, key: str) -> dict[int, int]:
+    """{context: the run's `key`} (a merge of runs that differ in it keeps one value per context)."""
+    by_context = meta.get(f"{key}_by_context")
+    return ({int(c): n for c, n in by_context.items()} if by_context else
+            {c: run_value(meta, key) for c in meta["contexts"]})
+
+
+def run_value(meta: dict, key: str) -> int:
+    """A run's diagnostics or batch size (runs from before --batch-size ran every sample in one batch)."""
+    value = meta.get(key)
+    return meta["samples"] if value is None else value
+
+
+def diagnosed(meta: dict) -> str:
+    """Which samples the recall and L1 columns average, for the header."""
+    by_context = per_context(meta, "diagnostics")
+    if len(set(by_context.values())) == 1:
+        return f"the first {meta['diagnostics']} samples of every task and context"
+    measured = [c for c, n in by_context.items() if n]
+    return (f"the first {max(by_context.values())} samples of every task at {', '.join(map(str, measured))} tokens "
+            f"only (not measured at {', '.join(str(c) for c, n in by_context.items() if not n)})")
+
+
 def report(meta: dict, rows: list[dict]) -> list[str]:
     """The Markdown: a header, then per model the accuracy table and what its rows mean, the
     calibrations and any errors."""
@@ -565,8 +591,8 @@ def report(meta: dict, rows: list[dict]) -> list[str]:
              f"{meta['samples']} samples per task and context, evaluation seed {meta['seed']} (fresh: training seeds "
              "are >= 2**31). Accuracy in % (exact match up to EOS), greedy decoding, one token unmasked per step "
              "(LLaDA: one block over the answer window; SDAR: 4 steps per block of 4, low_confidence_static). Recall "
-             f"and relative L1 vs dense attention: means over the first {meta['diagnostics']} samples of every task "
-             "and context (LLaDA: `analyze`, sparse steps; SDAR: `analyze_blocks`, a block's steps after its first, "
+             f"and relative L1 vs dense attention: means over {diagnosed(meta)} "
+             "(LLaDA: `analyze`, sparse steps; SDAR: `analyze_blocks`, a block's steps after its first, "
              "dense trajectory; means over layers, heads and steps, MAGE's exact first 2 layers counting with L1 0); "
              "n/a: not measurable for the method (SpargeAttn has no fixed pattern, so no recall) or failed; –: not "
              "run. The sanity task (64-token prompts) runs dense only.", ""]
@@ -616,9 +642,9 @@ def save_partial(plan: Plan, meta: dict, rows: list[dict]) -> None:
 # --- merging the results of several runs (e.g. one per model and context, each within a time limit) ---
 
 def merge(paths: tuple[str, ...], out: Path, tag: str) -> Path:
-    """One table from several runs' JSON files (same samples, seed, diagnostics and device); a row that
-    appears in several files (model, task, context, method, level) is taken from the last, so a rerun of
-    failed rows replaces them."""
+    """One table from several runs' JSON files (same samples, seed and device; the diagnostics and batch
+    size are kept per context, from the last file holding it); a row that appears in several files (model,
+    task, context, method, level) is taken from the last, so a rerun of failed rows replaces them."""
     def changes(parts: list[dict]) -> dict:
         return dict(benchmark="quality" + (f"_{tag}" if tag else ""), tag=tag or None,
                     date=max(p["date"] for p in parts), models=union(p["models"] for p in parts),
@@ -628,23 +654,37 @@ def merge(paths: tuple[str, ...], out: Path, tag: str) -> Path:
                     tasks=union((p["tasks"] for p in parts), TASKS),
                     methods=union((p["methods"] for p in parts), [s.key for s in SETTINGS]),
                     calibrations=[c for p in parts for c in p["calibrations"]],
-                    seconds=sum(p["seconds"] for p in parts))
+                    seconds=sum(p["seconds"] for p in parts),
+                    diagnostics=max(p["diagnostics"] for p in parts),
+                    diagnostics_by_context=context_values(parts, "diagnostics"),
+                    batch_size_by_context=context_values(parts, "batch_size"))
 
-    return merge_results(paths, out, report=report, same=("samples", "seed", "diagnostics", "device"),
+    def context_values(parts: list[dict], key: str) -> dict[str, int]:
+        # the last file's value at a context, as its rows replace the earlier ones'
+        return {str(c): n for c, n in sorted({c: run_value(p, key) for p in parts
+                                              for c in p["contexts"]}.items())}
+
+    return merge_results(paths, out, report=report, same=("samples", "seed", "device"),
                          changes=changes, key=lambda r: (r["model"], r["task"], r["context"], r["method"], r["level"]))
 
 
 # --- the Pareto pictures ---
 
 def pareto_points(data: dict, model: str, context: int) -> list[dict]:
-    """Per setting run on (model, context) with a speed-up: its mean accuracy and mean speed-up over the
-    tasks (dense: 1), and its samples."""
-    points = []
-    for setting in family_settings(data, data["families"][model]):
-        mine = [r for r in data["rows"] if (r["model"], r["context"], r["method"], r["level"]) ==
+    """Per setting run on (model, context) with a speed-up on every task dense ran there: its mean accuracy
+    and mean speed-up over the tasks (dense: 1), and its samples. A setting missing a task is left out (a
+    point over fewer tasks would not compare)."""
+    def rows(setting: Setting) -> list[dict]:
+        return [r for r in data["rows"] if (r["model"], r["context"], r["method"], r["level"]) ==
                 (model, context, setting.method, setting.level) and not r["error"] and r["task"] != "sanity"]
+
+    settings = family_settings(data, data["families"][model])
+    tasks = {r["task"] for s in settings if s.baseline for r in rows(s)}
+    points = []
+    for setting in settings:
+        mine = rows(setting)
         speedups = [1.0 if setting.baseline else r.get("speedup") for r in mine]
-        if mine and all(v is not None for v in speedups):
+        if mine and {r["task"] for r in mine} == tasks and all(v is not None for v in speedups):
             points.append(dict(name=setting.name, speedup=float(np.mean(speedups)),
                                accuracy=100 * sum(r["correct"] for r in mine) / sum(r["n"] for r in mine),
                                samples=sum(r["n"] for r in mine)))

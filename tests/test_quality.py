@@ -42,8 +42,8 @@ def test_quality_smoke_run_covers_every_task_and_method_asked(tmp_path):
     llada = write_task_llada(tmp_path / "tiny-llada")
     out = tmp_path / "results"
     md = quality.main(["--models", f"{SDAR_TASKS},{llada}", "--contexts", "128", "--samples", "2", "--seed", "1",
-                       "--tasks", "passkey,sanity", "--methods", "dense,sparsed:defaults,dense:dual", "--diagnostics", "1",
-                       "--time-repeats", "1", "--batch-size", "1", "--out", str(out), "--tag", "smoke"])
+                       "--tasks", "passkey,sanity", "--methods", "dense,sparsed:defaults,dense:dual",
+                       "--diagnostics", "1", "--time-repeats", "1", "--batch-size", "1", "--out", str(out), "--tag", "smoke"])
     data = json.loads(md.with_suffix(".json").read_text())
     assert data["benchmark"] == "quality_smoke" and (data["samples"], data["seed"], data["batch_size"]) == (2, 1, 1)
     rows = data["rows"]
@@ -92,6 +92,14 @@ def test_quality_smoke_run_covers_every_task_and_method_asked(tmp_path):
     merged = quality.main(["--merge", ",".join(map(str, parts)), "--out", str(tmp_path / "merged"), "--tag", "smoke"])
     assert merged.read_text() == table
     assert json.loads(merged.with_suffix(".json").read_text())["rows"] == rows
+    # a context run without diagnostics (as a long one within a time limit) merges, and the header says where the
+    # recall and L1 columns were measured
+    longer = dict(data, contexts=[256], diagnostics=0, rows=[dict(r, context=256, recall=None, l1=None) for r in rows])
+    parts.append(tmp_path / "longer.json")
+    parts[-1].write_text(json.dumps(longer))
+    merged = quality.main(["--merge", ",".join(map(str, parts)), "--out", str(tmp_path / "merged"), "--tag", "two"])
+    assert "the first 1 samples of every task at 128 tokens only (not measured at 256)" in merged.read_text()
+    assert json.loads(merged.with_suffix(".json").read_text())["diagnostics_by_context"] == {"128": 1, "256": 0}
 
 
 @pytest.mark.parametrize("flags, message", [
@@ -120,3 +128,18 @@ def test_pareto_front_keeps_the_points_nothing_beats_on_both_axes():
     points = [dict(name=n, speedup=x, accuracy=y) for n, x, y in
               [("dense", 1.0, 98.0), ("a", 1.5, 97.0), ("b", 1.4, 95.0), ("c", 2.0, 90.0), ("d", 1.0, 90.0)]]
     assert [p["name"] for p in quality.pareto_front(points)] == ["dense", "a", "c"]
+
+
+def test_pareto_points_leave_out_a_setting_run_on_fewer_tasks_than_dense():
+    def row(method, level, task, correct, speedup):
+        return dict(model="m", context=4096, method=method, level=level, task=task, error=None, correct=correct,
+                    n=10, speedup=speedup)
+
+    data = dict(families={"m": "LLaDA"}, methods=["dense", "sparsed:defaults", "sparsed:select=0.2"],
+                rows=[row("dense", "", "passkey", 10, None), row("dense", "", "variable_tracking", 8, None),
+                      row("sparsed", "defaults", "passkey", 10, 1.2),
+                      row("sparsed", "defaults", "variable_tracking", 6, 1.4),
+                      row("sparsed", "select=0.2", "passkey", 10, 1.5)])  # its run was cut before the second task
+    points = quality.pareto_points(data, "m", 4096)
+    assert [(p["name"], p["accuracy"], p["speedup"], p["samples"]) for p in points] == [
+        ("dense", 90.0, 1.0, 20), ("SparseD defaults", 80.0, pytest.approx(1.3), 20)]
