@@ -43,7 +43,8 @@ def test_quality_smoke_run_covers_every_task_and_method_asked(tmp_path):
     out = tmp_path / "results"
     md = quality.main(["--models", f"{SDAR_TASKS},{llada}", "--contexts", "128", "--samples", "2", "--seed", "1",
                        "--tasks", "passkey,sanity", "--methods", "dense,sparsed:defaults,dense:dual",
-                       "--diagnostics", "1", "--time-repeats", "1", "--batch-size", "1", "--out", str(out), "--tag", "smoke"])
+                       "--diagnostics", "1", "--time-repeats", "1", "--batch-size", "1", "--out", str(out),
+                       "--tag", "smoke"])
     data = json.loads(md.with_suffix(".json").read_text())
     assert data["benchmark"] == "quality_smoke" and (data["samples"], data["seed"], data["batch_size"]) == (2, 1, 1)
     rows = data["rows"]
