@@ -22,7 +22,7 @@ import numpy as np
 import pytest
 
 from dllm_jax import convert_hf_checkpoint, load_model
-from dllm_jax.checkpoint.atomic import make_temp_tree, replace_tree
+from dllm_jax.checkpoint.atomic import make_temp_tree, process_start, replace_tree
 from dllm_jax.checkpoint.manifest import tensor_checksum
 from dllm_jax.testing import random_hf_tensors, tiny_llada_config, write_hf_checkpoint
 
@@ -307,16 +307,22 @@ def test_stale_temp_trees_are_removed_or_reported(tmp_path, hf):
     manifest = dict(format_version=2, param_dtype="float32", chunk_bytes=1 << 26, files=["config.json"], checksums={})
     (aside / MANIFEST).write_text(json.dumps(manifest))
     live = sibling(parent, "tmp", os.getppid(), host, "0000000d")  # a conversion still running
+    started = process_start(os.getppid())
+    live_started = sibling(parent, "tmp", f"{os.getppid()}.{started}", host, "00000010")  # named as writers name
+    # the pid runs another process than the writer that named the tree: the writer is gone (the kernel reuses pids)
+    reused = sibling(parent, "tmp", f"{os.getppid()}.{started + 1}", host, "00000011")
+    (reused / ".dllm_jax_writer.json").write_text(json.dumps({"pid": os.getppid(), "host": host, "files": None}))
     foreign_host = sibling(parent, "tmp", dead, "elsewhere", "0000000e")
     with pytest.warns(UserWarning) as caught:
         convert_hf_checkpoint(hf, parent / "out", progress=False)
     messages = "\n".join(str(w.message) for w in caught)
     assert not partial.exists() and not empty.exists() and not cut.exists()
     assert sorted(p.name for p in aside.iterdir()) == sorted(["foreign.txt", ".dllm_jax_writer.json"])
-    assert live.is_dir() and foreign_host.is_dir()
-    assert f"removed {partial}" in messages and f"removed {empty}" in messages
+    assert live.is_dir() and live_started.is_dir() and foreign_host.is_dir() and not reused.exists()
+    assert f"removed {partial}" in messages and f"removed {empty}" in messages and f"removed {reused}" in messages
     assert f"{aside}, but not ['foreign.txt']" in messages
-    assert f"leaving {live}" in messages and f"leaving {foreign_host}" in messages
+    assert f"leaving {live}" in messages and f"leaving {live_started}" in messages
+    assert f"leaving {foreign_host}" in messages
     load_model(parent / "out")
 
 

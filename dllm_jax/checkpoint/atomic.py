@@ -2,18 +2,22 @@
 
 A conversion into `<parent>/<name>` works in hidden siblings named after the writing process:
 
-  .<name>.tmp-<pid>@<host>-<token>   the new tree while it is written (complete once it holds the
-                                     manifest); renamed to <name> at the end
-  .<name>.old-<pid>@<host>-<token>   an existing <name> moved aside by overwrite=True, removed last
+  .<name>.tmp-<pid>.<start>@<host>-<token>   the new tree while it is written (complete once it holds
+                                             the manifest); renamed to <name> at the end
+  .<name>.old-<pid>.<start>@<host>-<token>   an existing <name> moved aside by overwrite=True, removed last
+
+(<start>: the process's start time in clock ticks since boot, from /proc; absent where there is no /proc.
+A pid alone cannot say a writer is gone: the kernel reuses pids, and threads draw from the same numbers.)
 
 A sibling holds `.dllm_jax_writer.json` while its writer owns it; that file says which files the
 writer may delete (all of a new tree; only the manifest's files of an old one) and is deleted last.
 A conversion killed at any point leaves <name> as it was (absent or the old complete tree), the
 new complete tree, or absent (only between the two renames of an overwrite), plus such siblings.
 The next conversion into the same parent removes the siblings whose process is gone (the pid is
-not running on this host), deleting only the files they record, and warns about each removal and
-about the siblings it cannot judge (a live pid, another host, contents it did not write): a live
-pid may be a conversion in progress, and another host's pid says nothing here. It removes rather
+not running on this host, or names a process started at another time), deleting only the files
+they record, and warns about each removal and about the siblings it cannot judge (a live pid,
+another host, contents it did not write): a live pid may be a conversion in progress, and another
+host's pid says nothing here. It removes rather
 than reports dead ones because they are only ever leftovers (a complete tree in one was either
 replaced by request or is redone by running the killed conversion again) and cost disk space.
 """
@@ -32,12 +36,23 @@ from dllm_jax.checkpoint.manifest import MANIFEST, files_under, read_manifest
 from dllm_jax.files import fsync_path
 
 WRITER = ".dllm_jax_writer.json"
-SIBLING = re.compile(r"^\.(?P<name>.+)\.(?P<kind>tmp|old)-(?P<pid>\d+)@(?P<host>[^/]+)-(?P<token>[0-9a-f]{8})$")
+SIBLING = re.compile(r"^\.(?P<name>.+)\.(?P<kind>tmp|old)-(?P<pid>\d+)(?:\.(?P<start>\d+))?@(?P<host>[^/]+)"
+                     r"-(?P<token>[0-9a-f]{8})$")
 MAX_LISTED = 20
 
 
 def sibling_name(out_dir: Path, kind: str) -> Path:
-    return out_dir.parent / f".{out_dir.name}.{kind}-{os.getpid()}@{socket.gethostname()}-{secrets.token_hex(4)}"
+    start = process_start(os.getpid())
+    writer = f"{os.getpid()}" + ("" if start is None else f".{start}")
+    return out_dir.parent / f".{out_dir.name}.{kind}-{writer}@{socket.gethostname()}-{secrets.token_hex(4)}"
+
+
+def process_start(pid: int) -> int | None:
+    """When process `pid` started (clock ticks since boot, /proc/<pid>/stat's 22nd field); None if unknown."""
+    try:
+        return int(Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[19])
+    except (OSError, IndexError, ValueError):
+        return None
 
 
 def make_temp_tree(out_dir: Path) -> Path:
@@ -148,9 +163,15 @@ def remove_tree(directory: Path, *, files=None) -> list[str]:
     return []
 
 
-def process_gone(pid: int, host: str) -> bool:
-    """True if `pid` is certainly not running: on this host, and absent or a zombie (killed, not reaped)."""
-    if host != socket.gethostname() or pid == os.getpid():
+def process_gone(pid: int, host: str, start: int | None = None) -> bool:
+    """True if the process `pid` that started at `start` (None: unknown) is certainly not running: on this
+    host, and absent, a zombie (killed, not reaped), or replaced by a process that started at another time."""
+    if host != socket.gethostname():
+        return False
+    now = process_start(pid)
+    if start is not None and now is not None and now != start:
+        return True  # the pid now names another process (this one, even)
+    if pid == os.getpid():
         return False
     try:
         os.kill(pid, 0)
@@ -174,7 +195,7 @@ def clean_stale_siblings(parent: Path) -> None:
     for path in entries:
         match = SIBLING.match(path.name)
         pid, host = int(match["pid"]), match["host"]
-        if not process_gone(pid, host):
+        if not process_gone(pid, host, None if match["start"] is None else int(match["start"])):
             warnings.warn(f"leaving {path}: a conversion by process {pid} on {host} that may still be running "
                           "(remove it yourself if it is not)", stacklevel=4)
             continue
