@@ -339,3 +339,12 @@ def test_sdar_block_size_three_is_a_valid_config_but_needs_steps_within_the_bloc
     sdar = tiny_model(tiny_sdar_config(block_size=3))  # no divisibility rule: the schedule spreads the remainder
     with no_compilation(), refused("denoising_steps=4 exceeds the model's block_size=3"):
         generate(sdar, np.arange(1, 8)[None], max_new_tokens=6)  # the default denoising_steps=4
+
+
+def test_until_stop_keeps_the_first_stop_and_nothing_after():
+    from dllm_jax.generate.requests import until_stop
+
+    assert until_stop([5, 7, 2, 9, 2], (2, 3)).tolist() == [5, 7, 2]
+    assert until_stop([5, 3, 2], {2, 3}).tolist() == [5, 3]
+    assert until_stop([5, 7], (2,)).tolist() == [5, 7]
+    assert until_stop([], (2,)).tolist() == []

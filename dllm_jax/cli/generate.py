@@ -15,6 +15,7 @@ from dllm_jax.cli.prompts import PromptBatch, batch_rule, encode_row, opened_pro
 from dllm_jax.cli.request import checked_request
 from dllm_jax.cli.sampling import sampling_parent
 from dllm_jax.flags import positive_int
+from dllm_jax.generate.requests import until_stop
 
 
 def add_parser(subparsers) -> None:
@@ -149,8 +150,8 @@ def summary(batch: PromptBatch, counts: list[int], rounded: str) -> str:
 def answer_ids(new: np.ndarray, stops: tuple[int, ...], pad_id: int, *, padded: bool) -> np.ndarray:
     """A row's new tokens cut after its first stop token; in a padded batch also without the pad ids that
     batched SDAR writes after a row's end (trailing only: inside an answer the pad id may be a real token)."""
-    hits = np.flatnonzero(np.isin(new, stops))
-    if hits.size:
-        return new[:hits[0] + 1]
-    kept = np.flatnonzero(new != pad_id) if padded else np.arange(len(new))
+    cut = until_stop(new, stops)
+    if not padded or (cut.size and np.isin(cut[-1], stops)):
+        return cut
+    kept = np.flatnonzero(new != pad_id)
     return new[:kept[-1] + 1] if kept.size else new[:0]

@@ -26,6 +26,14 @@ class ProbeLoop:
     run: Callable[[AttentionPolicy, Any], tuple]  # (probe, seed) -> (tokens, the probe's per-layer state)
 
 
+def until_stop(tokens, stop_ids) -> np.ndarray:
+    """`tokens` cut after the first of `stop_ids` (which is kept), else all of them: a row's generated
+    tokens as every family, the server and the CLI return them."""
+    tokens = np.asarray(tokens)
+    hits = np.flatnonzero(np.isin(tokens, list(stop_ids)))
+    return tokens[:hits[0] + 1] if hits.size else tokens
+
+
 def answer_window(length: int, block_size: int | None = None) -> int:
     """The answer region generation decodes for answers of up to `length` tokens (EOS included): that
     many for LLaDA (block_size None), whole blocks of `block_size` for SDAR, which denoises a block as

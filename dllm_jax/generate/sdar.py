@@ -52,7 +52,7 @@ from dllm_jax.attention.policy import AttentionPolicy, Dense, Mode, check_policy
 from dllm_jax.config import SDARConfig
 from dllm_jax.generate.progress import progress_bar, tick
 from dllm_jax.generate.requests import (ProbeLoop, answer_window, as_array, check_context, check_prompt, make_options,
-                                        on_devices, on_mesh)
+                                        on_devices, on_mesh, until_stop)
 from dllm_jax.generate.sampling import sample_tokens, transfer_counts, transfer_mask
 from dllm_jax.models import sdar as sdar_model
 from dllm_jax.sharding import shard_kv_cache, to_host
@@ -333,9 +333,8 @@ def trim(x, end, prompt_lengths, stop_ids) -> list:
     (kept), else at its end."""
     rows = []
     for row, e, p in zip(x, end, prompt_lengths):
-        row = row[: int(e)]
-        hits = [i for i in range(int(p), len(row)) if int(row[i]) in stop_ids]
-        rows.append(row[: hits[0] + 1] if hits else row)
+        row = np.asarray(row[: int(e)])
+        rows.append(np.concatenate([row[: int(p)], until_stop(row[int(p):], stop_ids)]))
     return rows
 
 

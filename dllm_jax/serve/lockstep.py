@@ -17,6 +17,7 @@ import numpy as np
 
 from dllm_jax.families import family_of
 from dllm_jax.generate import generate
+from dllm_jax.generate.requests import until_stop
 from dllm_jax.serve.engine import Completion
 from dllm_jax.serve.requests import RequestQueue
 from dllm_jax.tokenizer import left_pad
@@ -80,12 +81,9 @@ class LockstepEngine(RequestQueue):
                                       **options))
         finally:
             self.busy = 0
-        stops = set(self.config.stop_ids)
         completions = []
         for row, request in zip(out, batch):
-            new = row[ids.shape[1]:][:request.max_new_tokens]
-            hits = [i for i, t in enumerate(new) if int(t) in stops]
-            new = new[:hits[0] + 1] if hits else new
+            new = until_stop(row[ids.shape[1]:][:request.max_new_tokens], self.config.stop_ids)
             completions.append(Completion(request.request_id, np.concatenate([request.prompt_ids, new]),
                                           len(request.prompt_ids)))
         return completions
