@@ -1,18 +1,21 @@
 """Why SpargeAttn misses the needle on the trained LLaDA (issue 39, part 4): where its block map puts the
 needle's key block, per layer, next to the dense attention that block gets, and the accuracy it leaves.
 
-Inputs are what a denoising step of `dllm_jax.eval.evaluate` sees at 1k: passkey prompts of 1024 tokens and
-the 6-token answer window, all masked (the first step). For every layer, from the q/k that layer sees
-(`dllm_jax.analysis.calibration.layer_inputs`) and the calibrated policy's per-layer, per-head values:
+Inputs are what a denoising step of `dllm_jax.eval.evaluate` sees: passkey prompts of `--context` tokens
+(1024 by default) and the 6-token answer window, all masked (the first step). For every layer, from the
+q/k that layer sees (`dllm_jax.analysis.calibration.layer_inputs`) and the calibrated policy's per-layer,
+per-head values:
   - answer rows: whether the map keeps the needle's key block (the digits' 128-key tile) for the query
     block of the answer rows, and their dense attention mass on that block;
   - needle rows: whether the query block holding the digits keeps its own key block (the tile of the
     words around them), and the share of all key blocks it keeps;
   - the map's density.
 Then the accuracy of the policy on fresh samples of the three tasks (greedy, as `dllm-jax eval`). An accuracy
-run, not a timing: a CPU gives the same answers.
+run, not a timing: a CPU gives the same answers (`--accuracy-samples 0` skips it, e.g. at 4k on a CPU, where
+`benchmarks/quality.py` measured it on a GPU).
 
-    PYTHONPATH=. python -m benchmarks.sparge_needle --calibration FILE [--samples 20] --out benchmarks/results
+    PYTHONPATH=. python -m benchmarks.sparge_needle --calibration FILE [--samples 20] --out benchmarks/results \
+        [--checkpoint checkpoints/tiny-llada-long --context 4096 --accuracy-samples 0]
 """
 
 import argparse
@@ -43,8 +46,8 @@ def needle_position(sample, tokenizer) -> int:
     return ids.index(tokenizer.token_to_id("pass")) + 3
 
 
-def probe(model, tokenizer, policy: SpargeAttn, samples: int) -> list[dict]:
-    cases = make_samples("passkey", CONTEXT, samples, PROBE_SEED, tokenizer)
+def probe(model, tokenizer, policy: SpargeAttn, samples: int, context: int) -> list[dict]:
+    cases = make_samples("passkey", context, samples, PROBE_SEED, tokenizer)
     answer = max_answer_length("passkey")
     ids = np.stack([np.concatenate([s.prompt_ids, np.full(answer, SPECIAL_IDS.mask)]) for s in cases])
     needles = np.array([needle_position(s, tokenizer) for s in cases])
@@ -72,10 +75,10 @@ def probe(model, tokenizer, policy: SpargeAttn, samples: int) -> list[dict]:
     return out
 
 
-def accuracy(model, tokenizer, policy, samples: int) -> list[dict]:
+def accuracy(model, tokenizer, policy, samples: int, context: int) -> list[dict]:
     rows = []
-    for task in TASKS:
-        result = evaluate(model, make_samples(task, CONTEXT, samples, EVAL_SEED, tokenizer), tokenizer=tokenizer,
+    for task in TASKS if samples else ():
+        result = evaluate(model, make_samples(task, context, samples, EVAL_SEED, tokenizer), tokenizer=tokenizer,
                           method=policy, batch_size=samples, progress=False)
         rows.append(dict(task=task, correct=result.num_correct, samples=result.num_samples))
         print(rows[-1], flush=True)
@@ -90,8 +93,9 @@ def report(meta: dict, layers: list[dict], scores: list[dict], out: Path) -> Non
                              [[r["layer"], f"{r['answer_rows_keep_needle']:.2f}", f"{r['answer_mass_on_needle']:.3f}",
                                f"{r['needle_rows_keep_own']:.2f}", f"{r['needle_rows_density']:.2f}",
                                f"{r['density']:.2f}"] for r in layers], align="rrrrrr"), "",
-             f"Accuracy with this policy ({meta['accuracy']}):", "",
-             *markdown_table(["task", "correct"], [[s["task"], f"{s['correct']}/{s['samples']}"] for s in scores])]
+             *([f"Accuracy with this policy ({meta['accuracy']}):", "",
+                *markdown_table(["task", "correct"], [[s["task"], f"{s['correct']}/{s['samples']}"] for s in scores])]
+               if scores else ["Accuracy: not run here (`--accuracy-samples 0`)."])]
     write_results(out, meta, [dict(kind="layer", **r) for r in layers] + [dict(kind="accuracy", **s) for s in scores],
                   lines)
 
@@ -99,19 +103,29 @@ def report(meta: dict, layers: list[dict], scores: list[dict], out: Path) -> Non
 def main():
     parser = argparse.ArgumentParser()
     parser.add_argument("--calibration", type=Path, required=True, help="a calibrate_llada JSON for the checkpoint")
-    parser.add_argument("--samples", type=int, default=20, help="fresh samples per task (and probe prompts)")
+    parser.add_argument("--samples", type=int, default=20, help="probe prompts (and fresh samples per task)")
+    parser.add_argument("--accuracy-samples", type=int, default=None,
+                        help="fresh samples per task for the accuracy (default --samples; 0: not run)")
+    parser.add_argument("--checkpoint", type=Path, default=CHECKPOINT, help="the trained LLaDA (HF format)")
+    parser.add_argument("--context", type=int, default=CONTEXT, help="prompt length in tokens")
     parser.add_argument("--out", type=Path, default=Path("benchmarks/results"))
     args = parser.parse_args()
+    scored = args.samples if args.accuracy_samples is None else args.accuracy_samples
+    if args.samples < 1 or scored < 0:
+        parser.error(f"--samples {args.samples} must be >= 1 and --accuracy-samples {scored} >= 0")
     policy = SpargeAttn.from_calibration(args.calibration)  # a bad file fails before the model loads
-    model = dllm_jax.load_model(CHECKPOINT, dtype="float32", progress=False)
-    tokenizer = load_tokenizer(CHECKPOINT)
-    meta = dict(benchmark="sparge_needle", device=jax.devices()[0].device_kind, jax=jax.__version__,
-                date=datetime.date.today().isoformat(), checkpoint=str(CHECKPOINT), calibration=str(args.calibration),
-                probe=f"{args.samples} passkey prompts at {CONTEXT} tokens (seed {PROBE_SEED}) + "
+    model = dllm_jax.load_model(args.checkpoint, dtype="float32", progress=False)
+    tokenizer = load_tokenizer(args.checkpoint)
+    default = (args.checkpoint, args.context) == (CHECKPOINT, CONTEXT)
+    name = "sparge_needle" + ("" if default else f"_{args.checkpoint.resolve().name}_{args.context}")
+    meta = dict(benchmark=name, device=jax.devices()[0].device_kind, jax=jax.__version__,
+                date=datetime.date.today().isoformat(), checkpoint=str(args.checkpoint),
+                calibration=str(args.calibration), context=args.context,
+                probe=f"{args.samples} passkey prompts at {args.context} tokens (seed {PROBE_SEED}) + "
                       f"{max_answer_length('passkey')} masks, the first denoising step; shares over samples x heads",
-                accuracy=f"{args.samples} fresh samples per task at {CONTEXT} tokens, evaluation seed {EVAL_SEED}")
-    layers = probe(model, tokenizer, policy, args.samples)
-    scores = accuracy(model, tokenizer, policy, args.samples)
+                accuracy=f"{scored} fresh samples per task at {args.context} tokens, evaluation seed {EVAL_SEED}")
+    layers = probe(model, tokenizer, policy, args.samples, args.context)
+    scores = accuracy(model, tokenizer, policy, scored, args.context)
     report(meta, layers, scores, args.out)
 
 
