@@ -187,12 +187,8 @@ class Plan:
     diagnostics: int
     out: Path
     tag: str
+    batch_size: int  # prompts per generate call (--samples: all in one batch)
     time_repeats: int = 0  # timed generate calls per row after its evaluation (0: no speed measured)
-    batch_size: int | None = None  # prompts per generate call (None: all samples in one batch)
-
-    @property
-    def batch(self) -> int:
-        return self.batch_size or self.samples
 
     def settings(self, family: str) -> tuple[Setting, ...]:
         return tuple(s for s in SETTINGS if s.key in self.chosen and family in s.families)
@@ -318,7 +314,7 @@ def checked_plan(args: argparse.Namespace) -> Plan:
             raise ValueError(f"--methods {key} serves {' and '.join(families)} models, and no --models is one")
     plan = Plan(models=models, contexts=contexts, tasks=tasks, chosen=chosen, samples=args.samples, seed=args.seed,
                 diagnostics=diagnostics, out=Path(args.out), tag=checked_tag(args.tag), time_repeats=args.time_repeats,
-                batch_size=args.batch_size)
+                batch_size=args.samples if args.batch_size is None else args.batch_size)
     for spec in models:
         for task in tasks:
             for context in ([SANITY_CONTEXT] if task == "sanity" else contexts):
@@ -391,7 +387,7 @@ def build(setting: Setting, context: int, calibration: dict | None, out: Path):
 
 def run_row(spec: ModelSpec, plan: Plan, model, tokenizer, samples, setting: Setting, context: int,
             calibration: dict | None) -> dict:
-    """One (model, task, context, setting): accuracy over all samples (in batches of `plan.batch`), then
+    """One (model, task, context, setting): accuracy over all samples (in batches of `plan.batch_size`), then
     diagnostics."""
     row = dict(model=spec.name, family=spec.family, task=samples[0].task, context=context, method=setting.method,
                level=setting.level, name=setting.name, label=None, accuracy=None, correct=None, n=len(samples),
@@ -399,14 +395,14 @@ def run_row(spec: ModelSpec, plan: Plan, model, tokenizer, samples, setting: Set
                diagnostics_seconds=None, error=None, diagnostics_error=None, decoding=None)
     try:
         method, row["label"] = build(setting, context, calibration, plan.out)
-        result = evaluate(model, samples, tokenizer=tokenizer, method=method, batch_size=plan.batch, progress=False,
-                          **dict(setting.decoding))
+        result = evaluate(model, samples, tokenizer=tokenizer, method=method, batch_size=plan.batch_size,
+                          progress=False, **dict(setting.decoding))
         # wrong answers that were a distractor's whole value: the wrong needle taken, not a garbled copy
         row.update(accuracy=result.accuracy, correct=result.num_correct, seconds=result.seconds,
                    distractor_answers=sum(result.distractors().values()),
                    decoding={k: result.options[k] for k, _ in setting.decoding} or None)
         if plan.time_repeats:
-            row["sample_seconds"] = time_per_sample(model, samples[:plan.batch], method, result.options,
+            row["sample_seconds"] = time_per_sample(model, samples[:plan.batch_size], method, result.options,
                                                     plan.time_repeats)
     except Exception as e:  # one failing row must not lose the others' results
         row["error"] = f"{type(e).__name__}: {e}"
@@ -619,7 +615,7 @@ def run(plan: Plan) -> Path:
                 families={m.name: m.family for m in plan.models}, model_paths=[str(m.path) for m in plan.models],
                 contexts=list(plan.contexts), tasks=list(plan.tasks), methods=list(plan.chosen), samples=plan.samples,
                 seed=plan.seed, diagnostics=plan.diagnostics, time_repeats=plan.time_repeats,
-                batch_size=plan.batch)
+                batch_size=plan.batch_size)
     print(f"quality on {meta['device']}: models {meta['models']}, contexts {meta['contexts']}, {plan.samples} samples, "
           f"seed {plan.seed}", flush=True)
     start = time.perf_counter()

@@ -17,9 +17,9 @@ The next conversion into the same parent removes the siblings whose process is g
 not running on this host, or names a process started at another time), deleting only the files
 they record, and warns about each removal and about the siblings it cannot judge (a live pid,
 another host, contents it did not write): a live pid may be a conversion in progress, and another
-host's pid says nothing here. It removes rather
-than reports dead ones because they are only ever leftovers (a complete tree in one was either
-replaced by request or is redone by running the killed conversion again) and cost disk space.
+host's pid says nothing here. It removes rather than reports dead ones because they are only ever
+leftovers (a complete tree in one was either replaced by request or is redone by running the killed
+conversion again) and cost disk space.
 """
 
 from __future__ import annotations
