@@ -9,7 +9,8 @@ demo: $(VENV)/.installed-core
 	$(PY) -m dllm_jax.cli demo
 
 # Two workers (CI has 2 cores; each is a JAX process of 2-4 GB), whole files per worker so a file's
-# module fixtures and compiled programs are made once, not once per worker. Most of the suite's time is
+# module fixtures and compiled programs are made once, not once per worker; the longest files first
+# (tests/conftest.py's LONGEST_FIRST, not xdist's order by test count) so that both workers end together. Most of the suite's time is
 # XLA:CPU compiling small programs: LLVM at -O0 (TEST_XLA_FLAGS) cuts the compile-bound files by about a
 # quarter (measured per file, 2026-11-26); the notebooks run as users run them, without it
 # (tests/test_notebooks.py).
@@ -25,7 +26,7 @@ TEST_JAX_CACHE := JAX_COMPILATION_CACHE_DIR="$(CURDIR)/.cache/jax" JAX_PERSISTEN
 test: $(VENV)/.installed-test
 	mkdir -p .cache/jax && find .cache/jax -type f -mtime +7 -delete
 	$(TEST_JAX_CACHE) XLA_FLAGS="$(XLA_FLAGS) $(TEST_XLA_FLAGS)" TEST_XLA_FLAGS="$(TEST_XLA_FLAGS)" \
-		$(PY) -m pytest -m "not gpu" -q -n 2 --dist loadfile
+		$(PY) -m pytest -m "not gpu" -q -n 2 --dist loadfile --no-loadscope-reorder
 
 $(PY):
 	"$$(scripts/find-python)" -m venv $(VENV)

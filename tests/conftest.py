@@ -13,6 +13,29 @@ from dllm_jax.testing import tiny_llada_config, tiny_sdar_config, write_hf_check
 sys.path.insert(0, str(Path(__file__).parent))  # torch_reference.py
 
 
+# The files that take longest (seconds of one worker on 2 cores, `make test`, 2026-11-27): scheduled first, so
+# that the two workers (`--dist loadfile --no-loadscope-reorder`, Makefile) end together instead of one starting
+# a two-minute file while the other runs out of work. The rest follow by number of tests, xdist's own order.
+LONGEST_FIRST = ("test_trained_checkpoints.py",  # 155 s: four evaluation processes at 1k-4k tokens
+                 "test_flashblock.py",  # 116 s: FlashBlock/MAGE programs and probes
+                 "test_sharding.py",  # 103 s: generation on a 4-device CPU mesh in a process of its own
+                 "test_notebooks.py",  # 93 s: four Jupyter kernels
+                 "test_generate_sdar_batch.py",  # 91 s
+                 "test_train.py")  # 85 s
+
+
+def pytest_collection_modifyitems(items):
+    counts = {}
+    for item in items:
+        counts[item.path.name] = counts.get(item.path.name, 0) + 1
+
+    def rank(item):
+        name = item.path.name
+        return (LONGEST_FIRST.index(name), 0) if name in LONGEST_FIRST else (len(LONGEST_FIRST), -counts[name])
+
+    items.sort(key=rank)  # stable: a file's tests keep their order
+
+
 @pytest.fixture(scope="module", autouse=True)
 def release_compiled_code():
     """Drops JAX's compiled executables after each test file. Each XLA:CPU executable keeps memory
