@@ -38,7 +38,7 @@ from dllm_jax import MAGE, FlashBlock, shipped_config
 from dllm_jax.attention.policy import Dense, Mode, unmasked_since_refresh
 from dllm_jax.bench import markdown_table, time_carried, traced_kernels, write_results
 from dllm_jax.generate.sampling import transfer_counts
-from dllm_jax.generate.sdar import CACHE_TILE, Finished, SDAROptions, denoise_block
+from dllm_jax.generate.sdar import Finished, SDAROptions, cache_capacity, denoise_block
 from dllm_jax.models.sdar import block_step, init_policy_state
 from dllm_jax.models.layers import prepare_params
 from dllm_jax.testing import random_params
@@ -85,7 +85,7 @@ def mode_counts(policy, block: int, steps: int) -> dict[str, int]:
 def measure(config, params, s: int, args) -> dict:
     n = config.block_size
     options = SDAROptions(max_new_tokens=n, denoising_steps=args.steps, remasking="low_confidence_static")
-    capacity = -(-(s + n) // CACHE_TILE) * CACHE_TILE  # as generate allocates it
+    capacity = cache_capacity(s, n)  # as generate allocates it
     cache = random_cache(config, 1, capacity, s, jax.random.key(s))
     ids = jax.random.randint(jax.random.key(s + 1), (1, n), 0, config.vocab_size)
     masks = jnp.full((1, n), config.mask_token_id, jnp.int32)

@@ -37,11 +37,12 @@ def mage_numpy(q, k_cache, prefix_len, k, softmax_over="prefix"):
     return out
 
 
+@pytest.mark.parametrize("select_by", ["threshold", "sort"])
 @pytest.mark.parametrize("n,hq,hkv,prefix,k", [(4, 4, 2, 60, 8), (8, 8, 2, 100, 32), (4, 4, 4, 5, 8), (16, 4, 1, 40, 40)])
-def test_select_prefix_matches_eq3(rng, n, hq, hkv, prefix, k):
+def test_select_prefix_matches_eq3(rng, n, hq, hkv, prefix, k, select_by):
     q = jnp.asarray(rng.standard_normal((2, n, hq, 32)), jnp.float32)
     cache = jnp.asarray(rng.standard_normal((2, prefix + n + 7, hkv, 32)), jnp.float32)  # 7 unused slots
-    got = np.asarray(select_prefix(q, cache, prefix_len=prefix, k=k))
+    got = np.asarray(select_prefix(q, cache, prefix_len=prefix, k=k, select_by=select_by))
     expected = mage_numpy(q, cache, prefix, k)
     count = min(k, prefix)
     np.testing.assert_array_equal(got[..., :count], expected)

@@ -38,6 +38,7 @@ BAD_CONFIGS = {
     "MAGE k string": (lambda: MAGE(k="512"), "MAGE.k", "'512'"),
     "MAGE k beyond int32": (lambda: MAGE(k=2**40), "MAGE.k", str(2**40)),
     "MAGE softmax_over list": (lambda: MAGE(softmax_over=["prefix"]), "MAGE.softmax_over", "['prefix']"),
+    "MAGE select_by": (lambda: MAGE(select_by="heap"), "MAGE.select_by", "'heap'"),
     "MAGE backend": (lambda: MAGE(backend="gpu"), "MAGE.backend", "'gpu'"),
     "PulseCol refreshes 1.5": (lambda: PulseCol(refreshes=1.5), "PulseCol.refreshes", "1.5"),
     "PulseCol refreshes bool": (lambda: PulseCol(refreshes=True), "PulseCol.refreshes", "True"),

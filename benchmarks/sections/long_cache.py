@@ -1,7 +1,9 @@
-"""Section `mage128k`: one output block of the SDAR generate loop against a long cache, dense and MAGE."""
+"""Section `mage128k`: one output block of the SDAR generate loop against a long cache, dense and MAGE (its
+top k found by the radix threshold, and by lax.top_k)."""
 
 from __future__ import annotations
 
+import dataclasses
 import gc
 import json
 import time
@@ -29,11 +31,13 @@ def long_rows(model, config, plan: Plan, *, baseline: bool, copy: dict | None, d
     w = weight_bytes(params, config)
     s, n = plan.long_prompt, config.block_size
     options = gen.SDAROptions(**sdar_options(plan))
-    policies = {"dense": Dense(), "mage": family_methods("SDAR", small=plan.small_methods)["mage"]}
+    mage = family_methods("SDAR", small=plan.small_methods)["mage"]
+    # "mage/sort": the same selection found by lax.top_k (the code before issue 40), timed in the same run
+    policies = {"dense": Dense(), "mage": mage, "mage/sort": dataclasses.replace(mage, select_by="sort")}
     repeats = 3
     for batch in plan.long_batches:
         point = dict(cache=s, batch=batch, block=n, steps=plan.sdar_steps)
-        capacity = s + (repeats + 3) * n
+        capacity = gen.cache_capacity(s + (repeats + 2) * n, n)  # as generate allocates it (whole key tiles)
         need = batch * capacity * kv_bytes_per_position(config) + activation_bytes(config, 2 * batch * n)
         reason = OUT_OF_TIME if time.monotonic() > deadline else memory_verdict(need)
         if reason:

@@ -33,6 +33,7 @@ import pallas_kernels as pk
 from dllm_jax import validation
 from dllm_jax.attention import kernels
 from dllm_jax.attention.policy import AttentionPolicy, Mode, check_backend, check_field, field_label, switch_rows
+from dllm_jax.attention.select import check_method, top_k_positions
 
 
 SOFTMAX_OVER = ("prefix", "prefix+block")  # Eq. 3 (the default); this project's earlier rule
@@ -49,7 +50,7 @@ def row_lengths(lengths, batch: int):
 
 
 def select_prefix(q_block, k_cache, *, prefix_len, k: int, scale=None, backend: str = "auto", lse=None,
-                  softmax_over: str = "prefix"):
+                  softmax_over: str = "prefix", select_by: str = "threshold"):
     """MAGE's selection: int32 [B, Hkv, k], ascending.
 
     q_block [B, n, Hq, D]; k_cache [B, S, Hkv, D] (one layer) holding row b's committed prefix in
@@ -61,7 +62,8 @@ def select_prefix(q_block, k_cache, *, prefix_len, k: int, scale=None, backend: 
     are ranked. With fewer than k prefix positions all of them are returned, padded by repeating the
     last (the valid count is `min(k, prefix_len)`, see `prefix_counts`). `lse` f32 [B, Hq, n]: the
     LSE of the queries over the keys the softmax runs over, if the caller already has it (MAGE's
-    first step does: its prefix part).
+    first step does: its prefix part). `select_by`: how the top k are found, "threshold" or "sort"
+    (`dllm_jax.attention.select`: the same positions).
     """
     check_softmax_over(softmax_over)
     b, n = q_block.shape[:2]
@@ -75,11 +77,11 @@ def select_prefix(q_block, k_cache, *, prefix_len, k: int, scale=None, backend: 
     if k > ranked_scores.shape[-1]:  # k beyond the cache capacity: every prefix position is kept
         ranked_scores = jnp.pad(ranked_scores, ((0, 0), (0, 0), (0, k - ranked_scores.shape[-1])),
                                 constant_values=-jnp.inf)
-    _, idx = jax.lax.top_k(ranked_scores, k)
+    # ascending; with fewer than k prefix positions, all of them come first (every other score is -inf
+    # and its ties go to the lower positions, those of the block and the free rows after the prefix)
+    ordered = top_k_positions(ranked_scores, k, method=select_by)
     count = prefix_counts(prefix_len, k)[:, None, None]
-    # the first `count` picks are prefix positions; order them and repeat the last one after them
-    ranked = jnp.where(jnp.arange(k) < count, idx, jnp.iinfo(jnp.int32).max)
-    ordered = jnp.sort(ranked, axis=-1)
+    # the first `count` picks are the prefix positions; repeat the last one after them
     last = jnp.take_along_axis(ordered, jnp.maximum(count - 1, 0) * jnp.ones_like(ordered[..., :1]), axis=-1)
     return jnp.where(jnp.arange(k) < count, ordered, jnp.where(count > 0, last, 0)).astype(jnp.int32)
 
@@ -127,12 +129,15 @@ class MAGE(AttentionPolicy):
     softmax_over: "prefix" (the paper's Eq. 3: the selection's softmax over the prefix keys alone)
       or "prefix+block" (this project's earlier rule: over the prefix and the block's keys).
     backend: as SparseD's ("auto": Pallas on GPU, references elsewhere).
+    select_by: how each layer's top k are found, "threshold" (default: a radix search for the k-th score,
+      no sort) or "sort" (`lax.top_k`); the same positions (`dllm_jax.attention.select`).
     """
 
     k: int = 512
     exact_layers: int = 2
     softmax_over: str = "prefix"
     backend: str = "auto"
+    select_by: str = "threshold"
 
     def __post_init__(self):
         # int32 bounds: k sizes the int32 selection and exact_layers meets an int32 layer index
@@ -140,6 +145,7 @@ class MAGE(AttentionPolicy):
         check_field(self, "exact_layers", validation.integer, minimum=0, maximum=validation.INT32_MAX)
         check_softmax_over(self.softmax_over, field_label(self, "softmax_over"))
         check_backend(self)
+        check_method(self.select_by, field_label(self, "select_by"))
 
     def init_state(self, *, batch, num_heads, num_kv_heads, q_len, kv_len, head_dim):
         return jnp.zeros((batch, num_kv_heads, self.k), jnp.int32), jnp.zeros((), bool)
@@ -186,7 +192,7 @@ class MAGE(AttentionPolicy):
         the caller already has; the one `softmax_over` needs is used, and computed here when not given."""
         given = prefix_lse if self.softmax_over == "prefix" else lse
         return select_prefix(q, k, prefix_len=jnp.asarray(kv_len) - q.shape[1], k=self.k, backend=self.backend,
-                             lse=given, softmax_over=self.softmax_over)
+                             lse=given, softmax_over=self.softmax_over, select_by=self.select_by)
 
     def selection(self, state):
         """(indices [B, Hkv, k], exact) of one layer's state: what `dllm_jax.analysis` compares."""

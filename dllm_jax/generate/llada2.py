@@ -45,11 +45,9 @@ from dllm_jax.generate.progress import progress_bar, tick
 from dllm_jax.generate.requests import (ProbeLoop, as_array, check_context, check_prompt, make_options, on_devices,
                                         on_mesh)
 from dllm_jax.generate.sampling import commit_top, sample_tokens, transfer_counts
-from dllm_jax.generate.sdar import BlockSampler, decode_blocks
+from dllm_jax.generate.sdar import BlockSampler, cache_capacity, decode_blocks
 from dllm_jax.models import llada2 as llada2_model
 from dllm_jax.sharding import shard_kv_cache, to_host, tracing_on
-
-CACHE_TILE = 128
 
 
 @dataclasses.dataclass(frozen=True, kw_only=True)
@@ -141,7 +139,7 @@ def generate_llada2(params, prompt_ids, seed, run_id=0, *, config: LLaDA2Config,
         width, first = num_blocks * bl, p // bl
         x = jnp.full((b, width), config.mask_token_id, jnp.int32).at[:, :p].set(prompt_ids.astype(jnp.int32))
         params = llada2_model.inference(params, config)
-        cache = llada2_model.init_cache(config, b, -(-(width + bl) // CACHE_TILE) * CACHE_TILE, params["embed"].dtype)
+        cache = llada2_model.init_cache(config, b, cache_capacity(width, bl), params["embed"].dtype)
         cache = shard_kv_cache(cache, mesh)
         if first:
             cache = llada2_model.prefill(params, x[:, :first * bl], cache, config=config, block_length=bl)

@@ -277,6 +277,13 @@ def decode_blocks(params, x, cache, policy_state, key, *, lengths, first, last, 
     return carry
 
 
+def cache_capacity(width: int, block_length: int) -> int:
+    """The KV cache length the block loop allocates for rows of `width` positions: the rows plus one block
+    of scratch for idle rows' writes, in whole CACHE_TILE-key tiles (what the split-KV kernels read; a
+    benchmark allocating another capacity times another program)."""
+    return -(-(width + block_length) // CACHE_TILE) * CACHE_TILE
+
+
 def generate_sdar(params, prompt_ids, attention_mask, seed, run_id=0, *, config: SDARConfig, options: SDAROptions,
                   policy: AttentionPolicy = Dense(), on_step=None, return_policy_state: bool = False, mesh=None):
     """The whole generation, traceable as one function.
@@ -307,9 +314,7 @@ def generate_sdar(params, prompt_ids, attention_mask, seed, run_id=0, *, config:
     x = jnp.where(columns < p, shifted, config.mask_token_id)
     first = lengths // bl  # each row's first decoded block (its trailing prompt tokens, if any)
     last = -(-(lengths + o.max_new_tokens) // bl)  # one past its last block
-    # capacity: the longest row plus one block of scratch for idle rows' writes, in whole 128-key
-    # tiles so that the split-KV kernels read the cache without padding it
-    cache = sdar_model.init_cache(config, b, -(-(width + bl) // CACHE_TILE) * CACHE_TILE, params["embed"].dtype)
+    cache = sdar_model.init_cache(config, b, cache_capacity(width, bl), params["embed"].dtype)
     cache = shard_kv_cache(cache, mesh)  # rows over "dp", KV heads over "tp" on a sharded model
     params = sdar_model.unrolled(params, config)
     prefill_width = p // bl * bl

@@ -39,7 +39,7 @@ from dllm_jax.attention.policy import AttentionPolicy
 from dllm_jax.config import SDARConfig
 from dllm_jax.families import family_of
 from dllm_jax.generate.requests import check_context, make_options
-from dllm_jax.generate.sdar import (CACHE_TILE, SDAR_SAMPLER, DecodeCarry, SDAROptions, check_sdar_request,
+from dllm_jax.generate.sdar import (SDAR_SAMPLER, DecodeCarry, SDAROptions, cache_capacity, check_sdar_request,
                                     decode_block, no_pending_block, trim)
 from dllm_jax.models import sdar as sdar_model
 from dllm_jax.serve.requests import Request, RequestQueue
@@ -84,7 +84,7 @@ def init_slots(params, *, config: SDARConfig, slots: int, width: int, policy: At
     """Every slot free: masks, an empty cache of `width` positions plus one block of scratch (in whole
     128-key tiles, as `generate` allocates), the policy's initial state, no pending commit."""
     bl = config.block_size
-    capacity = -(-(width + bl) // CACHE_TILE) * CACHE_TILE
+    capacity = cache_capacity(width, bl)
     carry = DecodeCarry(x=jnp.full((slots, width), config.mask_token_id, jnp.int32),
                         cache=sdar_model.init_cache(config, slots, capacity, params["embed"].dtype),
                         policy_state=sdar_model.init_policy_state(policy, config, slots, width),

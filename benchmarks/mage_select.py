@@ -1,0 +1,96 @@
+"""MAGE's selection at SDAR-8B shapes (issue 40): the top k positions of every (row, KV head) against a long
+cache, found by `lax.top_k` (sort) and by the radix threshold (`dllm_jax.attention.select`), alone and as the
+whole selection step (`select_prefix` with the LSE given: the Eq. 3 scores over the cache, then the top k).
+Every threshold result is checked equal to the sort's in the same run.
+
+    PYTHONPATH=. python -m benchmarks.mage_select --out benchmarks/results
+"""
+
+from __future__ import annotations
+
+import argparse
+import datetime
+import functools
+from pathlib import Path
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+
+from dllm_jax.attention.mage import select_prefix
+from dllm_jax.attention.select import top_k_positions
+from dllm_jax.bench.results import write_results
+from dllm_jax.bench.tables import markdown_table
+from dllm_jax.bench.timing import time_calls
+from dllm_jax.generate.sdar import cache_capacity
+
+SHAPE = dict(queries=4, heads=32, kv_heads=8, head_dim=128)  # one SDAR-8B block
+BITS = (1, 2, 4, 8)
+
+
+def top_k_rows(batch: int, length: int, k: int) -> list[dict]:
+    """The top k alone over [batch, kv_heads, length] f32 scores: sort, then the threshold at each BITS."""
+    scores = jax.random.uniform(jax.random.key(length + batch), (batch, SHAPE["kv_heads"], length), jnp.float32)
+    point = dict(part="top-k", batch=batch, length=length, k=k)
+    sort = jax.jit(functools.partial(top_k_positions, k=k, method="sort"))
+    want = np.asarray(sort(scores))
+    rows = [dict(point, method="sort", ms=time_calls(sort, scores) * 1e3, equal=True)]
+    for bits in BITS:
+        fn = jax.jit(functools.partial(top_k_positions, k=k, method="threshold", bits=bits))
+        rows.append(dict(point, method=f"threshold/{bits}", ms=time_calls(fn, scores) * 1e3,
+                         equal=bool(np.array_equal(np.asarray(fn(scores)), want))))
+    return rows
+
+
+def selection_rows(batch: int, length: int, k: int) -> list[dict]:
+    """MAGE's selection step (scores over the prefix, then the top k) against a bf16 cache of `generate`'s
+    capacity, the prefix `length` keys long."""
+    capacity = cache_capacity(length + SHAPE["queries"], SHAPE["queries"])
+    keys = jax.random.split(jax.random.key(length), 3)
+    q = jax.random.normal(keys[0], (batch, SHAPE["queries"], SHAPE["heads"], SHAPE["head_dim"]), jnp.bfloat16)
+    cache = jax.random.normal(keys[1], (batch, capacity, SHAPE["kv_heads"], SHAPE["head_dim"]), jnp.bfloat16)
+    lse = 10 + jax.random.uniform(keys[2], (batch, SHAPE["heads"], SHAPE["queries"]), jnp.float32)
+    prefix = jnp.full((batch,), length, jnp.int32)
+    point = dict(part="selection", batch=batch, length=length, k=k, capacity=capacity)
+    rows, want = [], None
+    for select_by in ("sort", "threshold"):
+        fn = jax.jit(lambda q, c, p, l, s=select_by: select_prefix(q, c, prefix_len=p, k=k, lse=l, select_by=s))
+        got = np.asarray(fn(q, cache, prefix, lse))
+        want = got if want is None else want
+        rows.append(dict(point, method=select_by, ms=time_calls(fn, q, cache, prefix, lse) * 1e3,
+                         equal=bool(np.array_equal(got, want))))
+    return rows
+
+
+def main():
+    parser = argparse.ArgumentParser()
+    parser.add_argument("--out", type=Path, default=Path("benchmarks/results"))
+    parser.add_argument("--lengths", type=int, nargs="+", default=[32768, 131072])
+    parser.add_argument("--batches", type=int, nargs="+", default=[1, 4])
+    parser.add_argument("--ks", type=int, nargs="+", default=[512, 1024])
+    args = parser.parse_args()
+    rows = []
+    for length in args.lengths:
+        for batch in args.batches:
+            for k in args.ks:
+                rows += top_k_rows(batch, length, k)
+                print(rows[-1], flush=True)
+            rows += selection_rows(batch, length, 512)
+            print(rows[-1], flush=True)
+    meta = dict(benchmark="mage_select", device=jax.devices()[0].device_kind, jax=jax.__version__,
+                date=datetime.date.today().isoformat(), shape=SHAPE, timing="time_calls (median of jitted calls)")
+    base = {(r["part"], r["batch"], r["length"], r["k"]): r["ms"] for r in rows if r["method"] == "sort"}
+    cells = [[r["part"], r["batch"], r["length"], r["k"], r["method"], f"{r['ms']:.3f}",
+              f"{base[(r['part'], r['batch'], r['length'], r['k'])] / r['ms']:.2f}x", "yes" if r["equal"] else "NO"]
+             for r in rows]
+    lines = [f"# MAGE's top-k selection, {meta['device']}, jax {meta['jax']}, {meta['date']}", "",
+             f"{SHAPE}. top-k: the k largest of f32 scores [batch, kv_heads, length], ascending positions; "
+             "selection: `select_prefix` with the LSE given (the Eq. 3 scores over a bf16 cache of `generate`'s "
+             "capacity, then the top k). threshold/b: the radix threshold fixing b bits per counting pass. "
+             "Speed-up against sort in the same run; equal: the same positions as sort.", "",
+             *markdown_table(["part", "batch", "length", "k", "method", "ms", "vs sort", "equal"], cells)]
+    write_results(args.out, meta, rows, lines)
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,59 @@
+"""dllm_jax.attention.select: the radix-threshold top k equals lax.top_k's positions, sorted, on rows built to
+hold ties, infinities, signed zeros and more picks than distinct values."""
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+import pytest
+
+from dllm_jax.attention.select import top_k_positions
+
+
+def reference(x, k):
+    return np.sort(np.asarray(jax.lax.top_k(x, k)[1]), axis=-1)
+
+
+def rows(rng, kind: str, shape) -> np.ndarray:
+    if kind == "normal":
+        return rng.standard_normal(shape).astype(np.float32)
+    if kind == "few values":  # ties at the k-th value, taken from the lowest positions
+        return rng.integers(-3, 3, shape).astype(np.float32)
+    if kind == "masked":  # a ranked prefix, -inf after it (MAGE's rows with fewer than k prefix positions)
+        x = rng.random(shape).astype(np.float32)
+        x[..., shape[-1] // 3:] = -np.inf
+        return x
+    if kind == "specials":
+        values = np.array([0.0, -0.0, 1e-30, -1e-30, 1e-45, np.inf, -np.inf, 3.0], np.float32)
+        return rng.choice(values, shape)
+    return np.full(shape, -np.inf, np.float32)  # "all -inf"
+
+
+@pytest.mark.parametrize("kind", ["normal", "few values", "masked", "specials", "all -inf"])
+@pytest.mark.parametrize("bits", [1, 4, 8])
+def test_threshold_gives_the_positions_of_lax_top_k(rng, kind, bits):
+    for shape, k in [((3, 257), 1), ((3, 257), 40), ((2, 3, 100), 100), ((5, 64), 63)]:
+        x = rows(rng, kind, shape)
+        got = np.asarray(top_k_positions(jnp.asarray(x), k, bits=bits))
+        np.testing.assert_array_equal(got, reference(x, k), err_msg=f"{kind} {shape} k={k}")
+        assert got.dtype == np.int32 and got.shape == shape[:-1] + (k,)
+
+
+def test_bfloat16_scores_and_the_sort_method(rng):
+    x = jnp.asarray(rng.standard_normal((4, 300)), jnp.bfloat16)  # bf16 has many ties
+    want = reference(x, 50)
+    np.testing.assert_array_equal(top_k_positions(x, 50), want)
+    np.testing.assert_array_equal(top_k_positions(x, 50, method="sort"), want)
+
+
+def test_jitted_with_the_row_count_traced_through_vmap(rng):
+    x = jnp.asarray(rng.standard_normal((6, 2, 90)), jnp.float32)
+    got = jax.jit(jax.vmap(lambda r: top_k_positions(r, 7)))(x)
+    np.testing.assert_array_equal(got, reference(x, 7))
+
+
+@pytest.mark.parametrize("kwargs,message", [(dict(k=0), "k=0 must be in 1..16"), (dict(k=17), "k=17 must be in"),
+                                            (dict(k=4, bits=3), "bits=3 must divide 32"),
+                                            (dict(k=4, method="heap"), "method='heap' is not one of")])
+def test_bad_arguments_are_named(kwargs, message):
+    with pytest.raises(ValueError, match=message):
+        top_k_positions(jnp.zeros((2, 16)), **kwargs)
