@@ -306,6 +306,8 @@ def test_stale_temp_trees_are_removed_or_reported(tmp_path, hf):
     (aside / "foreign.txt").write_text("not the converter's")
     manifest = dict(format_version=2, param_dtype="float32", chunk_bytes=1 << 26, files=["config.json"], checksums={})
     (aside / MANIFEST).write_text(json.dumps(manifest))
+    hollow = sibling(parent, "old", dead, host, "00000012")  # killed while removing its emptied directories
+    (hollow / "params" / "0").mkdir(parents=True)
     live = sibling(parent, "tmp", os.getppid(), host, "0000000d")  # a conversion still running
     started = process_start(os.getppid())
     live_started = sibling(parent, "tmp", f"{os.getppid()}.{started}", host, "00000010")  # named as writers name
@@ -316,10 +318,11 @@ def test_stale_temp_trees_are_removed_or_reported(tmp_path, hf):
     with pytest.warns(UserWarning) as caught:
         convert_hf_checkpoint(hf, parent / "out", progress=False)
     messages = "\n".join(str(w.message) for w in caught)
-    assert not partial.exists() and not empty.exists() and not cut.exists()
+    assert not partial.exists() and not empty.exists() and not cut.exists() and not hollow.exists()
     assert sorted(p.name for p in aside.iterdir()) == sorted(["foreign.txt", ".dllm_jax_writer.json"])
     assert live.is_dir() and live_started.is_dir() and foreign_host.is_dir() and not reused.exists()
     assert f"removed {partial}" in messages and f"removed {empty}" in messages and f"removed {reused}" in messages
+    assert f"removed {hollow}" in messages
     assert f"{aside}, but not ['foreign.txt']" in messages
     assert f"leaving {live}" in messages and f"leaving {live_started}" in messages
     assert f"leaving {foreign_host}" in messages

@@ -229,4 +229,6 @@ def recorded_files(path: Path):
             return [*read_manifest(path).files, MANIFEST]
         except ValueError:
             return False
-    return None if {p.name for p in path.iterdir()} <= {WRITER} else False
+    # nothing but empty directories (and a cut writer file): a writer killed after its last file, while it
+    # removed the directories (remove_tree unlinks the writer file first)
+    return None if not files_under(path, exclude=(WRITER,)) else False
