@@ -6,7 +6,8 @@
 
 MAGE then takes the top-k over the prefix positions (keys below the committed cache length).
 Grid (key-tile groups, batch, KV heads); each program folds its G heads x Nq queries into one tile
-(as split-KV attention does) and stores the column means of its key tiles. Cost: one QK^T of the
+(as split-KV attention does) and stores the column means of its key tiles. The cache is read in place
+at any capacity (the last, partial tile gathers its rows): no padded copy of it. Cost: one QK^T of the
 block against the cache. Peak extra memory: the output, 4 * B * Hkv * Nk bytes (8 KV heads, 128k:
 4 MiB), and the folded q (tiny).
 """
@@ -30,17 +31,25 @@ def _kernel(kvlen_ref, q_ref, lse_ref, k_ref, out_ref, *, scale_log2, block_kv, 
     q = q_ref[...]
     shift = c.prob_shift(lse_ref[...])
     kv_len = kvlen_ref[0]
+    num_keys = k_ref.shape[0]  # the capacity, read in place: not necessarily a multiple of block_kv
     first = pl.program_id(0) * TILES_PER_PROGRAM
+    whole = jnp.clip(num_keys // block_kv - first, 0, TILES_PER_PROGRAM)
+    tiles = jnp.clip(c.cdiv(num_keys, block_kv) - first, 0, TILES_PER_PROGRAM)
 
-    def body(j, carry):
+    def tile(j, carry, partial):
         start = pl.multiple_of((first + j) * block_kv, block_kv)
-        k = k_ref[pl.ds(start, block_kv), :]
+        if partial:  # the tile past the capacity gathers its rows, those past the last key loading the last
+            # key again (in bounds; masked below, as kv_len <= num_keys)
+            k = k_ref[jnp.minimum(start + jnp.arange(block_kv), num_keys - 1), :]
+        else:
+            k = k_ref[pl.ds(start, block_kv), :]
         s = c.logits(q, k, scale_log2)
         s = jnp.where((start + jnp.arange(block_kv) < kv_len)[None, :], s, -jnp.inf)
         out_ref[pl.ds(j * block_kv, block_kv)] = jnp.sum(jnp.exp2(s - shift[:, None]), axis=0) / num_rows
         return carry
 
-    jax.lax.fori_loop(0, TILES_PER_PROGRAM, body, 0)
+    jax.lax.fori_loop(0, whole, functools.partial(tile, partial=False), 0)
+    jax.lax.fori_loop(whole, tiles, functools.partial(tile, partial=True), 0)
 
 
 @functools.partial(jax.jit, static_argnames=("scale", "block_kv", "num_warps", "num_stages", "interpret"))
@@ -49,7 +58,6 @@ def _kv_scores(q, k, lse, kv_len, *, scale, block_kv, num_warps, num_stages, int
     nk, hkv = k.shape[1], k.shape[2]
     span = TILES_PER_PROGRAM * block_kv
     n_prog = c.cdiv(nk, span)
-    k = c.pad_axis(k, 1, n_prog * span)
     rows = max(16, c.next_pow2(nq * hq // hkv))
     folded_q = _fold_queries(q, hkv, rows)
     folded_lse = _fold_queries(lse.transpose(0, 2, 1)[..., None], hkv, rows)[..., 0]
@@ -63,7 +71,7 @@ def _kv_scores(q, k, lse, kv_len, *, scale, block_kv, num_warps, num_stages, int
             pl.BlockSpec((None, 1), lambda s, bi, h: (bi, 0)),
             pl.BlockSpec((None, None, rows, d), lambda s, bi, h: (bi, h, 0, 0)),
             pl.BlockSpec((None, None, rows), lambda s, bi, h: (bi, h, 0)),
-            pl.BlockSpec((None, n_prog * span, None, d), lambda s, bi, h: (bi, 0, h, 0)),
+            pl.BlockSpec((None, nk, None, d), lambda s, bi, h: (bi, 0, h, 0)),  # the whole cache row, in place
         ],
         out_specs=pl.BlockSpec((None, None, span), lambda s, bi, h: (bi, h, s)),
         out_shape=jax.ShapeDtypeStruct((b, hkv, n_prog * span), jnp.float32),
@@ -89,7 +97,8 @@ def kv_scores(q, k, lse, *, scale=None, kv_len=None, interpret=False, block_kv=6
     """Mean softmax probability per cache key over the block's queries and GQA group.
 
     Args:
-      q: [B, Nq, Hq, D] (a block; G * Nq <= 256); k: [B, Nk, Hkv, D]; lse: f32 [B, Hq, Nq].
+      q: [B, Nq, Hq, D] (a block; G * Nq <= 256); k: [B, Nk, Hkv, D] (a layer's cache, read in place at any
+        capacity Nk); lse: f32 [B, Hq, Nq].
       scale: default 1/sqrt(D). kv_len: None, int or int [B] (keys beyond it score 0).
 
     Returns f32 [B, Hkv, Nk].

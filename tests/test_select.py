@@ -33,7 +33,7 @@ def rows(rng, kind: str, shape) -> np.ndarray:
 def test_threshold_gives_the_positions_of_lax_top_k(rng, kind, bits):
     for shape, k in [((3, 257), 1), ((3, 257), 40), ((2, 3, 100), 100), ((5, 64), 63)]:
         x = rows(rng, kind, shape)
-        got = np.asarray(top_k_positions(jnp.asarray(x), k, bits=bits))
+        got = np.asarray(top_k_positions(jnp.asarray(x), k, method="threshold", bits=bits))
         np.testing.assert_array_equal(got, reference(x, k), err_msg=f"{kind} {shape} k={k}")
         assert got.dtype == np.int32 and got.shape == shape[:-1] + (k,)
 
@@ -41,13 +41,13 @@ def test_threshold_gives_the_positions_of_lax_top_k(rng, kind, bits):
 def test_bfloat16_scores_and_the_sort_method(rng):
     x = jnp.asarray(rng.standard_normal((4, 300)), jnp.bfloat16)  # bf16 has many ties
     want = reference(x, 50)
-    np.testing.assert_array_equal(top_k_positions(x, 50), want)
-    np.testing.assert_array_equal(top_k_positions(x, 50, method="sort"), want)
+    np.testing.assert_array_equal(top_k_positions(x, 50, method="threshold"), want)
+    np.testing.assert_array_equal(top_k_positions(x, 50), want)  # "sort", the default
 
 
 def test_jitted_with_the_row_count_traced_through_vmap(rng):
     x = jnp.asarray(rng.standard_normal((6, 2, 90)), jnp.float32)
-    got = jax.jit(jax.vmap(lambda r: top_k_positions(r, 7)))(x)
+    got = jax.jit(jax.vmap(lambda r: top_k_positions(r, 7, method="threshold")))(x)
     np.testing.assert_array_equal(got, reference(x, 7))
 
 

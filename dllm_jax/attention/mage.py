@@ -50,7 +50,7 @@ def row_lengths(lengths, batch: int):
 
 
 def select_prefix(q_block, k_cache, *, prefix_len, k: int, scale=None, backend: str = "auto", lse=None,
-                  softmax_over: str = "prefix", select_by: str = "threshold"):
+                  softmax_over: str = "prefix", select_by: str = "sort"):
     """MAGE's selection: int32 [B, Hkv, k], ascending.
 
     q_block [B, n, Hq, D]; k_cache [B, S, Hkv, D] (one layer) holding row b's committed prefix in
@@ -62,7 +62,7 @@ def select_prefix(q_block, k_cache, *, prefix_len, k: int, scale=None, backend: 
     are ranked. With fewer than k prefix positions all of them are returned, padded by repeating the
     last (the valid count is `min(k, prefix_len)`, see `prefix_counts`). `lse` f32 [B, Hq, n]: the
     LSE of the queries over the keys the softmax runs over, if the caller already has it (MAGE's
-    first step does: its prefix part). `select_by`: how the top k are found, "threshold" or "sort"
+    first step does: its prefix part). `select_by`: how the top k are found, "sort" or "threshold"
     (`dllm_jax.attention.select`: the same positions).
     """
     check_softmax_over(softmax_over)
@@ -129,15 +129,15 @@ class MAGE(AttentionPolicy):
     softmax_over: "prefix" (the paper's Eq. 3: the selection's softmax over the prefix keys alone)
       or "prefix+block" (this project's earlier rule: over the prefix and the block's keys).
     backend: as SparseD's ("auto": Pallas on GPU, references elsewhere).
-    select_by: how each layer's top k are found, "threshold" (default: a radix search for the k-th score,
-      no sort) or "sort" (`lax.top_k`); the same positions (`dllm_jax.attention.select`).
+    select_by: how each layer's top k are found: "sort" (default, `lax.top_k`) or "threshold" (a radix
+      search for the k-th score, no sort); the same positions (`dllm_jax.attention.select`).
     """
 
     k: int = 512
     exact_layers: int = 2
     softmax_over: str = "prefix"
     backend: str = "auto"
-    select_by: str = "threshold"
+    select_by: str = "sort"
 
     def __post_init__(self):
         # int32 bounds: k sizes the int32 selection and exact_layers meets an int32 layer index

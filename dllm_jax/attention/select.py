@@ -4,11 +4,14 @@
 position, as in `lax.top_k`'s stable order, and values compare in IEEE total order as there: -0.0 below
 0.0), computed one of two ways:
 
-- "sort": `lax.top_k` then a sort of the k picks (the reference). XLA sorts each whole row to find
-  its top k: at MAGE's 128k-key rows that was ~0.95 ms per layer at batch 4 (issue 40).
+- "sort": `lax.top_k` then a sort of the k picks (the reference, MAGE's default). XLA sorts each whole
+  row to find its top k.
 - "threshold": a radix search for the k-th largest value (a few counting passes over the row, each
   fixing `bits` bits of it), then the entries above it plus the lowest-positioned ties, read off in
-  position order by a binary search over their running count. Nothing is sorted.
+  position order by a binary search over their running count. Nothing is sorted, but the passes and the
+  search each launch kernels of their own: in MAGE's loop at 128k keys and batch 1 (H100) the block took
+  74.0 ms against the sort's 70.6 (benchmarks/results/throughput_issue40_*; `benchmarks/mage_select.py`
+  times the selection alone).
 
 Callers mask what they do not rank with -inf.
 """
@@ -26,7 +29,7 @@ def check_method(method: str, name: str = "method") -> None:
         raise ValueError(f"{name}={method!r} is not one of {METHODS}")
 
 
-def top_k_positions(scores, k: int, *, method: str = "threshold", bits: int = 4):
+def top_k_positions(scores, k: int, *, method: str = "sort", bits: int = 4):
     """int32 [..., k]: ascending positions of the k largest entries of each row of float `scores`
     [..., S] (k <= S). `bits` (a divisor of 32) is how many bits of the k-th largest value each
     counting pass of "threshold" fixes: 2**bits - 1 comparisons per entry per pass, 32 / bits passes."""
