@@ -75,6 +75,9 @@ class Family:
     eval_options: Callable[[int, Any, dict], dict] | None = None
     # the config field holding a tuple of stop ids that may be empty (config.stop_ids reads every family's)
     stops_field: str | None = None
+    # serving (dllm_jax.serve): the pieces of its block loop the slot engine needs, or None where requests are
+    # served in lockstep `generate` batches (the bidirectional families)
+    slots: gen_sdar.SlotLoop | None = None
 
     def __post_init__(self):
         if self.method_kind not in methods.KINDS:
@@ -131,7 +134,8 @@ FAMILIES: dict[str, Family] = {f.name: f for f in (
     Family(name="sdar", config_class=SDARConfig, model_class=SDAR, options_class=gen_sdar.SDAROptions,
            prepare=gen_sdar.prepare, run=gen_sdar.run, probe_loop=gen_sdar.probe_loop, answer_option="max_new_tokens",
            method_kind=methods.BLOCK, param_shapes=layers.lm_param_shapes, hf_rules=hf_names.SDAR_RULES,
-           param_axes=DECODER_AXES, eval_options=gen_sdar.eval_options, stops_field="eos_token_ids"),
+           param_axes=DECODER_AXES, eval_options=gen_sdar.eval_options, stops_field="eos_token_ids",
+           slots=gen_sdar.SLOTS),
     Family(name="dream", config_class=DreamConfig, model_class=Dream, options_class=gen_dream.DreamOptions,
            prepare=gen_dream.prepare, run=gen_dream.run, probe_loop=gen_dream.probe_loop,
            answer_option="max_new_tokens", method_kind=methods.BIDIRECTIONAL, param_shapes=layers.lm_param_shapes,
@@ -143,7 +147,8 @@ FAMILIES: dict[str, Family] = {f.name: f for f in (
            param_shapes=llada2_model.param_shapes, hf_rules=hf_names.LLADA2_RULES,
            hf_expected=hf_names.llada2_expected, prepare_params=llada2_model.prepare_params,
            to_module_tree=llada2_model.to_module_tree, param_axes=llada2_model.PARAM_AXES,
-           tp_split=TP_SPLIT + ("moe_intermediate_size",)),  # the experts' hidden dimension splits too
+           tp_split=TP_SPLIT + ("moe_intermediate_size",),  # the experts' hidden dimension splits too
+           slots=gen_llada2.SLOTS),
 )}
 
 

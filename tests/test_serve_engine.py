@@ -1,13 +1,13 @@
-"""dllm_jax.serve.Engine: continuous batching over SDAR slots. Every request gets exactly what `generate`
-returns for its prompt alone, whatever shares the slots and whenever it arrives; slots are reused as
-requests finish; bad requests are refused before they are queued."""
+"""dllm_jax.serve.Engine: continuous batching over the slots of a block-diffusion model (SDAR; LLaDA2). Every
+request gets exactly what `generate` returns for its prompt alone, whatever shares the slots and whenever it
+arrives; slots are reused as requests finish; bad requests are refused before they are queued."""
 
 import numpy as np
 import pytest
 
 import dllm_jax
 from dllm_jax.serve import Engine
-from dllm_jax.testing import tiny_llada_config, tiny_sdar_config
+from dllm_jax.testing import tiny_llada2_config, tiny_llada_config, tiny_sdar_config
 
 
 @pytest.fixture(scope="module")
@@ -104,5 +104,40 @@ def test_bad_engines_are_refused(model, tiny_model):
         Engine(model, steps=4)
     with pytest.raises(ValueError, match="SparseD is a method for LLaDA"):
         Engine(model, method="sparsed")
-    with pytest.raises(ValueError, match="runs SDAR models"):
+    with pytest.raises(ValueError, match="the slot engine runs the block-diffusion families"):
         Engine(tiny_model(tiny_llada_config()))
+
+
+@pytest.fixture(scope="module")
+def llada2(tiny_model):
+    # EOS 39: a token these random weights often pick, so rows stop at different blocks
+    config = tiny_llada2_config(vocab_size=48, mask_token_id=40, eos_token_id=39, pad_token_id=39)
+    return tiny_model(config, seed=21)
+
+
+@pytest.mark.parametrize("options", [dict(block_length=4, steps=4), dict(block_length=4, steps=4, temperature=0.8)],
+                         ids=["greedy", "sampled"])
+def test_llada2_requests_share_the_slots_and_each_gets_what_generate_gives_it_alone(llada2, rng, options):
+    """LLaDA2 in the slots (its own model functions, sampler and block length: `Family.slots`): five requests over
+    three slots, the answer cut at each one's length as generate's (its gen_length) is."""
+    engine = Engine(llada2, slots=3, max_context=64, **options)
+    prompts = [rng.integers(0, 40, n) for n, _, _ in REQUESTS]
+    ids = [engine.submit(p, k, seed=s) for p, (_, k, s) in zip(prompts, REQUESTS)]
+    done = engine.run()
+    stopped = 0
+    for request_id, prompt, (n, k, seed) in zip(ids, prompts, REQUESTS):
+        alone = np.asarray(dllm_jax.generate(llada2, prompt[None], gen_length=k, seed=seed, **options))[0]
+        np.testing.assert_array_equal(done[request_id].tokens, alone, err_msg=f"request {request_id}")
+        stopped += len(alone) < n + k
+    assert stopped, "no request stopped early: per-slot stops were not exercised"
+
+
+def test_llada2_requests_whose_schedule_differs_from_the_engines_are_refused(llada2):
+    engine = Engine(llada2, slots=1, max_context=64, block_length=4, steps=4)
+    with pytest.raises(ValueError, match=r"max_new_tokens=3: LLaDA2 then runs .* = 3 forwards per block, the engine 4"):
+        engine.submit(np.arange(3, 8), 3)
+    with pytest.raises(ValueError, match="mask id 40"):
+        engine.submit(np.array([3, 40, 5]), 8)
+    with pytest.raises(ValueError, match="gen_length is per request"):
+        Engine(llada2, gen_length=8)
+    assert not engine.queue

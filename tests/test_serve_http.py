@@ -237,32 +237,60 @@ def llada2_checkpoint(tmp_path_factory):
     return write_tiny_tokenizer(path, 160, mask_token_id=150, eos_token_id=141)
 
 
-LOCKSTEP = {"llada": dict(gen_length=16, steps=16, block_length=16), "llada2": dict(gen_length=32, steps=8)}
+LOCKSTEP = dict(gen_length=16, steps=16, block_length=16)  # LLaDA's answer region, fixed by the server
 
 
-@pytest.mark.parametrize("family", sorted(LOCKSTEP))
-def test_lockstep_families_answer_each_request_as_generate_alone(family, checkpoints, llada2_checkpoint, rng):
-    """LLaDA and LLaDA2 are served in lockstep batches (greedy, the answer length fixed by the server): 6
-    concurrent clients over batches of 3, prompts of two lengths (LLaDA's batches mix them, left-padded with
-    hidden pad keys; LLaDA2's take one length each), each equal to generate on its prompt alone."""
-    path = checkpoints[0] if family == "llada" else llada2_checkpoint
+def test_llada_is_served_in_lockstep_and_each_request_gets_generate_alone(checkpoints, rng):
+    """LLaDA is served in lockstep batches (greedy, the answer length fixed by the server): 6 concurrent clients
+    over batches of 3, prompts of two lengths (the batches mix them, left-padded with hidden pad keys), each
+    equal to generate on its prompt alone."""
+    path = checkpoints[0]
     model, tokenizer = dllm_jax.load_model(path, dtype="float32", progress=False), ChatTokenizer(path)
-    options = LOCKSTEP[family]
-    with running(build_app(model, tokenizer, model_name=NAME, slots=3, max_context=96, **options)) as url:
+    with running(build_app(model, tokenizer, model_name=NAME, slots=3, max_context=96, **LOCKSTEP)) as url:
         prompts = [rng.integers(3, 140, 6 if i % 2 else 9).tolist() for i in range(6)]
         with concurrent.futures.ThreadPoolExecutor(6) as pool:
             replies = list(pool.map(lambda p: post(url, "/v1/completions", dict(model=NAME, prompt=p, max_tokens=12)),
                                     prompts))
         for prompt, reply in zip(prompts, replies):
             assert reply.status_code == 200, reply.text
-            out = np.asarray(dllm_jax.generate(model, np.asarray(prompt)[None], **options))[0][len(prompt):][:12]
+            out = np.asarray(dllm_jax.generate(model, np.asarray(prompt)[None], **LOCKSTEP))[0][len(prompt):][:12]
             stops = np.flatnonzero(np.isin(out, model.config.stop_ids))
             kept = out[:stops[0] + 1] if stops.size else out
             assert reply.json()["choices"][0]["text"] == tokenizer.decode(kept, skip=(model.config.mask_token_id,))
-        too_long = post(url, "/v1/completions", dict(model=NAME, prompt=[5, 6], max_tokens=options["gen_length"] + 1))
+        too_long = post(url, "/v1/completions", dict(model=NAME, prompt=[5, 6], max_tokens=LOCKSTEP["gen_length"] + 1))
         assert too_long.status_code == 400 and "fixed by the server" in too_long.json()["error"]["message"]
         sampled = post(url, "/v1/completions", dict(model=NAME, prompt=[5, 6], max_tokens=4, temperature=0.5))
         assert sampled.status_code == 400
+
+
+def test_llada2_requests_share_the_slots_and_each_gets_generate_alone(llada2_checkpoint, rng):
+    """LLaDA2 runs in the slot engine (continuous batching, as SDAR): 6 concurrent clients over 3 slots, prompts
+    and answers of several lengths, each equal to greedy generate on its prompt alone with that answer length; a
+    length that would change LLaDA2's forwards per block is refused with 400."""
+    path = llada2_checkpoint
+    model, tokenizer = dllm_jax.load_model(path, dtype="float32", progress=False), ChatTokenizer(path)
+    options = dict(block_length=8, steps=4)
+    with running(build_app(model, tokenizer, model_name=NAME, slots=3, max_context=96, **options)) as url:
+        requests = [(rng.integers(3, 140, 6 if i % 2 else 9).tolist(), 8 + 4 * i) for i in range(6)]
+        with concurrent.futures.ThreadPoolExecutor(6) as pool:
+            replies = list(pool.map(lambda r: post(url, "/v1/completions", dict(model=NAME, prompt=r[0],
+                                                                                max_tokens=r[1])), requests))
+        for (prompt, k), reply in zip(requests, replies):
+            assert reply.status_code == 200, reply.text
+            out = np.asarray(dllm_jax.generate(model, np.asarray(prompt)[None], gen_length=k, **options))[0]
+            out = out[len(prompt):]
+            assert reply.json()["choices"][0]["text"] == tokenizer.decode(out, skip=(model.config.mask_token_id,))
+        short = post(url, "/v1/completions", dict(model=NAME, prompt=[5, 6], max_tokens=2))
+        assert short.status_code == 400 and "forwards per block" in short.json()["error"]["message"]
+
+
+def test_every_family_has_its_serve_flags():
+    from dllm_jax.cli.serve import FAMILY_FLAGS
+    from dllm_jax.families import FAMILIES
+
+    assert set(FAMILY_FLAGS) == set(FAMILIES)
+    for name, family in FAMILIES.items():  # a slot engine's answer length is per request, never the server's
+        assert ("--gen-length" in FAMILY_FLAGS[name]) == (family.slots is None)
 
 
 def test_lockstep_serving_refuses_sampling(checkpoints):

@@ -1,4 +1,4 @@
-"""`dllm-jax serve`: an OpenAI-compatible HTTP server over the continuous-batching engine (SDAR)."""
+"""`dllm-jax serve`: an OpenAI-compatible HTTP server over the continuous-batching engine (SDAR, LLaDA2)."""
 
 from __future__ import annotations
 
@@ -11,19 +11,26 @@ from dllm_jax.cli.methods import methods_parent
 from dllm_jax.flags import fraction, number, positive_int
 
 temperature_flag = number(float, "a number in [0, 2]", lambda v: 0 <= v <= 2)
+# the sampling flags (-> the generate option each sets) and those that apply to each family ("--gen-length" sets
+# the family's answer option: the lockstep families decode one answer length for every request)
+FLAGS = {"--denoising-steps": "denoising_steps", "--remasking": "remasking", "--gen-length": "gen_length",
+         "--steps": "steps", "--block-length": "block_length"}
+FAMILY_FLAGS = {"sdar": ("--denoising-steps", "--remasking"), "llada2": ("--steps", "--block-length"),
+                "llada": ("--gen-length", "--steps", "--block-length"), "dream": ("--gen-length", "--steps")}
 
 
 def add_parser(subparsers) -> None:
     serve = subparsers.add_parser(
         "serve", parents=[dtype_parent(), methods_parent()],
-        help="serve a checkpoint over an OpenAI-compatible HTTP API (continuous batching for SDAR)",
+        help="serve a checkpoint over an OpenAI-compatible HTTP API (continuous batching for SDAR and LLaDA2)",
         description="Loads a checkpoint and serves POST /v1/completions and /v1/chat/completions (stream: true "
-                    "sends each decoded block), GET /v1/models, /health and /metrics (Prometheus). SDAR requests share "
-                    "--slots rows of one compiled block step (continuous batching); LLaDA, Dream and LLaDA2 requests "
-                    "are generated in lockstep batches of up to --slots, greedily, with the answer length fixed by "
-                    "--gen-length. Each request gets what `dllm_jax.generate` gives its prompt alone. Sampling "
-                    "options are the server's (a request may repeat them). SIGTERM or Ctrl-C stops taking requests, "
-                    "finishes the running ones, then exits. Needs the serve extra: pip install 'dllm-jax[serve]'.")
+                    "sends each decoded block), GET /v1/models, /health and /metrics (Prometheus). SDAR and LLaDA2 "
+                    "requests share --slots rows of one compiled block step (continuous batching); LLaDA and Dream "
+                    "requests are generated in lockstep batches of up to --slots, greedily, with the answer length "
+                    "fixed by --gen-length. Each request gets what `dllm_jax.generate` gives its prompt alone. "
+                    "Sampling options are the server's (a request may repeat them). SIGTERM or Ctrl-C stops taking "
+                    "requests, finishes the running ones, then exits. Needs the serve extra: pip install "
+                    "'dllm-jax[serve]'.")
     serve.add_argument("--model", type=Path, required=True, help="checkpoint directory (HF or converted)")
     serve.add_argument("--model-name", default=None, help="the model id clients send (default: the directory's name)")
     serve.add_argument("--host", default="127.0.0.1", help="address to listen on (default 127.0.0.1)")
@@ -42,10 +49,10 @@ def add_parser(subparsers) -> None:
     serve.add_argument("--remasking", choices=["low_confidence_dynamic", "low_confidence_static", "sequential"],
                        default=None, help="which tokens a step commits (default: SDAR's, low_confidence_dynamic)")
     serve.add_argument("--gen-length", type=positive_int, default=None, metavar="N",
-                       help="LLaDA, Dream, LLaDA2 (lockstep): the answer region every request decodes (the family's "
+                       help="LLaDA, Dream (lockstep): the answer region every request decodes (the family's "
                             "default); a request's max_tokens may not exceed it")
     serve.add_argument("--steps", type=positive_int, default=None, metavar="N",
-                       help="LLaDA, Dream, LLaDA2: denoising steps (the family's default)")
+                       help="LLaDA, Dream: denoising steps; LLaDA2: steps per block (the family's default)")
     serve.add_argument("--block-length", type=positive_int, default=None, metavar="N",
                        help="LLaDA, LLaDA2: block length (the family's default)")
     serve.add_argument("--log-level", default="info", choices=["critical", "error", "warning", "info", "debug"],
@@ -69,16 +76,14 @@ def run(args: argparse.Namespace) -> None:
 
     _, config = read_hf_config(args.model)  # every flag error before the weights load
     family = family_of(config)
-    sdar_flags, lockstep_flags = ("--denoising-steps", "--remasking"), ("--gen-length", "--steps", "--block-length")
-    mine = sdar_flags if family.name == "sdar" else lockstep_flags
-    given = [flag for flag in sdar_flags + lockstep_flags if getattr(args, flag[2:].replace("-", "_")) is not None]
+    mine = FAMILY_FLAGS[family.name]
+    given = [flag for flag in FLAGS if getattr(args, FLAGS[flag]) is not None]
     stray = [flag for flag in given if flag not in mine]
     if stray:
         verb = "does" if len(stray) == 1 else "do"
         raise ValueError(f"{', '.join(stray)} {verb} not apply to {family.label} (its flags: {', '.join(mine)})")
-    flags = dict(denoising_steps=args.denoising_steps, remasking=args.remasking) if family.name == "sdar" else {
-        family.answer_option: args.gen_length, "steps": args.steps, "block_length": args.block_length}
-    options = {k: v for k, v in flags.items() if v is not None}
+    options = {family.answer_option if flag == "--gen-length" else FLAGS[flag]: getattr(args, FLAGS[flag])
+               for flag in given}
     method = method_from_args(args)
     tokenizer = ChatTokenizer(args.model)
     model = load_model(args.model, dtype=args.dtype)

@@ -45,7 +45,7 @@ from dllm_jax.generate.progress import progress_bar, tick
 from dllm_jax.generate.requests import (ProbeLoop, as_array, check_context, check_prompt, make_options, on_devices,
                                         on_mesh)
 from dllm_jax.generate.sampling import commit_top, sample_tokens, transfer_counts
-from dllm_jax.generate.sdar import BlockSampler, cache_capacity, decode_blocks
+from dllm_jax.generate.sdar import BlockSampler, SlotLoop, cache_capacity, decode_blocks
 from dllm_jax.models import llada2 as llada2_model
 from dllm_jax.sharding import shard_kv_cache, to_host, tracing_on
 
@@ -220,6 +220,28 @@ def run(model, prompt_ids, attention_mask, seed: int, method, progress: bool, re
     for b, row in enumerate(rows):
         out[b, :len(row)] = row
     return out
+
+
+def slot_check(config: LLaDA2Config, prompt_ids: np.ndarray, max_new_tokens: int, options: LLaDA2Options) -> None:
+    """`SlotLoop.check_request` for LLaDA2: `check_request`'s refusals, and an answer length whose forwards per
+    block differ from the engine's (the official schedule runs min(steps, gen_length // minimal_topk) of them: a
+    slot engine compiled for one count cannot give such a request what generate gives it)."""
+    check_request(config, prompt_ids, None, options)
+    steps = min(options.steps, max_new_tokens // options.minimal_topk)
+    if steps != options.effective_steps:
+        shortest = options.effective_steps * options.minimal_topk
+        raise ValueError(f"max_new_tokens={max_new_tokens}: LLaDA2 then runs min(steps, max_new_tokens // "
+                         f"minimal_topk) = {steps} forwards per block, the engine {options.effective_steps}; ask for "
+                         f"at least {shortest} tokens (or serve with steps={steps})")
+
+
+def options_block_length(config: LLaDA2Config, options: LLaDA2Options) -> int:
+    return options.block_length
+
+
+SLOTS = SlotLoop(sampler=SAMPLER, loop_params=llada2_model.inference, init_cache=llada2_model.init_cache,
+                 prefill=llada2_model.prefill, init_policy_state=llada2_model.init_policy_state,
+                 block_length=options_block_length, check_request=slot_check, greedy=(), cuts_answer=True)
 
 
 def probe_loop(model, prompt_ids, method, options: dict) -> ProbeLoop:

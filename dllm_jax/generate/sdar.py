@@ -135,6 +135,25 @@ class BlockSampler:
     block_step: Callable  # the model's `block_step`
 
 
+@dataclasses.dataclass(frozen=True)
+class SlotLoop:
+    """What the serving engine (`dllm_jax.serve.engine`) needs of a block-diffusion family to keep requests in
+    slots: the pieces of the family's `generate` loop, every field a module-level function or a constant (the
+    engine's jitted insert and step take it as a static argument)."""
+
+    sampler: BlockSampler
+    loop_params: Callable  # (params, config) -> the parameters the loop's forwards take
+    init_cache: Callable  # the model's init_cache(config, batch, capacity, dtype)
+    prefill: Callable  # the model's prefill(params, ids, cache, lengths, *, config, block_length)
+    init_policy_state: Callable  # the model's init_policy_state(policy, config, batch, width, *, block_length)
+    block_length: Callable  # (config, options) -> the loop's block length
+    # (config, prompt int32 [1, P], max_new_tokens, options) -> None: a ValueError naming what generate would
+    # refuse in this request (P = 0: the options alone)
+    check_request: Callable
+    greedy: tuple[tuple[str, Any], ...]  # the options that decode greedily (a server's temperature 0)
+    cuts_answer: bool  # generate's answer ends at max_new_tokens (else at the end of its last block)
+
+
 def sdar_schedule(options: SDAROptions, config: SDARConfig, n: int):
     """SDAR's transfer counts: the block size spread over `denoising_steps` forwards."""
     return transfer_counts(config.block_size, options.denoising_steps)
@@ -431,6 +450,21 @@ def run(model, prompt_ids, attention_mask, seed: int, method, progress: bool, re
         return np.stack(rows)
     return left_padded(rows, prompt_ids, np.ones_like(prompt_ids) if mask is None else mask,
                        prompt_ids.shape[1] + opts.max_new_tokens, model.config.pad_token_id)
+
+
+def slot_check(config: SDARConfig, prompt_ids: np.ndarray, max_new_tokens: int, options: SDAROptions) -> None:
+    """`SlotLoop.check_request` for SDAR: what `check_sdar_request` refuses in one unpadded prompt."""
+    del max_new_tokens  # any length: SDAR's schedule is per block
+    check_sdar_request(config, prompt_ids, [prompt_ids.shape[1]], options)
+
+
+def config_block_size(config: SDARConfig, options: SDAROptions) -> int:
+    return config.block_size
+
+
+SLOTS = SlotLoop(sampler=SDAR_SAMPLER, loop_params=sdar_model.unrolled, init_cache=sdar_model.init_cache,
+                 prefill=sdar_model.prefill, init_policy_state=sdar_model.init_policy_state,
+                 block_length=config_block_size, check_request=slot_check, greedy=(("top_k", 1),), cuts_answer=False)
 
 
 def probe_loop(model, prompt_ids, method, options: dict) -> ProbeLoop:

@@ -25,8 +25,8 @@ from fastapi.responses import JSONResponse, Response, StreamingResponse
 from prometheus_client import CONTENT_TYPE_LATEST, CollectorRegistry, Counter, Gauge, Histogram, generate_latest
 
 from dllm_jax import validation as check
+from dllm_jax.families import family_of
 from dllm_jax.serve import protocol
-from dllm_jax.config import SDARConfig
 from dllm_jax.serve.engine import Engine
 from dllm_jax.serve.lockstep import LockstepEngine
 from dllm_jax.serve.worker import Draining, Event, Job, Observer, QueueFull, Ticket, Worker
@@ -70,14 +70,16 @@ class Metrics:
 
 def build_app(model, tokenizer, *, model_name: str, slots: int = 8, max_context: int | None = None, method=None,
               max_queue: int = 256, temperature: float = 0.0, top_p: float = 1.0, **options) -> FastAPI:
-    """An engine for `model`, its worker and the app over them: SDAR's slot `Engine` (`options`: SDAR's other
-    sampling options; temperature 0 decodes greedily, top_k=1), or for the other families a `LockstepEngine`
-    (greedy; `options`: the family's generate options, its answer length included)."""
+    """An engine for `model`, its worker and the app over them: the slot `Engine` for the block-diffusion families
+    (SDAR, LLaDA2; `options`: the family's other generate options; temperature 0 decodes greedily: SDAR with
+    top_k=1), or for the others a `LockstepEngine` (greedy; `options`: the family's generate options, its answer
+    length included)."""
     max_queue = check.integer("max_queue", max_queue, minimum=1)
     temperature = check.real("temperature", temperature, low=0, high=2)
     top_p = check.real("top_p", top_p, low=0, high=1, low_open=True)
-    if isinstance(model.config, SDARConfig):
-        sampling = dict(top_k=1) if temperature == 0 else dict(temperature=temperature, top_p=top_p)
+    loop = family_of(model.config).slots
+    if loop is not None:
+        sampling = dict(loop.greedy) if temperature == 0 else dict(temperature=temperature, top_p=top_p)
         engine = Engine(model, slots=slots, max_context=max_context, method=method, **(options | sampling))
     else:
         sampling = {} if temperature == 0 else dict(temperature=temperature)

@@ -1,4 +1,5 @@
-"""Continuous batching for SDAR: a fixed number of slots that requests enter and leave between block steps.
+"""Continuous batching for the block-diffusion families (SDAR / TraDo, LLaDA2): a fixed number of slots that
+requests enter and leave between block steps.
 
 `generate` batches in lockstep: a row that has finished idles until the slowest row of its batch ends,
 and a new prompt waits for the whole batch. The engine keeps `slots` rows on the device instead (a
@@ -12,9 +13,12 @@ last block is decoded and a new one starts at the next step.
 
 Each request draws its random numbers from its own seed (a PRNG key per slot) and its own counter, and
 its prompt is prefilled alone, so a request's tokens are those `generate` returns for its prompt alone
-with the same seed and options, whatever else shares the slots. The sampling options (remasking,
-denoising steps, temperature, top-k, top-p, threshold) are the engine's, static in its compiled step;
-a request sets its prompt, its `max_new_tokens` and its seed.
+with the same seed and options, whatever else shares the slots. The sampling options (SDAR: remasking,
+denoising steps, temperature, top-k, top-p, threshold; LLaDA2: block length, steps, temperature, top-k,
+top-p, threshold) are the engine's, static in its compiled step; a request sets its prompt, its
+`max_new_tokens` (the family's answer length: SDAR's max_new_tokens, LLaDA2's gen_length) and its seed.
+What differs between the families (model functions, sampler, block length, request checks) is the family's
+`SlotLoop` (`dllm_jax.families`: `Family.slots`).
 
 Prompts are prefilled in a few static lengths (`prefill_buckets`: whole blocks, doubling up to the
 slot width): a prompt takes the shortest bucket that holds its complete blocks, so the inserts compile
@@ -36,12 +40,9 @@ import numpy as np
 from flax import struct
 
 from dllm_jax.attention.policy import AttentionPolicy
-from dllm_jax.config import SDARConfig
-from dllm_jax.families import family_of
+from dllm_jax.families import FAMILIES, family_of
 from dllm_jax.generate.requests import check_context, make_options
-from dllm_jax.generate.sdar import (SDAR_SAMPLER, DecodeCarry, SDAROptions, cache_capacity, check_sdar_request,
-                                    decode_block, no_pending_block, trim)
-from dllm_jax.models import sdar as sdar_model
+from dllm_jax.generate.sdar import DecodeCarry, SlotLoop, cache_capacity, decode_block, no_pending_block, trim
 from dllm_jax.serve.requests import Request, RequestQueue
 
 
@@ -80,14 +81,15 @@ def prefill_buckets(block_size: int, width: int) -> tuple[int, ...]:
     return tuple(buckets) + (width,)
 
 
-def init_slots(params, *, config: SDARConfig, slots: int, width: int, policy: AttentionPolicy) -> Slots:
+def init_slots(params, *, config, slots: int, width: int, policy: AttentionPolicy, loop: SlotLoop,
+               block_length: int) -> Slots:
     """Every slot free: masks, an empty cache of `width` positions plus one block of scratch (in whole
     128-key tiles, as `generate` allocates), the policy's initial state, no pending commit."""
-    bl = config.block_size
+    bl = block_length
     capacity = cache_capacity(width, bl)
     carry = DecodeCarry(x=jnp.full((slots, width), config.mask_token_id, jnp.int32),
-                        cache=sdar_model.init_cache(config, slots, capacity, params["embed"].dtype),
-                        policy_state=sdar_model.init_policy_state(policy, config, slots, width),
+                        cache=loop.init_cache(config, slots, capacity, params["embed"].dtype),
+                        policy_state=loop.init_policy_state(policy, config, slots, width, block_length=bl),
                         finished=no_pending_block(slots, bl), draws=jnp.zeros((slots,), jnp.int32),
                         decoded=jnp.zeros((slots,), jnp.int32), stopped=jnp.zeros((slots,), bool))
     zeros = lambda: jnp.zeros((slots,), jnp.int32)  # noqa: E731  (one buffer each: the step donates them)
@@ -95,19 +97,20 @@ def init_slots(params, *, config: SDARConfig, slots: int, width: int, policy: At
                  last=zeros(), busy=jnp.zeros((slots,), bool))
 
 
-def insert(params, state: Slots, slot, prompt, length, max_new_tokens, seed, *, config: SDARConfig) -> Slots:
+def insert(params, state: Slots, slot, prompt, length, max_new_tokens, seed, *, config, loop: SlotLoop,
+           block_length: int) -> Slots:
     """Slot `slot` takes a request: `prompt` int32 [bucket] (a multiple of the block size; its first
     `length` tokens are the prompt) is prefilled alone into a one-row cache, whose rows replace the
     slot's; the slot's fill length is its complete prompt blocks (what lies past them is scratch, as in
     a left-padded `generate` batch), its tokens, draws, stop flag and pending commit start afresh, its
     key is `seed`'s."""
-    bl = config.block_size
+    bl = block_length
     carry = state.carry
     width = carry.x.shape[1]
     first = length // bl
-    cache = sdar_model.init_cache(config, 1, carry.cache.max_length, carry.cache.k[0].dtype)
-    cache = sdar_model.prefill(sdar_model.unrolled(params, config), prompt[None], cache, (first * bl)[None],
-                               config=config)
+    cache = loop.init_cache(config, 1, carry.cache.max_length, carry.cache.k[0].dtype)
+    cache = loop.prefill(loop.loop_params(params, config), prompt[None], cache, (first * bl)[None], config=config,
+                         block_length=bl)
     row = jnp.where(jnp.arange(width) < length, jnp.pad(prompt, (0, width - prompt.shape[0])), config.mask_token_id)
     put = lambda big, one: big.at[slot].set(one[0])  # noqa: E731
     new_cache = carry.cache.replace(k=tuple(map(put, carry.cache.k, cache.k)),
@@ -123,42 +126,52 @@ def insert(params, state: Slots, slot, prompt, length, max_new_tokens, seed, *, 
                          busy=state.busy.at[slot].set(True))
 
 
-def step(params, state: Slots, *, config: SDARConfig, options: SDAROptions, policy: AttentionPolicy) -> Slots:
+def step(params, state: Slots, *, config, options, policy: AttentionPolicy, loop: SlotLoop, block_length: int) -> Slots:
     """Every busy slot that has a block left and no stop decodes its next block."""
     active = state.busy & (state.block < state.last) & ~state.carry.stopped
-    carry = decode_block(sdar_model.unrolled(params, config), state.carry, state.keys, state.block, active,
-                         lengths=state.lengths, block_length=config.block_size,
-                         stop_ids=jnp.asarray(config.eos_token_ids, jnp.int32), config=config, options=options,
-                         policy=policy, sampler=SDAR_SAMPLER)
+    carry = decode_block(loop.loop_params(params, config), state.carry, state.keys, state.block, active,
+                         lengths=state.lengths, block_length=block_length,
+                         stop_ids=jnp.asarray(config.stop_ids, jnp.int32), config=config, options=options,
+                         policy=policy, sampler=loop.sampler)
     return state.replace(carry=carry, block=jnp.where(active, state.block + 1, state.block))
 
 
-_insert_jit = jax.jit(insert, static_argnames=("config",), donate_argnames=("state",))
-_step_jit = jax.jit(step, static_argnames=("config", "options", "policy"), donate_argnames=("state",))
+_insert_jit = jax.jit(insert, static_argnames=("config", "loop", "block_length"), donate_argnames=("state",))
+_step_jit = jax.jit(step, static_argnames=("config", "options", "policy", "loop", "block_length"),
+                    donate_argnames=("state",))
 
 
 class Engine(RequestQueue):
-    """Continuous batching of SDAR requests over `slots` device rows of up to `max_context` tokens each
-    (prompt + new tokens). `submit` queues a request; `step` admits queued requests into free slots,
-    advances every busy slot by one block and returns the requests that finished; `run` steps until
-    nothing is left. `method`: None (dense), a method name or an SDAR attention policy, as `generate`'s.
-    `options` are SDAR's sampling options (`dllm_jax.generate`; max_new_tokens is per request)."""
+    """Continuous batching of requests to a block-diffusion model (SDAR / TraDo, LLaDA2) over `slots` device rows
+    of up to `max_context` tokens each (prompt + new tokens). `submit` queues a request; `step` admits queued
+    requests into free slots, advances every busy slot by one block and returns the requests that finished; `run`
+    steps until nothing is left. `method`: None (dense), a method name or an attention policy, as `generate`'s.
+    `options` are the family's generate options (`dllm_jax.generate`) but its answer length (SDAR's
+    max_new_tokens, LLaDA2's gen_length), which is per request."""
 
     def __init__(self, model, *, slots: int = 8, max_context: int | None = None, method=None, **options):
         config = model.config
-        if not isinstance(config, SDARConfig):
-            raise ValueError(f"the serving engine runs SDAR models (block diffusion); got {type(config).__name__}")
-        if "max_new_tokens" in options:
-            raise ValueError("max_new_tokens is per request: pass it to submit")
+        family = family_of(config)
+        if family.slots is None:
+            served = ", ".join(f.label for f in FAMILIES.values() if f.slots is not None)
+            raise ValueError(f"the slot engine runs the block-diffusion families ({served}); {family.label} is "
+                             "served in lockstep batches (dllm_jax.serve.lockstep.LockstepEngine)")
+        if family.answer_option in options:
+            raise ValueError(f"{family.answer_option} is per request: pass max_new_tokens to submit")
         super().__init__(config, slots=slots, max_context=max_context)
         self.model = model
-        self.options = make_options(SDAROptions, "SDAR", options)
-        self.policy = family_of(config).policy(method)
-        bl = config.block_size
+        self.loop = family.slots
+        # the answer length stands at the longest a request can ask for (LLaDA2's steps per block depend on it:
+        # a request that would change them is refused by the loop's check)
+        self.options = make_options(family.options_class, family.label,
+                                    options | {family.answer_option: self.max_context})
+        self.policy = family.policy(method)
+        bl = self.block_length = self.loop.block_length(config, self.options)
         self.width = -(-self.max_context // bl) * bl
-        check_sdar_request(config, np.zeros((1, 1), np.int32), [1], self.options)
+        self.loop.check_request(config, np.zeros((1, 0), np.int32), self.max_context, self.options)
         self.buckets = prefill_buckets(bl, self.width)
-        self.state = init_slots(model.params(), config=config, slots=self.slots, width=self.width, policy=self.policy)
+        self.state = init_slots(model.params(), config=config, slots=self.slots, width=self.width, policy=self.policy,
+                                loop=self.loop, block_length=bl)
         self.running: list[Request | None] = [None] * self.slots
 
     def check(self, prompt_ids, max_new_tokens: int, seed: int = 0) -> tuple[np.ndarray, int, int]:
@@ -169,7 +182,7 @@ class Engine(RequestQueue):
         if len(prompt) + max_new_tokens > self.max_context:
             raise ValueError(f"the prompt ({len(prompt)} tokens) + {max_new_tokens} new tokens = "
                              f"{len(prompt) + max_new_tokens} exceeds the engine's max_context={self.max_context}")
-        check_sdar_request(self.config, prompt[None], [len(prompt)], self.options)
+        self.loop.check_request(self.config, prompt[None], max_new_tokens, self.options)
         return prompt, max_new_tokens, seed
 
     @property
@@ -202,9 +215,14 @@ class Engine(RequestQueue):
         if not running:
             return {}
         x, decoded = np.asarray(self.state.carry.x), np.asarray(self.state.carry.decoded)
-        stops = set(self.config.stop_ids)
-        return {r.request_id: np.asarray(trim(x[slot:slot + 1], decoded[slot:slot + 1], [len(r.prompt_ids)],
-                                              stops)[0][len(r.prompt_ids):]) for slot, r in running}
+        return {r.request_id: self.answer(x, decoded, slot, r)[len(r.prompt_ids):] for slot, r in running}
+
+    def answer(self, x: np.ndarray, decoded: np.ndarray, slot: int, request: Request) -> np.ndarray:
+        """The slot's prompt and decoded tokens as `generate` returns them for the prompt alone: cut after the
+        first stop token, and at max_new_tokens where the family's generate cuts there (LLaDA2)."""
+        n = len(request.prompt_ids)
+        (tokens,) = trim(x[slot:slot + 1], decoded[slot:slot + 1], [n], set(self.config.stop_ids))
+        return np.asarray(tokens[:n + request.max_new_tokens] if self.loop.cuts_answer else tokens)
 
     def admit(self) -> None:
         """Queued requests into free slots, in arrival order."""
@@ -217,7 +235,8 @@ class Engine(RequestQueue):
             prompt = np.zeros(next(b for b in self.buckets if b >= n), np.int32)  # whole blocks hold the prompt
             prompt[:n] = request.prompt_ids
             self.state = _insert_jit(params, self.state, np.int32(slot), prompt, np.int32(n),
-                                     np.int32(request.max_new_tokens), np.int32(request.seed), config=self.config)
+                                     np.int32(request.max_new_tokens), np.int32(request.seed), config=self.config,
+                                     loop=self.loop, block_length=self.block_length)
             self.running[slot] = request
 
     def step(self) -> list[Completion]:
@@ -226,7 +245,7 @@ class Engine(RequestQueue):
         if not self.busy:
             return []
         self.state = _step_jit(self.model.params(), self.state, config=self.config, options=self.options,
-                               policy=self.policy)
+                               policy=self.policy, loop=self.loop, block_length=self.block_length)
         s = self.state
         block, last, stopped = (np.asarray(a) for a in (s.block, s.last, s.carry.stopped))
         done = [slot for slot, r in enumerate(self.running) if r is not None and (block[slot] >= last[slot]
@@ -237,9 +256,8 @@ class Engine(RequestQueue):
         completions = []
         for slot in done:
             request = self.running[slot]
-            n = len(request.prompt_ids)
-            (tokens,) = trim(x[slot:slot + 1], decoded[slot:slot + 1], [n], set(self.config.stop_ids))
-            completions.append(Completion(request.request_id, np.asarray(tokens), n))
+            completions.append(Completion(request.request_id, self.answer(x, decoded, slot, request),
+                                          len(request.prompt_ids)))
             self.running[slot] = None
         self.mark_busy()
         return completions

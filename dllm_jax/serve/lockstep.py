@@ -1,4 +1,4 @@
-"""Lockstep serving for the families the slot engine does not run (LLaDA, Dream, LLaDA2): queued requests
+"""Lockstep serving for the families the slot engine does not run (LLaDA, Dream): queued requests
 are generated together, up to `slots` at a time, by one `dllm_jax.generate` call, with the same interface
 as `Engine` so the HTTP server and its worker take either.
 
@@ -6,9 +6,9 @@ LLaDA and Dream denoise their whole answer region at every step, so a request's 
 region's length: the server fixes it (the family's answer option, e.g. `gen_length`) with the rest of the
 sampling options, and a request's `max_new_tokens` only cuts the answer. Decoding is greedy (the families'
 default temperature 0): a batch's rows each get what `generate` gives their prompt alone (LLaDA's left-padded
-rows hide their pad keys, `padding="mask"`; LLaDA2 takes no padding, so a batch holds prompts of one length
-and the others wait for the next). A request's answer arrives when its batch ends: no block-by-block
-progress, and a new request waits for the running batch.
+rows hide their pad keys, `padding="mask"`; a family that takes no padding, LLaDA2 if served this way, gets
+batches of one prompt length, the others waiting for the next). A request's answer arrives when its batch
+ends: no block-by-block progress, and a new request waits for the running batch.
 """
 
 from __future__ import annotations
