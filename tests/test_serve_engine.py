@@ -115,11 +115,11 @@ def llada2(tiny_model):
     return tiny_model(config, seed=21)
 
 
-@pytest.mark.parametrize("options", [dict(block_length=4, steps=4), dict(block_length=4, steps=4, temperature=0.8)],
-                         ids=["greedy", "sampled"])
-def test_llada2_requests_share_the_slots_and_each_gets_what_generate_gives_it_alone(llada2, rng, options):
-    """LLaDA2 in the slots (its own model functions, sampler and block length: `Family.slots`): five requests over
-    three slots, the answer cut at each one's length as generate's (its gen_length) is."""
+def test_llada2_requests_share_the_slots_and_each_gets_what_generate_gives_it_alone(llada2, rng):
+    """LLaDA2 in the slots (its own model functions, sampler and block length: `Family.slots`): five sampled
+    requests (each its own seed) over three slots, the answer cut at each one's length as generate's (its
+    gen_length) is. Greedy LLaDA2 requests: test_serve_http's six concurrent clients."""
+    options = dict(block_length=4, steps=4, temperature=0.8)
     engine = Engine(llada2, slots=3, max_context=64, **options)
     prompts = [rng.integers(0, 40, n) for n, _, _ in REQUESTS]
     ids = [engine.submit(p, k, seed=s) for p, (_, k, s) in zip(prompts, REQUESTS)]
