@@ -58,6 +58,9 @@ def _kv_scores(q, k, lse, kv_len, *, scale, block_kv, num_warps, num_stages, int
     nk, hkv = k.shape[1], k.shape[2]
     span = TILES_PER_PROGRAM * block_kv
     n_prog = c.cdiv(nk, span)
+    # any capacity of at least one tile is read in place; a smaller cache is padded to one tile (fewer than
+    # block_kv rows copied), as split-KV does
+    k = c.pad_axis(k, 1, max(nk, block_kv))
     rows = max(16, c.next_pow2(nq * hq // hkv))
     folded_q = _fold_queries(q, hkv, rows)
     folded_lse = _fold_queries(lse.transpose(0, 2, 1)[..., None], hkv, rows)[..., 0]
@@ -71,7 +74,7 @@ def _kv_scores(q, k, lse, kv_len, *, scale, block_kv, num_warps, num_stages, int
             pl.BlockSpec((None, 1), lambda s, bi, h: (bi, 0)),
             pl.BlockSpec((None, None, rows, d), lambda s, bi, h: (bi, h, 0, 0)),
             pl.BlockSpec((None, None, rows), lambda s, bi, h: (bi, h, 0)),
-            pl.BlockSpec((None, nk, None, d), lambda s, bi, h: (bi, 0, h, 0)),  # the whole cache row, in place
+            pl.BlockSpec((None, k.shape[1], None, d), lambda s, bi, h: (bi, 0, h, 0)),  # the whole cache row
         ],
         out_specs=pl.BlockSpec((None, None, span), lambda s, bi, h: (bi, h, s)),
         out_shape=jax.ShapeDtypeStruct((b, hkv, n_prog * span), jnp.float32),

@@ -239,7 +239,7 @@ class KernelChecks:
         np.testing.assert_array_equal(np.asarray(out)[1, ..., 9:], 0.0)
 
     @pytest.mark.parametrize("dtype", [F32, BF16])
-    @pytest.mark.parametrize("nq,hq,hkv,nk", [(4, 8, 2, 300), (32, 4, 4, 100), (1, 2, 1, 1100)])
+    @pytest.mark.parametrize("nq,hq,hkv,nk", [(4, 8, 2, 300), (32, 4, 4, 100), (1, 2, 1, 1100), (4, 4, 2, 20)])
     def test_kv_scores(self, rng, dtype, nq, hq, hkv, nk):
         q, k, _ = qkv(rng, 2, nq, nk, hq, hkv, 64, dtype)
         lengths = jnp.asarray([nk - 3, 0])

@@ -37,10 +37,10 @@ def top_k_positions(scores, k: int, *, method: str = "sort", bits: int = 4):
     s = scores.shape[-1]
     if not 0 < k <= s:
         raise ValueError(f"k={k} must be in 1..{s} (the row length)")
+    if not isinstance(bits, int) or bits < 1 or 32 % bits:
+        raise ValueError(f"bits={bits} must divide 32")
     if method == "sort":
         return jnp.sort(jax.lax.top_k(scores, k)[1], axis=-1).astype(jnp.int32)
-    if 32 % bits:
-        raise ValueError(f"bits={bits} must divide 32")
     keys = ordered_keys(scores)
     kth = kth_largest(keys, k, bits)[..., None]
     above = keys > kth
