@@ -36,7 +36,9 @@ Sections (`--sections`, comma-separated; every result is written as soon as it i
             its 4 denoising forwards and the commit, which the current loop fuses into the next block's
             first step: here one pending commit), dense (the default implementation) and MAGE, on a
             zero cache whose fill length is set to the cache length (attention cost does not depend on
-            the values; a real 128k prefill would cost minutes per call).
+            the values; a real 128k prefill would cost minutes per call), at the capacity generate
+            allocates; MAGE's top k by lax.top_k and by the radix threshold ("mage/threshold"). On a GPU
+            each row also holds one traced block's kernels by time (`dllm_jax.bench.kernel_profile`).
   compile   first-call time minus warm-call time of SDAR generate (batch 1, the first prompt, dense)
             and LLaDA generate (the first --llada-runs point). A run whose sdar / llada section timed
             that point reports it without this section (a second measurement in the same process

@@ -205,3 +205,19 @@ def test_merging_a_committed_result_rewrites_its_table(tmp_path):
     assert done.returncode == 0, done.stderr[-2000:]
     (md,) = tmp_path.glob("*.md")
     assert md.read_text() == committed.with_suffix(".md").read_text()
+
+
+def test_the_long_cache_table_lists_a_profiled_blocks_kernels():
+    """On a GPU each mage128k row carries one traced block's kernels (`kernel_profile`); the Markdown lists them
+    under the timing table (the CPU run has none: the profile is GPU-only)."""
+    from benchmarks.sections import long_cache
+
+    row = dict(section="mage128k", cache=131072, batch=1, block=4, steps=4, method="mage", config="mage()",
+               block_ms=59.1, commit="fused with the next block's first step",
+               profile=dict(gpu_ms=50.2, launches=6947, attention_share=0.2,
+                            kernels=[dict(name="split_kv_attention", ms=8.01, launches=44),
+                                     dict(name="kv_scores", ms=3.26, launches=34)]))
+    text = "\n".join(long_cache.table({}, [row, dict(row, method="dense", profile=None)]))
+    assert ("GPU kernels of one block, 131072 cache, batch 1, mage: 50.2 ms in 6947 launches (the block took "
+            "59.1 ms)") in text
+    assert "| `kv_scores` | 3.26 | 34 |" in text and text.count("GPU kernels of one block") == 1

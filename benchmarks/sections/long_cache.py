@@ -6,12 +6,14 @@ from __future__ import annotations
 import dataclasses
 import gc
 import json
+import tempfile
 import time
+from pathlib import Path
 
 import jax
 import jax.numpy as jnp
 from dllm_jax.attention.methods import describe
-from dllm_jax.bench import family_methods, time_carried
+from dllm_jax.bench import family_methods, kernel_profile, time_carried
 
 from .measure import OUT_OF_TIME, activation_bytes, error_row, kv_bytes_per_position, memory_verdict, weight_bytes, with_copy
 from .plan import Plan
@@ -63,6 +65,16 @@ def long_rows(model, config, plan: Plan, *, baseline: bool, copy: dict | None, d
                 row = dict(section="mage128k", **what, config=describe(None if name == "dense" else policy),
                            block_ms=t * 1e3, commit="own forward" if baseline else "fused with the next block's "
                            "first step")
+                if jax.default_backend() == "gpu":  # where the block's time goes: GPU kernels by name, launch gaps
+                    held = [(cache, state)]
+
+                    def traced():
+                        held[0] = one(held[0])[1]
+                        jax.block_until_ready(held[0])
+
+                    with tempfile.TemporaryDirectory() as trace_dir:
+                        row["profile"] = kernel_profile(traced, Path(trace_dir))
+                    cache, state = held[0]
                 if name == "dense":
                     dense_ms = t * 1e3
                     kv = batch * (s + n) * kv_bytes_per_position(config)
@@ -114,8 +126,18 @@ def table(meta: dict, rows: list[dict]) -> list[str]:
             continue
         cells.append(head + [f"{r['block_ms']:.1f} ms", r["commit"], cell(r.get("speedup_vs_dense"), ".2f", "x"),
                              cell(r.get("tb_s")), cell(r.get("fraction_of_copy"), ".0%")])
-    return ["", "## Long cache: time per output block (the generate loop's `denoise_block`: 4 steps + the commit)",
-            "", *markdown_table(header, cells)]
+    lines = ["", "## Long cache: time per output block (the generate loop's `denoise_block`: 4 steps + the commit)",
+             "", *markdown_table(header, cells)]
+    for r in rows:  # on a GPU: one traced block per row, its kernels by time
+        profile = r.get("profile")
+        if profile:
+            lines += ["", f"GPU kernels of one block, {r['cache']} cache, batch {r['batch']}, {r['method']}: "
+                          f"{profile['gpu_ms']:.1f} ms in {profile['launches']} launches (the block took "
+                          f"{r['block_ms']:.1f} ms)", "",
+                      *markdown_table(["kernel", "ms", "launches"],
+                                      [[f"`{k['name']}`", f"{k['ms']:.2f}", k["launches"]]
+                                       for k in profile["kernels"]])]
+    return lines
 
 
 def headline(r: dict) -> str:
