@@ -108,6 +108,16 @@ def test_bad_engines_are_refused(model, tiny_model):
         Engine(tiny_model(tiny_llada_config()))
 
 
+def test_a_sharded_model_is_refused(tiny_checkpoint):
+    import jax
+
+    config = tiny_sdar_config(vocab_size=48, mask_token_id=40, eos_token_ids=(41, 42), pad_token_id=42)
+    sharded = dllm_jax.load_model(tiny_checkpoint(config, seed=21), dtype="float32", progress=False,
+                                  mesh=jax.make_mesh((1,), ("tp",)))
+    with pytest.raises(ValueError, match="one device: load it without mesh="):
+        Engine(sharded)
+
+
 @pytest.fixture(scope="module")
 def llada2(tiny_model):
     # EOS 39: a token these random weights often pick, so rows stop at different blocks

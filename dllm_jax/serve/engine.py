@@ -158,6 +158,8 @@ class Engine(RequestQueue):
                              "served in lockstep batches (dllm_jax.serve.lockstep.LockstepEngine)")
         if family.answer_option in options:
             raise ValueError(f"{family.answer_option} is per request: pass max_new_tokens to submit")
+        if model.mesh is not None:  # its slots, cache and inserts are not placed on a mesh (not built)
+            raise ValueError("the slot engine runs a model on one device: load it without mesh= to serve it")
         super().__init__(config, slots=slots, max_context=max_context)
         self.model = model
         self.loop = family.slots
