@@ -229,6 +229,6 @@ def recorded_files(path: Path):
             return [*read_manifest(path).files, MANIFEST]
         except ValueError:
             return False
-    # nothing but empty directories (and a cut writer file): a writer killed after its last file, while it
-    # removed the directories (remove_tree unlinks the writer file first)
+    # nothing but empty directories (and a cut writer file): a writer killed while it removed the emptied
+    # directories (remove_tree unlinks the writer file after the files, before the directories)
     return None if not files_under(path, exclude=(WRITER,)) else False

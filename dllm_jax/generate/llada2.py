@@ -43,7 +43,7 @@ from dllm_jax.attention.policy import AttentionPolicy, Dense, check_policy
 from dllm_jax.config import LLaDA2Config
 from dllm_jax.generate.progress import progress_bar, tick
 from dllm_jax.generate.requests import (ProbeLoop, as_array, check_context, check_prompt, make_options, on_devices,
-                                        on_mesh)
+                                        on_mesh, until_stop)
 from dllm_jax.generate.sampling import commit_top, sample_tokens, transfer_counts
 from dllm_jax.generate.sdar import BlockSampler, SlotLoop, cache_capacity, decode_blocks
 from dllm_jax.models import llada2 as llada2_model
@@ -162,12 +162,8 @@ generate_llada2_jit = jax.jit(generate_llada2, static_argnames=STATIC)
 def answers(x: np.ndarray, prompt_length: int, options: LLaDA2Options, eos_id: int) -> list[np.ndarray]:
     """Host-side: each row's prompt and generated tokens up to and including its first eos, else
     gen_length of them (the official return, with the prompt in front)."""
-    rows = []
-    for row in x:
-        row = row[: prompt_length + options.gen_length]
-        hits = np.flatnonzero(row[prompt_length:] == eos_id)
-        rows.append(row[: prompt_length + int(hits[0]) + 1] if hits.size else row)
-    return rows
+    return [np.concatenate([row[:prompt_length], until_stop(row[prompt_length:prompt_length + options.gen_length],
+                                                            (eos_id,))]) for row in np.asarray(x)]
 
 
 def check_request(config: LLaDA2Config, prompt_ids: np.ndarray, attention_mask, options: LLaDA2Options) -> None:
