@@ -48,6 +48,9 @@ Memory: the script sets XLA_PYTHON_CLIENT_MEM_FRACTION=0.9 unless the environmen
 75% would not hold a batch-4 128k cache). `--budget-s S` starts no measurement after S seconds, so a
 run under a hard time limit still ends with its tables (what was left is recorded as skipped).
 
+`--quantize int8|fp8` builds every model with its linear weights quantized (`load_model(quantize=...)`); time
+the unquantized run on the same machine and join the two with `--compare`.
+
 `--baseline` keeps to what the pre-issue-17 package also runs with the same public API (batch 1
 SDAR without attention_mask, block_step on an empty cache, MAGE at batch 1, LLaDA without masks), so
 the same script can time an old copy of the package: run it as a file, not with `-m` (with `-m` the
@@ -180,6 +183,10 @@ def plan_from(args) -> Plan:
         changes["execution"] = args.execution
     if args.long_batches:
         changes["long_batches"] = tuple(args.long_batches)
+    if args.quantize:
+        if args.baseline:
+            raise ValueError("--quantize needs the current package (the baseline has no quantization)")
+        changes["quantize"] = args.quantize
     plan = dataclasses.replace(plan, **changes)
     values = [*plan.sdar_prompts, *plan.sdar_batches, plan.sdar_new_tokens, plan.long_prompt, *plan.long_batches,
               plan.llada_prompt, *(v for run in plan.llada_runs for v in run)]
@@ -297,6 +304,8 @@ def main(argv=None):
     parser.add_argument("--llada-methods", nargs="+", help="LLaDA methods (defaults) timed at every point and "
                                                            "cache: dense (default), sparsed, pulsecol, sparge")
     parser.add_argument("--long-prompt", type=int, help="cache length of mage128k")
+    parser.add_argument("--quantize", choices=("int8", "fp8"), help="the models' linear weights quantized (load_model's "
+                        "quantize; compare against an unquantized run of the same machine with --compare)")
     parser.add_argument("--execution", choices=("unrolled", "scan"), help="layer execution of the models "
                         "(default: the package's); not with --baseline")
     parser.add_argument("--long-batches", type=int, nargs="+")

@@ -15,6 +15,7 @@ import json
 from pathlib import Path
 from typing import Any
 
+from dllm_jax.quantize import check_quantize
 from dllm_jax.validation import flag, integer, real
 
 # <name>/config.json per supported public model: package data (pyproject.toml), so an installed wheel has them
@@ -49,6 +50,9 @@ class DecoderConfig:
     tie_word_embeddings: bool = False
     mask_token_id: int
     pad_token_id: int
+    # None, or how the linear layers' weights are stored (dllm_jax.quantize): set from the `dllm_jax` entry of
+    # a quantized conversion's config.json, or by load_model(quantize=...); not an HF key
+    quantize: str | None = None
 
     family = ""
     LABEL = ""
@@ -71,6 +75,7 @@ class DecoderConfig:
 
     def __post_init__(self):
         check_fields(self, sizes=self.SIZES)
+        check_quantize(self.quantize, where="quantize")
         if "head_dim" not in self.__dataclass_fields__ and self.hidden_size % self.num_heads:  # a derived head_dim
             raise ValueError(f"{self.hidden_size=} must be a multiple of {self.num_heads=}")
         if self.num_heads % self.num_kv_heads:
@@ -718,7 +723,11 @@ def read_hf_config(directory: str | Path) -> tuple[dict[str, Any], ModelConfig]:
     except ValueError as e:  # JSONDecodeError, or UnicodeDecodeError for a binary file
         raise ValueError(f"{path} is not valid JSON: {e}") from e
     try:
-        return raw, config_from_hf(raw)
+        config = config_from_hf(raw)
+        entry = raw.get("dllm_jax")
+        if isinstance(entry, dict) and entry.get("quantize") is not None:  # a quantized conversion
+            config = dataclasses.replace(config, quantize=entry["quantize"])
+        return raw, config
     except ValueError as e:
         raise ValueError(f"{path}: {e}") from None  # which file: a checkpoint may be one of several
 

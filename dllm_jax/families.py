@@ -67,6 +67,9 @@ class Family:
     # checkpoint layout -> inference layout, and inference tree -> nnx pure dict (dllm_jax.models.layers's)
     prepare_params: Callable = layers.prepare_params
     to_module_tree: Callable = layers.to_module_tree
+    # weight quantization (dllm_jax.quantize): the checkpoint-layout tensors quantized, nested like the tree,
+    # each with the axes its GEMM contracts
+    quantized: dict = dataclasses.field(default_factory=lambda: layers.QUANTIZED)
     # sharding (dllm_jax.sharding): logical axes per inference-layout parameter, and the config sizes "tp" splits
     param_axes: dict
     tp_split: tuple[str, ...] = TP_SPLIT
@@ -147,6 +150,7 @@ FAMILIES: dict[str, Family] = {f.name: f for f in (
            param_shapes=llada2_model.param_shapes, hf_rules=hf_names.LLADA2_RULES,
            hf_expected=hf_names.llada2_expected, prepare_params=llada2_model.prepare_params,
            to_module_tree=llada2_model.to_module_tree, param_axes=llada2_model.PARAM_AXES,
+           quantized=llada2_model.QUANTIZED,
            tp_split=TP_SPLIT + ("moe_intermediate_size",),  # the experts' hidden dimension splits too
            slots=gen_llada2.SLOTS),
 )}

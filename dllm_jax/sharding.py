@@ -37,6 +37,8 @@ import numpy as np
 from jax.experimental import multihost_utils
 from jax.sharding import Mesh, NamedSharding, PartitionSpec
 
+from dllm_jax.quantize import SCALE, is_scale, scale_name
+
 AXES = ("dp", "sp", "tp")
 
 # logical axes of every parameter of the shared decoder's inference layout (one layer's names; the scan
@@ -121,10 +123,18 @@ def check_mesh(mesh, config, split: tuple[str, ...]) -> Mesh:
     return mesh
 
 
-def param_sharding(mesh: Mesh, name: str, ndim: int, axes: dict) -> NamedSharding:
+def param_sharding(mesh: Mesh, name: str, ndim: int, axes: dict, *, quantized: bool = False) -> NamedSharding:
     """The NamedSharding of parameter `name` with `ndim` dimensions (a stacked one has a layer axis first)
-    by the family's table `axes` ({parameter name: logical axes})."""
-    spec = axes[name]
+    by the family's table `axes` ({parameter name: logical axes}). A quantized weight (`quantized`: stored
+    [..., out, in], dllm_jax.quantize) is split as its [..., in, out] form would be, and its per-channel
+    scale (`<name>_scale`) like that weight's output axis."""
+    if is_scale(name) and name not in axes:
+        weight = axes[name.removesuffix(SCALE)]
+        spec = weight[:-2] + weight[-1:]
+    else:
+        spec = axes[name]
+        if quantized:
+            spec = spec[:-2] + (spec[-1], spec[-2])
     return NamedSharding(mesh, PartitionSpec(*((None,) * (ndim - len(spec)) + spec)))
 
 
@@ -132,15 +142,15 @@ def shard_params(params: dict, axes: dict, mesh: Mesh) -> dict:
     """The inference-layout tree `params` (unrolled or stacked layers) placed on `mesh` (a canonical one)
     by the family's table `axes`."""
 
-    def place(name, x):
-        return jax.device_put(x, param_sharding(mesh, name, x.ndim, axes))
+    def place(name, x, tree):
+        return jax.device_put(x, param_sharding(mesh, name, x.ndim, axes, quantized=scale_name(name) in tree))
 
-    top = {name: place(name, x) for name, x in params.items() if name != "layers"}
+    top = {name: place(name, x, params) for name, x in params.items() if name != "layers"}
     layers = params["layers"]
     if isinstance(layers, dict):
-        layers = {name: place(name, x) for name, x in layers.items()}
+        layers = {name: place(name, x, layers) for name, x in layers.items()}
     else:
-        layers = tuple({name: place(name, x) for name, x in layer.items()} for layer in layers)
+        layers = tuple({name: place(name, x, layer) for name, x in layer.items()} for layer in layers)
     return dict(top, layers=layers)
 
 

@@ -26,6 +26,8 @@ def held_model(held: dict, family: str, plan: Plan):
             name = plan.llada_model
         start = time.perf_counter()
         layout = {} if plan.execution is None else dict(execution=plan.execution)  # the baseline's model_for has none
+        if plan.quantize:
+            layout["quantize"] = plan.quantize
         held[family] = model_for(name, layers=None, context=context, dtype=jnp.bfloat16, **layout)
         print(f"{name}: random weights in {time.perf_counter() - start:.1f} s", flush=True)
     return held[family]

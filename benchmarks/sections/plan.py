@@ -30,6 +30,7 @@ class Plan:
     long_prompt: int = 131072
     long_batches: tuple[int, ...] = (4, 1)
     execution: str | None = None  # the models' layer execution (`load_model`'s); None: the package default
+    quantize: str | None = None  # the models' weight quantization (`load_model`'s): None, "int8" or "fp8"
 
 
 TINY = Plan(sdar_model="tiny-sdar", llada_model="tiny-llada", small_methods=True, copy_bytes=16 << 20,

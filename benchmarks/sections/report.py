@@ -15,6 +15,10 @@ def markdown(meta: dict, rows: list[dict]) -> list[str]:
     lines = [f"# Throughput — {meta['device']}, jax {meta['jax']}, {meta['date']}", "",
              f"Random bf16 weights at the real shapes; package `{meta['package']}`"
              + (" (baseline mode: what the pre-issue API runs)" if meta.get("baseline") else "") + ".", ""]
+    quantize = meta.get("plan", {}).get("quantize")
+    if quantize:
+        lines[-1:-1] = [f"**Linear weights quantized to {quantize}** (`load_model(quantize={quantize!r})`: a scale "
+                        "per output channel; embedding, norms and LM head in bf16).", ""]
     for name, module in MODULES.items():
         mine = [r for r in rows if r.get("section") == name]
         if mine:

@@ -22,10 +22,12 @@ def family_methods(family: str, small: bool) -> dict:
     return {"dense": None} | {name: make_method(name, **(params.get(name, {}) if small else {})) for name in names}
 
 
-def model_for(name: str, *, layers: int | None, context: int, dtype, execution: str | None = None, mesh=None):
+def model_for(name: str, *, layers: int | None, context: int, dtype, execution: str | None = None, mesh=None,
+              quantize: str | None = None):
     """(model, config) with random weights: a shipped config name, or "tiny-llada" / "tiny-sdar" / "tiny-dream" /
-    "tiny-llada2"; `execution` and `mesh` as `load_model` takes them (None: its default, one device)."""
-    from dllm_jax.checkpoint.api import model_from_params
+    "tiny-llada2"; `execution`, `mesh` and `quantize` as `load_model` takes them (None: its default, one device,
+    unquantized)."""
+    from dllm_jax.checkpoint.api import model_from_params, quantize_params
     from dllm_jax.config import shipped_config
     from dllm_jax.families import family_of
     from dllm_jax.testing import (random_params, tiny_dream_config, tiny_llada2_config, tiny_llada_config,
@@ -40,4 +42,5 @@ def model_for(name: str, *, layers: int | None, context: int, dtype, execution: 
     # no stop token where the family allows none: random weights would stop at a random EOS
     config = family_of(config).without_stops(dataclasses.replace(config, **changes))
     layout = {} if execution is None else dict(execution=execution)
-    return model_from_params(config, random_params(config, jax.random.key(0), dtype), mesh=mesh, **layout), config
+    params, config = quantize_params(random_params(config, jax.random.key(0), dtype), config, quantize)
+    return model_from_params(config, params, mesh=mesh, **layout), config

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import contextlib
+import dataclasses
 import json
 import os
 import shutil
@@ -18,11 +19,13 @@ from dllm_jax.checkpoint.atomic import (WRITER, check_replaceable, check_separat
                                         make_temp_tree, remove_tree, replace_tree)
 from dllm_jax.checkpoint.hf import (TARGET_DTYPES, check_regular, file_problem, param_shapes_for, plan_conversion,
                                     read_hf_params, safetensors_files, source_dtype)
-from dllm_jax.checkpoint.manifest import (FORMAT_VERSION, MANIFEST, Manifest, check_versions, file_checksum,
-                                          files_under, read_manifest, sync_tree, tree_checksums, write_manifest)
+from dllm_jax.checkpoint.manifest import (FORMAT_VERSION, MANIFEST, QUANTIZED_FORMAT_VERSION, Manifest, check_versions,
+                                          file_checksum, files_under, read_manifest, sync_tree, tree_checksums,
+                                          write_manifest)
 from dllm_jax.config import read_hf_config
 from dllm_jax.families import family_of
 from dllm_jax.models.layers import check_execution
+from dllm_jax.quantize import check_device, check_quantize, quantize_tree, quantized_shapes, stored_dtypes
 from dllm_jax.sharding import check_mesh, shard_params
 
 # Files of an HF checkpoint directory that travel with a conversion (tokenizer, generation defaults).
@@ -30,8 +33,8 @@ SIDE_FILES = ("tokenizer.json", "tokenizer_config.json", "special_tokens_map.jso
               "generation_config.json", "chat_template.jinja")
 
 
-def convert_hf_checkpoint(hf_dir, out_dir, *, dtype: str | None = None, overwrite: bool = False,
-                          progress: bool = True) -> None:
+def convert_hf_checkpoint(hf_dir, out_dir, *, dtype: str | None = None, quantize: str | None = None,
+                          overwrite: bool = False, progress: bool = True) -> None:
     """Converts an HF safetensors checkpoint (single file or sharded with an index) to Orbax.
 
     Nothing is lost and nothing is half-written:
@@ -63,11 +66,21 @@ def convert_hf_checkpoint(hf_dir, out_dir, *, dtype: str | None = None, overwrit
       dtype: stored parameter dtype, "bfloat16" or "float32". None (the default) keeps the source
         exact: bfloat16 if every tensor is BF16, else float32 (F32, F16 and mixed checkpoints;
         F16 does not fit bfloat16 without rounding). An explicit "bfloat16" rounds F32 and F16.
+      quantize: None (the default), "int8" or "fp8": store the linear layers' weights quantized with a
+        float32 scale per output channel (`dllm_jax.quantize`; the family's `quantized` table says which),
+        the other tensors in bfloat16 (the weights are read as bfloat16 first). Lossy by request: a
+        quantized tree records its mode in config.json and the manifest (format_version 3, which older
+        versions refuse by name), and loads only as that mode.
       overwrite: replace an existing out_dir (a committed conversion, see above).
       progress: show a tqdm bar over the tensors.
     """
     hf_dir, out_dir = Path(hf_dir), Path(out_dir)
     dtype = checked_dtype(dtype, "convert_hf_checkpoint")
+    quantize = check_quantize(quantize, where="convert_hf_checkpoint: quantize")
+    if quantize and dtype == "float32":
+        raise ValueError(f"convert_hf_checkpoint: quantize={quantize!r} stores the weights in {quantize} and the "
+                         "rest in bfloat16 (the dtype a quantized model computes in); dtype='float32' cannot go with "
+                         "it: drop dtype, or convert without quantize to keep float32")
     if hf_dir.is_dir():
         check_separate(hf_dir, out_dir, source_files(hf_dir))
     if out_dir.exists() or out_dir.is_symlink():
@@ -78,21 +91,26 @@ def convert_hf_checkpoint(hf_dir, out_dir, *, dtype: str | None = None, overwrit
     raw, config = read_hf_config(hf_dir)
     plan = plan_conversion(hf_dir, config)  # fail on a bad checkpoint before creating anything
     sides = side_files(hf_dir)
-    dtype = dtype or source_dtype(plan)
+    dtype = "bfloat16" if quantize else dtype or source_dtype(plan)
     tmp = start_tree(out_dir)
     try:
         params = read_hf_params(hf_dir, config, dtype=dtype, progress=progress)
+        if quantize:
+            params = quantize_tree(params, family_of(config).quantized, quantize)
         orbax_io.save_params(tmp, params)
         checksums = tree_checksums(params)
         del params
-        raw = dict(raw, dllm_jax={"format_version": FORMAT_VERSION, "param_dtype": dtype})
+        version = QUANTIZED_FORMAT_VERSION if quantize else FORMAT_VERSION
+        raw = dict(raw, dllm_jax={"format_version": version, "param_dtype": dtype}
+                   | ({"quantize": quantize} if quantize else {}))
         (tmp / "config.json").write_text(json.dumps(raw, indent=2) + "\n")
         for source in sides:
             copy_side_file(source, tmp / source.name)
         sync_tree(tmp)
         small = ("config.json", *(source.name for source in sides))
-        write_manifest(tmp, Manifest(FORMAT_VERSION, dtype, files_under(tmp, exclude=(WRITER,)), checksums,
-                                     file_checksums={name: file_checksum(tmp / name) for name in small}))
+        write_manifest(tmp, Manifest(version, dtype, files_under(tmp, exclude=(WRITER,)), checksums,
+                                     file_checksums={name: file_checksum(tmp / name) for name in small},
+                                     quantize=quantize))
         replace_tree(tmp, out_dir, overwrite=overwrite)
     except BaseException:
         if tmp.exists():
@@ -193,8 +211,8 @@ def is_converted(path: Path, raw: dict) -> bool:
     return "dllm_jax" in raw or (path / MANIFEST).exists() or (path / orbax_io.PARAMS_DIR).is_dir()
 
 
-def load_model(path, *, dtype=None, verify: bool = True, progress: bool = True, execution: str = "unrolled",
-               mesh=None):
+def load_model(path, *, dtype=None, quantize: str | None = None, verify: bool = True, progress: bool = True,
+               execution: str = "unrolled", mesh=None):
     """Loads a model from a converted Orbax directory or directly from an HF directory.
 
     A converted directory must be committed (hold the manifest its conversion writes last) with a
@@ -212,6 +230,10 @@ def load_model(path, *, dtype=None, verify: bool = True, progress: bool = True, 
       path: a directory written by `convert_hf_checkpoint`, or an HF checkpoint directory
         (config.json + *.safetensors, converted in memory).
       dtype: parameter and compute dtype, "bfloat16" (the default when None) or "float32".
+      quantize: None (the default), "int8" or "fp8": the linear layers' weights quantized at load with a
+        scale per output channel (`dllm_jax.quantize`), computing in bfloat16; "fp8" needs a GPU with FP8
+        tensor cores. A tree converted with `quantize` loads as its mode (None or the same value; another
+        mode is refused).
       verify: check the checksums of a converted directory (every tensor, config.json, side files).
       progress: show a tqdm bar while converting an HF directory in memory.
       execution: "unrolled" (the default: every layer traced separately, weights read in place at
@@ -228,6 +250,7 @@ def load_model(path, *, dtype=None, verify: bool = True, progress: bool = True, 
     """
     path = Path(path)
     dtype = checked_dtype(dtype, "load_model") or "bfloat16"
+    quantize = check_quantize(quantize, where="load_model: quantize")
     check_execution(execution)
     if not path.exists():
         raise ValueError(f"checkpoint directory {path} does not exist")
@@ -235,6 +258,7 @@ def load_model(path, *, dtype=None, verify: bool = True, progress: bool = True, 
         raise ValueError(f"{path} is not a directory (load_model takes a checkpoint directory)")
     check_config_file(path)
     raw, config = read_hf_config(path)
+    quantize = check_load_quantize(path, config, quantize, dtype)
     if mesh is not None:  # before reading any weight
         mesh = check_mesh(mesh, config, family_of(config).tp_split)
     if is_converted(path, raw):
@@ -243,7 +267,38 @@ def load_model(path, *, dtype=None, verify: bool = True, progress: bool = True, 
         params = to_device_leafwise(read_hf_params(path, config, dtype=dtype, progress=progress))
     else:
         raise ValueError(f"{path} holds neither a converted checkpoint (params/) nor *.safetensors")
+    if not config.quantize:
+        params, config = quantize_params(params, config, quantize)
     return model_from_params(config, params, execution=execution, mesh=mesh)
+
+
+def quantize_params(params: dict, config, quantize: str | None):
+    """(params, config) with the linear layers of a checkpoint-layout tree quantized as `quantize` says (the
+    family's `quantized` table; `dllm_jax.quantize`), in place, and the config saying so; unchanged for None."""
+    quantize = check_quantize(quantize)
+    if quantize is None:
+        return params, config
+    if config.quantize:
+        raise ValueError(f"the parameters are already quantized ({config.quantize})")
+    params = quantize_tree(params, family_of(config).quantized, quantize)
+    return params, dataclasses.replace(config, quantize=quantize)
+
+
+def check_load_quantize(path: Path, config, quantize: str | None, dtype: str) -> str | None:
+    """The quantization a load ends with (the tree's own, or `quantize`); ValueError for a mode the device
+    cannot run, a quantized tree asked for another mode, or a quantized model asked for float32."""
+    if config.quantize and quantize not in (None, config.quantize):
+        raise ValueError(f"{path} was converted with quantize={config.quantize!r}; it cannot be loaded as "
+                         f"quantize={quantize!r} (its full-precision weights are gone): convert the HF checkpoint "
+                         f"with --quantize {quantize}, or load it without quantize")
+    quantize = config.quantize or quantize
+    if quantize and dtype != "bfloat16":
+        held = "holds" if config.quantize else "would hold"
+        raise ValueError(f"load_model: the model {held} {quantize} weights and computes in bfloat16; dtype={dtype!r} "
+                         f"would compute in {dtype} from the same rounded weights (no closer to the original model, "
+                         "and slower): load it without dtype, or load the unquantized checkpoint for float32")
+    check_device(quantize)
+    return quantize
 
 
 def load_converted(path: Path, raw: dict, config, dtype: str, *, verify: bool) -> dict:
@@ -253,25 +308,37 @@ def load_converted(path: Path, raw: dict, config, dtype: str, *, verify: bool) -
     if not isinstance(entry, dict):
         raise ValueError(f"{path / 'config.json'} has no dllm_jax entry although {path} holds a conversion; "
                          "convert the HF checkpoint again")
-    check_versions(path / "config.json", entry.get("format_version"), entry.get("param_dtype"))
+    check_versions(path / "config.json", entry.get("format_version"), entry.get("param_dtype"), entry.get("quantize"))
     if (entry["format_version"], entry["param_dtype"]) != (manifest.format_version, manifest.param_dtype):
         raise ValueError(f"{path}: config.json (format_version {entry['format_version']}, param_dtype "
                          f"{entry['param_dtype']}) disagrees with {MANIFEST} (format_version "
                          f"{manifest.format_version}, param_dtype {manifest.param_dtype}); convert again")
+    if manifest.quantize != config.quantize:
+        raise ValueError(f"{path}: config.json (quantize {config.quantize!r}) disagrees with {MANIFEST} (quantize "
+                         f"{manifest.quantize!r}); convert again")
     stored = manifest.param_dtype
+    if config.quantize:  # restored exactly as stored (int8 / fp8 values, float32 scales, the rest bfloat16)
+        table = family_of(config).quantized
+        shapes = quantized_shapes(param_shapes_for(config), table)
+        params = orbax_io.restore_params(path, shapes, stored_dtypes(shapes, table, config.quantize, stored))
+        if verify:
+            verify_files(path, manifest)
+            verify_checksums(path, params, manifest, cast=None)
+        return params
     # Checksums are of the stored values: restore in a dtype that holds them exactly (bfloat16 fits
     # float32), then cast to `dtype` tensor by tensor.
     wide = not verify or jnp.dtype(dtype).itemsize >= jnp.dtype(stored).itemsize
     params = orbax_io.restore_params(path, param_shapes_for(config), jnp.dtype(dtype if wide else stored))
     if verify:  # after the restore, whose shape check says more about a config that no longer fits
         verify_files(path, manifest)
-        verify_checksums(path, params, manifest)
+        verify_checksums(path, params, manifest, cast=TARGET_DTYPES[stored])
     return cast_leafwise(params, jnp.dtype(dtype))
 
 
-def verify_checksums(path: Path, params: dict, manifest: Manifest) -> None:
-    """ValueError naming the checkpoint and every tensor whose stored values changed since conversion."""
-    found = tree_checksums(params, chunk_bytes=manifest.chunk_bytes, cast=TARGET_DTYPES[manifest.param_dtype])
+def verify_checksums(path: Path, params: dict, manifest: Manifest, *, cast) -> None:
+    """ValueError naming the checkpoint and every tensor whose stored values changed since conversion
+    (`params` as restored, each cast to `cast` first unless None: the stored dtype)."""
+    found = tree_checksums(params, chunk_bytes=manifest.chunk_bytes, cast=cast)
     bad = [p for p in set(found) | set(manifest.checksums) if found.get(p) != manifest.checksums.get(p)]
     if bad:
         raise ValueError(f"converted checkpoint {path} is damaged: the stored values of {len(bad)} tensors do "

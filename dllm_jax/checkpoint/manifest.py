@@ -4,8 +4,11 @@
 disk), so its presence means the tree is complete. It records what the loader needs to trust the
 tree and what `overwrite=True` may delete:
 
-  format_version  the converted layout (2: this manifest; 1, before it, had none)
-  param_dtype     the dtype the parameters are stored in
+  format_version  the converted layout (2: this manifest; 1, before it, had none; 3: a quantized tree, which
+                  versions before quantization refuse by name instead of misreading it)
+  param_dtype     the dtype the parameters are stored in (a quantized tree: its unquantized ones)
+  quantize        (format 3 only) "int8" or "fp8": the linear layers' weights are stored in that dtype, each
+                  with a float32 `<name>_scale` per output channel (`dllm_jax.quantize`)
   files           every file the conversion wrote (relative POSIX paths, the manifest excluded)
   chunk_bytes     the checksum unit
   checksums       {tree path: [CRC-32 of each chunk_bytes piece of the stored bytes, C order]} for
@@ -34,10 +37,12 @@ import numpy as np
 
 from dllm_jax.checkpoint.orbax import tree_paths
 from dllm_jax.files import fsync_path, write_atomic
+from dllm_jax.quantize import MODES as QUANTIZE_MODES
 
 MANIFEST = "dllm_jax_manifest.json"
 FORMAT_VERSION = 2
-KNOWN_FORMAT_VERSIONS = (2,)
+QUANTIZED_FORMAT_VERSION = 3
+KNOWN_FORMAT_VERSIONS = (2, 3)
 PARAM_DTYPES = ("bfloat16", "float32")
 CHUNK_BYTES = 1 << 26
 
@@ -50,9 +55,11 @@ class Manifest:
     checksums: dict[str, list[int]]
     chunk_bytes: int = CHUNK_BYTES
     file_checksums: dict[str, int] = dataclasses.field(default_factory=dict)
+    quantize: str | None = None
 
     def to_json(self) -> str:
-        return json.dumps(dict(format_version=self.format_version, param_dtype=self.param_dtype,
+        quantized = {"quantize": self.quantize} if self.quantize else {}
+        return json.dumps(dict(format_version=self.format_version, param_dtype=self.param_dtype, **quantized,
                                checksum="crc32", chunk_bytes=self.chunk_bytes, files=list(self.files),
                                checksums=self.checksums, file_checksums=self.file_checksums), indent=1) + "\n"
 
@@ -118,21 +125,27 @@ def read_manifest(directory: Path) -> Manifest:
         manifest = Manifest(format_version=raw["format_version"], param_dtype=raw["param_dtype"],
                             files=tuple(raw["files"]), chunk_bytes=int(raw["chunk_bytes"]),
                             checksums={str(k): [int(c) for c in v] for k, v in raw["checksums"].items()},
-                            file_checksums={str(k): int(v) for k, v in raw.get("file_checksums", {}).items()})
+                            file_checksums={str(k): int(v) for k, v in raw.get("file_checksums", {}).items()},
+                            quantize=raw.get("quantize"))
         stray = sorted(set(manifest.file_checksums) - set(manifest.files))
         if stray:  # a checksum vouches only for a file the conversion recorded writing
             raise ValueError(f"file_checksums names files the conversion did not write: {stray}")
     except (OSError, ValueError, KeyError, TypeError, AttributeError) as e:
         raise ValueError(f"{path} is unreadable ({type(e).__name__}: {e}); convert the HF checkpoint again") from e
-    check_versions(path, manifest.format_version, manifest.param_dtype)
+    check_versions(path, manifest.format_version, manifest.param_dtype, manifest.quantize)
     return manifest
 
 
-def check_versions(where, format_version, param_dtype) -> None:
-    """ValueError unless `format_version` and `param_dtype` are ones this version reads."""
+def check_versions(where, format_version, param_dtype, quantize=None) -> None:
+    """ValueError unless `format_version`, `param_dtype` and `quantize` are ones this version reads, and a
+    quantized tree (and only one) has the quantized format version."""
     if format_version not in KNOWN_FORMAT_VERSIONS or isinstance(format_version, bool):
         raise ValueError(f"{where}: format_version {format_version!r} is not one this version of dllm_jax reads "
                          f"({list(KNOWN_FORMAT_VERSIONS)}); convert the HF checkpoint again with this version")
     if param_dtype not in PARAM_DTYPES:
         raise ValueError(f"{where}: param_dtype {param_dtype!r} is not one of {list(PARAM_DTYPES)}; convert the "
                          f"HF checkpoint again")
+    if (format_version == QUANTIZED_FORMAT_VERSION) != (quantize is not None) or quantize not in (None, *QUANTIZE_MODES):
+        raise ValueError(f"{where}: format_version {format_version} with quantize {quantize!r} is not a tree this "
+                         f"version wrote (quantized trees are format {QUANTIZED_FORMAT_VERSION} with quantize one of "
+                         f"{list(QUANTIZE_MODES)}); convert the HF checkpoint again")

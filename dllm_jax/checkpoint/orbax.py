@@ -46,7 +46,8 @@ def stored_shapes(directory: Path) -> dict:
 
 
 def restore_params(directory: Path, shapes: dict, dtype) -> dict:
-    """Restores the tree of `shapes` onto the default device, cast to `dtype`.
+    """Restores the tree of `shapes` onto the default device, cast to `dtype` (one dtype, or a tree of them
+    shaped like `shapes`: a quantized tree's per-tensor dtypes).
 
     Raises ValueError naming every stored tensor whose path or shape differs from `shapes`.
     """
@@ -61,7 +62,8 @@ def restore_params(directory: Path, shapes: dict, dtype) -> dict:
         raise ValueError(f"converted checkpoint {directory} does not match its config.json:\n  "
                          + "\n  ".join(problems))
     sharding = jax.sharding.SingleDeviceSharding(jax.devices()[0])
-    target = jax.tree.map(lambda s: jax.ShapeDtypeStruct(s, dtype, sharding=sharding), shapes, is_leaf=is_shape)
+    dtypes = dtype if isinstance(dtype, dict) else jax.tree.map(lambda _: dtype, shapes, is_leaf=is_shape)
+    target = jax.tree.map(lambda s, d: jax.ShapeDtypeStruct(s, d, sharding=sharding), shapes, dtypes, is_leaf=is_shape)
     try:
         with ocp.StandardCheckpointer() as checkpointer:
             return checkpointer.restore(directory / PARAMS_DIR, target)

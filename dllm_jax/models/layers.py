@@ -33,6 +33,7 @@ import numpy as np
 from flax import nnx, struct
 
 from dllm_jax.attention.dense import matmul_precision
+from dllm_jax.quantize import linear, quantize_weight, quantized_inference_shapes, scale_name, transpose_quantized
 
 
 def rms_norm(x, weight, eps: float):
@@ -67,6 +68,12 @@ def apply_rope(x, cos, sin, *, in_fp32: bool):
 
 EXECUTIONS = ("unrolled", "scan")
 
+# quantized linear layers (dllm_jax.quantize): in the checkpoint layout, each with the axes its GEMM
+# contracts (after the layer axis), as `Family.quantized` tables are; in the inference layout, their fused names
+QUANTIZED = {"layers": {"q_proj": (1,), "k_proj": (1,), "v_proj": (1,), "o_proj": (1, 2), "gate_proj": (1,),
+                        "up_proj": (1,), "down_proj": (1,)}}
+QUANTIZED_INFERENCE = ("qkv_proj", "o_proj", "gate_up_proj", "down_proj")
+
 
 def rotate(x, cos, sin, config):
     """RoPE (`apply_rope`) on the first config.rotary_dim dimensions of each head of x [B, L, H, D]; the
@@ -93,7 +100,7 @@ def attention_sublayer(p, x, cos, sin, attend, state, layer, config):
     eps = config.rms_norm_eps
     b, n, _ = x.shape
     h, kv, hd = config.num_heads, config.num_kv_heads, config.head_dim
-    qkv = jnp.matmul(rms_norm(x, p["attn_norm"], eps), p["qkv_proj"], precision=precision)
+    qkv = linear(rms_norm(x, p["attn_norm"], eps), p, "qkv_proj", precision=precision)
     if config.qkv_bias:
         qkv = qkv + p["qkv_bias"]  # HF Linear: the bias added to the projection, before RoPE
     qkv = qkv.reshape(b, n, kv, h // kv + 2, hd)  # per KV head: its query heads, its key, its value
@@ -104,7 +111,7 @@ def attention_sublayer(p, x, cos, sin, attend, state, layer, config):
     q, k = rotate(q, cos, sin, config), rotate(k, cos, sin, config)
     with jax.named_scope("attention"):
         out, state = attend(q, k, v, state, layer)
-    out = jnp.matmul(out.reshape(b, n, h * hd), p["o_proj"], precision=precision)
+    out = linear(out.reshape(b, n, h * hd), p, "o_proj", precision=precision)
     if config.o_bias:
         out = out + p["o_bias"]
     return x + out, state
@@ -118,8 +125,8 @@ def swiglu_gate(both):
 def mlp_sublayer(p, x, *, eps: float):
     """x + down(silu(gate(h)) * up(h)) with h = mlp_norm(x) (SwiGLU; gate and up as one GEMM)."""
     precision = matmul_precision(x.dtype)
-    both = jnp.matmul(rms_norm(x, p["mlp_norm"], eps), p["gate_up_proj"], precision=precision)
-    return x + jnp.matmul(swiglu_gate(both), p["down_proj"], precision=precision)
+    both = linear(rms_norm(x, p["mlp_norm"], eps), p, "gate_up_proj", precision=precision)
+    return x + linear(swiglu_gate(both), p, "down_proj", precision=precision)
 
 
 @struct.dataclass
@@ -164,19 +171,28 @@ def check_execution(execution: str) -> None:
 def fuse_layers(stacked: dict, config) -> dict:
     """Checkpoint layout (stacked) -> the scan inference layout. Pops each source tensor from
     `stacked` as soon as its fused form exists, so that on device the peak is the model plus one
-    group of projections, not two models."""
+    group of projections, not two models. Quantized weights' per-channel scales (`<name>_scale`, over a
+    weight's output axes) are fused as their columns are."""
     n, d, kv, hd = config.num_layers, config.hidden_size, config.num_kv_heads, config.head_dim
     fused = {name: stacked.pop(name) for name in ("attn_norm", "mlp_norm", "q_norm", "k_norm") if name in stacked}
     # [L, d, K, G + 2, D]: each KV head's query heads, key and value side by side (module docstring)
     grouped = [stacked.pop(name).reshape(n, d, kv, -1, hd) for name in ("q_proj", "k_proj", "v_proj")]
     fused["qkv_proj"] = jnp.concatenate(grouped, axis=3).reshape(n, d, -1)
-    if config.qkv_bias:
-        biases = [stacked.pop(name).reshape(n, kv, -1, hd) for name in ("q_bias", "k_bias", "v_bias")]
-        fused["qkv_bias"] = jnp.concatenate(biases, axis=2).reshape(n, -1)  # the columns of qkv_proj
+    column_groups = [("qkv_bias", ("q_bias", "k_bias", "v_bias"))] if config.qkv_bias else []
+    if config.quantize:
+        column_groups.append(("qkv_proj_scale", tuple(scale_name(p) for p in ("q_proj", "k_proj", "v_proj"))))
+    for target, names in column_groups:  # [L, H | K, D] each: the columns of qkv_proj
+        columns = [stacked.pop(name).reshape(n, kv, -1, hd) for name in names]
+        fused[target] = jnp.concatenate(columns, axis=2).reshape(n, -1)
     fused["o_proj"] = stacked.pop("o_proj").reshape(n, -1, d)
     gate_up = [stacked.pop("gate_proj"), stacked.pop("up_proj")]
     fused["gate_up_proj"] = jnp.stack(gate_up, axis=-1).reshape(n, d, -1)
     fused["down_proj"] = stacked.pop("down_proj")
+    if config.quantize:
+        gate_up = [stacked.pop(scale_name("gate_proj")), stacked.pop(scale_name("up_proj"))]
+        fused[scale_name("gate_up_proj")] = jnp.stack(gate_up, axis=-1).reshape(n, -1)
+        fused |= {scale_name(name): stacked.pop(scale_name(name)) for name in ("o_proj", "down_proj")}
+        fused = transpose_quantized(fused)
     return fused
 
 
@@ -281,7 +297,7 @@ def inference_layer_shapes(config) -> dict[str, tuple[int, ...]]:
         shapes |= {"q_norm": (hd,), "k_norm": (hd,)}
     if config.qkv_bias:
         shapes |= {"qkv_bias": ((h + 2 * kv) * hd,)}
-    return shapes
+    return quantized_inference_shapes(shapes, QUANTIZED_INFERENCE) if config.quantize else shapes
 
 
 def lm_param_shapes(config) -> dict:
@@ -303,11 +319,15 @@ def lm_head(params, x, config):
     return jnp.matmul(x, head, precision=matmul_precision(x.dtype)).astype(jnp.float32)
 
 
-def layer_params(shapes: dict, *, dtype, rngs: nnx.Rngs) -> dict:
-    """Random parameters of `shapes` (norms 1, weights normal(0.02)), as nnx.Params."""
+def layer_params(shapes: dict, *, dtype, rngs: nnx.Rngs, quantize: str | None = None) -> dict:
+    """Random parameters of `shapes` (norms 1, weights normal(0.02)), as nnx.Params; with `quantize`, each
+    weight whose `<name>_scale` `shapes` holds (stored [..., out, in]) is that random weight quantized."""
     init = nnx.initializers.normal(stddev=0.02)
-    return {name: nnx.Param(jnp.ones(shape, dtype) if name.endswith("norm") else init(rngs.params(), shape, dtype))
-            for name, shape in shapes.items()}
+    values = {name: jnp.ones(shape, dtype) if name.endswith("norm") else init(rngs.params(), shape, dtype)
+              for name, shape in shapes.items() if not (quantize and name.endswith("_scale"))}
+    for name in [n for n in values if quantize and scale_name(n) in shapes]:
+        values[name], values[scale_name(name)] = quantize_weight(values[name], (values[name].ndim - 1,), quantize)
+    return {name: nnx.Param(values[name]) for name in shapes}
 
 
 class DecoderLayer(nnx.Module):
@@ -317,7 +337,7 @@ class DecoderLayer(nnx.Module):
     def __init__(self, config, *, dtype, rngs: nnx.Rngs, num_layers: int | None = None):
         lead = () if num_layers is None else (num_layers,)
         shapes = {name: lead + shape for name, shape in inference_layer_shapes(config).items()}
-        for name, param in layer_params(shapes, dtype=dtype, rngs=rngs).items():
+        for name, param in layer_params(shapes, dtype=dtype, rngs=rngs, quantize=config.quantize).items():
             setattr(self, name, param)
 
 

@@ -48,10 +48,12 @@ from dllm_jax.attention.dense import matmul_precision
 from dllm_jax.attention.policy import AttentionPolicy, Dense
 from dllm_jax.config import LLaDA2Config
 from dllm_jax.models import sdar
-from dllm_jax.models.layers import attention_sublayer, mlp_sublayer, rms_norm, rope_tables, swiglu_gate
+from dllm_jax.models.layers import (QUANTIZED_INFERENCE as DECODER_QUANTIZED, attention_sublayer, layer_params,
+                                    mlp_sublayer, rms_norm, rope_tables, swiglu_gate)
 from dllm_jax.models.moe import routed_experts
 from dllm_jax.sharding import DECODER_AXES, traced_mesh
 from dllm_jax.models.sdar import BlockDiffusionLM, BlockDecoder, KVCache, Segment, init_cache, init_policy_state
+from dllm_jax.quantize import SCALE, linear, quantized_inference_shapes, scale_name, transpose_quantized
 
 __all__ = ["LLaDA2", "DECODER", "KVCache", "Segment", "forward", "prefill", "cached_forward", "block_step",
            "commit_and_step", "init_cache", "init_policy_state"]
@@ -64,6 +66,14 @@ PARAM_AXES = DECODER_AXES | {
     "qkv_bias": ("tp",), "o_bias": (None,), "router": (None, None), "expert_bias": (None,),
     "experts_gate_up": (None, None, "tp"), "experts_down": (None, "tp", None),
     "shared_gate_up": (None, "tp"), "shared_down": ("tp", None)}
+
+# quantized linear layers (dllm_jax.quantize), checkpoint layout with the axes each GEMM contracts (after the
+# layer axis), and their inference names: attention, the dense layers' MLP and the shared experts (the routed
+# experts, read by the grouped-GEMM kernel of dllm_jax.models.moe, and the router stay in the parameter dtype)
+QUANTIZED = {"layers": {"qkv_proj": (1,), "o_proj": (1,)},
+             "dense": {"gate_proj": (1,), "up_proj": (1,), "down_proj": (1,)},
+             "moe": {"shared_gate_proj": (1,), "shared_up_proj": (1,), "shared_down_proj": (1,)}}
+QUANTIZED_INFERENCE = DECODER_QUANTIZED + ("shared_gate_up", "shared_down")
 
 
 # --- parameter shapes and layouts ----------------------------------------------------------------
@@ -129,28 +139,35 @@ def inference_layer_shapes(config: LLaDA2Config, layer: int) -> dict[str, tuple[
     shapes = attention_shapes(config)
     d, i, e, im = config.hidden_size, config.intermediate_size, config.num_experts, config.moe_intermediate_size
     if layer < config.first_k_dense_replace:
-        return shapes | {"gate_up_proj": (d, 2 * i), "down_proj": (i, d)}
-    shapes |= {"router": (d, e), "expert_bias": (e,), "experts_gate_up": (e, d, 2 * im), "experts_down": (e, im, d)}
-    if config.num_shared_experts:
+        shapes |= {"gate_up_proj": (d, 2 * i), "down_proj": (i, d)}
+    else:
+        shapes |= {"router": (d, e), "expert_bias": (e,), "experts_gate_up": (e, d, 2 * im),
+                   "experts_down": (e, im, d)}
+    if config.num_shared_experts and layer >= config.first_k_dense_replace:
         s = config.num_shared_experts * im
         shapes |= {"shared_gate_up": (d, 2 * s), "shared_down": (s, d)}
-    return shapes
+    return quantized_inference_shapes(shapes, QUANTIZED_INFERENCE) if config.quantize else shapes
 
 
 def prepare_layer(config: LLaDA2Config, layer: int, attn: dict, mlp: dict) -> dict:
     """One layer's inference dict from its checkpoint-layout slices `attn` and `mlp` (dense or MoE)."""
     p = dict(attn)
-    p["qkv_proj"] = group_qkv(p["qkv_proj"], config)
-    if "qkv_bias" in p:
-        p["qkv_bias"] = group_qkv(p["qkv_bias"], config)
+    for name in ("qkv_proj", "qkv_bias", scale_name("qkv_proj")):  # a quantized weight's scales: its columns
+        if name in p:
+            p[name] = group_qkv(p[name], config)
+    suffixes = ("", SCALE) if config.quantize else ("",)
     if layer < config.first_k_dense_replace:
-        return p | {"gate_up_proj": interleave(mlp["gate_proj"], mlp["up_proj"]), "down_proj": mlp["down_proj"]}
+        for x in suffixes:
+            p |= {"gate_up_proj" + x: interleave(mlp["gate_proj" + x], mlp["up_proj" + x]),
+                  "down_proj" + x: mlp["down_proj" + x]}
+        return transpose_quantized(p)
     p |= {"router": mlp["router"], "expert_bias": mlp["expert_bias"],
           "experts_gate_up": interleave(mlp["gate_proj"], mlp["up_proj"]), "experts_down": mlp["down_proj"]}
     if config.num_shared_experts:
-        p |= {"shared_gate_up": interleave(mlp["shared_gate_proj"], mlp["shared_up_proj"]),
-              "shared_down": mlp["shared_down_proj"]}
-    return p
+        for x in suffixes:
+            p |= {"shared_gate_up" + x: interleave(mlp["shared_gate_proj" + x], mlp["shared_up_proj" + x]),
+                  "shared_down" + x: mlp["shared_down_proj" + x]}
+    return transpose_quantized(p)
 
 
 def prepare_params(params: dict, config: LLaDA2Config, *, execution: str = "unrolled") -> dict:
@@ -195,9 +212,10 @@ def route(x, router, expert_bias, config: LLaDA2Config):
     return idx.astype(jnp.int32), weights * config.routed_scaling_factor
 
 
-def swiglu(x, gate_up, down):
-    both = jnp.matmul(x, gate_up, precision=matmul_precision(x.dtype))
-    return jnp.matmul(swiglu_gate(both), down, precision=matmul_precision(x.dtype))
+def shared_experts(p, x):
+    """The shared experts' SwiGLU of x [T, d] (their gate/up and down weights, quantized or not)."""
+    both = linear(x, p, "shared_gate_up", precision=matmul_precision(x.dtype))
+    return linear(swiglu_gate(both), p, "shared_down", precision=matmul_precision(x.dtype))
 
 
 def moe_sublayer(p, x, config: LLaDA2Config):
@@ -208,7 +226,7 @@ def moe_sublayer(p, x, config: LLaDA2Config):
     # in generation on a model loaded with mesh=, the experts run per device
     out = routed_experts(h, idx, weights, p["experts_gate_up"], p["experts_down"], mesh=traced_mesh()).astype(x.dtype)
     if config.num_shared_experts:
-        out = out + swiglu(h, p["shared_gate_up"], p["shared_down"])
+        out = out + shared_experts(p, h)
     return x + out.reshape(b, n, d)
 
 
@@ -279,18 +297,15 @@ def commit_and_step(params, finished_ids, pending, block_ids, cache: KVCache, po
 
 # --- the module ----------------------------------------------------------------------------------
 
-def random_params(shapes: dict, *, dtype, rngs: nnx.Rngs) -> dict:
-    """nnx.Params of `shapes`: norms 1, expert biases 0.1 * normal, other weights normal(0.02)."""
-    init = nnx.initializers.normal(stddev=0.02)
-
-    def one(name, shape):
-        if name.endswith("norm"):
-            return jnp.ones(shape, dtype)
-        if name == "expert_bias":
-            return (0.1 * jax.random.normal(rngs.params(), shape)).astype(dtype)
-        return init(rngs.params(), shape, dtype)
-
-    return {name: nnx.Param(one(name, shape)) for name, shape in shapes.items()}
+def random_params(shapes: dict, *, dtype, rngs: nnx.Rngs, quantize: str | None = None) -> dict:
+    """nnx.Params of `shapes`: norms 1, expert biases 0.1 * normal, other weights normal(0.02) (quantized
+    where `shapes` holds their `<name>_scale`, as `layers.layer_params`)."""
+    expert_bias = {name: shape for name, shape in shapes.items() if name == "expert_bias"}
+    params = layer_params({n: s for n, s in shapes.items() if n not in expert_bias}, dtype=dtype, rngs=rngs,
+                          quantize=quantize)
+    for name, shape in expert_bias.items():
+        params[name] = nnx.Param((0.1 * jax.random.normal(rngs.params(), shape)).astype(dtype))
+    return params
 
 
 class LLaDA2Layer(nnx.Module):
@@ -298,7 +313,8 @@ class LLaDA2Layer(nnx.Module):
 
     def __init__(self, config: LLaDA2Config, layer: int, *, dtype, rngs: nnx.Rngs):
         self.names = tuple(inference_layer_shapes(config, layer))
-        for name, param in random_params(inference_layer_shapes(config, layer), dtype=dtype, rngs=rngs).items():
+        shapes = inference_layer_shapes(config, layer)
+        for name, param in random_params(shapes, dtype=dtype, rngs=rngs, quantize=config.quantize).items():
             setattr(self, name, param)
 
 

@@ -1,0 +1,182 @@
+"""Weight quantization of the linear layers: int8 (any device) and FP8 e4m3 (GPUs with FP8 tensor cores).
+
+Decoding a dLLM at small batch reads every weight once per forward, so halving the weight bytes is the
+lever (issue 42). Each quantized weight holds its values in the storage dtype and one float32 scale per
+output channel, `<name>_scale`: w ~= values * scale over the output axes, the scale being the channel's
+largest magnitude over the representable maximum (127 for int8, 448 for e4m3). Per output channel keeps
+the fused inference layout exact: fusing q/k/v or gate/up concatenates columns, and their scales
+concatenate the same way (`dllm_jax.models.layers.fuse_layers`). In the inference layout a quantized weight
+is stored transposed, [..., out, in] (`transpose_quantized`): the contracted axis minor, which FP8 tensor-core
+GEMMs require and which made the weight-only GEMMs at decode shapes faster (issue 42's probe, H100: 3.03 ms
+against 3.59 ms for the 36 layers' GEMMs at 4 rows).
+
+Which tensors: the projections of attention and MLP (each family's `Family.quantized` table names them
+in the checkpoint layout with the axes a GEMM contracts). Norms, embeddings, the LM head, LLaDA2's router
+and routed experts stay in the parameter dtype.
+
+The GEMM (`linear`), chosen by the rows it multiplies (static under jit):
+  * up to `FP8_GEMM_MIN_ROWS` rows, or int8 at any size: weight-only. The weight is cast to the activations'
+    dtype inside the jitted function and the scale applied to the GEMM's float32 output; XLA:GPU fuses the
+    cast into its Triton GEMM's operand load, so the GEMM reads the 1-byte values and the cast is never a
+    tensor in memory. At decode's few rows this is bandwidth-bound, which is the point.
+  * fp8 above that: an FP8 x FP8 tensor-core GEMM (cuBLASLt) with the activations quantized per row on the
+    fly (each row's absmax onto e4m3's range), both scales applied to the float32 product. The weight-only
+    GEMM is compute-bound there (issue 42's probe: 10.6 ms against 5.4 ms at 256 rows).
+"""
+
+from __future__ import annotations
+
+import jax
+import jax.numpy as jnp
+
+MODES = {"int8": jnp.int8, "fp8": jnp.float8_e4m3fn}
+# the largest magnitude each storage dtype holds (e4m3fn: 448; int8 symmetric: 127, -128 unused)
+LIMITS = {"int8": 127.0, "fp8": 448.0}
+SCALE = "_scale"
+# CUDA compute capability from which a GPU has FP8 tensor cores (Ada 8.9, Hopper 9.0 and later)
+FP8_CAPABILITY = (8, 9)
+# rows of activations from which an fp8 weight's GEMM runs in FP8 x FP8 (module docstring; probe: equal at 64)
+FP8_GEMM_MIN_ROWS = 128
+
+
+def scale_name(name: str) -> str:
+    return name + SCALE
+
+
+def is_scale(name: str) -> bool:
+    return name.endswith(SCALE)
+
+
+def check_quantize(quantize, *, where: str = "quantize") -> str | None:
+    """`quantize` if it is None or a known mode; ValueError naming the value otherwise."""
+    if quantize is None or (isinstance(quantize, str) and quantize in MODES):
+        return quantize
+    raise ValueError(f"{where}={quantize!r} is not one of {[None, *MODES]} (int8: weights in int8 with per-channel "
+                     "scales, any device; fp8: e4m3 weights, GPUs with FP8 tensor cores)")
+
+
+def check_device(quantize: str | None, device=None) -> None:
+    """ValueError if `quantize` needs what `device` (the default device when None) lacks: FP8 tensor cores."""
+    if quantize != "fp8":
+        return
+    device = device or jax.devices()[0]
+    capability = getattr(device, "compute_capability", None)
+    if device.platform == "gpu" and capability and tuple(int(c) for c in capability.split(".")) >= FP8_CAPABILITY:
+        return
+    raise ValueError(f"quantize='fp8' needs a GPU with FP8 tensor cores (compute capability >= "
+                     f"{'.'.join(map(str, FP8_CAPABILITY))}: Ada, Hopper, Blackwell); this device is "
+                     f"{device.device_kind} ({device.platform}{', ' + capability if capability else ''}). "
+                     "Use quantize='int8' (any device) instead")
+
+
+def output_axes(ndim: int, contracted: tuple[int, ...]) -> tuple[int, ...]:
+    return tuple(a for a in range(ndim) if a not in contracted)
+
+
+def quantize_weight(w, contracted: tuple[int, ...], mode: str):
+    """(values in MODES[mode], float32 scale over w's other axes) of w, the absmax over `contracted` (the
+    axes a GEMM sums over) mapped onto the storage range. An all-zero channel gets scale 1 (values 0)."""
+    w = jnp.asarray(w, jnp.float32)
+    absmax = jnp.max(jnp.abs(w), axis=contracted, keepdims=True)
+    scale = jnp.where(absmax > 0, absmax / LIMITS[mode], 1.0)
+    scaled = w / scale
+    if mode == "int8":
+        values = jnp.clip(jnp.round(scaled), -LIMITS[mode], LIMITS[mode]).astype(jnp.int8)
+    else:  # e4m3 rounds to nearest; |scaled| <= 448 by construction, so nothing saturates
+        values = scaled.astype(MODES[mode])
+    return values, jnp.squeeze(scale, axis=contracted)
+
+
+def dequantize(values, scale, contracted: tuple[int, ...], dtype=jnp.float32):
+    """values * scale broadcast back over the contracted axes (the weight a quantized tensor stands for)."""
+    return (values.astype(jnp.float32) * jnp.expand_dims(scale, contracted)).astype(dtype)
+
+
+def quantize_tree(params: dict, table: dict, mode: str) -> dict:
+    """Quantizes in place the tensors `table` names ({name: contracted axes}, nested like `params`; a
+    subtree `params` lacks is skipped), each replaced by its values and `<name>_scale` one tensor at a time
+    (peak: the tree plus one tensor in float32). Returns `params`."""
+    for name, entry in table.items():
+        if name not in params:
+            continue
+        if isinstance(entry, dict):
+            quantize_tree(params[name], entry, mode)
+            continue
+        weight = params.pop(name)
+        params[name], params[scale_name(name)] = jax.jit(quantize_weight, static_argnums=(1, 2))(weight, entry, mode)
+        del weight
+    return params
+
+
+def quantized_shapes(shapes: dict, table: dict) -> dict:
+    """`shapes` (a nested {name: shape} tree) with `<name>_scale` added beside every tensor `table` names."""
+    out = {}
+    for name, shape in shapes.items():
+        entry = table.get(name)
+        if isinstance(shape, dict):
+            out[name] = quantized_shapes(shape, entry if isinstance(entry, dict) else {})
+            continue
+        out[name] = shape
+        if entry is not None:
+            out[scale_name(name)] = tuple(shape[a] for a in output_axes(len(shape), entry))
+    return out
+
+
+def stored_dtypes(shapes: dict, table: dict, mode: str | None, dtype) -> dict:
+    """The dtype of every tensor of a (quantized) shape tree: MODES[mode] for the tensors `table` names,
+    float32 for their scales, `dtype` for the rest."""
+    out = {}
+    for name, shape in shapes.items():
+        entry = table.get(name)
+        if isinstance(shape, dict):
+            out[name] = stored_dtypes(shape, entry if isinstance(entry, dict) else {}, mode, dtype)
+        elif mode is not None and entry is not None:
+            out[name] = jnp.dtype(MODES[mode])
+        elif mode is not None and is_scale(name) and table.get(name.removesuffix(SCALE)) is not None:
+            out[name] = jnp.dtype(jnp.float32)
+        else:
+            out[name] = jnp.dtype(dtype)
+    return out
+
+
+def quantized_inference_shapes(shapes: dict, names: tuple[str, ...]) -> dict:
+    """One inference-layout layer's `shapes` as quantized: each weight of `names` [..., in, out] stored
+    transposed [..., out, in], with its `<name>_scale` [..., out]."""
+    out = dict(shapes)
+    for name in (n for n in names if n in shapes):
+        *lead, fan_in, fan_out = shapes[name]
+        out[name] = (*lead, fan_out, fan_in)
+        out[scale_name(name)] = (*lead, fan_out)
+    return out
+
+
+def transpose_quantized(layer: dict) -> dict:
+    """`layer` (an inference-layout dict) with every quantized weight, one whose `<name>_scale` it holds,
+    turned from [..., in, out] to the stored [..., out, in]."""
+    return {name: jnp.swapaxes(w, -1, -2) if scale_name(name) in layer else w for name, w in layer.items()}
+
+
+def linear(x, p: dict, name: str, *, precision=None):
+    """x [..., in] @ p[name] in x's dtype. An unquantized weight is [in, out]; a quantized one (p holds
+    `<name>_scale`) is stored [out, in] and multiplied as the module docstring says."""
+    w = p[name]
+    scale = p.get(scale_name(name))
+    if scale is None:
+        return jnp.matmul(x, w, precision=precision)
+    contract = (((x.ndim - 1,), (1,)), ((), ()))
+    rows = x.size // x.shape[-1]
+    if w.dtype == MODES["fp8"] and rows >= FP8_GEMM_MIN_ROWS:
+        xf = x.astype(jnp.float32)
+        amax = jnp.max(jnp.abs(xf), axis=-1, keepdims=True)
+        row_scale = jnp.where(amax > 0, amax / LIMITS["fp8"], 1.0)
+        xq = (xf / row_scale).astype(w.dtype)
+        out = jax.lax.dot_general(xq, w, contract, preferred_element_type=jnp.float32) * row_scale
+    else:
+        out = jax.lax.dot_general(x, w.astype(x.dtype), contract, precision=precision,
+                                  preferred_element_type=jnp.float32)
+    return (out * scale).astype(x.dtype)
+
+
+def weight_bytes(tree) -> int:
+    """Bytes of every array in a parameter tree (the values and scales of quantized tensors included)."""
+    return sum(leaf.nbytes for leaf in jax.tree.leaves(tree))
