@@ -1,7 +1,8 @@
 """Evaluates a checkpoint on several (task, context, seed) cells in one process, as a user's process
 compiles (tests/test_trained_checkpoints.py runs it without `make test`'s -O0 flags: the 1k-token
 passes are execution-bound), and writes one record per cell; OPTIONS is a JSON object of `evaluate`'s
-generate options (e.g. {"cache": "dual", "threshold": 0.9}):
+generate options (e.g. {"cache": "dual", "threshold": 0.9}); DTYPE is load_model's dtype, or DTYPE:QUANTIZE
+(e.g. bfloat16:int8) with its quantize:
 python tests/evaluate_cells.py CHECKPOINT DTYPE OUT.json OPTIONS TASK:CONTEXT:SEED [...]"""
 
 import json
@@ -16,7 +17,8 @@ SAMPLES = 10
 
 def main(checkpoint: Path, dtype: str, out: Path, options: dict, cells: list[str]) -> None:
     tokenizer = dev.load_tokenizer(checkpoint)
-    model = dllm_jax.load_model(checkpoint, dtype=dtype, progress=False)
+    dtype, _, quantize = dtype.partition(":")
+    model = dllm_jax.load_model(checkpoint, dtype=dtype, quantize=quantize or None, progress=False)
     rows = []
     for cell in cells:
         task, context, seed = cell.split(":")

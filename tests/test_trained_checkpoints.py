@@ -108,6 +108,13 @@ def test_shipped_checkpoint_answers_fresh_samples(answered, name, task, context)
     assert_answers(answered(name, LEARNED, "bfloat16")[(task, context)], task, context)
 
 
+def test_int8_quantized_checkpoint_answers_fresh_passkey_samples(answered):
+    """Issue 42's bar on CPU: the SDAR checkpoint with its linear weights quantized to int8 at load
+    (`load_model(quantize="int8")`) answers >= 9 of 10 fresh passkey samples at 1k."""
+    cell = ("passkey", 1024)
+    assert_answers(answered("tiny-sdar-tasks", [cell], "bfloat16:int8")[cell], *cell)
+
+
 @pytest.mark.parametrize("name", sorted(LONG))
 def test_long_context_checkpoint_answers_fresh_samples_at_4k(answered, name):
     """Variable tracking (the task the long runs found hardest) at 4k tokens, in bfloat16 (~30 s for the

@@ -9,7 +9,7 @@ import sys
 import time
 from pathlib import Path
 
-from dllm_jax.cli.common import checked_out_dir, dtype_parent, write_files
+from dllm_jax.cli.common import add_quantize_flag, checked_out_dir, dtype_parent, write_files
 from dllm_jax.cli.methods import methods_parent
 from dllm_jax.cli.prompts import encode_prompt
 from dllm_jax.cli.request import Request, checked_request
@@ -37,6 +37,7 @@ def add_parser(subparsers) -> None:
     analyze.add_argument("--out", default="analysis", help="output directory (default ./analysis)")
     analyze.add_argument("--layer", type=non_negative_int, default=None, metavar="N",
                          help="LLaDA, Dream: layer of the per-head heat maps (default the last)")
+    add_quantize_flag(analyze)
     analyze.set_defaults(fn=run)
 
 
@@ -54,7 +55,7 @@ def run(args) -> None:
     layer = checked_layer(args.layer, request)
     out = checked_out_dir(Path(args.out))  # all checked before the run, which may take minutes
     tokenizer, ids = encode_prompt(args, request.config)
-    model = load_model(args.model, dtype=args.dtype)
+    model = load_model(args.model, dtype=args.dtype, quantize=args.quantize)
     start = time.perf_counter()
     report, figures = probed_figures(model, ids, request, args.seed, layer)
     files = {name: png_bytes(fig) for name, fig in figures.items()}  # rendered before anything is written

@@ -1,4 +1,4 @@
-"""What several subcommands share: the --dtype and --mesh flags, and the checks and writes of output paths.
+"""What several subcommands share: the --dtype, --quantize and --mesh flags, and the checks and writes of output paths.
 
 Output paths are checked before a run (which may take minutes) and nothing is created by a check: a refused
 run leaves nothing behind.
@@ -17,6 +17,14 @@ def dtype_parent() -> argparse.ArgumentParser:
     parent.add_argument("--dtype", default="bfloat16", choices=["bfloat16", "float32"],
                         help="parameter and compute dtype (default bfloat16)")
     return parent
+
+
+def add_quantize_flag(parser: argparse.ArgumentParser) -> None:
+    """--quantize of the subcommands that load a checkpoint (load_model's quantize)."""
+    parser.add_argument("--quantize", default=None, choices=["int8", "fp8"],
+                        help="quantize the linear layers' weights at load (a scale per output channel; fp8 needs a "
+                             "GPU with FP8 tensor cores); a tree converted with --quantize loads as its mode "
+                             "without it")
 
 
 def add_mesh_flag(parser: argparse.ArgumentParser, split: str) -> None:

@@ -6,7 +6,7 @@ import json
 import sys
 from pathlib import Path
 
-from dllm_jax.cli.common import add_mesh_flag, checked_out_file, dtype_parent, mesh_of, write_files
+from dllm_jax.cli.common import add_mesh_flag, add_quantize_flag, checked_out_file, dtype_parent, mesh_of, write_files
 from dllm_jax.cli.methods import method_from_args, methods_parent
 from dllm_jax.flags import positive_int, seed_int
 
@@ -38,6 +38,7 @@ def add_parser(subparsers) -> None:
                             help="also write the result and every record here (checked before the run)")
     evaluation.add_argument("--quiet", action="store_true", help="no progress bar")
     add_mesh_flag(evaluation, "samples")
+    add_quantize_flag(evaluation)
     evaluation.set_defaults(fn=run)
 
 
@@ -59,7 +60,7 @@ def run(args) -> None:
     check_eval_size(args, config)  # before the samples are built and the weights load: both may take minutes
     out = None if args.json is None else checked_out_file(Path(args.json), "--json")
     samples = make_samples(args.task, args.context, args.samples, args.seed, load_tokenizer(args.model))
-    model = load_model(args.model, dtype=args.dtype, mesh=mesh_of(args))
+    model = load_model(args.model, dtype=args.dtype, quantize=args.quantize, mesh=mesh_of(args))
     result = evaluate(model, samples, method=method, batch_size=args.batch_size, progress=not args.quiet)
     print_result(args, samples, result)
     if out is not None:

@@ -9,7 +9,7 @@ import time
 
 import numpy as np
 
-from dllm_jax.cli.common import add_mesh_flag, dtype_parent, mesh_of
+from dllm_jax.cli.common import add_mesh_flag, add_quantize_flag, dtype_parent, mesh_of
 from dllm_jax.cli.methods import methods_parent
 from dllm_jax.cli.prompts import PromptBatch, batch_rule, encode_row, opened_prompts, prompt_batch
 from dllm_jax.cli.request import checked_request
@@ -35,6 +35,7 @@ def add_parser(subparsers) -> None:
                           f"{budget.MAX_ROWS}; dllm_jax.generate.budget); greedy answers do not depend on it")
     gen.add_argument("--progress", action="store_true", help="progress bar from inside the compiled loop")
     add_mesh_flag(gen, "prompts")
+    add_quantize_flag(gen)
     gen.set_defaults(fn=run)
 
 
@@ -60,7 +61,7 @@ def run(args) -> None:
             itertools.chain(head, items), batch_rule(args, request.config), multiple=dp))
         batch = next(batches)
         batch_options(args, request, batch)  # refused before loading, as every error of the first batch
-        model = load_model(args.model, dtype=args.dtype, mesh=mesh_of(args))
+        model = load_model(args.model, dtype=args.dtype, quantize=args.quantize, mesh=mesh_of(args))
         for batch in itertools.chain([batch], batches):
             run_batch(model, tokenizer, args, request, batch, alone=len(head) == 1)
 

@@ -6,7 +6,7 @@ import argparse
 import sys
 from pathlib import Path
 
-from dllm_jax.cli.common import dtype_parent
+from dllm_jax.cli.common import add_quantize_flag, dtype_parent
 from dllm_jax.cli.methods import methods_parent
 from dllm_jax.flags import fraction, number, positive_int
 
@@ -57,6 +57,7 @@ def add_parser(subparsers) -> None:
                        help="LLaDA, LLaDA2: block length (the family's default)")
     serve.add_argument("--log-level", default="info", choices=["critical", "error", "warning", "info", "debug"],
                        help="uvicorn's log level (default info)")
+    add_quantize_flag(serve)
     serve.set_defaults(fn=run)
 
 
@@ -86,7 +87,7 @@ def run(args: argparse.Namespace) -> None:
                for flag in given}
     method = method_from_args(args)
     tokenizer = ChatTokenizer(args.model)
-    model = load_model(args.model, dtype=args.dtype)
+    model = load_model(args.model, dtype=args.dtype, quantize=args.quantize)
     name = args.model_name or args.model.resolve().name
     app = build_app(model, tokenizer, model_name=name, slots=args.slots, max_context=args.max_context, method=method,
                     max_queue=args.max_queue, temperature=args.temperature, top_p=args.top_p, **options)

@@ -320,6 +320,9 @@ def initial_weights(args, special, *, vocab_size: int, length: int):
     _, model = read_hf_config(args.init)
     if model.family != args.family:
         raise ValueError(f"--init {args.init} holds a {model.family} model, not --family {args.family}")
+    if model.quantize:
+        raise ValueError(f"--init {args.init} is a conversion quantized to {model.quantize}: training starts from "
+                         "full-precision weights; give the HF checkpoint it was converted from")
     eos = model.stop_ids
     ids = (model.mask_token_id, model.pad_token_id, eos[0])
     if ids != (special.mask, special.pad, special.eos) or model.vocab_size < vocab_size:

@@ -1,0 +1,171 @@
+"""Weight quantization (`dllm_jax.quantize`, issue 42): the quantized values' error bounds, the GEMM against
+the matmul of the dequantized weight, the fused inference layout against fusing the dequantized weights,
+conversion and loading of quantized trees, and the refusals."""
+
+import copy
+import json
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+import pytest
+
+from dllm_jax import load_model
+from dllm_jax.checkpoint import convert_hf_checkpoint
+from dllm_jax.checkpoint.api import quantize_params
+from dllm_jax.checkpoint.manifest import MANIFEST
+from dllm_jax.cli import main
+from dllm_jax.families import family_of
+from dllm_jax.quantize import FP8_GEMM_MIN_ROWS, LIMITS, MODES, dequantize, linear, quantize_weight, scale_name
+from dllm_jax.sharding import DECODER_AXES, param_sharding
+from dllm_jax.testing import (random_params, tiny_dream_config, tiny_llada2_config, tiny_sdar_config,
+                              write_hf_checkpoint)
+
+
+@pytest.mark.parametrize("mode", ["int8", "fp8"])
+def test_quantized_weight_lies_within_the_storage_rounding_of_the_weight(rng, mode):
+    # per-channel magnitudes over three decades, an all-zero channel, an outlier that sets its channel's scale
+    w = rng.normal(size=(3, 64, 5, 8)) * 10.0 ** rng.uniform(-2, 1, size=(3, 1, 5, 8))
+    w[1, :, 2, 3] = 0
+    w[2, 7, 4, 1] = 50.0
+    values, scale = quantize_weight(jnp.asarray(w, jnp.float32), (1,), mode)
+    assert values.dtype == MODES[mode] and values.shape == w.shape
+    assert scale.dtype == jnp.float32 and scale.shape == (3, 5, 8)
+    back = np.asarray(dequantize(values, scale, (1,)), np.float64)
+    step = np.abs(w).max(axis=1, keepdims=True) / LIMITS[mode]
+    if mode == "int8":  # round to nearest of 255 levels
+        bound = step / 2
+    else:  # e4m3: 3 mantissa bits (half an ulp is <= 2^-4 of the value), subnormals 2^-9 apart below 2^-6
+        bound = np.maximum(np.abs(w) * 2.0 ** -4, step * 2.0 ** -10)
+    assert np.all(np.abs(back - w) <= bound * (1 + 1e-5) + 1e-30)
+    assert np.all(back[1, :, 2, 3] == 0)
+    np.testing.assert_allclose(back[2, 7, 4, 1], 50.0, rtol=1e-6)  # a channel's largest magnitude is kept
+
+
+@pytest.mark.parametrize("mode, rows", [("int8", 4), ("int8", FP8_GEMM_MIN_ROWS), ("fp8", 4),
+                                        ("fp8", FP8_GEMM_MIN_ROWS)])
+def test_linear_equals_the_matmul_of_the_dequantized_weight(rng, mode, rows):
+    x = jnp.asarray(rng.normal(size=(2, rows // 2, 96)), jnp.bfloat16)
+    w = rng.normal(size=(96, 40)) * rng.uniform(0.1, 2, size=(1, 40))
+    values, scale = quantize_weight(jnp.asarray(w, jnp.float32), (0,), mode)
+    out = linear(x, {"w": values.T, scale_name("w"): scale}, "w")  # stored [out, in]
+    assert out.dtype == jnp.bfloat16 and out.shape == (2, rows // 2, 40)
+    expected = np.asarray(x, np.float32) @ np.asarray(dequantize(values, scale, (0,)))
+    out = np.asarray(out, np.float32)
+    if mode == "fp8" and rows >= FP8_GEMM_MIN_ROWS:
+        # the FP8 x FP8 GEMM rounds the activations onto e4m3 per row as well (each within 2^-4 of its value,
+        # about 2^-4 / sqrt(3) on average): an error of a few percent of the output, where a misplaced scale
+        # or transposed weight would be of the order of the output itself
+        assert np.linalg.norm(out - expected) / np.linalg.norm(expected) < 0.05
+    else:  # weight-only: the dequantized weight's matmul up to the bf16 rounding of the inputs and the output
+        np.testing.assert_allclose(out, expected, rtol=1e-2, atol=1e-2 * np.abs(expected).max())
+
+
+def dequantized_tree(tree: dict, table: dict) -> dict:
+    """A quantized checkpoint-layout tree with each quantized tensor replaced by values * scale (float32)."""
+    out = {}
+    for name, value in tree.items():
+        entry = table.get(name)
+        if isinstance(value, dict):
+            out[name] = dequantized_tree(value, entry if isinstance(entry, dict) else {})
+        elif entry is not None:
+            out[name] = dequantize(value, tree[scale_name(name)], entry)
+        elif not name.endswith("_scale") or name.removesuffix("_scale") not in table:
+            out[name] = value.astype(jnp.float32)
+    return out
+
+
+@pytest.mark.parametrize("make_config, execution", [(tiny_sdar_config, "unrolled"), (tiny_sdar_config, "scan"),
+                                                    (tiny_dream_config, "unrolled"), (tiny_llada2_config, "unrolled")])
+@pytest.mark.parametrize("mode", ["int8", "fp8"])
+def test_fused_quantized_layers_are_the_fused_dequantized_weights(make_config, execution, mode):
+    """Quantizing per output channel in the checkpoint layout, then fusing (q/k/v grouped per KV head, gate/up
+    interleaved) and storing [out, in], gives exactly the fused weights of the dequantized checkpoint."""
+    config = make_config()
+    family = family_of(config)
+    params, quantized_config = quantize_params(random_params(config, jax.random.key(2), jnp.float32), config, mode)
+    reference = family.prepare_params(dequantized_tree(copy.copy(params), family.quantized), config,
+                                      execution=execution)
+    fused = family.prepare_params(params, quantized_config, execution=execution)
+    layers = fused["layers"] if isinstance(fused["layers"], tuple) else (fused["layers"],)
+    references = reference["layers"] if isinstance(reference["layers"], tuple) else (reference["layers"],)
+    checked = 0
+    for layer, ref in zip(layers, references):
+        assert set(layer) == set(ref) | {name + "_scale" for name in ref if scale_name(name) in layer}
+        for name, value in layer.items():
+            if scale_name(name) in layer:
+                assert value.dtype == MODES[mode]
+                restored = jnp.swapaxes(dequantize(value, layer[scale_name(name)], (value.ndim - 1,)), -1, -2)
+                np.testing.assert_array_equal(np.asarray(restored), np.asarray(ref[name]), err_msg=name)
+                checked += 1
+            elif not name.endswith("_scale"):
+                np.testing.assert_array_equal(np.asarray(value, np.float32), np.asarray(ref[name]), err_msg=name)
+    assert checked >= 4 * len(layers)  # qkv, o, gate_up, down at least
+
+
+@pytest.fixture
+def sdar_hf(tmp_path):
+    return write_hf_checkpoint(tmp_path / "hf", tiny_sdar_config(), seed=4)
+
+
+def test_int8_conversion_loads_as_quantizing_at_load(sdar_hf, tmp_path, rng):
+    out = tmp_path / "int8"
+    convert_hf_checkpoint(sdar_hf, out, quantize="int8", progress=False)
+    manifest = json.loads((out / MANIFEST).read_text())
+    entry = json.loads((out / "config.json").read_text())["dllm_jax"]
+    assert (manifest["format_version"], manifest["quantize"], manifest["param_dtype"]) == (3, "int8", "bfloat16")
+    assert (entry["format_version"], entry["quantize"]) == (3, "int8")
+    assert "layers/q_proj_scale" in manifest["checksums"]
+    converted, direct = load_model(out), load_model(sdar_hf, quantize="int8", progress=False)
+    assert converted.config == direct.config and converted.config.quantize == "int8"
+    leaves, same = jax.tree.leaves_with_path(converted.params()), jax.tree.leaves(direct.params())
+    for (path, a), b in zip(leaves, same):
+        assert a.dtype == b.dtype and np.array_equal(np.asarray(a), np.asarray(b)), path
+    layer = converted.params()["layers"][0]
+    assert layer["qkv_proj"].dtype == jnp.int8 and layer["qkv_proj_scale"].dtype == jnp.float32
+    assert layer["attn_norm"].dtype == jnp.bfloat16 and converted.params()["embed"].dtype == jnp.bfloat16
+    ids = rng.integers(3, converted.config.vocab_size, (2, 24))
+    np.testing.assert_array_equal(np.asarray(converted(ids)), np.asarray(direct(ids)))
+    bf16 = load_model(sdar_hf, progress=False)
+    assert sum(x.nbytes for x in jax.tree.leaves(converted.params()["layers"])) < 0.6 * sum(
+        x.nbytes for x in jax.tree.leaves(bf16.params()["layers"]))
+
+
+def test_quantized_conversion_refusals(sdar_hf, tmp_path):
+    out = tmp_path / "int8"
+    assert main(["convert", str(sdar_hf), str(out), "--quantize", "int8", "--quiet"]) == 0
+    with pytest.raises(ValueError, match="converted with quantize='int8'.*cannot be loaded as quantize='fp8'"):
+        load_model(out, quantize="fp8")
+    with pytest.raises(ValueError, match="computes in bfloat16; dtype='float32'"):
+        load_model(out, dtype="float32")
+    with pytest.raises(ValueError, match="would hold int8 weights"):
+        load_model(sdar_hf, dtype="float32", quantize="int8")
+    with pytest.raises(ValueError, match="quantize='int4' is not one of"):
+        load_model(sdar_hf, quantize="int4")
+    with pytest.raises(ValueError, match="dtype='float32' cannot go with it"):
+        convert_hf_checkpoint(sdar_hf, tmp_path / "f32", quantize="int8", dtype="float32")
+    assert not (tmp_path / "f32").exists()
+    manifest = json.loads((out / MANIFEST).read_text())
+    damaged = dict(manifest, checksums=dict(manifest["checksums"], **{"layers/down_proj": [0]}))
+    (out / MANIFEST).write_text(json.dumps(damaged))
+    with pytest.raises(ValueError, match="damaged.*layers/down_proj"):
+        load_model(out)
+    (out / MANIFEST).write_text(json.dumps(dict(manifest, format_version=2)))
+    with pytest.raises(ValueError, match="format_version 2 with quantize 'int8'"):
+        load_model(out)
+
+
+@pytest.mark.skipif(jax.default_backend() == "gpu", reason="a GPU may have FP8 tensor cores")
+def test_fp8_is_refused_by_name_where_there_are_no_fp8_tensor_cores(sdar_hf):
+    with pytest.raises(ValueError, match="quantize='fp8' needs a GPU with FP8 tensor cores.*cpu.*quantize='int8'"):
+        load_model(sdar_hf, quantize="fp8")
+
+
+def test_quantized_weights_and_scales_shard_like_the_weights_they_stand_for():
+    mesh = jax.make_mesh((1,), ("tp",))
+    spec = lambda name, ndim, quantized=False: tuple(param_sharding(mesh, name, ndim, DECODER_AXES,  # noqa: E731
+                                                                    quantized=quantized).spec)
+    assert spec("qkv_proj", 2) == (None, "tp") and spec("qkv_proj", 2, True) == ("tp", None)
+    assert spec("o_proj", 2) == ("tp", None) and spec("o_proj", 2, True) == (None, "tp")
+    assert spec("qkv_proj_scale", 1) == ("tp",) and spec("down_proj_scale", 1) == (None,)
+    assert spec("gate_up_proj_scale", 2) == (None, "tp")  # the scan layout's leading layer axis
