@@ -304,8 +304,9 @@ def main(argv=None):
     parser.add_argument("--llada-methods", nargs="+", help="LLaDA methods (defaults) timed at every point and "
                                                            "cache: dense (default), sparsed, pulsecol, sparge")
     parser.add_argument("--long-prompt", type=int, help="cache length of mage128k")
-    parser.add_argument("--quantize", choices=("int8", "fp8"), help="the models' linear weights quantized (load_model's "
-                        "quantize; compare against an unquantized run of the same machine with --compare)")
+    parser.add_argument("--quantize", choices=("int8", "fp8"),
+                        help="the models' linear weights quantized (load_model's quantize; compare against an "
+                             "unquantized run of the same machine with --compare)")
     parser.add_argument("--execution", choices=("unrolled", "scan"), help="layer execution of the models "
                         "(default: the package's); not with --baseline")
     parser.add_argument("--long-batches", type=int, nargs="+")

@@ -145,7 +145,8 @@ def check_versions(where, format_version, param_dtype, quantize=None) -> None:
     if param_dtype not in PARAM_DTYPES:
         raise ValueError(f"{where}: param_dtype {param_dtype!r} is not one of {list(PARAM_DTYPES)}; convert the "
                          f"HF checkpoint again")
-    if (format_version == QUANTIZED_FORMAT_VERSION) != (quantize is not None) or quantize not in (None, *QUANTIZE_MODES):
+    quantized = format_version == QUANTIZED_FORMAT_VERSION
+    if quantized != (quantize is not None) or quantize not in (None, *QUANTIZE_MODES):
         raise ValueError(f"{where}: format_version {format_version} with quantize {quantize!r} is not a tree this "
                          f"version wrote (quantized trees are format {QUANTIZED_FORMAT_VERSION} with quantize one of "
                          f"{list(QUANTIZE_MODES)}); convert the HF checkpoint again")
