@@ -10,9 +10,9 @@ is stored transposed, [..., out, in] (`transpose_quantized`): the contracted axi
 GEMMs require and which made the weight-only GEMMs at decode shapes faster (issue 42's probe, H100: 3.03 ms
 against 3.59 ms for the 36 layers' GEMMs at 4 rows).
 
-Which tensors: the projections of attention and MLP (each family's `Family.quantized` table names them
-in the checkpoint layout with the axes a GEMM contracts). Norms, embeddings, the LM head, LLaDA2's router
-and routed experts stay in the parameter dtype.
+Which tensors: the projections of attention and MLP and an untied LM head (each family's `Family.quantized`
+table names them in the checkpoint layout with the axes a GEMM contracts). Norms, the embedding table (a
+gather; also the head where tied), LLaDA2's router and routed experts stay in the parameter dtype.
 
 The GEMM (`linear`), chosen by the rows it multiplies (static under jit):
   * up to `FP8_GEMM_MIN_ROWS` rows, or int8 at any size: weight-only. The weight is cast to the activations'

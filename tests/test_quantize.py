@@ -101,6 +101,10 @@ def test_fused_quantized_layers_are_the_fused_dequantized_weights(make_config, e
             elif not name.endswith("_scale"):
                 np.testing.assert_array_equal(np.asarray(value, np.float32), np.asarray(ref[name]), err_msg=name)
     assert checked >= 4 * len(layers)  # qkv, o, gate_up, down at least
+    if not config.tie_word_embeddings:  # the LM head, stored [vocab, hidden]
+        assert fused["lm_head"].dtype == MODES[mode] and fused["lm_head"].shape == reference["lm_head"].shape[::-1]
+        head = dequantize(fused["lm_head"], fused[scale_name("lm_head")], (1,)).T
+        np.testing.assert_array_equal(np.asarray(head), np.asarray(reference["lm_head"]))
 
 
 @pytest.fixture
@@ -169,3 +173,33 @@ def test_quantized_weights_and_scales_shard_like_the_weights_they_stand_for():
     assert spec("o_proj", 2) == ("tp", None) and spec("o_proj", 2, True) == (None, "tp")
     assert spec("qkv_proj_scale", 1) == ("tp",) and spec("down_proj_scale", 1) == (None,)
     assert spec("gate_up_proj_scale", 2) == (None, "tp")  # the scan layout's leading layer axis
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("mode", ["int8", "fp8"])
+def test_quantized_gemms_on_a_gpu_read_the_stored_weight(mode):
+    """On the GPU, XLA fuses the weight's cast into the GEMM (no bf16 copy of the [out, in] weight is written)
+    and fp8 above FP8_GEMM_MIN_ROWS runs as an FP8 tensor-core GEMM (cuBLASLt's f8 matmul)."""
+    n_out, n_in = 1536, 1024
+    values, scale = quantize_weight(jax.random.normal(jax.random.key(0), (n_in, n_out)), (0,), mode)
+    p = {"w": values.T, scale_name("w"): scale}
+    for rows in (4, FP8_GEMM_MIN_ROWS, 512):
+        x = jax.random.normal(jax.random.key(1), (rows, n_in), jnp.bfloat16)
+        text = jax.jit(lambda x, p: linear(x, p, "w")).lower(x, p).compile().as_text()
+        entry = text[text.index("ENTRY"):].split("\n}\n")[0]  # the top level: what is written to memory
+        assert f"bf16[{n_out},{n_in}]" not in entry and f"bf16[{n_in},{n_out}]" not in entry, (rows, entry)
+        if mode == "fp8" and rows >= FP8_GEMM_MIN_ROWS:
+            assert "__cublas$lt$matmul$f8" in text
+        expected = np.asarray(x, np.float32) @ np.asarray(dequantize(values, scale, (0,)))
+        out = np.asarray(jax.jit(lambda x, p: linear(x, p, "w"))(x, p), np.float32)
+        assert np.linalg.norm(out - expected) / np.linalg.norm(expected) < (0.05 if mode == "fp8" else 0.01)
+
+
+@pytest.mark.gpu
+def test_fp8_loads_on_a_gpu_with_fp8_tensor_cores(sdar_hf, rng):
+    model = load_model(sdar_hf, quantize="fp8", progress=False)
+    assert model.params()["layers"][0]["gate_up_proj"].dtype == jnp.float8_e4m3fn
+    ids = rng.integers(3, model.config.vocab_size, (2, 80))
+    reference = np.asarray(load_model(sdar_hf, dtype="float32", progress=False)(ids))
+    logits = np.asarray(model(ids))
+    assert np.linalg.norm(logits - reference) / np.linalg.norm(reference) < 0.1

@@ -18,7 +18,7 @@ def markdown(meta: dict, rows: list[dict]) -> list[str]:
     quantize = meta.get("plan", {}).get("quantize")
     if quantize:
         lines[-1:-1] = [f"**Linear weights quantized to {quantize}** (`load_model(quantize={quantize!r})`: a scale "
-                        "per output channel; embedding, norms and LM head in bf16).", ""]
+                        "per output channel, the LM head included; embedding and norms in bf16).", ""]
     for name, module in MODULES.items():
         mine = [r for r in rows if r.get("section") == name]
         if mine:

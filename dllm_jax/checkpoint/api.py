@@ -67,8 +67,8 @@ def convert_hf_checkpoint(hf_dir, out_dir, *, dtype: str | None = None, quantize
         exact: bfloat16 if every tensor is BF16, else float32 (F32, F16 and mixed checkpoints;
         F16 does not fit bfloat16 without rounding). An explicit "bfloat16" rounds F32 and F16.
       quantize: None (the default), "int8" or "fp8": store the linear layers' weights quantized with a
-        float32 scale per output channel (`dllm_jax.quantize`; the family's `quantized` table says which),
-        the other tensors in bfloat16 (the weights are read as bfloat16 first). Lossy by request: a
+        float32 scale per output channel (`dllm_jax.quantize`; the family's `quantized` table says which:
+        attention, MLP, an untied LM head), the other tensors in bfloat16 (the weights are read as bfloat16 first). Lossy by request: a
         quantized tree records its mode in config.json and the manifest (format_version 3, which older
         versions refuse by name), and loads only as that mode.
       overwrite: replace an existing out_dir (a committed conversion, see above).

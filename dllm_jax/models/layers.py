@@ -69,9 +69,11 @@ def apply_rope(x, cos, sin, *, in_fp32: bool):
 EXECUTIONS = ("unrolled", "scan")
 
 # quantized linear layers (dllm_jax.quantize): in the checkpoint layout, each with the axes its GEMM
-# contracts (after the layer axis), as `Family.quantized` tables are; in the inference layout, their fused names
+# contracts (a stacked layer weight's count its layer axis), as `Family.quantized` tables are; in the inference
+# layout, the layers' fused names
 QUANTIZED = {"layers": {"q_proj": (1,), "k_proj": (1,), "v_proj": (1,), "o_proj": (1, 2), "gate_proj": (1,),
-                        "up_proj": (1,), "down_proj": (1,)}}
+                        "up_proj": (1,), "down_proj": (1,)},
+             "lm_head": (0,)}  # an untied head (a tied one is the embedding table, gathered: kept as it is)
 QUANTIZED_INFERENCE = ("qkv_proj", "o_proj", "gate_up_proj", "down_proj")
 
 
@@ -236,7 +238,7 @@ def prepare_params(params: dict, config, *, execution: str = "unrolled") -> dict
             layers = unstack_layers(layers, config.num_layers)
     else:
         layers = inference_layers(layers, config, execution=execution)
-    prepared = {name: params.pop(name) for name in list(params)}
+    prepared = transpose_quantized({name: params.pop(name) for name in list(params)})  # a quantized LM head
     return dict(prepared, layers=layers)
 
 
@@ -315,8 +317,9 @@ def lm_param_shapes(config) -> dict:
 def lm_head(params, x, config):
     """float32 logits of the final hidden states x [B, L, d] (tied or untied head)."""
     x = rms_norm(x, params["final_norm"], config.rms_norm_eps)
-    head = params["embed"].T if config.tie_word_embeddings else params["lm_head"]
-    return jnp.matmul(x, head, precision=matmul_precision(x.dtype)).astype(jnp.float32)
+    if config.tie_word_embeddings:
+        return jnp.matmul(x, params["embed"].T, precision=matmul_precision(x.dtype)).astype(jnp.float32)
+    return linear(x, params, "lm_head", precision=matmul_precision(x.dtype)).astype(jnp.float32)
 
 
 def layer_params(shapes: dict, *, dtype, rngs: nnx.Rngs, quantize: str | None = None) -> dict:
@@ -359,7 +362,12 @@ class DecoderLM(nnx.Module):
         self.layers = self.make_layers(config, dtype=dtype, rngs=rngs)
         self.final_norm = nnx.Param(jnp.ones((config.hidden_size,), dtype))
         if not config.tie_word_embeddings:
-            self.lm_head = nnx.Param(init(rngs.params(), (config.hidden_size, config.vocab_size), dtype))
+            head = init(rngs.params(), (config.hidden_size, config.vocab_size), dtype)
+            if config.quantize:  # stored [vocab, hidden] with a scale per vocabulary row (dllm_jax.quantize)
+                head, scale = quantize_weight(head, (0,), config.quantize)
+                head = head.T
+                self.lm_head_scale = nnx.Param(scale)
+            self.lm_head = nnx.Param(head)
 
     def make_layers(self, config, *, dtype, rngs: nnx.Rngs):
         """The decoder layers' parameters in the inference layout of `self.execution` (a family whose
@@ -376,7 +384,8 @@ class DecoderLM(nnx.Module):
         """The parameter tree as plain arrays in the inference layout (a tuple of per-layer dicts when
         unrolled, see the module docstring). Read attribute by attribute: `nnx.state` over a few hundred
         per-layer variables costs milliseconds of host time per call, which a block step would pay."""
-        tree = {name: getattr(self, name).get_value() for name in ("embed", "final_norm", "lm_head") if hasattr(self, name)}
+        tree = {name: getattr(self, name).get_value() for name in ("embed", "final_norm", "lm_head", "lm_head_scale")
+                if hasattr(self, name)}
         return dict(tree, layers=self.layer_values())
 
     def layer_values(self):

@@ -72,7 +72,7 @@ PARAM_AXES = DECODER_AXES | {
 # experts, read by the grouped-GEMM kernel of dllm_jax.models.moe, and the router stay in the parameter dtype)
 QUANTIZED = {"layers": {"qkv_proj": (1,), "o_proj": (1,)},
              "dense": {"gate_proj": (1,), "up_proj": (1,), "down_proj": (1,)},
-             "moe": {"shared_gate_proj": (1,), "shared_up_proj": (1,), "shared_down_proj": (1,)}}
+             "moe": {"shared_gate_proj": (1,), "shared_up_proj": (1,), "shared_down_proj": (1,)}, "lm_head": (0,)}
 QUANTIZED_INFERENCE = DECODER_QUANTIZED + ("shared_gate_up", "shared_down")
 
 
@@ -185,7 +185,7 @@ def prepare_params(params: dict, config: LLaDA2Config, *, execution: str = "unro
         layers.append(prepare_layer(config, layer, {n: w[layer] for n, w in attn.items()},
                                     {n: w[index] for n, w in mlp_tree.items()}))
     attn.clear(), dense.clear(), moe.clear()
-    return {name: params.pop(name) for name in list(params)} | {"layers": tuple(layers)}
+    return transpose_quantized({name: params.pop(name) for name in list(params)}) | {"layers": tuple(layers)}
 
 
 def to_module_tree(params: dict) -> dict:
