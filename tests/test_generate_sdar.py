@@ -1,6 +1,7 @@
 """SDAR generate: token-for-token against a PyTorch port of JetAstra/SDAR block_diffusion_generate."""
 
 import jax
+import jax.numpy as jnp
 import numpy as np
 import pytest
 
@@ -113,3 +114,22 @@ def test_attention_policies_in_the_block_loop(setup, rng):
         changed.append(not np.array_equal(generate(model, prompt, method=OracleTopK(block=4, keep=1), **options),
                                           dense))
     assert any(changed)
+
+
+def test_per_row_sampling_is_each_rows_own_scalar_sampling(rng):
+    """`sample_tokens_per_row` (a serving engine's slots, each with its request's temperature and top-p) gives
+    every row exactly what `sample_tokens` gives it with that row's values, greedy rows (top-k 1) included."""
+    from dllm_jax.generate.sampling import sample_tokens, sample_tokens_per_row
+
+    logits = jnp.asarray(rng.normal(size=(5, 3, 64)) * 3, jnp.float32)
+    u = jnp.asarray(rng.uniform(size=(5, 3)), jnp.float32)
+    rows = [(0.7, 1.0, False), (1.0, 0.8, False), (1.0, 1.0, True), (1.3, 0.5, False), (1.0, 1.0, False)]
+    for top_k in (0, 5):
+        t, p, greedy = (jnp.asarray(v) for v in zip(*rows))
+        tokens, probs = sample_tokens_per_row(logits, u, temperature=t.astype(jnp.float32), top_k=top_k,
+                                              top_p=p.astype(jnp.float32), keep_max=greedy)
+        for b, (temperature, top_p, keep_max) in enumerate(rows):
+            one, one_p = sample_tokens(logits[b:b + 1], u[b:b + 1], temperature=temperature,
+                                       top_k=1 if keep_max else top_k, top_p=top_p)
+            np.testing.assert_array_equal(np.asarray(tokens[b]), np.asarray(one[0]), err_msg=f"row {b}, {top_k=}")
+            np.testing.assert_array_equal(np.asarray(probs[b]), np.asarray(one_p[0]), err_msg=f"row {b}, {top_k=}")

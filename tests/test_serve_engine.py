@@ -20,25 +20,38 @@ def model(tiny_model):
 # (prompt length, max_new_tokens, seed): prompts that end mid-block, on a block boundary, inside the first
 # block; answers of one to four blocks, ends that are not block boundaries
 REQUESTS = [(5, 8, 1), (9, 13, 2), (2, 4, 3), (12, 10, 4), (8, 16, 5)]
+# each request's own (temperature, top_p): sampled at two temperatures, with and without a nucleus, and greedy
+# (temperature 0: SDAR's top-k 1), side by side in the slots
+SAMPLING = [(0.8, 1.0), (0.8, 0.9), (0.0, 1.0), (0.5, 1.0), (0.8, 1.0)]
 
 
-@pytest.mark.parametrize("options", [
-    dict(remasking="sequential", top_k=1, denoising_steps=4),  # greedy
-    dict(remasking="low_confidence_dynamic", denoising_steps=4, temperature=0.8),  # sampled: the request's seed
-], ids=["greedy", "sampled"])
-def test_each_request_gets_what_generate_gives_its_prompt_alone(model, rng, options):
+def own_options(options: dict, temperature, top_p, greedy: dict) -> dict:
+    """The generate options a request with its own temperature and top-p (None: the engine's) decodes with."""
+    if temperature is None:
+        return options
+    return options | (greedy if temperature == 0 else dict(temperature=temperature, top_p=top_p))
+
+
+@pytest.mark.parametrize("options, sampling", [
+    (dict(remasking="sequential", top_k=1, denoising_steps=4), None),  # greedy by the engine's options
+    (dict(remasking="low_confidence_dynamic", denoising_steps=4), SAMPLING),  # each request its own sampling
+], ids=["greedy", "per-request sampling"])
+def test_each_request_gets_what_generate_gives_its_prompt_alone(model, rng, options, sampling):
     engine = Engine(model, slots=3, max_context=64, **options)
     prompts = [rng.integers(0, 40, n) for n, _, _ in REQUESTS]
-    ids = [engine.submit(p, k, seed=s) for p, (_, k, s) in zip(prompts[:4], REQUESTS[:4])]
+    sampling = sampling or [(None, None)] * len(REQUESTS)
+    submit = lambda i: engine.submit(prompts[i], REQUESTS[i][1], REQUESTS[i][2], *sampling[i])  # noqa: E731
+    ids = [submit(i) for i in range(4)]
     done = {}
     for _ in range(2):  # four requests for three slots, two blocks decoded, then one more arrives
         done.update((c.request_id, c) for c in engine.step())
-    ids += [engine.submit(p, k, seed=s) for p, (_, k, s) in zip(prompts[4:], REQUESTS[4:])]
+    ids += [submit(4)]
     done.update(engine.run())
     assert sorted(done) == sorted(ids) and not engine.busy and not engine.queue
     stopped = 0
-    for request_id, prompt, (n, k, seed) in zip(ids, prompts, REQUESTS):
-        alone = np.asarray(dllm_jax.generate(model, prompt[None], max_new_tokens=k, seed=seed, **options))[0]
+    for request_id, prompt, (n, k, seed), (t, p) in zip(ids, prompts, REQUESTS, sampling):
+        alone = np.asarray(dllm_jax.generate(model, prompt[None], max_new_tokens=k, seed=seed,
+                                             **own_options(options, t, p, {"top_k": 1})))[0]
         completion = done[request_id]
         np.testing.assert_array_equal(completion.tokens, alone, err_msg=f"request {request_id}")
         np.testing.assert_array_equal(completion.generated, alone[n:])
@@ -83,6 +96,8 @@ def test_a_short_request_leaves_and_a_queued_one_starts_while_a_long_one_runs(mo
     (lambda e: e.submit(np.array([], np.int32), 4), "prompt_ids must be"),
     (lambda e: e.submit(np.arange(3, 8), 0), "max_new_tokens"),
     (lambda e: e.submit(np.arange(3, 8), 4, seed=-1), "seed"),
+    (lambda e: e.submit(np.arange(3, 8), 4, temperature=2.5), "temperature"),
+    (lambda e: e.submit(np.arange(3, 8), 4, top_p=0.0), "top_p"),
     (lambda e: e.submit(np.array([3, 40, 5, 6, 7]), 4), "mask token id 40"),
     (lambda e: e.submit(np.array([3, 99]), 4), "vocab"),
 ])
@@ -126,17 +141,20 @@ def llada2(tiny_model):
 
 
 def test_llada2_requests_share_the_slots_and_each_gets_what_generate_gives_it_alone(llada2, rng):
-    """LLaDA2 in the slots (its own model functions, sampler and block length: `Family.slots`): five sampled
-    requests (each its own seed) over three slots, the answer cut at each one's length as generate's (its
-    gen_length) is. Greedy LLaDA2 requests: test_serve_http's six concurrent clients."""
+    """LLaDA2 in the slots (its own model functions, sampler and block length: `Family.slots`): five requests
+    (each its own seed) over three slots, three sampled at the engine's temperature, one greedy (temperature 0:
+    LLaDA2's argmax) and one at its own temperature and top-p, the answer cut at each one's length as generate's
+    (its gen_length) is. More greedy LLaDA2 requests: test_serve_http's six concurrent clients."""
     options = dict(block_length=4, steps=4, temperature=0.8)
     engine = Engine(llada2, slots=3, max_context=64, **options)
     prompts = [rng.integers(0, 40, n) for n, _, _ in REQUESTS]
-    ids = [engine.submit(p, k, seed=s) for p, (_, k, s) in zip(prompts, REQUESTS)]
+    sampling = [(None, None), (0.0, 1.0), (0.6, 0.9), (None, None), (None, None)]
+    ids = [engine.submit(p, k, s, *own) for p, (_, k, s), own in zip(prompts, REQUESTS, sampling)]
     done = engine.run()
     stopped = 0
-    for request_id, prompt, (n, k, seed) in zip(ids, prompts, REQUESTS):
-        alone = np.asarray(dllm_jax.generate(llada2, prompt[None], gen_length=k, seed=seed, **options))[0]
+    for request_id, prompt, (n, k, seed), (t, p) in zip(ids, prompts, REQUESTS, sampling):
+        alone = np.asarray(dllm_jax.generate(llada2, prompt[None], gen_length=k, seed=seed,
+                                             **own_options(options, t, p, {"temperature": 0.0})))[0]
         np.testing.assert_array_equal(done[request_id].tokens, alone, err_msg=f"request {request_id}")
         stopped += len(alone) < n + k
     assert stopped, "no request stopped early: per-slot stops were not exercised"

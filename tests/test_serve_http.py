@@ -1,5 +1,6 @@
 """`dllm-jax serve`: the OpenAI-compatible HTTP server over the engine, through real HTTP (uvicorn on a local
-socket). Greedy requests from 16 concurrent clients each get exactly what `generate` gives their prompt alone;
+socket). Greedy requests from 16 concurrent clients each get exactly what `generate` gives their prompt alone
+(and a request with its own temperature, top-p and seed what `generate` gives it with them);
 streamed deltas concatenate to the full text; the official `openai` client works; bad input gets 400 with
 OpenAI's error object; a full queue 429; a client that disconnects frees its slot; SIGTERM finishes the running
 requests, then the process exits."""
@@ -119,8 +120,16 @@ def test_the_official_openai_client_works(url, sdar):
     assert chat.choices[0].message.content == alone(model, tokenizer, ids, 12)[0]
     stream = client.chat.completions.create(model=NAME, messages=messages, max_tokens=12, stream=True)
     assert "".join(c.choices[0].delta.content or "" for c in stream) == chat.choices[0].message.content
+    # a request's own temperature, top-p and seed: what generate gives the prompt alone with them
+    sampled = client.completions.create(model=NAME, prompt=text, max_tokens=12, temperature=0.7, top_p=0.9, seed=5)
+    ids = tokenizer.tokenizer.encode(text, add_special_tokens=True).ids
+    out = np.asarray(dllm_jax.generate(model, np.asarray(ids)[None], max_new_tokens=12, temperature=0.7, top_p=0.9,
+                                       seed=5))[0][len(ids):][:12]
+    stops = np.flatnonzero(np.isin(out, model.config.stop_ids))
+    kept = out[:stops[0] + 1] if stops.size else out
+    assert sampled.choices[0].text == tokenizer.decode(kept, skip=(model.config.mask_token_id,))
     with pytest.raises(openai.BadRequestError, match="temperature"):
-        client.completions.create(model=NAME, prompt="w1", max_tokens=4, temperature=0.7)
+        client.completions.create(model=NAME, prompt="w1", max_tokens=4, temperature=2.5)
 
 
 @pytest.mark.parametrize("body, status, message", [
@@ -130,7 +139,7 @@ def test_the_official_openai_client_works(url, sdar):
     (dict(prompt="w1", max_tokens=0), 400, "max_tokens"),
     (dict(prompt="w1", max_tokens=4, stream="yes"), 400, "stream"),
     (dict(prompt="w1", max_tokens=4, n=2), 400, "n"),
-    (dict(prompt="w1", max_tokens=4, temperature=0.5), 400, "this server samples with temperature=0"),
+    (dict(prompt="w1", max_tokens=4, temperature=-0.5), 400, "temperature"),
     (dict(prompt="w1", max_tokens=4, top_p=-1), 400, "top_p"),
     (dict(prompt="w1", max_tokens=4, stop=["a", "b", "c", "d", "e"]), 400, "stop"),
     (dict(prompt="w1", max_tokens=4, seed=-3), 400, "seed"),

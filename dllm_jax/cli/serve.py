@@ -42,8 +42,10 @@ def add_parser(subparsers) -> None:
     serve.add_argument("--max-queue", type=positive_int, default=256, metavar="N",
                        help="requests waiting for a slot before new ones get 429 (default 256)")
     serve.add_argument("--temperature", type=temperature_flag, default=0.0,
-                       help="0 = greedy (default); above 0, every request samples at this temperature")
-    serve.add_argument("--top-p", type=fraction, default=1.0, help="nucleus filter when sampling (default 1: off)")
+                       help="the temperature of a request that sends none: 0 = greedy (default); a request's own "
+                            "temperature wins (a lockstep server, LLaDA or Dream, is greedy)")
+    serve.add_argument("--top-p", type=fraction, default=1.0,
+                       help="the nucleus filter of a request that sends no top_p (default 1: off)")
     serve.add_argument("--denoising-steps", type=positive_int, default=None, metavar="N",
                        help="forwards per block (default: SDAR's, 4)")
     serve.add_argument("--remasking", choices=["low_confidence_dynamic", "low_confidence_static", "sequential"],

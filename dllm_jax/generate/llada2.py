@@ -44,7 +44,7 @@ from dllm_jax.config import LLaDA2Config
 from dllm_jax.generate.progress import progress_bar, tick
 from dllm_jax.generate.requests import (ProbeLoop, as_array, check_context, check_prompt, make_options, on_devices,
                                         on_mesh, until_stop)
-from dllm_jax.generate.sampling import commit_top, sample_tokens, transfer_counts
+from dllm_jax.generate.sampling import RowSampling, commit_top, sample_tokens, sample_tokens_per_row, transfer_counts
 from dllm_jax.generate.sdar import BlockSampler, SlotLoop, cache_capacity, decode_blocks
 from dllm_jax.models import llada2 as llada2_model
 from dllm_jax.sharding import shard_kv_cache, to_host, tracing_on
@@ -114,9 +114,23 @@ def schedule(options: LLaDA2Options, config: LLaDA2Config, n: int):
     return transfer_counts(n, options.effective_steps)
 
 
-def commit(logits, u, mask_index, count, options: LLaDA2Options):
-    """The official step: sample every block position (`sample`), commit by `transfer_mask`."""
-    x0, x0_p = sample(logits, u, options)
+def sample_rows(logits, u, options: LLaDA2Options, rows: RowSampling):
+    """`sample` with each row's own temperature and top-p (a serving slot's request's): a row is greedy where
+    `options | {"temperature": t, "top_p": p}` would be (its argmax), else it samples as that would."""
+    greedy = (rows.temperature == 0) & (options.top_k == 0) & (rows.top_p >= 1.0)
+    sampled, sampled_p = sample_tokens_per_row(logits, u, temperature=jnp.where(rows.temperature > 0,
+                                                                                 rows.temperature, 1.0),
+                                               top_k=options.top_k, top_p=rows.top_p,
+                                               keep_max=jnp.zeros_like(greedy))
+    tokens = jnp.argmax(logits, axis=-1)
+    probs = jnp.take_along_axis(jax.nn.softmax(logits, axis=-1), tokens[..., None], axis=-1)[..., 0]
+    return jnp.where(greedy[:, None], tokens, sampled), jnp.where(greedy[:, None], probs, sampled_p)
+
+
+def commit(logits, u, mask_index, count, options: LLaDA2Options, rows: RowSampling | None = None):
+    """The official step: sample every block position (`sample`, or `sample_rows` with a serving engine's
+    per-row `rows`), commit by `transfer_mask`."""
+    x0, x0_p = sample(logits, u, options) if rows is None else sample_rows(logits, u, options, rows)
     return x0, transfer_mask(mask_index, x0_p, count, options.threshold)
 
 

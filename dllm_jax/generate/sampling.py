@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import jax
 import jax.numpy as jnp
+from flax import struct
 
 
 def transfer_counts(masked, steps: int):
@@ -69,6 +70,40 @@ def sample_tokens(logits, u, *, temperature: float, top_k: int, top_p: float):
         remove = jnp.concatenate([jnp.zeros_like(remove[..., :1]), remove[..., :-1]], axis=-1)
         removed = jnp.take_along_axis(remove, jnp.argsort(order, axis=-1), axis=-1)  # back to vocab order
         logits = jnp.where(removed, -jnp.inf, logits)
+    probs = jax.nn.softmax(logits, axis=-1)
+    cdf = jnp.cumsum(probs, axis=-1)
+    tokens = jnp.argmax(cdf >= u[..., None] * cdf[..., -1:], axis=-1)
+    return tokens, jnp.take_along_axis(probs, tokens[..., None], axis=-1)[..., 0]
+
+
+@struct.dataclass
+class RowSampling:
+    """A temperature and a top-p per row (a serving slot's request's own): float32 [B] each. What a temperature
+    of 0 means is the family's (its sampler's `commit`: SDAR's greedy top-k 1, LLaDA2's argmax)."""
+
+    temperature: jax.Array
+    top_p: jax.Array
+
+
+def sample_tokens_per_row(logits, u, *, temperature, top_k: int, top_p, keep_max):
+    """`sample_tokens` with a temperature and a top-p per row of logits [B, n, V] (float32 [B] each) and, in the
+    rows where `keep_max` (bool [B]), the top-k 1 filter in place of `top_k`. Every row computes what
+    `sample_tokens` computes with its values alone: a temperature of 1 divides by 1, which leaves the logits as
+    they are, and the nucleus filter (computed only when some row asks for it) is kept only where top_p < 1."""
+    logits = logits / temperature[:, None, None]
+    kth = jax.lax.top_k(logits, top_k)[0][..., -1:] if top_k > 0 else jnp.full_like(logits[..., :1], -jnp.inf)
+    kth = jnp.where(keep_max[:, None, None], jnp.max(logits, axis=-1, keepdims=True), kth)
+    logits = jnp.where(logits < kth, -jnp.inf, logits)
+
+    def nucleus(logits):
+        order = jnp.argsort(-logits, axis=-1, stable=True)
+        sorted_logits = jnp.take_along_axis(logits, order, axis=-1)
+        remove = jnp.cumsum(jax.nn.softmax(sorted_logits, axis=-1), axis=-1) > top_p[:, None, None]
+        remove = jnp.concatenate([jnp.zeros_like(remove[..., :1]), remove[..., :-1]], axis=-1)
+        removed = jnp.take_along_axis(remove, jnp.argsort(order, axis=-1), axis=-1)
+        return jnp.where(removed & (top_p < 1.0)[:, None, None], -jnp.inf, logits)
+
+    logits = jax.lax.cond(jnp.any(top_p < 1.0), nucleus, lambda logits: logits, logits)
     probs = jax.nn.softmax(logits, axis=-1)
     cdf = jnp.cumsum(probs, axis=-1)
     tokens = jnp.argmax(cdf >= u[..., None] * cdf[..., -1:], axis=-1)

@@ -53,7 +53,8 @@ from dllm_jax.config import SDARConfig
 from dllm_jax.generate.progress import progress_bar, tick
 from dllm_jax.generate.requests import (ProbeLoop, answer_window, as_array, check_context, check_prompt, make_options,
                                         on_devices, on_mesh, until_stop)
-from dllm_jax.generate.sampling import sample_tokens, transfer_counts, transfer_mask
+from dllm_jax.generate.sampling import (RowSampling, sample_tokens, sample_tokens_per_row, transfer_counts,
+                                        transfer_mask)
 from dllm_jax.models import sdar as sdar_model
 from dllm_jax.sharding import shard_kv_cache, to_host
 
@@ -130,7 +131,8 @@ class BlockSampler:
     field a module-level function, so a BlockSampler hashes and compares by them (a static argument)."""
 
     schedule: Callable  # (options, config, n) -> int32 [steps]: tokens to commit at each forward of a block of n
-    commit: Callable  # (logits, u, mask_index, count, options) -> (tokens int32 [B, n], transfer bool [B, n])
+    # (logits, u, mask_index, count, options, rows: RowSampling | None) -> (tokens int32 [B, n], transfer bool [B, n])
+    commit: Callable
     commit_and_step: Callable  # the model's `commit_and_step` (`dllm_jax.models.sdar.commit_and_step`)
     block_step: Callable  # the model's `block_step`
 
@@ -159,9 +161,16 @@ def sdar_schedule(options: SDAROptions, config: SDARConfig, n: int):
     return transfer_counts(config.block_size, options.denoising_steps)
 
 
-def sdar_commit(logits, u, mask_index, count, options: SDAROptions):
-    """SDAR's step: sample every position (generate.py's sampler), commit by the remasking strategy."""
-    x0, x0_p = sample_tokens(logits, u, temperature=options.temperature, top_k=options.top_k, top_p=options.top_p)
+def sdar_commit(logits, u, mask_index, count, options: SDAROptions, rows: RowSampling | None = None):
+    """SDAR's step: sample every position (generate.py's sampler), commit by the remasking strategy. `rows` (a
+    serving engine's): each row's own temperature and top-p in place of the options', temperature 0 meaning
+    greedy (top-k 1, as `options | {"top_k": 1}` decodes)."""
+    if rows is None:
+        x0, x0_p = sample_tokens(logits, u, temperature=options.temperature, top_k=options.top_k, top_p=options.top_p)
+    else:
+        greedy = rows.temperature == 0
+        x0, x0_p = sample_tokens_per_row(logits, u, temperature=jnp.where(greedy, 1.0, rows.temperature),
+                                         top_k=options.top_k, top_p=rows.top_p, keep_max=greedy)
     return x0, transfer_mask(options.remasking, mask_index, x0_p, count, options.confidence_threshold)
 
 
@@ -170,7 +179,8 @@ SDAR_SAMPLER = BlockSampler(schedule=sdar_schedule, commit=sdar_commit, commit_a
 
 
 def denoise_block(params, cur, cache, policy_state, key, draws, active, finished: Finished, *, config: SDARConfig,
-                  options: SDAROptions, policy: AttentionPolicy = Dense(), sampler: BlockSampler = SDAR_SAMPLER):
+                  options: SDAROptions, policy: AttentionPolicy = Dense(), sampler: BlockSampler = SDAR_SAMPLER,
+                  rows: RowSampling | None = None):
     """Denoises one block per row, cur int32 [B, bl], against the cache until no active row (bool [B]
     `active`) has a mask left or the step limit (the length of `sampler.schedule`) is reached; forward j
     of a row commits `sampler.commit(..., count=schedule[j])` of its masked positions (SDAR's sampler by
@@ -181,7 +191,8 @@ def denoise_block(params, cur, cache, policy_state, key, draws, active, finished
     `policy.block_mode(row_step, unmasked=..., commit=False)`, with `unmasked` the block tokens
     unmasked since the row's last forward whose mode was not SPARSE; rows that wait (finished or
     inactive) run SPARSE. `key` is one PRNG key for every row or a key per row ([B]: a serving slot's
-    own seed); `draws` int32 [B] counts each row's random draws so far. Returns
+    own seed); `draws` int32 [B] counts each row's random draws so far; `rows`, if given, each row's own
+    temperature and top-p (`sampler.commit`'s). Returns
     (cur, cache, policy_state, draws, Finished of this block: pending where active, with the
     commit mode each row's own progress gives).
     """
@@ -198,7 +209,7 @@ def denoise_block(params, cur, cache, policy_state, key, draws, active, finished
         mask_index = s.cur == mask_id
         u = jax.vmap(lambda k, t: jax.random.uniform(jax.random.fold_in(k, t), (1, n), jnp.float32)[0])(keys, s.draws)
         count = schedule[jnp.minimum(s.row_step, steps - 1)]
-        x0, transfer = sampler.commit(logits, u, mask_index, count, options)
+        x0, transfer = sampler.commit(logits, u, mask_index, count, options, rows)
         transfer = transfer & denoising[:, None]
         unmasked = unmasked_since_refresh(s.unmasked, mode, jnp.sum(transfer, axis=1, dtype=jnp.int32))
         step = denoising.astype(jnp.int32)
@@ -239,7 +250,8 @@ def row_slices(x, starts, width: int):
 
 
 def decode_block(params, carry: DecodeCarry, key, block, active, *, lengths, block_length: int, stop_ids, config,
-                 options, policy: AttentionPolicy, sampler: BlockSampler) -> DecodeCarry:
+                 options, policy: AttentionPolicy, sampler: BlockSampler,
+                 rows: RowSampling | None = None) -> DecodeCarry:
     """Decodes block `block[b]` (int32 [B], row-local) of every row where `active` (bool [B]) by
     `denoise_block` and writes it into carry.x: one iteration of `decode_blocks`, and a serving engine's
     step over its slots (each slot at its own block). A row stops once a stop token (int32 `stop_ids`)
@@ -251,7 +263,7 @@ def decode_block(params, carry: DecodeCarry, key, block, active, *, lengths, blo
     cur = row_slices(carry.x, starts, bl)
     cur, cache, policy_state, draws, finished = denoise_block(
         params, cur, carry.cache, carry.policy_state, key, carry.draws, active, carry.finished, config=config,
-        options=options, policy=policy, sampler=sampler)
+        options=options, policy=policy, sampler=sampler, rows=rows)
     generated = starts[:, None] + jnp.arange(bl) >= lengths[:, None]
     stopped = carry.stopped | (active & jnp.any(jnp.isin(cur, stop_ids) & generated, axis=1))
     x = jax.vmap(lambda row, new, s, a: jnp.where(a, jax.lax.dynamic_update_slice_in_dim(row, new, s, 0), row))(

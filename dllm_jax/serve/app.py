@@ -3,7 +3,7 @@ checkpoint's chat template; `stream: true` sends each decoded block as a server-
 `GET /health` and Prometheus `GET /metrics`, over one `Worker` (the engine's thread).
 
 Bad requests (malformed JSON, unknown or mistyped fields, out-of-range values, a prompt that does not fit the
-context, sampling options other than the server's) get HTTP 400 with OpenAI's error object; an unknown model
+context, a sampled request to a greedy lockstep server) get HTTP 400 with OpenAI's error object; an unknown model
 404; a full queue 429; a server that is shutting down or whose engine failed 503. A client that disconnects
 frees its slot.
 """
@@ -71,16 +71,16 @@ class Metrics:
 def build_app(model, tokenizer, *, model_name: str, slots: int = 8, max_context: int | None = None, method=None,
               max_queue: int = 256, temperature: float = 0.0, top_p: float = 1.0, **options) -> FastAPI:
     """An engine for `model`, its worker and the app over them: the slot `Engine` for the block-diffusion families
-    (SDAR, LLaDA2; `options`: the family's other generate options; temperature 0 decodes greedily: SDAR with
-    top_k=1), or for the others a `LockstepEngine` (greedy; `options`: the family's generate options, its answer
-    length included)."""
+    (SDAR, LLaDA2; `options`: the family's other generate options; `temperature` and `top_p` are the defaults
+    of a request that sets none, each request sampling with its own: temperature 0 decodes greedily, SDAR
+    with top-k 1), or for the others a `LockstepEngine` (greedy; `options`: the family's generate options, its
+    answer length included)."""
     max_queue = check.integer("max_queue", max_queue, minimum=1)
     temperature = check.real("temperature", temperature, low=0, high=2)
     top_p = check.real("top_p", top_p, low=0, high=1, low_open=True)
     loop = family_of(model.config).slots
     if loop is not None:
-        sampling = dict(loop.greedy) if temperature == 0 else dict(temperature=temperature, top_p=top_p)
-        engine = Engine(model, slots=slots, max_context=max_context, method=method, **(options | sampling))
+        engine = Engine(model, slots=slots, max_context=max_context, method=method, **options)
     else:
         sampling = {} if temperature == 0 else dict(temperature=temperature)
         sampling |= {} if top_p == 1 else dict(top_p=top_p)
@@ -127,20 +127,18 @@ def create_app(worker: Worker, tokenizer, *, model_name: str, metrics: Metrics, 
         if body.model != model_name:
             raise ApiError(404, f"the model {body.model!r} does not exist; this server serves {model_name!r}",
                            param="model", code="model_not_found")
-        for name, value, server in (("temperature", body.temperature, temperature), ("top_p", body.top_p, top_p)):
-            if value is not None and value != server:
-                raise ApiError(400, f"{name}={value}: this server samples with {name}={server} for every request "
-                                    f"(dllm-jax serve --{name.replace('_', '-')}; per-request sampling options are "
-                                    "not supported)", param=name)
+        # the request's own sampling, the server's (dllm-jax serve --temperature / --top-p) where it sets none
+        t = temperature if body.temperature is None else body.temperature
+        p = top_p if body.top_p is None else body.top_p
         try:
             stop = body.stop_strings()
             if max_tokens is None:  # as much as the context leaves (chat), else OpenAI's default of 16
                 max_tokens = engine.room(len(prompt_ids)) if isinstance(body, protocol.ChatRequest) else 16
-            seed = body.seed if body.seed is not None else (0 if temperature == 0 else secrets.randbelow(2**31))
-            prompt, max_tokens, seed = engine.check(prompt_ids, max_tokens, seed)
+            seed = body.seed if body.seed is not None else (0 if t == 0 else secrets.randbelow(2**31))
+            prompt, max_tokens, seed, t, p = engine.check(prompt_ids, max_tokens, seed, t, p)
         except ValueError as e:
             raise ApiError(400, str(e)) from None
-        return Job(prompt, max_tokens, seed, stop)
+        return Job(prompt, max_tokens, seed, stop, temperature=t, top_p=p)
 
     def encoded(text: str) -> list[int]:
         try:

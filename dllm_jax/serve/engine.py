@@ -13,10 +13,13 @@ last block is decoded and a new one starts at the next step.
 
 Each request draws its random numbers from its own seed (a PRNG key per slot) and its own counter, and
 its prompt is prefilled alone, so a request's tokens are those `generate` returns for its prompt alone
-with the same seed and options, whatever else shares the slots. The sampling options (SDAR: remasking,
-denoising steps, temperature, top-k, top-p, threshold; LLaDA2: block length, steps, temperature, top-k,
-top-p, threshold) are the engine's, static in its compiled step; a request sets its prompt, its
-`max_new_tokens` (the family's answer length: SDAR's max_new_tokens, LLaDA2's gen_length) and its seed.
+with the same seed and options, whatever else shares the slots. A request sets its prompt, its
+`max_new_tokens` (the family's answer length: SDAR's max_new_tokens, LLaDA2's gen_length), its seed, and its
+own temperature and top-p (per-slot arrays of the step, `dllm_jax.generate.sampling.RowSampling`: it gets
+what `generate` gives it with `options | {"temperature": t, "top_p": p}`, temperature 0 meaning the family's
+greedy decoding: SDAR's top-k 1, LLaDA2's argmax). The other sampling options (SDAR: remasking, denoising
+steps, top-k, threshold; LLaDA2: block length, steps, top-k, threshold) are the engine's, static in its
+compiled step.
 What differs between the families (model functions, sampler, block length, request checks) is the family's
 `SlotLoop` (`dllm_jax.families`: `Family.slots`).
 
@@ -42,6 +45,7 @@ from flax import struct
 from dllm_jax.attention.policy import AttentionPolicy
 from dllm_jax.families import FAMILIES, family_of
 from dllm_jax.generate.requests import check_context, make_options
+from dllm_jax.generate.sampling import RowSampling
 from dllm_jax.generate.sdar import DecodeCarry, SlotLoop, cache_capacity, decode_block, no_pending_block, trim
 from dllm_jax.serve.requests import Request, RequestQueue
 
@@ -56,6 +60,7 @@ class Slots:
     block: jax.Array  # int32 [S]: the next block the slot decodes (row-local)
     last: jax.Array  # int32 [S]: one past the slot's last block
     busy: jax.Array  # bool [S]: a request occupies the slot
+    rows: RowSampling  # float32 [S] each: the slot's request's temperature and top-p
 
 
 @dataclasses.dataclass(frozen=True)
@@ -94,16 +99,17 @@ def init_slots(params, *, config, slots: int, width: int, policy: AttentionPolic
                         decoded=jnp.zeros((slots,), jnp.int32), stopped=jnp.zeros((slots,), bool))
     zeros = lambda: jnp.zeros((slots,), jnp.int32)  # noqa: E731  (one buffer each: the step donates them)
     return Slots(carry=carry, keys=jax.random.split(jax.random.key(0), slots), lengths=zeros(), block=zeros(),
-                 last=zeros(), busy=jnp.zeros((slots,), bool))
+                 last=zeros(), busy=jnp.zeros((slots,), bool),
+                 rows=RowSampling(temperature=jnp.ones((slots,), jnp.float32), top_p=jnp.ones((slots,), jnp.float32)))
 
 
-def insert(params, state: Slots, slot, prompt, length, max_new_tokens, seed, *, config, loop: SlotLoop,
-           block_length: int) -> Slots:
+def insert(params, state: Slots, slot, prompt, length, max_new_tokens, seed, temperature, top_p, *, config,
+           loop: SlotLoop, block_length: int) -> Slots:
     """Slot `slot` takes a request: `prompt` int32 [bucket] (a multiple of the block size; its first
     `length` tokens are the prompt) is prefilled alone into a one-row cache, whose rows replace the
     slot's; the slot's fill length is its complete prompt blocks (what lies past them is scratch, as in
     a left-padded `generate` batch), its tokens, draws, stop flag and pending commit start afresh, its
-    key is `seed`'s."""
+    key is `seed`'s, its temperature and top-p the request's."""
     bl = block_length
     carry = state.carry
     width = carry.x.shape[1]
@@ -123,7 +129,9 @@ def insert(params, state: Slots, slot, prompt, length, max_new_tokens, seed, *, 
     return state.replace(carry=carry, keys=state.keys.at[slot].set(jax.random.key(seed)),
                          lengths=state.lengths.at[slot].set(length), block=state.block.at[slot].set(first),
                          last=state.last.at[slot].set(-(-(length + max_new_tokens) // bl)),
-                         busy=state.busy.at[slot].set(True))
+                         busy=state.busy.at[slot].set(True),
+                         rows=RowSampling(temperature=state.rows.temperature.at[slot].set(temperature),
+                                          top_p=state.rows.top_p.at[slot].set(top_p)))
 
 
 def step(params, state: Slots, *, config, options, policy: AttentionPolicy, loop: SlotLoop, block_length: int) -> Slots:
@@ -132,7 +140,7 @@ def step(params, state: Slots, *, config, options, policy: AttentionPolicy, loop
     carry = decode_block(loop.loop_params(params, config), state.carry, state.keys, state.block, active,
                          lengths=state.lengths, block_length=block_length,
                          stop_ids=jnp.asarray(config.stop_ids, jnp.int32), config=config, options=options,
-                         policy=policy, sampler=loop.sampler)
+                         policy=policy, sampler=loop.sampler, rows=state.rows)
     return state.replace(carry=carry, block=jnp.where(active, state.block + 1, state.block))
 
 
@@ -147,7 +155,8 @@ class Engine(RequestQueue):
     requests into free slots, advances every busy slot by one block and returns the requests that finished; `run`
     steps until nothing is left. `method`: None (dense), a method name or an attention policy, as `generate`'s.
     `options` are the family's generate options (`dllm_jax.generate`) but its answer length (SDAR's
-    max_new_tokens, LLaDA2's gen_length), which is per request."""
+    max_new_tokens, LLaDA2's gen_length), which is per request; their temperature and top-p are the defaults
+    of a request that sets none."""
 
     def __init__(self, model, *, slots: int = 8, max_context: int | None = None, method=None, **options):
         config = model.config
@@ -176,16 +185,19 @@ class Engine(RequestQueue):
                                 loop=self.loop, block_length=bl)
         self.running: list[Request | None] = [None] * self.slots
 
-    def check(self, prompt_ids, max_new_tokens: int, seed: int = 0) -> tuple[np.ndarray, int, int]:
-        """(int32 prompt, max_new_tokens, seed) of a request the engine can take, or a ValueError naming the
-        problem. Reads only the engine's settings: callable from any thread."""
+    def check(self, prompt_ids, max_new_tokens: int, seed: int = 0, temperature: float | None = None,
+              top_p: float | None = None) -> tuple[np.ndarray, int, int, float, float]:
+        """(int32 prompt, max_new_tokens, seed, temperature, top_p) of a request the engine can take (None: the
+        options' temperature and top-p), or a ValueError naming the problem. Reads only the engine's settings:
+        callable from any thread."""
         prompt, max_new_tokens, seed = self.checked_prompt(prompt_ids, max_new_tokens, seed)
+        temperature, top_p = self.checked_sampling(temperature, top_p, (self.options.temperature, self.options.top_p))
         check_context(self.config, len(prompt), max_new_tokens)
         if len(prompt) + max_new_tokens > self.max_context:
             raise ValueError(f"the prompt ({len(prompt)} tokens) + {max_new_tokens} new tokens = "
                              f"{len(prompt) + max_new_tokens} exceeds the engine's max_context={self.max_context}")
         self.loop.check_request(self.config, prompt[None], max_new_tokens, self.options)
-        return prompt, max_new_tokens, seed
+        return prompt, max_new_tokens, seed, temperature, top_p
 
     @property
     def busy(self) -> int:
@@ -237,7 +249,8 @@ class Engine(RequestQueue):
             prompt = np.zeros(next(b for b in self.buckets if b >= n), np.int32)  # whole blocks hold the prompt
             prompt[:n] = request.prompt_ids
             self.state = _insert_jit(params, self.state, np.int32(slot), prompt, np.int32(n),
-                                     np.int32(request.max_new_tokens), np.int32(request.seed), config=self.config,
+                                     np.int32(request.max_new_tokens), np.int32(request.seed),
+                                     np.float32(request.temperature), np.float32(request.top_p), config=self.config,
                                      loop=self.loop, block_length=self.block_length)
             self.running[slot] = request
 

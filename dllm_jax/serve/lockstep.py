@@ -5,10 +5,11 @@ as `Engine` so the HTTP server and its worker take either.
 LLaDA and Dream denoise their whole answer region at every step, so a request's answer depends on that
 region's length: the server fixes it (the family's answer option, e.g. `gen_length`) with the rest of the
 sampling options, and a request's `max_new_tokens` only cuts the answer. Decoding is greedy (the families'
-default temperature 0): a batch's rows each get what `generate` gives their prompt alone (LLaDA's left-padded
-rows hide their pad keys, `padding="mask"`; a family that takes no padding, LLaDA2 if served this way, gets
-batches of one prompt length, the others waiting for the next). A request's answer arrives when its batch
-ends: no block-by-block progress, and a new request waits for the running batch.
+default temperature 0; a request asking for another temperature or top-p is refused): a batch's rows each
+get what `generate` gives their prompt alone (LLaDA's left-padded rows hide their pad keys, `padding="mask"`;
+a family that takes no padding, LLaDA2 if served this way, gets batches of one prompt length, the others
+waiting for the next). A request's answer arrives when its batch ends: no block-by-block progress, and a new
+request waits for the running batch.
 """
 
 from __future__ import annotations
@@ -42,10 +43,17 @@ class LockstepEngine(RequestQueue):
         self.family.prepare(model, np.full((1, 1), 3, np.int32), None, self.method, self.options)  # options checked
         self.busy = 0
 
-    def check(self, prompt_ids, max_new_tokens: int, seed: int = 0) -> tuple[np.ndarray, int, int]:
-        """(int32 prompt, max_new_tokens, seed) of a request this server can take, or a ValueError naming the
-        problem (any thread)."""
+    def check(self, prompt_ids, max_new_tokens: int, seed: int = 0, temperature: float | None = None,
+              top_p: float | None = None) -> tuple[np.ndarray, int, int, float, float]:
+        """(int32 prompt, max_new_tokens, seed, temperature, top_p) of a request this server can take, or a
+        ValueError naming the problem (any thread). Decoding is greedy: a request may ask for temperature 0 and
+        top_p 1 only."""
         prompt, max_new_tokens, seed = self.checked_prompt(prompt_ids, max_new_tokens, seed)
+        temperature, top_p = self.checked_sampling(temperature, top_p, (0.0, 1.0))
+        if (temperature, top_p) != (0.0, 1.0):
+            raise ValueError(f"temperature={temperature}, top_p={top_p}: lockstep serving of {self.family.label} is "
+                             "greedy (a batch draws from one seed, so a sampled request would not get what it gets "
+                             "alone); ask for temperature 0")
         if max_new_tokens > self.answer:
             raise ValueError(f"max_new_tokens={max_new_tokens} exceeds the {self.answer} tokens this server decodes "
                              f"per answer ({self.family.answer_option}, fixed by the server: the family denoises "
@@ -54,7 +62,7 @@ class LockstepEngine(RequestQueue):
             raise ValueError(f"the prompt ({len(prompt)} tokens) + the {self.answer}-token answer region exceeds the "
                              f"server's max_context={self.max_context}")
         self.family.prepare(self.model, prompt[None], None, self.method, self.options)
-        return prompt, max_new_tokens, seed
+        return prompt, max_new_tokens, seed, temperature, top_p
 
     def room(self, prompt_length: int) -> int:
         """The most new tokens a request may ask for: the answer region's length."""

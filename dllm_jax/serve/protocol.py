@@ -1,8 +1,9 @@
 """The OpenAI completions and chat-completions protocol as the server speaks it: request bodies (strict:
 unknown or mistyped fields are refused), response and stream-chunk objects, and the error object.
 
-The sampling options are the server's (`dllm-jax serve --temperature ...`: static in the engine's compiled
-step); a request may repeat them (`temperature`, `top_p`) but not ask for others. `temperature: 0` is greedy.
+A request's `temperature` and `top_p` are its own (the server's, `dllm-jax serve --temperature / --top-p`, where
+it sets none; a lockstep server decodes greedily and refuses others); the other sampling options are the
+server's, static in the engine's compiled step. `temperature: 0` is greedy.
 """
 
 from __future__ import annotations

@@ -18,6 +18,8 @@ class Request:
     prompt_ids: np.ndarray  # int32 [P]
     max_new_tokens: int
     seed: int
+    temperature: float  # 0: the family's greedy decoding
+    top_p: float
 
 
 class RequestQueue:
@@ -35,8 +37,16 @@ class RequestQueue:
         self.queue: collections.deque[Request] = collections.deque()
         self.next_id = 0
 
-    def check(self, prompt_ids, max_new_tokens: int, seed: int = 0) -> tuple[np.ndarray, int, int]:
+    def check(self, prompt_ids, max_new_tokens: int, seed: int = 0, temperature: float | None = None,
+              top_p: float | None = None) -> tuple[np.ndarray, int, int, float, float]:
         raise NotImplementedError
+
+    def checked_sampling(self, temperature, top_p, defaults: tuple[float, float]) -> tuple[float, float]:
+        """(temperature, top_p) of a request: each given value checked (temperature in [0, 2], 0 meaning greedy;
+        top_p in (0, 1]), None taking the engine's default from `defaults`."""
+        temperature = defaults[0] if temperature is None else check.real("temperature", temperature, low=0, high=2)
+        top_p = defaults[1] if top_p is None else check.real("top_p", top_p, low=0, high=1, low_open=True)
+        return float(temperature), float(top_p)
 
     def checked_prompt(self, prompt_ids, max_new_tokens: int, seed: int) -> tuple[np.ndarray, int, int]:
         """(int32 prompt [P], max_new_tokens, seed) after the checks every engine makes."""
@@ -48,11 +58,12 @@ class RequestQueue:
         seed = check.integer("seed", seed, minimum=0, maximum=2**31 - 1)
         return prompt.astype(np.int32), max_new_tokens, seed
 
-    def submit(self, prompt_ids, max_new_tokens: int, seed: int = 0) -> int:
-        """Queues a request (prompt_ids: int [P], P >= 1) and returns its id; ValueError before anything is
-        queued for a request the model or the engine cannot take (`check`)."""
-        prompt, max_new_tokens, seed = self.check(prompt_ids, max_new_tokens, seed)
-        request = Request(self.next_id, prompt, max_new_tokens, seed)
+    def submit(self, prompt_ids, max_new_tokens: int, seed: int = 0, temperature: float | None = None,
+               top_p: float | None = None) -> int:
+        """Queues a request (prompt_ids: int [P], P >= 1; its own temperature and top-p, None for the engine's)
+        and returns its id; ValueError before anything is queued for a request the model or the engine cannot
+        take (`check`)."""
+        request = Request(self.next_id, *self.check(prompt_ids, max_new_tokens, seed, temperature, top_p))
         self.next_id += 1
         self.queue.append(request)
         return request.request_id

@@ -36,6 +36,8 @@ class Job:
     max_tokens: int
     seed: int
     stop: tuple[str, ...] = ()  # stop strings: the text ends before the first one
+    temperature: float | None = None  # None: the engine's
+    top_p: float | None = None
 
 
 @dataclasses.dataclass(frozen=True)
@@ -157,7 +159,8 @@ class Worker:
             for ticket in new:
                 job = ticket.job
                 try:
-                    ticket.request_id = self.engine.submit(job.prompt_ids, job.max_tokens, job.seed)
+                    ticket.request_id = self.engine.submit(job.prompt_ids, job.max_tokens, job.seed, job.temperature,
+                                                           job.top_p)
                 except ValueError as e:  # checked by the handler already; still, the job ends with the reason
                     ticket.put(Event(error=str(e)))
                     continue
