@@ -95,6 +95,9 @@ def dequantize(values, scale, contracted: tuple[int, ...], dtype=jnp.float32):
     return (values.astype(jnp.float32) * jnp.expand_dims(scale, contracted)).astype(dtype)
 
 
+quantize_jit = jax.jit(quantize_weight, static_argnums=(1, 2))  # one compiled program per shape, reused
+
+
 def quantize_tree(params: dict, table: dict, mode: str) -> dict:
     """Quantizes in place the tensors `table` names ({name: contracted axes}, nested like `params`; a
     subtree `params` lacks is skipped), each replaced by its values and `<name>_scale` one tensor at a time
@@ -106,7 +109,7 @@ def quantize_tree(params: dict, table: dict, mode: str) -> dict:
             quantize_tree(params[name], entry, mode)
             continue
         weight = params.pop(name)
-        params[name], params[scale_name(name)] = jax.jit(quantize_weight, static_argnums=(1, 2))(weight, entry, mode)
+        params[name], params[scale_name(name)] = quantize_jit(weight, entry, mode)
         del weight
     return params
 
