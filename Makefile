@@ -26,7 +26,7 @@ TEST_JAX_CACHE := JAX_COMPILATION_CACHE_DIR="$(CURDIR)/.cache/jax" JAX_PERSISTEN
 test: $(VENV)/.installed-test
 	mkdir -p .cache/jax && find .cache/jax -type f -mtime +7 -delete
 	$(TEST_JAX_CACHE) XLA_FLAGS="$(XLA_FLAGS) $(TEST_XLA_FLAGS)" TEST_XLA_FLAGS="$(TEST_XLA_FLAGS)" \
-		$(PY) -m pytest -m "not gpu" -q -n 2 --dist loadfile --no-loadscope-reorder
+		$(PY) -m pytest -m "not gpu" -q -n 2 --dist loadfile --no-loadscope-reorder --durations=20
 
 $(PY):
 	"$$(scripts/find-python)" -m venv $(VENV)
