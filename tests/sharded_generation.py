@@ -117,7 +117,21 @@ def main(root: Path, out: Path) -> None:
         except ValueError as e:
             refusals[key] = str(e)
     out.write_text(json.dumps(dict(devices=len(jax.devices()), rows=rows, refused=refusals, flops=flops,
-                               tp_short_equal=tp_short_equal, moe=sharded_experts())))
+                               tp_short_equal=tp_short_equal, moe=sharded_experts(),
+                               quantized=sharded_quantized(root / "sdar", prompts["sdar"]))))
+
+
+def sharded_quantized(checkpoint: Path, prompts) -> dict:
+    """SDAR with int8 weights (`quantize="int8"`, bf16 compute) on a tp=2 x dp=2 mesh against one device: greedy
+    generation, and how its quantized weights and scales are split."""
+    plain = load_model(checkpoint, quantize="int8", progress=False)
+    sharded = load_model(checkpoint, quantize="int8", progress=False, mesh=make_mesh("tp=2,dp=2"))
+    options = OPTIONS["sdar"] | dict(top_k=1)
+    layer = sharded.params()["layers"][0]
+    shards = {name: [list(layer[name].shape), sorted({tuple(s.data.shape) for s in layer[name].addressable_shards})]
+              for name in ("qkv_proj", "qkv_proj_scale", "down_proj", "down_proj_scale")}
+    same = np.array_equal(generate(sharded, prompts, **options), generate(plain, prompts, **options))
+    return dict(equal=bool(same), shards=shards)
 
 
 def sharded_experts() -> dict:

@@ -31,7 +31,7 @@ def sharded(tmp_path_factory):
     data = json.loads(out.read_text())
     assert data["devices"] == 4
     rows = {(r["family"], r["mesh"], r["method"]): r for r in data["rows"]}
-    return rows | {key: data[key] for key in ("refused", "flops", "tp_short_equal", "moe")}
+    return rows | {key: data[key] for key in ("refused", "flops", "tp_short_equal", "moe", "quantized")}
 
 
 def env_path() -> str:
@@ -68,6 +68,18 @@ def test_routed_experts_run_per_device_on_their_slice(sharded):
     assert moe["max_diff"] <= 1e-5 * moe["scale"], moe
     assert moe["local_shapes"] == [[6, 16], [6, 2], [6, 2], [6, 16, 8], [6, 4, 16]], moe
     assert moe["psum"], moe
+
+
+def test_a_quantized_model_shards_and_generates_what_one_device_does(sharded):
+    """int8 weights (stored [out, in]) split over tp as their bf16 form would be: qkv_proj by its output columns
+    (now its rows), down_proj by its input rows (now its columns); each scale with its output channels."""
+    quantized = sharded["quantized"]
+    assert quantized["equal"], quantized
+    shards = quantized["shards"]
+    (qkv, qkv_shards), (qkv_scale, scale_shards) = shards["qkv_proj"], shards["qkv_proj_scale"]
+    assert qkv_shards == [[qkv[0] // 2, qkv[1]]] and scale_shards == [[qkv_scale[0] // 2]]
+    (down, down_shards), (down_scale, down_scale_shards) = shards["down_proj"], shards["down_proj_scale"]
+    assert down_shards == [[down[0], down[1] // 2]] and down_scale_shards == [down_scale]
 
 
 def test_tp_that_does_not_divide_the_kv_heads_is_refused(sharded):
