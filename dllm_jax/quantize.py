@@ -162,15 +162,16 @@ def transpose_quantized(layer: dict) -> dict:
     return {name: jnp.swapaxes(w, -1, -2) if scale_name(name) in layer else w for name, w in layer.items()}
 
 
-def linear(x, p: dict, name: str, *, precision=None):
+def linear(x, p: dict, name: str, *, precision=None, w8a8: bool | None = None):
     """x [..., in] @ p[name] in x's dtype. An unquantized weight is [in, out]; a quantized one (p holds
-    `<name>_scale`) is stored [out, in] and multiplied as the module docstring says."""
+    `<name>_scale`) is stored [out, in] and multiplied as the module docstring says: W8A8 from W8A8_MIN_ROWS
+    rows, weight-only below (`w8a8` True / False forces one: benchmarks/quantized_gemm.py times both)."""
     w = p[name]
     scale = p.get(scale_name(name))
     if scale is None:
         return jnp.matmul(x, w, precision=precision)
     contract = (((x.ndim - 1,), (1,)), ((), ()))
-    if x.size // x.shape[-1] >= W8A8_MIN_ROWS:
+    if x.size // x.shape[-1] >= W8A8_MIN_ROWS if w8a8 is None else w8a8:
         mode = "int8" if w.dtype == jnp.int8 else "fp8"
         xq, row_scale = quantize_weight(x, (x.ndim - 1,), mode)  # per row: its absmax onto the storage range
         product = jnp.int32 if mode == "int8" else jnp.float32
