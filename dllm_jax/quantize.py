@@ -181,8 +181,3 @@ def linear(x, p: dict, name: str, *, precision=None, w8a8: bool | None = None):
         out = jax.lax.dot_general(x, w.astype(x.dtype), contract, precision=precision,
                                   preferred_element_type=jnp.float32)
     return (out * scale).astype(x.dtype)
-
-
-def weight_bytes(tree) -> int:
-    """Bytes of every array in a parameter tree (the values and scales of quantized tensors included)."""
-    return sum(leaf.nbytes for leaf in jax.tree.leaves(tree))

@@ -25,9 +25,9 @@ def held_model(held: dict, family: str, plan: Plan):
             context = plan.llada_prompt + max(gen for _, gen, _ in plan.llada_runs)
             name = plan.llada_model
         start = time.perf_counter()
-        layout = {} if plan.execution is None else dict(execution=plan.execution)  # the baseline's model_for has none
-        if plan.quantize:
-            layout["quantize"] = plan.quantize
-        held[family] = model_for(name, layers=None, context=context, dtype=jnp.bfloat16, **layout)
+        # only the options the plan sets: the baseline's model_for takes neither execution nor quantize
+        loading = {key: value for key, value in (("execution", plan.execution), ("quantize", plan.quantize))
+                   if value is not None}
+        held[family] = model_for(name, layers=None, context=context, dtype=jnp.bfloat16, **loading)
         print(f"{name}: random weights in {time.perf_counter() - start:.1f} s", flush=True)
     return held[family]

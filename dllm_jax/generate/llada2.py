@@ -91,9 +91,7 @@ class LLaDA2Options:
 def sample(logits, u, options: LLaDA2Options):
     """(tokens, confidences) of logits [B, n, V] as the official `_sample_with_temperature_topk_topp`."""
     if options.greedy:
-        tokens = jnp.argmax(logits, axis=-1)
-        probs = jax.nn.softmax(logits, axis=-1)
-        return tokens, jnp.take_along_axis(probs, tokens[..., None], axis=-1)[..., 0]
+        return argmax_tokens(logits)
     # T = 0 with a filter samples at T = 1 in the official code (it divides only when T > 0)
     temperature = options.temperature if options.temperature > 0 else 1.0
     return sample_tokens(logits, u, temperature=temperature, top_k=options.top_k, top_p=options.top_p)
@@ -114,6 +112,12 @@ def schedule(options: LLaDA2Options, config: LLaDA2Config, n: int):
     return transfer_counts(n, options.effective_steps)
 
 
+def argmax_tokens(logits):
+    """(argmax tokens, their unfiltered softmax probabilities) of logits [..., V]: the official greedy step."""
+    tokens = jnp.argmax(logits, axis=-1)
+    return tokens, jnp.take_along_axis(jax.nn.softmax(logits, axis=-1), tokens[..., None], axis=-1)[..., 0]
+
+
 def sample_rows(logits, u, options: LLaDA2Options, rows: RowSampling):
     """`sample` with each row's own temperature and top-p (a serving slot's request's): a row is greedy where
     `options | {"temperature": t, "top_p": p}` would be (its argmax), else it samples as that would."""
@@ -122,8 +126,7 @@ def sample_rows(logits, u, options: LLaDA2Options, rows: RowSampling):
                                                                                  rows.temperature, 1.0),
                                                top_k=options.top_k, top_p=rows.top_p,
                                                keep_max=jnp.zeros_like(greedy))
-    tokens = jnp.argmax(logits, axis=-1)
-    probs = jnp.take_along_axis(jax.nn.softmax(logits, axis=-1), tokens[..., None], axis=-1)[..., 0]
+    tokens, probs = argmax_tokens(logits)
     return jnp.where(greedy[:, None], tokens, sampled), jnp.where(greedy[:, None], probs, sampled_p)
 
 

@@ -64,12 +64,22 @@ def sample_tokens(logits, u, *, temperature: float, top_k: int, top_p: float):
         kth = jax.lax.top_k(logits, top_k)[0][..., -1:]
         logits = jnp.where(logits < kth, -jnp.inf, logits)
     if top_p < 1.0:
-        order = jnp.argsort(-logits, axis=-1, stable=True)
-        sorted_logits = jnp.take_along_axis(logits, order, axis=-1)
-        remove = jnp.cumsum(jax.nn.softmax(sorted_logits, axis=-1), axis=-1) > top_p
-        remove = jnp.concatenate([jnp.zeros_like(remove[..., :1]), remove[..., :-1]], axis=-1)
-        removed = jnp.take_along_axis(remove, jnp.argsort(order, axis=-1), axis=-1)  # back to vocab order
-        logits = jnp.where(removed, -jnp.inf, logits)
+        logits = jnp.where(outside_nucleus(logits, top_p), -jnp.inf, logits)
+    return inverse_cdf_draw(logits, u)
+
+
+def outside_nucleus(logits, top_p):
+    """bool [..., V]: the tokens top-p filtering removes (past the smallest set of the most likely whose
+    probability reaches top_p; the first is always kept). top_p: a number, or broadcast against logits."""
+    order = jnp.argsort(-logits, axis=-1, stable=True)
+    sorted_logits = jnp.take_along_axis(logits, order, axis=-1)
+    remove = jnp.cumsum(jax.nn.softmax(sorted_logits, axis=-1), axis=-1) > top_p
+    remove = jnp.concatenate([jnp.zeros_like(remove[..., :1]), remove[..., :-1]], axis=-1)
+    return jnp.take_along_axis(remove, jnp.argsort(order, axis=-1), axis=-1)  # back to vocab order
+
+
+def inverse_cdf_draw(logits, u):
+    """(tokens, their probabilities) drawn from softmax(logits [..., V]) at uniforms u [...] (inverse CDF)."""
     probs = jax.nn.softmax(logits, axis=-1)
     cdf = jnp.cumsum(probs, axis=-1)
     tokens = jnp.argmax(cdf >= u[..., None] * cdf[..., -1:], axis=-1)
@@ -96,18 +106,11 @@ def sample_tokens_per_row(logits, u, *, temperature, top_k: int, top_p, keep_max
     logits = jnp.where(logits < kth, -jnp.inf, logits)
 
     def nucleus(logits):
-        order = jnp.argsort(-logits, axis=-1, stable=True)
-        sorted_logits = jnp.take_along_axis(logits, order, axis=-1)
-        remove = jnp.cumsum(jax.nn.softmax(sorted_logits, axis=-1), axis=-1) > top_p[:, None, None]
-        remove = jnp.concatenate([jnp.zeros_like(remove[..., :1]), remove[..., :-1]], axis=-1)
-        removed = jnp.take_along_axis(remove, jnp.argsort(order, axis=-1), axis=-1)
-        return jnp.where(removed & (top_p < 1.0)[:, None, None], -jnp.inf, logits)
+        removed = outside_nucleus(logits, top_p[:, None, None]) & (top_p < 1.0)[:, None, None]
+        return jnp.where(removed, -jnp.inf, logits)
 
     logits = jax.lax.cond(jnp.any(top_p < 1.0), nucleus, lambda logits: logits, logits)
-    probs = jax.nn.softmax(logits, axis=-1)
-    cdf = jnp.cumsum(probs, axis=-1)
-    tokens = jnp.argmax(cdf >= u[..., None] * cdf[..., -1:], axis=-1)
-    return tokens, jnp.take_along_axis(probs, tokens[..., None], axis=-1)[..., 0]
+    return inverse_cdf_draw(logits, u)
 
 
 def transfer_mask(strategy: str, mask_index, x0_p, count, threshold: float):

@@ -33,7 +33,8 @@ import numpy as np
 from flax import nnx, struct
 
 from dllm_jax.attention.dense import matmul_precision
-from dllm_jax.quantize import linear, quantize_weight, quantized_inference_shapes, scale_name, transpose_quantized
+from dllm_jax.quantize import (is_scale, linear, quantize_weight, quantized_inference_shapes, scale_name,
+                               transpose_quantized)
 
 
 def rms_norm(x, weight, eps: float):
@@ -327,7 +328,7 @@ def layer_params(shapes: dict, *, dtype, rngs: nnx.Rngs, quantize: str | None = 
     weight whose `<name>_scale` `shapes` holds (stored [..., out, in]) is that random weight quantized."""
     init = nnx.initializers.normal(stddev=0.02)
     values = {name: jnp.ones(shape, dtype) if name.endswith("norm") else init(rngs.params(), shape, dtype)
-              for name, shape in shapes.items() if not (quantize and name.endswith("_scale"))}
+              for name, shape in shapes.items() if not (quantize and is_scale(name))}
     for name in [n for n in values if quantize and scale_name(n) in shapes]:
         values[name], values[scale_name(name)] = quantize_weight(values[name], (values[name].ndim - 1,), quantize)
     return {name: nnx.Param(values[name]) for name in shapes}
@@ -361,13 +362,12 @@ class DecoderLM(nnx.Module):
         self.embed = nnx.Param(init(rngs.params(), (config.vocab_size, config.hidden_size), dtype))
         self.layers = self.make_layers(config, dtype=dtype, rngs=rngs)
         self.final_norm = nnx.Param(jnp.ones((config.hidden_size,), dtype))
-        if not config.tie_word_embeddings:
-            head = init(rngs.params(), (config.hidden_size, config.vocab_size), dtype)
-            if config.quantize:  # stored [vocab, hidden] with a scale per vocabulary row (dllm_jax.quantize)
-                head, scale = quantize_weight(head, (0,), config.quantize)
-                head = head.T
-                self.lm_head_scale = nnx.Param(scale)
-            self.lm_head = nnx.Param(head)
+        if not config.tie_word_embeddings:  # quantized: stored [vocab, hidden], a scale per vocabulary row
+            shapes = {"lm_head": (config.hidden_size, config.vocab_size)}
+            if config.quantize:
+                shapes = quantized_inference_shapes(shapes, ("lm_head",))
+            for name, param in layer_params(shapes, dtype=dtype, rngs=rngs, quantize=config.quantize).items():
+                setattr(self, name, param)
 
     def make_layers(self, config, *, dtype, rngs: nnx.Rngs):
         """The decoder layers' parameters in the inference layout of `self.execution` (a family whose
