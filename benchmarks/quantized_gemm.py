@@ -1,7 +1,8 @@
 """The GEMMs of quantized weights alone (issue 42): the four projections of every SDAR-8B layer (qkv, o, gate/up,
 down; `--layers` of them, one jitted program) at several row counts, bf16 against int8 and fp8 through
-`dllm_jax.quantize.linear`, each quantized mode both weight-only and W8A8 (`linear`'s `w8a8`) so the crossover
-`W8A8_MIN_ROWS` stands on a measurement. Weight bytes read / time against the copy bandwidth of the same process.
+`dllm_jax.quantize.linear`, each quantized mode through every GEMM `linear` has (`gemm`: XLA's weight-only,
+the Pallas kernel where it takes the rows, W8A8) so that "auto"'s choices stand on a measurement. Weight bytes
+read / time against the copy bandwidth of the same process.
 
     PYTHONPATH=. python -m benchmarks.quantized_gemm --out benchmarks/results
     python -m benchmarks.quantized_gemm --layers 2 --rows 4 --out /tmp/q      # CPU check
@@ -22,6 +23,7 @@ from dllm_jax.bench.tables import markdown_table
 from dllm_jax.bench.timing import time_calls
 from dllm_jax.config import shipped_config
 from dllm_jax.quantize import W8A8_MIN_ROWS, linear, quantize_weight, scale_name
+from pallas_kernels.quantized_matmul import MAX_ROWS
 
 
 def layer_shapes(config) -> dict[str, tuple[int, int]]:
@@ -49,13 +51,13 @@ def weights(config, layers: int, mode: str | None) -> tuple:
     return tuple(out)
 
 
-def stack(layers, x, *, attention_width: int, w8a8):
+def stack(layers, x, *, attention_width: int, gemm: str):
     """Each layer's four GEMMs in sequence (the queries' columns of qkv into o, the MLP's SwiGLU between gate/up
     and down, residual adds)."""
     for p in layers:
-        x = x + linear(linear(x, p, "qkv_proj", w8a8=w8a8)[:, :attention_width], p, "o_proj", w8a8=w8a8)
-        both = linear(x, p, "gate_up_proj", w8a8=w8a8)
-        x = x + linear(jax.nn.silu(both[:, 0::2]) * both[:, 1::2], p, "down_proj", w8a8=w8a8)
+        x = x + linear(linear(x, p, "qkv_proj", gemm=gemm)[:, :attention_width], p, "o_proj", gemm=gemm)
+        both = linear(x, p, "gate_up_proj", gemm=gemm)
+        x = x + linear(jax.nn.silu(both[:, 0::2]) * both[:, 1::2], p, "down_proj", gemm=gemm)
     return x
 
 
@@ -63,7 +65,7 @@ def main(argv=None):
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     parser.add_argument("--model", default="sdar-8b-chat", help="a shipped config whose projection shapes to use")
     parser.add_argument("--layers", type=int, default=36)
-    parser.add_argument("--rows", type=int, nargs="+", default=[4, 32, 64, 128, 256])
+    parser.add_argument("--rows", type=int, nargs="+", default=[1, 4, 16, 32, 64, 128, 256])
     parser.add_argument("--out", type=Path, default=Path("benchmarks/results"))
     parser.add_argument("--tag", default="")
     args = parser.parse_args(argv)
@@ -73,15 +75,17 @@ def main(argv=None):
     meta = dict(benchmark="quantized_gemm" + args.tag, device=device, jax=jax.__version__,
                 date=datetime.date.today().isoformat(), model=args.model, layers=args.layers,
                 copy_tb_s=copy["copy_tb_s"], w8a8_min_rows=W8A8_MIN_ROWS)
-    variants = [("bf16", None, None), ("int8 weight-only", "int8", False), ("int8 W8A8", "int8", True),
-                ("fp8 weight-only", "fp8", False), ("fp8 W8A8", "fp8", True)]
+    variants = [("bf16", None, "auto")] + [(f"{mode} {gemm}", mode, gemm) for mode in ("int8", "fp8")
+                                           for gemm in ("xla", "pallas", "w8a8", "auto")]
     rows = []
-    for label, mode, w8a8 in variants:
+    for label, mode, gemm in variants:
         params = weights(config, args.layers, mode)
         nbytes = sum(leaf.nbytes for leaf in jax.tree.leaves(params))
         width = config.num_heads * config.head_dim
-        fn = jax.jit(lambda params, x, w8a8=w8a8: stack(params, x, attention_width=width, w8a8=w8a8))
+        fn = jax.jit(lambda params, x, gemm=gemm: stack(params, x, attention_width=width, gemm=gemm))
         for n in args.rows:
+            if gemm == "pallas" and (n > MAX_ROWS or jax.default_backend() != "gpu"):  # Triton: GPUs only
+                continue
             x = jax.random.normal(jax.random.key(n), (n, config.hidden_size), jnp.bfloat16)
             ms = time_calls(fn, params, x) * 1e3
             rows.append(dict(variant=label, rows=n, ms=ms, weight_bytes=nbytes, tb_s=nbytes / ms / 1e9,
@@ -93,7 +97,8 @@ def main(argv=None):
               f"{r['fraction_of_copy']:.0%}", f"{bf16[r['rows']] / r['ms']:.2f}x"] for r in rows]
     lines = [f"# Quantized GEMMs — {device}, jax {jax.__version__}, {meta['date']}", "",
              f"The four projections of {args.layers} {args.model} layers in one jitted program; copy bandwidth "
-             f"{copy['copy_tb_s']:.2f} TB/s in the same process. `linear` picks W8A8 from {W8A8_MIN_ROWS} rows.", "",
+             f"{copy['copy_tb_s']:.2f} TB/s in the same process. `auto` is what `linear` runs: the Pallas kernel up to "
+             f"{MAX_ROWS} rows on a GPU, W8A8 from {W8A8_MIN_ROWS} rows, XLA's weight-only between.", "",
              *markdown_table(["variant", "rows", "time", "weights", "TB/s", "of copy", "vs bf16"], cells)]
     write_results(args.out, meta, rows, lines)
 

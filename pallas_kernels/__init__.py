@@ -1,5 +1,5 @@
-"""Pallas GPU attention kernels (and the grouped matmul of mixture-of-experts layers), one per module, each with a pure-JAX `<name>_reference` of the
-same signature computing the same function densely. Triton-lowered kernels run on any CUDA GPU
+"""Pallas GPU attention kernels (and two matmuls: the grouped one of mixture-of-experts layers, and decode's
+GEMM of int8 / FP8 weights), one per module, each with a pure-JAX `<name>_reference` of the same signature computing the same function densely. Triton-lowered kernels run on any CUDA GPU
 (and in interpret mode on CPU); on Hopper (sm90+) `flash_attention`, `block_sparse_attention` and
 `flash_block_mass` run a warp-specialised Mosaic GPU kernel (`pallas_kernels.mosaic`; their
 `backend` argument picks: "auto", "mosaic" or "triton"; the dllm_jax policies resolve their own
@@ -24,6 +24,7 @@ from pallas_kernels.flash import flash_attention, flash_attention_reference
 from pallas_kernels.grouped_matmul import grouped_matmul, grouped_matmul_reference
 from pallas_kernels.kv_scores import kv_scores, kv_scores_reference
 from pallas_kernels.merge import merge_attention, merge_attention_reference
+from pallas_kernels.quantized_matmul import quantized_matmul, quantized_matmul_reference
 from pallas_kernels.sparge import (
     SpargeSparsity,
     predict_block_map,
@@ -50,6 +51,7 @@ __all__ = [
     "grouped_matmul", "grouped_matmul_reference",
     "kv_scores", "kv_scores_reference",
     "merge_attention", "merge_attention_reference",
+    "quantized_matmul", "quantized_matmul_reference",
     "SpargeSparsity", "predict_block_map",
     "pv_skip_attention", "pv_skip_attention_reference",
     "sparge_attention", "sparge_attention_reference",

@@ -283,6 +283,32 @@ class KernelChecks:
             assert got.shape == want.shape and np.isfinite(got).all()
             assert np.abs(got - want).max() / np.abs(want).max() <= O_TOL[dtype]
 
+    # ---- quantized matmul (decode's GEMM of int8 / FP8 weights) ----
+    @pytest.mark.parametrize("wdtype", [jnp.int8, jnp.float8_e4m3fn])
+    @pytest.mark.parametrize("m,n,k,block_n,block_k,split_k", [
+        (4, 64, 256, 16, 64, 1),     # decode's 4 rows, the scale applied in the kernel
+        (1, 96, 512, 32, 128, 2),    # one row; K in two parts summed outside
+        (16, 48, 128, 16, 32, 4),    # a whole row tile, four K parts of one step each
+    ])
+    def test_quantized_matmul(self, rng, wdtype, m, n, k, block_n, block_k, split_k):
+        x = jnp.asarray(rng.standard_normal((m, k)), BF16)
+        if wdtype == jnp.int8:
+            w = jnp.asarray(rng.integers(-127, 128, (n, k)), jnp.int8)
+        else:
+            w = jnp.asarray(rng.standard_normal((n, k)) * 40, wdtype)
+        scale = jnp.asarray(rng.uniform(1e-3, 1e-2, n), F32)
+        scale = scale.at[0].set(0.0)  # a zero channel
+        out = pk.quantized_matmul(x, w, scale, block_n=block_n, block_k=block_k, split_k=split_k,
+                                  interpret=self.INTERPRET)
+        ref = pk.quantized_matmul_reference(x, w, scale)
+        want = (np.asarray(x, np.float64) @ np.asarray(w.astype(F32), np.float64).T) * np.asarray(scale, np.float64)
+        for got in (out, ref):
+            got = np.asarray(got, np.float32)
+            assert got.dtype == np.float32 and got.shape == (m, n) and np.isfinite(got).all()
+            assert np.abs(got - want).max() / np.abs(want).max() <= O_TOL[BF16]
+        assert out.dtype == BF16
+        np.testing.assert_array_equal(np.asarray(out, np.float32)[:, 0], 0.0)
+
 
 class TestKernelsInterpret(KernelChecks):
     INTERPRET = True
@@ -339,6 +365,7 @@ def _bad_calls():
     bs = functools.partial(pk.block_sparse_attention, block_q=32, block_kv=32)
     cs = functools.partial(pk.column_sparse_attention, group_size=32)
     gm, gx, gw = pk.grouped_matmul, q[0, :, 0], q[0, :, :2].reshape(2, 64, 64)  # x [64, 64], w [2, 64, 64]
+    qm, qx, qw, qs = pk.quantized_matmul, q[0, :4, 0], jnp.zeros((32, 64), jnp.int8), jnp.ones(32, F32)
     return {
         "rank": (lambda: pk.flash_attention(q[0], k, v), "must be [batch, seq, heads, head_dim]"),
         "dtype": (lambda: pk.flash_attention(q.astype(jnp.int8), k, v), "not supported"),
@@ -370,6 +397,13 @@ def _bad_calls():
         "grouped order": (lambda: gm(gx, gw, jnp.asarray([1, 0, 2, 2]), block_m=16), "nondecreasing"),
         "grouped tiles": (lambda: gm(gx, gw, jnp.zeros(3, jnp.int32), block_m=16), "one per tile"),
         "grouped shapes": (lambda: gm(gx, gw[:, :32], jnp.zeros(4, jnp.int32), block_m=16), "w [G, K, N]"),
+        "quantized rows": (lambda: qm(jnp.zeros((17, 64), BF16), qw, qs, block_k=32), "1..16 rows"),
+        "quantized K": (lambda: qm(qx, qw, qs, block_k=32, split_k=4), "split_k * block_k = 128"),
+        "quantized N": (lambda: qm(qx, qw, qs, block_n=64, block_k=32), "block_n=64"),
+        "quantized weight": (lambda: qm(qx, qw.astype(BF16), qs, block_k=32), "w.dtype=bfloat16"),
+        "quantized x": (lambda: qm(qx.astype(F32), qw, qs, block_k=32), "x.dtype=float32"),
+        "quantized scale": (lambda: qm(qx, qw, qs[:8], block_k=32), "scale [N]"),
+        "quantized split": (lambda: qm(qx, qw, qs, block_k=32, split_k=0), "split_k=0"),
         "merge +inf lse": (lambda: pk.merge_attention(q, lse.at[0, 1, 2].set(jnp.inf), q, lse), "lse1[0, 1, 2] = inf"),
     }
 

@@ -16,7 +16,8 @@ from dllm_jax.checkpoint.api import quantize_params
 from dllm_jax.checkpoint.manifest import MANIFEST
 from dllm_jax.cli import main
 from dllm_jax.families import family_of
-from dllm_jax.quantize import W8A8_MIN_ROWS, LIMITS, MODES, dequantize, linear, quantize_weight, scale_name
+from dllm_jax.quantize import (W8A8_MIN_ROWS, LIMITS, MODES, dequantize, gemm_choice, linear, quantize_weight,
+                               scale_name)
 from dllm_jax.sharding import DECODER_AXES, param_sharding
 from dllm_jax.testing import (random_params, tiny_dream_config, tiny_llada2_config, tiny_sdar_config,
                               write_hf_checkpoint)
@@ -42,23 +43,40 @@ def test_quantized_weight_lies_within_the_storage_rounding_of_the_weight(rng, mo
     np.testing.assert_allclose(back[2, 7, 4, 1], 50.0, rtol=1e-6)  # a channel's largest magnitude is kept
 
 
-@pytest.mark.parametrize("mode, rows", [("int8", 4), ("int8", W8A8_MIN_ROWS), ("fp8", 4),
-                                        ("fp8", W8A8_MIN_ROWS)])
-def test_linear_equals_the_matmul_of_the_dequantized_weight(rng, mode, rows):
+@pytest.mark.parametrize("mode, rows, gemm", [("int8", 4, "auto"), ("int8", 4, "interpret"), ("int8", 32, "xla"),
+                                              ("int8", W8A8_MIN_ROWS, "auto"), ("fp8", 4, "auto"),
+                                              ("fp8", 16, "interpret"), ("fp8", W8A8_MIN_ROWS, "auto"),
+                                              ("fp8", 4, "w8a8")])
+def test_linear_equals_the_matmul_of_the_dequantized_weight(rng, mode, rows, gemm):
+    """Every GEMM `linear` has (the Pallas kernel in interpret mode) on batch-shaped activations."""
     x = jnp.asarray(rng.normal(size=(2, rows // 2, 96)), jnp.bfloat16)
-    w = rng.normal(size=(96, 40)) * rng.uniform(0.1, 2, size=(1, 40))
+    w = rng.normal(size=(96, 48)) * rng.uniform(0.1, 2, size=(1, 48))
     values, scale = quantize_weight(jnp.asarray(w, jnp.float32), (0,), mode)
-    out = linear(x, {"w": values.T, scale_name("w"): scale}, "w")  # stored [out, in]
-    assert out.dtype == jnp.bfloat16 and out.shape == (2, rows // 2, 40)
+    out = linear(x, {"w": values.T, scale_name("w"): scale}, "w", gemm=gemm)  # stored [out, in]
+    assert out.dtype == jnp.bfloat16 and out.shape == (2, rows // 2, 48)
     expected = np.asarray(x, np.float32) @ np.asarray(dequantize(values, scale, (0,)))
     out = np.asarray(out, np.float32)
-    if rows >= W8A8_MIN_ROWS:
+    if gemm == "w8a8" or (gemm == "auto" and rows >= W8A8_MIN_ROWS):
         # W8A8 rounds the activations onto the storage dtype per row as well (e4m3: each within 2^-4 of its value;
         # int8: within half a step of 1/127 of the row's absmax): an error of a few percent of the output at most,
         # where a misplaced scale or transposed weight would be of the order of the output itself
         assert np.linalg.norm(out - expected) / np.linalg.norm(expected) < (0.05 if mode == "fp8" else 0.02)
     else:  # weight-only: the dequantized weight's matmul up to the bf16 rounding of the inputs and the output
         np.testing.assert_allclose(out, expected, rtol=1e-2, atol=1e-2 * np.abs(expected).max())
+
+
+def test_linear_resolves_its_gemm_by_rows_and_refuses_what_the_kernel_cannot_take():
+    x4, x16, x17 = (jnp.zeros((n, 64), jnp.bfloat16) for n in (4, 16, 17))
+    w = jnp.zeros((48, 64), jnp.int8)
+    assert gemm_choice("auto", x4, w) == "xla"  # a CPU: the Triton kernel runs on GPUs only
+    assert gemm_choice("auto", jnp.zeros((W8A8_MIN_ROWS, 64), jnp.bfloat16), w) == "w8a8"
+    assert gemm_choice("interpret", x16, w) == "interpret" and gemm_choice("xla", x17, w) == "xla"
+    with pytest.raises(ValueError, match="17 rows"):
+        gemm_choice("pallas", x17, w)
+    with pytest.raises(ValueError, match="float32"):
+        gemm_choice("interpret", x4.astype(jnp.float32), w)
+    with pytest.raises(ValueError, match="gemm='fast'"):
+        linear(x4, {"w": w, scale_name("w"): jnp.ones(48)}, "w", gemm="fast")
 
 
 def dequantized_tree(tree: dict, table: dict) -> dict:
@@ -178,18 +196,20 @@ def test_quantized_weights_and_scales_shard_like_the_weights_they_stand_for():
 @pytest.mark.gpu
 @pytest.mark.parametrize("mode", ["int8", "fp8"])
 def test_quantized_gemms_on_a_gpu_read_the_stored_weight(mode):
-    """On the GPU, XLA fuses the weight's cast into the GEMM (no bf16 copy of the [out, in] weight is written),
-    and from W8A8_MIN_ROWS rows the GEMM multiplies the stored weight as it is (no cast of it anywhere)."""
+    """On the GPU, no bf16 copy of the [out, in] weight is written (at 4 rows of an int8 weight the Pallas kernel
+    casts it in registers; elsewhere below W8A8_MIN_ROWS, XLA fuses the cast into its GEMM), and from
+    W8A8_MIN_ROWS rows the GEMM multiplies the stored weight as it is (no cast of it anywhere)."""
     n_out, n_in = 1536, 1024
     values, scale = quantize_weight(jax.random.normal(jax.random.key(0), (n_in, n_out)), (0,), mode)
     p = {"w": values.T, scale_name("w"): scale}
-    for rows in (4, W8A8_MIN_ROWS, 512):
+    for rows in (4, 32, W8A8_MIN_ROWS, 512):
         x = jax.random.normal(jax.random.key(1), (rows, n_in), jnp.bfloat16)
         text = jax.jit(lambda x, p: linear(x, p, "w")).lower(x, p).compile().as_text()
         entry = text[text.index("ENTRY"):].split("\n}\n")[0]  # the top level: what is written to memory
         assert f"bf16[{n_out},{n_in}]" not in entry and f"bf16[{n_in},{n_out}]" not in entry, (rows, entry)
         if rows >= W8A8_MIN_ROWS:
             assert f"bf16[{n_out},{n_in}]" not in text and f"f32[{n_out},{n_in}]" not in text, text
+        assert ("quantized_matmul" in text) == (rows <= 16 and mode == "int8"), rows  # the Pallas kernel
         expected = np.asarray(x, np.float32) @ np.asarray(dequantize(values, scale, (0,)))
         out = np.asarray(jax.jit(lambda x, p: linear(x, p, "w"))(x, p), np.float32)
         assert np.linalg.norm(out - expected) / np.linalg.norm(expected) < (0.05 if mode == "fp8" else 0.02)
