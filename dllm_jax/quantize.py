@@ -15,14 +15,14 @@ table names them in the checkpoint layout with the axes a GEMM contracts). Norms
 gather; also the head where tied), LLaDA2's router and routed experts stay in the parameter dtype.
 
 The GEMM (`linear`, gemm="auto"), chosen by the rows it multiplies (static under jit):
-  * up to 16 rows on a GPU (decode; no mesh in the trace context, whose partitioner cannot split a Pallas
-    call): weight-only in `pallas_kernels.quantized_matmul`, which streams the 1-byte weight, casts each
-    tile in registers and applies the scale in its epilogue. At these rows the GEMM is all weight read;
-    XLA's own weight-only GEMM read the weights at 78% of the copy bandwidth (bf16: 93%).
-  * otherwise below `W8A8_MIN_ROWS` rows: weight-only in XLA. The weight is cast to the activations' dtype
-    inside the jitted function and the scale applied to the GEMM's float32 output; XLA:GPU fuses the cast
-    into its Triton GEMM's operand load, so the GEMM reads the 1-byte values and the cast is never a tensor
-    in memory.
+  * below `W8A8_MIN_ROWS` rows: weight-only in XLA. The weight is cast to the activations' dtype inside the
+    jitted function and the scale applied to the GEMM's float32 output; XLA:GPU fuses the cast into its
+    Triton GEMM's operand load, so the GEMM reads the 1-byte values and the cast is never a tensor in
+    memory. At decode's few rows this is bandwidth-bound, which is the point. A Pallas kernel for the same
+    (`pallas_kernels.quantized_matmul`, gemm="pallas", up to 16 rows) was measured against it and is not
+    chosen: on an H100 at 4 rows it read SDAR-8B's int8 qkv and o weights faster (63% / 56% of copy against
+    59% / 45%) but its MLP, LM head and every FP8 weight slower, and SDAR-8B batch-1 generation with it on
+    the qkv and o projections ran at 228.2 tok/s against 233.0 through XLA alone (issue 42, session 12).
   * from `W8A8_MIN_ROWS` rows (prefill, LLaDA's full forwards, large batches): the activations are quantized
     too, per row on the fly (each row's absmax onto the storage range), and the GEMM runs on the 1-byte
     tensor cores (int8 x int8 -> int32, or FP8 x FP8 -> float32), both scales applied to its product. The
@@ -52,10 +52,6 @@ GEMMS = ("auto", "xla", "pallas", "interpret", "w8a8")
 # the kernel's tiles, the first that divides a weight's sizes (benchmarks/quantized_gemm.py's sweep, H100)
 GEMV_TILES = (dict(block_n=32, block_k=256, split_k=2), dict(block_n=16, block_k=128, split_k=1),
               dict(block_n=16, block_k=16, split_k=1))
-# "auto" runs the kernel for int8 weights of at most this many values (issue 42's sweep, H100, 4 rows: SDAR-8B's
-# qkv and o projections read at 63% / 56% of copy through it, 59% / 45% through XLA; its MLP and LM head
-# weights, and every FP8 weight, read faster through XLA)
-GEMV_MAX_WEIGHT = 32 * 2**20
 
 
 def scale_name(name: str) -> str:
@@ -186,11 +182,7 @@ def gemm_choice(gemm: str, x, w) -> str:
         raise ValueError(f"gemm={gemm!r} is not one of {GEMMS}")
     rows = x.size // x.shape[-1]
     if gemm == "auto":
-        if rows >= W8A8_MIN_ROWS:
-            return "w8a8"
-        on_gpu = jax.default_backend() == "gpu" and jax.sharding.get_abstract_mesh().empty
-        small_int8 = w.dtype == jnp.int8 and w.size <= GEMV_MAX_WEIGHT
-        return "pallas" if on_gpu and small_int8 and gemv_tiles(x, w) is not None else "xla"
+        return "w8a8" if rows >= W8A8_MIN_ROWS else "xla"
     if gemm in ("pallas", "interpret") and gemv_tiles(x, w) is None:
         raise ValueError(f"gemm={gemm!r}: the quantized matmul kernel does not take x {x.shape} ({x.dtype}) @ w "
                          f"{w.shape}.T ({rows} rows; it takes 1..{MAX_ROWS} rows of bfloat16 / float16 and a "

@@ -29,7 +29,13 @@ from pallas_kernels import _common as c
 from pallas_kernels.merge import combine_partials
 
 TARGET_PROGRAMS = 264  # two waves on a 132-SM H100/H200
-MIN_TILES_PER_SPLIT = 8  # fewer makes the fp32 partials and their merge cost more than they save
+# At least this many key tiles per split. It was 8 ("fewer makes the fp32 partials and their merge cost more than
+# they save"), which left a short cache's tiles in one program per (batch, KV head): at batch 1 and a 1k prompt,
+# SDAR-8B's 8 KV heads ran 8 programs. Measured end to end on an H100 (issue 42, session 12: SDAR-8B batch 1, 1k
+# prompt, 128 new tokens): bf16 142.9 tok/s at 8, 148.2 at 5, 151.7 at 2, 153.1 at 1; int8 209.6 at 8, 225.1 at
+# 5, 230.5-233.0 at 1. Long caches are capped by TARGET_PROGRAMS first (batch 1, 8 KV heads: from 33k positions
+# on, as before).
+MIN_TILES_PER_SPLIT = 1
 MAX_BLOCK_ROWS = 256  # G * Nq query rows folded into one tile: the most the kernels take
 NUM_STAGES = 3  # measured on H200 (benchmarks/results/attention_*): 3 stages beat 2 by ~30% here
 
