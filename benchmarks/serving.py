@@ -23,6 +23,11 @@ Both decode greedily with SDAR's defaults (4 denoising steps per block, dynamic 
 done before the clock starts: the server's inserts (every prefill length the trace needs) and block step,
 lockstep's program per width. Throughput = output tokens of the trace / (last answer - first arrival).
 Results: <out>/serving[_tag]_<device>_<date>.{json,md}, with the percentiles per rate and mode.
+
+    python -m benchmarks.serving --plot benchmarks/results/serving_8b_<device>_<date>.json --out docs/images
+
+draws a results file (no model, no device): request latency p50 / p99 and time to first block against tokens/s,
+one point per arrival rate, server and lockstep (<out>/<results name>.png).
 """
 
 from __future__ import annotations
@@ -31,6 +36,7 @@ import argparse
 import asyncio
 import dataclasses
 import datetime
+import io
 import json
 import tempfile
 import time
@@ -83,6 +89,8 @@ def parse_args(argv=None) -> argparse.Namespace:
     parser.add_argument("--seconds", type=float, default=300, help="longest a mode may take on one rate's trace")
     parser.add_argument("--out", type=Path, default=Path("benchmarks/results"))
     parser.add_argument("--tag", default="")
+    parser.add_argument("--plot", type=Path, metavar="RESULTS_JSON",
+                        help="draw this results file to <out>/<its name>.png instead of running")
     args = parser.parse_args(argv)
     args.rates = [float(r) for r in args.rates.split(",")]
     if min(args.rates) <= 0 or args.requests < 1 or args.slots < 1:
@@ -178,8 +186,49 @@ def summary(served: list[Served]) -> dict:
                 latency_p99=pct(latency, 99))
 
 
+def latency_plot_png(results: dict) -> bytes:
+    """PNG bytes: latency (p50 solid, p99 dashed) and time to first block against tokens/s per mode, a point per
+    arrival rate (labelled), from a results file's contents."""
+    from matplotlib.figure import Figure  # the object API: no pyplot state, no GUI backend
+
+    fig = Figure(figsize=(10, 4))
+    panels = fig.subplots(1, 2)
+    for ax, key, title in ((panels[0], "latency", "request latency"), (panels[1], "first", "time to first block")):
+        for mode, color in (("server", "tab:blue"), ("lockstep", "tab:orange")):
+            rows = sorted((r for r in results["rows"] if r["mode"] == mode), key=lambda r: r["rate"])
+            x = [r["tokens_per_s"] for r in rows]
+            ax.plot(x, [r[f"{key}_p50"] for r in rows], "o-", color=color, label=f"{mode} p50")
+            ax.plot(x, [r[f"{key}_p99"] for r in rows], "s--", color=color, label=f"{mode} p99")
+            for r in rows:
+                ax.annotate(f"{r['rate']:g}/s", (r["tokens_per_s"], r[f"{key}_p99"]), textcoords="offset points",
+                            xytext=(4, 4), fontsize=8)
+        ax.set_xlabel("output tokens/s")
+        ax.set_ylabel("seconds")
+        ax.set_title(title)
+        ax.legend(fontsize=8)
+    fig.suptitle(f"{results['model']}, {results['slots']} slots, {results['device']} ({results['date']}); "
+                 "labels: arrival rate", fontsize=9)
+    fig.tight_layout()
+    buffer = io.BytesIO()
+    fig.savefig(buffer, format="png", dpi=110)
+    return buffer.getvalue()
+
+
+def plot(results_file: Path, out: Path) -> Path:
+    results = json.loads(results_file.read_text())
+    if results.get("benchmark", "").split("_")[0] != "serving" or not results.get("rows"):
+        raise ValueError(f"{results_file} is not a results file of benchmarks/serving.py (no serving rows)")
+    out.mkdir(parents=True, exist_ok=True)
+    path = out / (results_file.stem + ".png")
+    path.write_bytes(latency_plot_png(results))
+    print(f"wrote {path}")
+    return path
+
+
 def main(argv=None) -> Path:
     args = parse_args(argv)
+    if args.plot is not None:
+        return plot(args.plot, args.out)
     context = args.prompt_lengths[1] + args.output_lengths[1]
     model, config = model_for(args.model, layers=None, context=context + 64, dtype=jnp.bfloat16)
     with tempfile.TemporaryDirectory() as tmp:

@@ -221,3 +221,22 @@ def test_the_long_cache_table_lists_a_profiled_blocks_kernels():
     assert ("GPU kernels of one block, 131072 cache, batch 1, mage: 50.2 ms in 6947 launches (the block took "
             "59.1 ms)") in text
     assert "| `kv_scores` | 3.26 | 34 |" in text and text.count("GPU kernels of one block") == 1
+
+
+def test_serving_plot_draws_a_results_file_and_refuses_other_files(tmp_path):
+    from benchmarks import serving
+
+    rows = [dict(rate=rate, mode=mode, tokens_per_s=tps, first_p50=0.1 * k, first_p99=0.2 * k, latency_p50=1.0 * k,
+                 latency_p99=2.0 * k) for k, (rate, mode, tps) in enumerate(
+                     [(4.0, "server", 800.0), (4.0, "lockstep", 700.0), (16.0, "server", 1100.0),
+                      (16.0, "lockstep", 900.0)], start=1)]
+    results = tmp_path / "serving_x_dev_2026-01-01.json"
+    results.write_text(json.dumps(dict(benchmark="serving_x", model="tiny-sdar", slots=4, device="dev",
+                                       date="2026-01-01", rows=rows)))
+    png = serving.main(["--plot", str(results), "--out", str(tmp_path / "images")])
+    assert png == tmp_path / "images" / "serving_x_dev_2026-01-01.png"
+    assert png.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+    other = tmp_path / "throughput.json"
+    other.write_text(json.dumps(dict(benchmark="throughput", rows=rows)))
+    with pytest.raises(ValueError, match="not a results file of benchmarks/serving.py"):
+        serving.main(["--plot", str(other), "--out", str(tmp_path)])
