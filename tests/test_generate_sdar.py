@@ -117,18 +117,22 @@ def test_attention_policies_in_the_block_loop(setup, rng):
 
 
 def test_per_row_sampling_is_each_rows_own_scalar_sampling(rng):
-    """`sample_tokens_per_row` (a serving engine's slots, each with its request's temperature and top-p) gives
-    every row exactly what `sample_tokens` gives it with that row's values, greedy rows (top-k 1) included."""
+    """`sample_tokens_per_row` (a serving engine's slots, each with its request's temperature, top-k and top-p)
+    gives every row exactly what `sample_tokens` gives it with that row's values, greedy rows (top-k 1) included,
+    whatever the static bound on top-k (a row's k at the bound, below it, or 0)."""
     from dllm_jax.generate.sampling import sample_tokens, sample_tokens_per_row
 
-    logits = jnp.asarray(rng.normal(size=(5, 3, 64)) * 3, jnp.float32)
-    u = jnp.asarray(rng.uniform(size=(5, 3)), jnp.float32)
-    rows = [(0.7, 1.0, False), (1.0, 0.8, False), (1.0, 1.0, True), (1.3, 0.5, False), (1.0, 1.0, False)]
-    for top_k in (0, 5):
-        t, p, greedy = (jnp.asarray(v) for v in zip(*rows))
-        tokens, probs = sample_tokens_per_row(logits, u, temperature=t.astype(jnp.float32), top_k=top_k,
+    logits = jnp.asarray(rng.normal(size=(6, 3, 64)) * 3, jnp.float32)
+    u = jnp.asarray(rng.uniform(size=(6, 3)), jnp.float32)
+    rows = [(0.7, 1.0, 0, False), (1.0, 0.8, 5, False), (1.0, 1.0, 3, True), (1.3, 0.5, 2, False),
+            (1.0, 1.0, 0, False), (0.9, 1.0, 5, False)]
+    for max_top_k in (0, 5, 9):
+        ks = [min(k, max_top_k) for _, _, k, _ in rows]
+        t, p, greedy = (jnp.asarray(v) for v in ([r[0] for r in rows], [r[1] for r in rows], [r[3] for r in rows]))
+        tokens, probs = sample_tokens_per_row(logits, u, temperature=t.astype(jnp.float32),
+                                              top_k=jnp.asarray(ks, jnp.int32), max_top_k=max_top_k,
                                               top_p=p.astype(jnp.float32), keep_max=greedy)
-        for b, (temperature, top_p, keep_max) in enumerate(rows):
+        for b, ((temperature, top_p, _, keep_max), top_k) in enumerate(zip(rows, ks)):
             one, one_p = sample_tokens(logits[b:b + 1], u[b:b + 1], temperature=temperature,
                                        top_k=1 if keep_max else top_k, top_p=top_p)
             np.testing.assert_array_equal(np.asarray(tokens[b]), np.asarray(one[0]), err_msg=f"row {b}, {top_k=}")

@@ -20,16 +20,19 @@ def model(tiny_model):
 # (prompt length, max_new_tokens, seed): prompts that end mid-block, on a block boundary, inside the first
 # block; answers of one to four blocks, ends that are not block boundaries
 REQUESTS = [(5, 8, 1), (9, 13, 2), (2, 4, 3), (12, 10, 4), (8, 16, 5)]
-# each request's own (temperature, top_p): sampled at two temperatures, with and without a nucleus, and greedy
-# (temperature 0: SDAR's top-k 1), side by side in the slots
-SAMPLING = [(0.8, 1.0), (0.8, 0.9), (0.0, 1.0), (0.5, 1.0), (0.8, 1.0)]
+# each request's own (temperature, top_p, top_k): sampled at two temperatures, with and without a nucleus, with
+# and without a top-k of its own, and greedy (temperature 0: SDAR's top-k 1), side by side in the slots
+SAMPLING = [(0.8, 1.0, 0), (0.8, 0.9, 3), (0.0, 1.0, 0), (0.5, 1.0, 5), (0.8, 1.0, 2)]
 
 
-def own_options(options: dict, temperature, top_p, greedy: dict) -> dict:
-    """The generate options a request with its own temperature and top-p (None: the engine's) decodes with."""
-    if temperature is None:
-        return options
-    return options | (greedy if temperature == 0 else dict(temperature=temperature, top_p=top_p))
+def own_options(options: dict, temperature, top_p, top_k, greedy: dict) -> dict:
+    """The generate options a request with its own temperature, top-p and top-k (None: the engine's) decodes with;
+    temperature 0 is the family's `greedy` options (SDAR: top-k 1; LLaDA2: temperature 0, its filters kept)."""
+    own = {} if temperature is None else dict(temperature=temperature, top_p=top_p)
+    own |= {} if top_k is None else dict(top_k=top_k)
+    if temperature == 0:
+        return options | {k: v for k, v in own.items() if k != "temperature"} | greedy
+    return options | own
 
 
 @pytest.mark.parametrize("options, sampling", [
@@ -39,7 +42,7 @@ def own_options(options: dict, temperature, top_p, greedy: dict) -> dict:
 def test_each_request_gets_what_generate_gives_its_prompt_alone(model, rng, options, sampling):
     engine = Engine(model, slots=3, max_context=64, **options)
     prompts = [rng.integers(0, 40, n) for n, _, _ in REQUESTS]
-    sampling = sampling or [(None, None)] * len(REQUESTS)
+    sampling = sampling or [(None, None, None)] * len(REQUESTS)
     submit = lambda i: engine.submit(prompts[i], REQUESTS[i][1], REQUESTS[i][2], *sampling[i])  # noqa: E731
     ids = [submit(i) for i in range(4)]
     done = {}
@@ -49,9 +52,9 @@ def test_each_request_gets_what_generate_gives_its_prompt_alone(model, rng, opti
     done.update(engine.run())
     assert sorted(done) == sorted(ids) and not engine.busy and not engine.queue
     stopped = 0
-    for request_id, prompt, (n, k, seed), (t, p) in zip(ids, prompts, REQUESTS, sampling):
+    for request_id, prompt, (n, k, seed), (t, p, top_k) in zip(ids, prompts, REQUESTS, sampling):
         alone = np.asarray(dllm_jax.generate(model, prompt[None], max_new_tokens=k, seed=seed,
-                                             **own_options(options, t, p, {"top_k": 1})))[0]
+                                             **own_options(options, t, p, top_k, {"top_k": 1})))[0]
         completion = done[request_id]
         np.testing.assert_array_equal(completion.tokens, alone, err_msg=f"request {request_id}")
         np.testing.assert_array_equal(completion.generated, alone[n:])
@@ -98,11 +101,13 @@ def test_a_short_request_leaves_and_a_queued_one_starts_while_a_long_one_runs(mo
     (lambda e: e.submit(np.arange(3, 8), 4, seed=-1), "seed"),
     (lambda e: e.submit(np.arange(3, 8), 4, temperature=2.5), "temperature"),
     (lambda e: e.submit(np.arange(3, 8), 4, top_p=0.0), "top_p"),
+    (lambda e: e.submit(np.arange(3, 8), 4, top_k=-1), "top_k"),
+    (lambda e: e.submit(np.arange(3, 8), 4, top_k=9), "top_k=9 exceeds the 8 this engine was started with"),
     (lambda e: e.submit(np.array([3, 40, 5, 6, 7]), 4), "mask token id 40"),
     (lambda e: e.submit(np.array([3, 99]), 4), "vocab"),
 ])
 def test_bad_requests_are_refused_before_they_are_queued(model, call, message):
-    engine = Engine(model, slots=2, max_context=64, top_k=1)
+    engine = Engine(model, slots=2, max_context=64, top_k=1, max_top_k=8)
     with pytest.raises(ValueError, match=message):
         call(engine)
     assert not engine.queue
@@ -117,6 +122,10 @@ def test_bad_engines_are_refused(model, tiny_model):
         Engine(model, denoising_steps=8)
     with pytest.raises(ValueError, match="unknown SDAR generate options"):
         Engine(model, steps=4)
+    with pytest.raises(ValueError, match="max_top_k"):
+        Engine(model, max_top_k=49)  # past the vocabulary of 48
+    with pytest.raises(ValueError, match="top_k=9 .* exceeds max_top_k=8"):
+        Engine(model, top_k=9, max_top_k=8)
     with pytest.raises(ValueError, match="SparseD is a method for LLaDA"):
         Engine(model, method="sparsed")
     with pytest.raises(ValueError, match="the slot engine runs the block-diffusion families"):
@@ -143,18 +152,19 @@ def llada2(tiny_model):
 def test_llada2_requests_share_the_slots_and_each_gets_what_generate_gives_it_alone(llada2, rng):
     """LLaDA2 in the slots (its own model functions, sampler and block length: `Family.slots`): five requests
     (each its own seed) over three slots, three sampled at the engine's temperature, one greedy (temperature 0:
-    LLaDA2's argmax) and one at its own temperature and top-p, the answer cut at each one's length as generate's
+    LLaDA2's argmax), one at its own temperature and top-p, one with its own top-k, one with a top-k at temperature
+    0 (which samples at temperature 1, as the official sampler), the answer cut at each one's length as generate's
     (its gen_length) is. More greedy LLaDA2 requests: test_serve_http's six concurrent clients."""
     options = dict(block_length=4, steps=4, temperature=0.8)
     engine = Engine(llada2, slots=3, max_context=64, **options)
     prompts = [rng.integers(0, 40, n) for n, _, _ in REQUESTS]
-    sampling = [(None, None), (0.0, 1.0), (0.6, 0.9), (None, None), (None, None)]
+    sampling = [(None, None, None), (0.0, 1.0, 0), (0.6, 0.9, None), (None, None, 3), (0.0, 1.0, 2)]
     ids = [engine.submit(p, k, s, *own) for p, (_, k, s), own in zip(prompts, REQUESTS, sampling)]
     done = engine.run()
     stopped = 0
-    for request_id, prompt, (n, k, seed), (t, p) in zip(ids, prompts, REQUESTS, sampling):
+    for request_id, prompt, (n, k, seed), (t, p, top_k) in zip(ids, prompts, REQUESTS, sampling):
         alone = np.asarray(dllm_jax.generate(llada2, prompt[None], gen_length=k, seed=seed,
-                                             **own_options(options, t, p, {"temperature": 0.0})))[0]
+                                             **own_options(options, t, p, top_k, {"temperature": 0.0})))[0]
         np.testing.assert_array_equal(done[request_id].tokens, alone, err_msg=f"request {request_id}")
         stopped += len(alone) < n + k
     assert stopped, "no request stopped early: per-slot stops were not exercised"

@@ -120,14 +120,19 @@ def test_the_official_openai_client_works(url, sdar):
     assert chat.choices[0].message.content == alone(model, tokenizer, ids, 12)[0]
     stream = client.chat.completions.create(model=NAME, messages=messages, max_tokens=12, stream=True)
     assert "".join(c.choices[0].delta.content or "" for c in stream) == chat.choices[0].message.content
-    # a request's own temperature, top-p and seed: what generate gives the prompt alone with them
-    sampled = client.completions.create(model=NAME, prompt=text, max_tokens=12, temperature=0.7, top_p=0.9, seed=5)
+    # a request's own temperature, top-p, top-k (vLLM's extension, sent as extra_body) and seed: what generate
+    # gives the prompt alone with them
     ids = tokenizer.tokenizer.encode(text, add_special_tokens=True).ids
-    out = np.asarray(dllm_jax.generate(model, np.asarray(ids)[None], max_new_tokens=12, temperature=0.7, top_p=0.9,
-                                       seed=5))[0][len(ids):][:12]
-    stops = np.flatnonzero(np.isin(out, model.config.stop_ids))
-    kept = out[:stops[0] + 1] if stops.size else out
-    assert sampled.choices[0].text == tokenizer.decode(kept, skip=(model.config.mask_token_id,))
+    for own in (dict(temperature=0.7, top_p=0.9), dict(temperature=0.9, top_k=3)):
+        extra = {"top_k": own["top_k"]} if "top_k" in own else None
+        sampled = client.completions.create(model=NAME, prompt=text, max_tokens=12, seed=5,
+                                            temperature=own["temperature"], top_p=own.get("top_p", 1.0),
+                                            extra_body=extra)
+        out = np.asarray(dllm_jax.generate(model, np.asarray(ids)[None], max_new_tokens=12, seed=5, **own))
+        out = out[0][len(ids):][:12]
+        stops = np.flatnonzero(np.isin(out, model.config.stop_ids))
+        kept = out[:stops[0] + 1] if stops.size else out
+        assert sampled.choices[0].text == tokenizer.decode(kept, skip=(model.config.mask_token_id,)), own
     with pytest.raises(openai.BadRequestError, match="temperature"):
         client.completions.create(model=NAME, prompt="w1", max_tokens=4, temperature=2.5)
 
@@ -141,6 +146,9 @@ def test_the_official_openai_client_works(url, sdar):
     (dict(prompt="w1", max_tokens=4, n=2), 400, "n"),
     (dict(prompt="w1", max_tokens=4, temperature=-0.5), 400, "temperature"),
     (dict(prompt="w1", max_tokens=4, top_p=-1), 400, "top_p"),
+    (dict(prompt="w1", max_tokens=4, top_k=-1), 400, "top_k"),
+    (dict(prompt="w1", max_tokens=4, top_k=2.5), 400, "top_k"),
+    (dict(prompt="w1", max_tokens=4, top_k=65), 400, "top_k=65 exceeds the 64"),  # the engine's max_top_k
     (dict(prompt="w1", max_tokens=4, stop=["a", "b", "c", "d", "e"]), 400, "stop"),
     (dict(prompt="w1", max_tokens=4, seed=-3), 400, "seed"),
     (dict(prompt=["w1", "w2"], max_tokens=4), 400, "one prompt per request"),
@@ -306,3 +314,5 @@ def test_lockstep_serving_refuses_sampling(checkpoints):
     model = dllm_jax.load_model(checkpoints[0], dtype="float32", progress=False)
     with pytest.raises(ValueError, match="greedy"):
         build_app(model, ChatTokenizer(checkpoints[0]), model_name=NAME, temperature=0.7, gen_length=16)
+    with pytest.raises(ValueError, match="max_top_k bounds the slot engine's"):
+        build_app(model, ChatTokenizer(checkpoints[0]), model_name=NAME, max_top_k=8, gen_length=16)

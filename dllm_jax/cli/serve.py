@@ -8,7 +8,7 @@ from pathlib import Path
 
 from dllm_jax.cli.common import add_quantize_flag, dtype_parent
 from dllm_jax.cli.methods import methods_parent
-from dllm_jax.flags import fraction, number, positive_int
+from dllm_jax.flags import fraction, non_negative_int, number, positive_int
 
 temperature_flag = number(float, "a number in [0, 2]", lambda v: 0 <= v <= 2)
 # the sampling flags (-> the generate option each sets) and those that apply to each family ("--gen-length" sets
@@ -46,6 +46,11 @@ def add_parser(subparsers) -> None:
                             "temperature wins (a lockstep server, LLaDA or Dream, is greedy)")
     serve.add_argument("--top-p", type=fraction, default=1.0,
                        help="the nucleus filter of a request that sends no top_p (default 1: off)")
+    serve.add_argument("--top-k", type=non_negative_int, default=0, metavar="K",
+                       help="the top-k filter of a request that sends no top_k (default 0: off; SDAR, LLaDA2)")
+    serve.add_argument("--max-top-k", type=non_negative_int, default=None, metavar="K",
+                       help="the largest top_k a request may send (SDAR, LLaDA2: the compiled step selects that "
+                            "many candidates when a request asks; default 64, or --top-k if larger)")
     serve.add_argument("--denoising-steps", type=positive_int, default=None, metavar="N",
                        help="forwards per block (default: SDAR's, 4)")
     serve.add_argument("--remasking", choices=["low_confidence_dynamic", "low_confidence_static", "sequential"],
@@ -92,7 +97,8 @@ def run(args: argparse.Namespace) -> None:
     model = load_model(args.model, dtype=args.dtype, quantize=args.quantize)
     name = args.model_name or args.model.resolve().name
     app = build_app(model, tokenizer, model_name=name, slots=args.slots, max_context=args.max_context, method=method,
-                    max_queue=args.max_queue, temperature=args.temperature, top_p=args.top_p, **options)
+                    max_queue=args.max_queue, temperature=args.temperature, top_p=args.top_p, top_k=args.top_k,
+                    max_top_k=args.max_top_k, **options)
     print(f"[dllm-jax serve: {name} on http://{args.host}:{args.port}/v1, {args.slots} slots]", file=sys.stderr,
           flush=True)
     uvicorn.run(app, host=args.host, port=args.port, log_level=args.log_level)

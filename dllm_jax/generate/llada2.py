@@ -119,12 +119,13 @@ def argmax_tokens(logits):
 
 
 def sample_rows(logits, u, options: LLaDA2Options, rows: RowSampling):
-    """`sample` with each row's own temperature and top-p (a serving slot's request's): a row is greedy where
-    `options | {"temperature": t, "top_p": p}` would be (its argmax), else it samples as that would."""
-    greedy = (rows.temperature == 0) & (options.top_k == 0) & (rows.top_p >= 1.0)
+    """`sample` with each row's own temperature, top-p and top-k (a serving slot's request's; the options' top_k is
+    their static bound): a row is greedy where `options | {"temperature": t, "top_p": p, "top_k": k}` would be
+    (its argmax), else it samples as that would."""
+    greedy = (rows.temperature == 0) & (rows.top_k == 0) & (rows.top_p >= 1.0)
     sampled, sampled_p = sample_tokens_per_row(logits, u, temperature=jnp.where(rows.temperature > 0,
                                                                                  rows.temperature, 1.0),
-                                               top_k=options.top_k, top_p=rows.top_p,
+                                               top_k=rows.top_k, max_top_k=options.top_k, top_p=rows.top_p,
                                                keep_max=jnp.zeros_like(greedy))
     tokens, probs = argmax_tokens(logits)
     return jnp.where(greedy[:, None], tokens, sampled), jnp.where(greedy[:, None], probs, sampled_p)

@@ -88,20 +88,40 @@ def inverse_cdf_draw(logits, u):
 
 @struct.dataclass
 class RowSampling:
-    """A temperature and a top-p per row (a serving slot's request's own): float32 [B] each. What a temperature
-    of 0 means is the family's (its sampler's `commit`: SDAR's greedy top-k 1, LLaDA2's argmax)."""
+    """A temperature, a top-p and a top-k per row (a serving slot's request's own): float32 [B], float32 [B],
+    int32 [B] (0: no top-k filter). What a temperature of 0 means is the family's (its sampler's `commit`: SDAR's
+    greedy top-k 1, LLaDA2's argmax)."""
 
     temperature: jax.Array
     top_p: jax.Array
+    top_k: jax.Array
 
 
-def sample_tokens_per_row(logits, u, *, temperature, top_k: int, top_p, keep_max):
-    """`sample_tokens` with a temperature and a top-p per row of logits [B, n, V] (float32 [B] each) and, in the
-    rows where `keep_max` (bool [B]), the top-k 1 filter in place of `top_k`. Every row computes what
-    `sample_tokens` computes with its values alone: a temperature of 1 divides by 1, which leaves the logits as
-    they are, and the nucleus filter (computed only when some row asks for it) is kept only where top_p < 1."""
+def row_top_k_floor(logits, top_k, max_top_k: int):
+    """[B, n, 1]: each row's k-th largest logit (logits [B, n, V], top_k int32 [B] in [0, max_top_k]), -inf where
+    top_k is 0: the value `sample_tokens`' top-k filter keeps logits from. The k-th of the `max_top_k` largest is
+    exactly the k-th largest, so a row gets what `top_k=k` alone gives it; the selection runs only when some row
+    asks for it."""
+    none = jnp.full_like(logits[..., :1], -jnp.inf)
+    if max_top_k == 0:
+        return none
+
+    def floor(logits):
+        largest = jax.lax.top_k(logits, max_top_k)[0]
+        kth = jnp.take_along_axis(largest, jnp.clip(top_k - 1, 0, max_top_k - 1)[:, None, None], axis=-1)
+        return jnp.where((top_k > 0)[:, None, None], kth, none)
+
+    return jax.lax.cond(jnp.any(top_k > 0), floor, lambda logits: none, logits)
+
+
+def sample_tokens_per_row(logits, u, *, temperature, top_k, max_top_k: int, top_p, keep_max):
+    """`sample_tokens` with a temperature, a top-k and a top-p per row of logits [B, n, V] (float32 [B], int32 [B]
+    at most the static `max_top_k`, float32 [B]) and, in the rows where `keep_max` (bool [B]), the top-k 1 filter in
+    place of the row's top-k. Every row computes what `sample_tokens` computes with its values alone: a temperature
+    of 1 divides by 1, which leaves the logits as they are, and the nucleus filter (computed only when some row
+    asks for it) is kept only where top_p < 1."""
     logits = logits / temperature[:, None, None]
-    kth = jax.lax.top_k(logits, top_k)[0][..., -1:] if top_k > 0 else jnp.full_like(logits[..., :1], -jnp.inf)
+    kth = row_top_k_floor(logits, top_k, max_top_k)
     kth = jnp.where(keep_max[:, None, None], jnp.max(logits, axis=-1, keepdims=True), kth)
     logits = jnp.where(logits < kth, -jnp.inf, logits)
 

@@ -163,14 +163,15 @@ def sdar_schedule(options: SDAROptions, config: SDARConfig, n: int):
 
 def sdar_commit(logits, u, mask_index, count, options: SDAROptions, rows: RowSampling | None = None):
     """SDAR's step: sample every position (generate.py's sampler), commit by the remasking strategy. `rows` (a
-    serving engine's): each row's own temperature and top-p in place of the options', temperature 0 meaning
-    greedy (top-k 1, as `options | {"top_k": 1}` decodes)."""
+    serving engine's): each row's own temperature, top-p and top-k in place of the options' (whose top_k is then
+    the static bound of the rows'), temperature 0 meaning greedy (top-k 1, as `options | {"top_k": 1}` decodes)."""
     if rows is None:
         x0, x0_p = sample_tokens(logits, u, temperature=options.temperature, top_k=options.top_k, top_p=options.top_p)
     else:
         greedy = rows.temperature == 0
         x0, x0_p = sample_tokens_per_row(logits, u, temperature=jnp.where(greedy, 1.0, rows.temperature),
-                                         top_k=options.top_k, top_p=rows.top_p, keep_max=greedy)
+                                         top_k=rows.top_k, max_top_k=options.top_k, top_p=rows.top_p,
+                                         keep_max=greedy)
     return x0, transfer_mask(options.remasking, mask_index, x0_p, count, options.confidence_threshold)
 
 

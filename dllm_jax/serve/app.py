@@ -69,34 +69,43 @@ class Metrics:
 
 
 def build_app(model, tokenizer, *, model_name: str, slots: int = 8, max_context: int | None = None, method=None,
-              max_queue: int = 256, temperature: float = 0.0, top_p: float = 1.0, **options) -> FastAPI:
+              max_queue: int = 256, temperature: float = 0.0, top_p: float = 1.0, top_k: int = 0,
+              max_top_k: int | None = None, **options) -> FastAPI:
     """An engine for `model`, its worker and the app over them: the slot `Engine` for the block-diffusion families
-    (SDAR, LLaDA2; `options`: the family's other generate options; `temperature` and `top_p` are the defaults
-    of a request that sets none, each request sampling with its own: temperature 0 decodes greedily, SDAR
-    with top-k 1), or for the others a `LockstepEngine` (greedy; `options`: the family's generate options, its
-    answer length included)."""
+    (SDAR, LLaDA2; `options`: the family's other generate options; `temperature`, `top_p` and `top_k` are the
+    defaults of a request that sets none, each request sampling with its own: temperature 0 decodes greedily,
+    SDAR with top-k 1; a request's top-k at most `max_top_k`, `Engine`'s), or for the others a `LockstepEngine`
+    (greedy; `options`: the family's generate options, its answer length included)."""
     max_queue = check.integer("max_queue", max_queue, minimum=1)
     temperature = check.real("temperature", temperature, low=0, high=2)
     top_p = check.real("top_p", top_p, low=0, high=1, low_open=True)
+    top_k = check.integer("top_k", top_k, minimum=0)
     loop = family_of(model.config).slots
     if loop is not None:
-        engine = Engine(model, slots=slots, max_context=max_context, method=method, **options)
+        engine = Engine(model, slots=slots, max_context=max_context, method=method, max_top_k=max_top_k, **options)
+        if top_k > engine.max_top_k:
+            raise ValueError(f"top_k={top_k} (the default of a request) exceeds max_top_k={engine.max_top_k}")
     else:
+        if max_top_k is not None:
+            raise ValueError(f"max_top_k bounds the slot engine's per-request top-k; lockstep serving of "
+                             f"{type(model).__name__} is greedy")
         sampling = {} if temperature == 0 else dict(temperature=temperature)
         sampling |= {} if top_p == 1 else dict(top_p=top_p)
+        sampling |= {} if top_k == 0 else dict(top_k=top_k)
         engine = LockstepEngine(model, slots=slots, max_context=max_context, method=method, **(options | sampling))
     skip = (model.config.mask_token_id,)
     metrics = Metrics()
     worker = Worker(engine, lambda ids: tokenizer.decode(ids, skip=skip), max_queue=max_queue,
                     observer=metrics.observer())
     metrics.watch(worker)
-    app = create_app(worker, tokenizer, model_name=model_name, metrics=metrics, temperature=temperature, top_p=top_p)
+    app = create_app(worker, tokenizer, model_name=model_name, metrics=metrics, temperature=temperature, top_p=top_p,
+                     top_k=top_k)
     app.state.engine = engine  # for callers that warm it up (benchmarks/serving.py)
     return app
 
 
 def create_app(worker: Worker, tokenizer, *, model_name: str, metrics: Metrics, temperature: float,
-               top_p: float = 1.0) -> FastAPI:
+               top_p: float = 1.0, top_k: int = 0) -> FastAPI:
     """The app over a worker whose observer is `metrics.observer()` (`build_app`); the worker starts and stops
     with it."""
     engine = worker.engine
@@ -127,18 +136,21 @@ def create_app(worker: Worker, tokenizer, *, model_name: str, metrics: Metrics, 
         if body.model != model_name:
             raise ApiError(404, f"the model {body.model!r} does not exist; this server serves {model_name!r}",
                            param="model", code="model_not_found")
-        # the request's own sampling, the server's (dllm-jax serve --temperature / --top-p) where it sets none
+        # the request's own sampling, the server's (dllm-jax serve --temperature / --top-p / --top-k) where it
+        # sets none
         t = temperature if body.temperature is None else body.temperature
         p = top_p if body.top_p is None else body.top_p
+        k = top_k if body.top_k is None else body.top_k
         try:
             stop = body.stop_strings()
             if max_tokens is None:  # as much as the context leaves (chat), else OpenAI's default of 16
                 max_tokens = engine.room(len(prompt_ids)) if isinstance(body, protocol.ChatRequest) else 16
             seed = body.seed if body.seed is not None else (0 if t == 0 else secrets.randbelow(2**31))
-            prompt, max_tokens, seed, t, p = engine.check(prompt_ids, max_tokens, seed, t, p)
+            prompt, max_tokens, seed, sampling = engine.check(prompt_ids, max_tokens, seed, t, p, k)
         except ValueError as e:
             raise ApiError(400, str(e)) from None
-        return Job(prompt, max_tokens, seed, stop, temperature=t, top_p=p)
+        return Job(prompt, max_tokens, seed, stop, temperature=sampling.temperature, top_p=sampling.top_p,
+                   top_k=sampling.top_k)
 
     def encoded(text: str) -> list[int]:
         try:

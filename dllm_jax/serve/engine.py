@@ -15,11 +15,12 @@ Each request draws its random numbers from its own seed (a PRNG key per slot) an
 its prompt is prefilled alone, so a request's tokens are those `generate` returns for its prompt alone
 with the same seed and options, whatever else shares the slots. A request sets its prompt, its
 `max_new_tokens` (the family's answer length: SDAR's max_new_tokens, LLaDA2's gen_length), its seed, and its
-own temperature and top-p (per-slot arrays of the step, `dllm_jax.generate.sampling.RowSampling`: it gets
-what `generate` gives it with `options | {"temperature": t, "top_p": p}`, temperature 0 meaning the family's
-greedy decoding: SDAR's top-k 1, LLaDA2's argmax). The other sampling options (SDAR: remasking, denoising
-steps, top-k, threshold; LLaDA2: block length, steps, top-k, threshold) are the engine's, static in its
-compiled step.
+own temperature, top-p and top-k (per-slot arrays of the step, `dllm_jax.generate.sampling.RowSampling`: it
+gets what `generate` gives it with `options | {"temperature": t, "top_p": p, "top_k": k}`, temperature 0
+meaning the family's greedy decoding: SDAR's top-k 1, LLaDA2's argmax). A request's top-k is at most the
+engine's `max_top_k` (the compiled step selects that many candidates, when some slot asks for a top-k). The
+other sampling options (SDAR: remasking, denoising steps, threshold; LLaDA2: block length, steps, threshold)
+are the engine's, static in its compiled step.
 What differs between the families (model functions, sampler, block length, request checks) is the family's
 `SlotLoop` (`dllm_jax.families`: `Family.slots`).
 
@@ -47,7 +48,8 @@ from dllm_jax.families import FAMILIES, family_of
 from dllm_jax.generate.requests import check_context, make_options
 from dllm_jax.generate.sampling import RowSampling
 from dllm_jax.generate.sdar import DecodeCarry, SlotLoop, cache_capacity, decode_block, no_pending_block, trim
-from dllm_jax.serve.requests import Request, RequestQueue
+from dllm_jax import validation as check
+from dllm_jax.serve.requests import Request, RequestQueue, SamplingValues
 
 
 @struct.dataclass
@@ -60,7 +62,7 @@ class Slots:
     block: jax.Array  # int32 [S]: the next block the slot decodes (row-local)
     last: jax.Array  # int32 [S]: one past the slot's last block
     busy: jax.Array  # bool [S]: a request occupies the slot
-    rows: RowSampling  # float32 [S] each: the slot's request's temperature and top-p
+    rows: RowSampling  # [S] each: the slot's request's temperature, top-p and top-k
 
 
 @dataclasses.dataclass(frozen=True)
@@ -100,16 +102,17 @@ def init_slots(params, *, config, slots: int, width: int, policy: AttentionPolic
     zeros = lambda: jnp.zeros((slots,), jnp.int32)  # noqa: E731  (one buffer each: the step donates them)
     return Slots(carry=carry, keys=jax.random.split(jax.random.key(0), slots), lengths=zeros(), block=zeros(),
                  last=zeros(), busy=jnp.zeros((slots,), bool),
-                 rows=RowSampling(temperature=jnp.ones((slots,), jnp.float32), top_p=jnp.ones((slots,), jnp.float32)))
+                 rows=RowSampling(temperature=jnp.ones((slots,), jnp.float32), top_p=jnp.ones((slots,), jnp.float32),
+                                  top_k=zeros()))
 
 
-def insert(params, state: Slots, slot, prompt, length, max_new_tokens, seed, temperature, top_p, *, config,
-           loop: SlotLoop, block_length: int) -> Slots:
+def insert(params, state: Slots, slot, prompt, length, max_new_tokens, seed, temperature, top_p, top_k, *,
+           config, loop: SlotLoop, block_length: int) -> Slots:
     """Slot `slot` takes a request: `prompt` int32 [bucket] (a multiple of the block size; its first
     `length` tokens are the prompt) is prefilled alone into a one-row cache, whose rows replace the
     slot's; the slot's fill length is its complete prompt blocks (what lies past them is scratch, as in
     a left-padded `generate` batch), its tokens, draws, stop flag and pending commit start afresh, its
-    key is `seed`'s, its temperature and top-p the request's."""
+    key is `seed`'s, its temperature, top-p and top-k the request's."""
     bl = block_length
     carry = state.carry
     width = carry.x.shape[1]
@@ -131,7 +134,8 @@ def insert(params, state: Slots, slot, prompt, length, max_new_tokens, seed, tem
                          last=state.last.at[slot].set(-(-(length + max_new_tokens) // bl)),
                          busy=state.busy.at[slot].set(True),
                          rows=RowSampling(temperature=state.rows.temperature.at[slot].set(temperature),
-                                          top_p=state.rows.top_p.at[slot].set(top_p)))
+                                          top_p=state.rows.top_p.at[slot].set(top_p),
+                                          top_k=state.rows.top_k.at[slot].set(top_k)))
 
 
 def step(params, state: Slots, *, config, options, policy: AttentionPolicy, loop: SlotLoop, block_length: int) -> Slots:
@@ -144,6 +148,10 @@ def step(params, state: Slots, *, config, options, policy: AttentionPolicy, loop
     return state.replace(carry=carry, block=jnp.where(active, state.block + 1, state.block))
 
 
+# the largest top-k a request may ask for unless the engine is told (vLLM and SGLang take any; a static bound keeps
+# one compiled step, and the selection runs only in steps where some slot asks for a top-k)
+DEFAULT_MAX_TOP_K = 64
+
 _insert_jit = jax.jit(insert, static_argnames=("config", "loop", "block_length"), donate_argnames=("state",))
 _step_jit = jax.jit(step, static_argnames=("config", "options", "policy", "loop", "block_length"),
                     donate_argnames=("state",))
@@ -155,10 +163,13 @@ class Engine(RequestQueue):
     requests into free slots, advances every busy slot by one block and returns the requests that finished; `run`
     steps until nothing is left. `method`: None (dense), a method name or an attention policy, as `generate`'s.
     `options` are the family's generate options (`dllm_jax.generate`) but its answer length (SDAR's
-    max_new_tokens, LLaDA2's gen_length), which is per request; their temperature and top-p are the defaults
-    of a request that sets none."""
+    max_new_tokens, LLaDA2's gen_length), which is per request; their temperature, top-p and top-k are the
+    defaults of a request that sets none. `max_top_k`: the largest top-k a request may ask for (the compiled
+    step's static candidate count; None: DEFAULT_MAX_TOP_K, or the options' top-k if larger, at most the
+    vocabulary)."""
 
-    def __init__(self, model, *, slots: int = 8, max_context: int | None = None, method=None, **options):
+    def __init__(self, model, *, slots: int = 8, max_context: int | None = None, method=None,
+                 max_top_k: int | None = None, **options):
         config = model.config
         family = family_of(config)
         if family.slots is None:
@@ -174,8 +185,15 @@ class Engine(RequestQueue):
         self.loop = family.slots
         # the answer length stands at the longest a request can ask for (LLaDA2's steps per block depend on it:
         # a request that would change them is refused by the loop's check)
-        self.options = make_options(family.options_class, family.label,
-                                    options | {family.answer_option: self.max_context})
+        options = make_options(family.options_class, family.label, options | {family.answer_option: self.max_context})
+        self.defaults = SamplingValues(options.temperature, options.top_p, options.top_k)
+        if max_top_k is None:
+            max_top_k = min(max(DEFAULT_MAX_TOP_K, options.top_k), config.vocab_size)
+        self.max_top_k = check.integer("max_top_k", max_top_k, minimum=0, maximum=config.vocab_size)
+        if options.top_k > self.max_top_k:
+            raise ValueError(f"top_k={options.top_k} (the default of a request) exceeds max_top_k={self.max_top_k}")
+        # in the step, the options' top_k is the static bound of the slots' own (`sdar_commit`, LLaDA2's `commit`)
+        self.options = dataclasses.replace(options, top_k=self.max_top_k)
         self.policy = family.policy(method)
         bl = self.block_length = self.loop.block_length(config, self.options)
         self.width = -(-self.max_context // bl) * bl
@@ -186,18 +204,18 @@ class Engine(RequestQueue):
         self.running: list[Request | None] = [None] * self.slots
 
     def check(self, prompt_ids, max_new_tokens: int, seed: int = 0, temperature: float | None = None,
-              top_p: float | None = None) -> tuple[np.ndarray, int, int, float, float]:
-        """(int32 prompt, max_new_tokens, seed, temperature, top_p) of a request the engine can take (None: the
-        options' temperature and top-p), or a ValueError naming the problem. Reads only the engine's settings:
+              top_p: float | None = None, top_k: int | None = None) -> tuple[np.ndarray, int, int, SamplingValues]:
+        """(int32 prompt, max_new_tokens, seed, sampling) of a request the engine can take (None: the options'
+        temperature, top-p and top-k), or a ValueError naming the problem. Reads only the engine's settings:
         callable from any thread."""
         prompt, max_new_tokens, seed = self.checked_prompt(prompt_ids, max_new_tokens, seed)
-        temperature, top_p = self.checked_sampling(temperature, top_p, (self.options.temperature, self.options.top_p))
+        sampling = self.checked_sampling(temperature, top_p, top_k, self.defaults, max_top_k=self.max_top_k)
         check_context(self.config, len(prompt), max_new_tokens)
         if len(prompt) + max_new_tokens > self.max_context:
             raise ValueError(f"the prompt ({len(prompt)} tokens) + {max_new_tokens} new tokens = "
                              f"{len(prompt) + max_new_tokens} exceeds the engine's max_context={self.max_context}")
         self.loop.check_request(self.config, prompt[None], max_new_tokens, self.options)
-        return prompt, max_new_tokens, seed, temperature, top_p
+        return prompt, max_new_tokens, seed, sampling
 
     @property
     def busy(self) -> int:
@@ -250,7 +268,8 @@ class Engine(RequestQueue):
             prompt[:n] = request.prompt_ids
             self.state = _insert_jit(params, self.state, np.int32(slot), prompt, np.int32(n),
                                      np.int32(request.max_new_tokens), np.int32(request.seed),
-                                     np.float32(request.temperature), np.float32(request.top_p), config=self.config,
+                                     np.float32(request.sampling.temperature), np.float32(request.sampling.top_p),
+                                     np.int32(request.sampling.top_k), config=self.config,
                                      loop=self.loop, block_length=self.block_length)
             self.running[slot] = request
 

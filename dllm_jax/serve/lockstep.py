@@ -20,7 +20,7 @@ from dllm_jax.families import family_of
 from dllm_jax.generate import generate
 from dllm_jax.generate.requests import until_stop
 from dllm_jax.serve.engine import Completion
-from dllm_jax.serve.requests import RequestQueue
+from dllm_jax.serve.requests import RequestQueue, SamplingValues
 from dllm_jax.tokenizer import left_pad
 
 PADDED = {"llada": dict(padding="mask"), "dream": {}}  # families whose batches may mix prompt lengths
@@ -44,14 +44,15 @@ class LockstepEngine(RequestQueue):
         self.busy = 0
 
     def check(self, prompt_ids, max_new_tokens: int, seed: int = 0, temperature: float | None = None,
-              top_p: float | None = None) -> tuple[np.ndarray, int, int, float, float]:
-        """(int32 prompt, max_new_tokens, seed, temperature, top_p) of a request this server can take, or a
-        ValueError naming the problem (any thread). Decoding is greedy: a request may ask for temperature 0 and
-        top_p 1 only."""
+              top_p: float | None = None, top_k: int | None = None) -> tuple[np.ndarray, int, int, SamplingValues]:
+        """(int32 prompt, max_new_tokens, seed, sampling) of a request this server can take, or a ValueError
+        naming the problem (any thread). Decoding is greedy: a request may ask for temperature 0, top_p 1 and
+        top_k 0 only."""
         prompt, max_new_tokens, seed = self.checked_prompt(prompt_ids, max_new_tokens, seed)
-        temperature, top_p = self.checked_sampling(temperature, top_p, (0.0, 1.0))
-        if (temperature, top_p) != (0.0, 1.0):
-            raise ValueError(f"temperature={temperature}, top_p={top_p}: lockstep serving of {self.family.label} is "
+        sampling = self.checked_sampling(temperature, top_p, top_k, SamplingValues(), max_top_k=2**31 - 1)
+        if sampling != SamplingValues():
+            temperature, top_p, top_k = sampling.temperature, sampling.top_p, sampling.top_k
+            raise ValueError(f"{temperature=}, {top_p=}, {top_k=}: lockstep serving of {self.family.label} is "
                              "greedy (a batch draws from one seed, so a sampled request would not get what it gets "
                              "alone); ask for temperature 0")
         if max_new_tokens > self.answer:
@@ -62,7 +63,7 @@ class LockstepEngine(RequestQueue):
             raise ValueError(f"the prompt ({len(prompt)} tokens) + the {self.answer}-token answer region exceeds the "
                              f"server's max_context={self.max_context}")
         self.family.prepare(self.model, prompt[None], None, self.method, self.options)
-        return prompt, max_new_tokens, seed, temperature, top_p
+        return prompt, max_new_tokens, seed, sampling
 
     def room(self, prompt_length: int) -> int:
         """The most new tokens a request may ask for: the answer region's length."""

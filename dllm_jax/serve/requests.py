@@ -13,13 +13,21 @@ from dllm_jax.generate.requests import check_prompt
 
 
 @dataclasses.dataclass(frozen=True)
+class SamplingValues:
+    """A request's sampling (checked; each given value or the engine's default)."""
+
+    temperature: float = 0.0  # 0: the family's greedy decoding
+    top_p: float = 1.0  # 1: no nucleus filter
+    top_k: int = 0  # 0: no top-k filter
+
+
+@dataclasses.dataclass(frozen=True)
 class Request:
     request_id: int
     prompt_ids: np.ndarray  # int32 [P]
     max_new_tokens: int
     seed: int
-    temperature: float  # 0: the family's greedy decoding
-    top_p: float
+    sampling: SamplingValues
 
 
 class RequestQueue:
@@ -38,15 +46,21 @@ class RequestQueue:
         self.next_id = 0
 
     def check(self, prompt_ids, max_new_tokens: int, seed: int = 0, temperature: float | None = None,
-              top_p: float | None = None) -> tuple[np.ndarray, int, int, float, float]:
+              top_p: float | None = None, top_k: int | None = None) -> tuple[np.ndarray, int, int, SamplingValues]:
         raise NotImplementedError
 
-    def checked_sampling(self, temperature, top_p, defaults: tuple[float, float]) -> tuple[float, float]:
-        """(temperature, top_p) of a request: each given value checked (temperature in [0, 2], 0 meaning greedy;
-        top_p in (0, 1]), None taking the engine's default from `defaults`."""
-        temperature = defaults[0] if temperature is None else check.real("temperature", temperature, low=0, high=2)
-        top_p = defaults[1] if top_p is None else check.real("top_p", top_p, low=0, high=1, low_open=True)
-        return float(temperature), float(top_p)
+    def checked_sampling(self, temperature, top_p, top_k, defaults: SamplingValues, *,
+                         max_top_k: int) -> SamplingValues:
+        """A request's sampling: each given value checked (temperature in [0, 2], 0 meaning greedy; top_p in
+        (0, 1]; top_k in [0, max_top_k], 0 meaning no filter), None taking the engine's default."""
+        temperature = defaults.temperature if temperature is None else check.real("temperature", temperature, low=0,
+                                                                                  high=2)
+        top_p = defaults.top_p if top_p is None else check.real("top_p", top_p, low=0, high=1, low_open=True)
+        top_k = defaults.top_k if top_k is None else check.integer("top_k", top_k, minimum=0)
+        if top_k > max_top_k:
+            raise ValueError(f"top_k={top_k} exceeds the {max_top_k} this engine was started with (its compiled step "
+                             "selects a static number of candidates: max_top_k, dllm-jax serve --max-top-k)")
+        return SamplingValues(float(temperature), float(top_p), int(top_k))
 
     def checked_prompt(self, prompt_ids, max_new_tokens: int, seed: int) -> tuple[np.ndarray, int, int]:
         """(int32 prompt [P], max_new_tokens, seed) after the checks every engine makes."""
@@ -59,11 +73,11 @@ class RequestQueue:
         return prompt.astype(np.int32), max_new_tokens, seed
 
     def submit(self, prompt_ids, max_new_tokens: int, seed: int = 0, temperature: float | None = None,
-               top_p: float | None = None) -> int:
-        """Queues a request (prompt_ids: int [P], P >= 1; its own temperature and top-p, None for the engine's)
-        and returns its id; ValueError before anything is queued for a request the model or the engine cannot
-        take (`check`)."""
-        request = Request(self.next_id, *self.check(prompt_ids, max_new_tokens, seed, temperature, top_p))
+               top_p: float | None = None, top_k: int | None = None) -> int:
+        """Queues a request (prompt_ids: int [P], P >= 1; its own temperature, top-p and top-k, None for the
+        engine's) and returns its id; ValueError before anything is queued for a request the model or the engine
+        cannot take (`check`)."""
+        request = Request(self.next_id, *self.check(prompt_ids, max_new_tokens, seed, temperature, top_p, top_k))
         self.next_id += 1
         self.queue.append(request)
         return request.request_id

@@ -38,6 +38,7 @@ class Job:
     stop: tuple[str, ...] = ()  # stop strings: the text ends before the first one
     temperature: float | None = None  # None: the engine's
     top_p: float | None = None
+    top_k: int | None = None
 
 
 @dataclasses.dataclass(frozen=True)
@@ -160,7 +161,7 @@ class Worker:
                 job = ticket.job
                 try:
                     ticket.request_id = self.engine.submit(job.prompt_ids, job.max_tokens, job.seed, job.temperature,
-                                                           job.top_p)
+                                                           job.top_p, job.top_k)
                 except ValueError as e:  # checked by the handler already; still, the job ends with the reason
                     ticket.put(Event(error=str(e)))
                     continue
