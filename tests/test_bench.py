@@ -131,6 +131,8 @@ def test_throughput_tiny_weights_section_writes_rows_against_the_copy_bandwidth(
         assert r["section"] == "weights" and r["weight_bytes"] == expected
         assert r["fraction_of_copy"] == pytest.approx(r["tb_s"] / copy["copy_tb_s"])
         assert r["tb_s"] == pytest.approx(expected / (r["step_ms"] / 1e3) / 1e12)
+        assert r["loop_tb_s"] == pytest.approx(expected / (r["loop_step_ms"] / 1e3) / 1e12)  # steps in one program
+        assert r["loop_fraction_of_copy"] == pytest.approx(r["loop_tb_s"] / copy["copy_tb_s"])
     assert "Weight-reading part" in result.with_suffix(".md").read_text()
     assert done.stdout.rstrip().splitlines()[-1].startswith("| weights, 32 tokens |")  # the summary is last
 
