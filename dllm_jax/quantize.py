@@ -12,7 +12,9 @@ against 3.59 ms for the 36 layers' GEMMs at 4 rows).
 
 Which tensors: the projections of attention and MLP and an untied LM head (each family's `Family.quantized`
 table names them in the checkpoint layout with the axes a GEMM contracts). Norms, the embedding table (a
-gather; also the head where tied), LLaDA2's router and routed experts stay in the parameter dtype.
+gather; also the head where tied) and LLaDA2's router stay in the parameter dtype. LLaDA2's routed experts are
+quantized per expert and output channel and multiplied by the grouped-GEMM kernel, which casts their tiles in
+registers (`pallas_kernels.grouped_matmul`'s w_scale; `jax.lax.ragged_dot` of the cast weights elsewhere).
 
 The GEMM (`linear`, gemm="auto"), chosen by the rows it multiplies (static under jit):
   * below `W8A8_MIN_ROWS` rows: weight-only in XLA. The weight is cast to the activations' dtype inside the

@@ -283,6 +283,32 @@ class KernelChecks:
             assert got.shape == want.shape and np.isfinite(got).all()
             assert np.abs(got - want).max() / np.abs(want).max() <= O_TOL[dtype]
 
+    @pytest.mark.parametrize("wdtype", [jnp.int8, jnp.float8_e4m3fn])
+    def test_grouped_matmul_of_quantized_weights(self, rng, wdtype):
+        """w [G, N, K] in one byte with a scale [G, N] (LLaDA2's quantized routed experts): each tile's product
+        scaled by its group's scale; group 1 owns no tile, the last tile is unused, N is not a block."""
+        groups, k, n, block_m, tile_groups = 3, 64, 48, 16, [0, 0, 2, 3]
+        tiles = jnp.asarray(tile_groups, jnp.int32)
+        x = jnp.asarray(rng.standard_normal((len(tile_groups) * block_m, k)), BF16)
+        if wdtype == jnp.int8:
+            w = jnp.asarray(rng.integers(-127, 128, (groups, n, k)), jnp.int8)
+        else:
+            w = jnp.asarray(rng.standard_normal((groups, n, k)) * 40, wdtype)
+        scale = jnp.asarray(rng.uniform(1e-3, 1e-2, (groups, n)), F32)
+        out = np.asarray(pk.grouped_matmul(x, w, tiles, block_m=block_m, block_k=32, block_n=32, w_scale=scale,
+                                           interpret=self.INTERPRET), np.float32)
+        ref = np.asarray(pk.grouped_matmul_reference(x, w, tiles, block_m=block_m, w_scale=scale), np.float32)
+        want = np.zeros_like(ref)
+        for t, g in enumerate(tile_groups):
+            if g < groups:
+                rows = slice(t * block_m, (t + 1) * block_m)
+                dequantized = np.asarray(w[g].astype(F32), np.float64) * np.asarray(scale[g], np.float64)[:, None]
+                want[rows] = np.asarray(x[rows], np.float64) @ dequantized.T
+        for got in (out, ref):
+            assert got.shape == want.shape and np.isfinite(got).all()
+            assert np.abs(got - want).max() / np.abs(want).max() <= O_TOL[BF16]
+        np.testing.assert_array_equal(out[3 * block_m:], 0.0)
+
     # ---- quantized matmul (decode's GEMM of int8 / FP8 weights) ----
     @pytest.mark.parametrize("wdtype", [jnp.int8, jnp.float8_e4m3fn])
     @pytest.mark.parametrize("m,n,k,block_n,block_k,split_k", [
@@ -397,6 +423,11 @@ def _bad_calls():
         "grouped order": (lambda: gm(gx, gw, jnp.asarray([1, 0, 2, 2]), block_m=16), "nondecreasing"),
         "grouped tiles": (lambda: gm(gx, gw, jnp.zeros(3, jnp.int32), block_m=16), "one per tile"),
         "grouped shapes": (lambda: gm(gx, gw[:, :32], jnp.zeros(4, jnp.int32), block_m=16), "w [G, K, N]"),
+        "grouped quantized": (lambda: gm(gx, qw[None], jnp.zeros(4, jnp.int32), block_m=16, w_scale=qs[None, :8]),
+                              "w [G, N, K] and scale [G, N]"),
+        "grouped quantized dtype": (lambda: gm(gx, gw, jnp.zeros(4, jnp.int32), block_m=16,
+                                                   w_scale=jnp.ones((2, 64))),
+                                    "int8 or float8_e4m3fn"),
         "quantized rows": (lambda: qm(jnp.zeros((17, 64), BF16), qw, qs, block_k=32), "1..16 rows"),
         "quantized K": (lambda: qm(qx, qw, qs, block_k=32, split_k=4), "split_k * block_k = 128"),
         "quantized N": (lambda: qm(qx, qw, qs, block_n=64, block_k=32), "block_n=64"),

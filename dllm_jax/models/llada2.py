@@ -68,12 +68,14 @@ PARAM_AXES = DECODER_AXES | {
     "shared_gate_up": (None, "tp"), "shared_down": ("tp", None)}
 
 # quantized linear layers (dllm_jax.quantize), checkpoint layout with the axes each GEMM contracts (after the
-# layer axis), and their inference names: attention, the dense layers' MLP and the shared experts (the routed
-# experts, read by the grouped-GEMM kernel of dllm_jax.models.moe, and the router stay in the parameter dtype)
+# layer axis; the routed experts' after their expert axis too), and their inference names: attention, the dense
+# layers' MLP, the routed experts (the grouped-GEMM kernel of dllm_jax.models.moe reads them in one byte) and the
+# shared experts (the router stays in the parameter dtype)
 QUANTIZED = {"layers": {"qkv_proj": (1,), "o_proj": (1,)},
              "dense": {"gate_proj": (1,), "up_proj": (1,), "down_proj": (1,)},
-             "moe": {"shared_gate_proj": (1,), "shared_up_proj": (1,), "shared_down_proj": (1,)}, "lm_head": (0,)}
-QUANTIZED_INFERENCE = DECODER_QUANTIZED + ("shared_gate_up", "shared_down")
+             "moe": {"gate_proj": (2,), "up_proj": (2,), "down_proj": (2,), "shared_gate_proj": (1,),
+                     "shared_up_proj": (1,), "shared_down_proj": (1,)}, "lm_head": (0,)}
+QUANTIZED_INFERENCE = DECODER_QUANTIZED + ("experts_gate_up", "experts_down", "shared_gate_up", "shared_down")
 
 
 # --- parameter shapes and layouts ----------------------------------------------------------------
@@ -161,8 +163,10 @@ def prepare_layer(config: LLaDA2Config, layer: int, attn: dict, mlp: dict) -> di
             p |= {"gate_up_proj" + x: interleave(mlp["gate_proj" + x], mlp["up_proj" + x]),
                   "down_proj" + x: mlp["down_proj" + x]}
         return transpose_quantized(p)
-    p |= {"router": mlp["router"], "expert_bias": mlp["expert_bias"],
-          "experts_gate_up": interleave(mlp["gate_proj"], mlp["up_proj"]), "experts_down": mlp["down_proj"]}
+    p |= {"router": mlp["router"], "expert_bias": mlp["expert_bias"]}
+    for x in suffixes:
+        p |= {"experts_gate_up" + x: interleave(mlp["gate_proj" + x], mlp["up_proj" + x]),
+              "experts_down" + x: mlp["down_proj" + x]}
     if config.num_shared_experts:
         for x in suffixes:
             p |= {"shared_gate_up" + x: interleave(mlp["shared_gate_proj" + x], mlp["shared_up_proj" + x]),
@@ -224,7 +228,9 @@ def moe_sublayer(p, x, config: LLaDA2Config):
     h = rms_norm(x, p["mlp_norm"], config.rms_norm_eps).reshape(b * n, d)
     idx, weights = route(h, p["router"], p["expert_bias"], config)
     # in generation on a model loaded with mesh=, the experts run per device
-    out = routed_experts(h, idx, weights, p["experts_gate_up"], p["experts_down"], mesh=traced_mesh()).astype(x.dtype)
+    out = routed_experts(h, idx, weights, p["experts_gate_up"], p["experts_down"], mesh=traced_mesh(),
+                         gate_up_scale=p.get(scale_name("experts_gate_up")),
+                         down_scale=p.get(scale_name("experts_down"))).astype(x.dtype)
     if config.num_shared_experts:
         out = out + shared_experts(p, h)
     return x + out.reshape(b, n, d)

@@ -50,26 +50,35 @@ def dispatch(idx, num_experts: int, block_m: int):
 
 
 @functools.partial(jax.named_call, name="routed_experts")
-def routed_experts(x, idx, weights, gate_up, down, *, backend: str = "auto", mesh=None):
+def routed_experts(x, idx, weights, gate_up, down, *, gate_up_scale=None, down_scale=None, backend: str = "auto",
+                   mesh=None):
     """sum_j weights[:, j] * expert_{idx[:, j]}(x) for tokens x [T, d]: SwiGLU experts with interleaved
     gate/up columns gate_up [E, d, 2 Im] and down [E, Im, d]; idx int32 [T, k], weights fp32 [T, k].
-    Returns fp32 [T, d]. `backend` as `dllm_jax.attention.kernels` takes it. With a `mesh` (axes "dp",
-    "sp", "tp"; a Mesh or the AbstractMesh of `jax.sharding.get_abstract_mesh()`), each device takes
-    its "dp" rows and its "tp" slice of the experts' hidden dimension (T must split over "dp")."""
+    Quantized experts (`dllm_jax.quantize`) come stored [E, out, in] with their float32 scales [E, out]
+    (`gate_up_scale`, `down_scale`). Returns fp32 [T, d]. `backend` as `dllm_jax.attention.kernels` takes it.
+    With a `mesh` (axes "dp", "sp", "tp"; a Mesh or the AbstractMesh of `jax.sharding.get_abstract_mesh()`),
+    each device takes its "dp" rows and its "tp" slice of the experts' hidden dimension (T must split over
+    "dp")."""
+    quantized = gate_up_scale is not None
     if mesh is not None and mesh.shape["dp"] * mesh.shape["tp"] > 1:
-        def per_device(x, idx, weights, gate_up, down):
-            return jax.lax.psum(routed_experts(x, idx, weights, gate_up, down, backend=backend), "tp")
+        def per_device(x, idx, weights, gate_up, down, *scales):
+            named = dict(zip(("gate_up_scale", "down_scale"), scales))
+            return jax.lax.psum(routed_experts(x, idx, weights, gate_up, down, backend=backend, **named), "tp")
 
         rows = P("dp", None)
-        return jax.shard_map(per_device, mesh=mesh, out_specs=rows,
-                             in_specs=(rows, rows, rows, P(None, None, "tp"), P(None, "tp", None)))(
-            x, idx, weights, gate_up, down)
+        if quantized:  # [E, out, in]: gate/up's output columns and down's input rows are the hidden dimension
+            specs, scales = (P(None, "tp", None), P(None, None, "tp"), P(None, "tp"), P(None, None)), (
+                gate_up_scale, down_scale)
+        else:
+            specs, scales = (P(None, None, "tp"), P(None, "tp", None)), ()
+        return jax.shard_map(per_device, mesh=mesh, out_specs=rows, in_specs=(rows, rows, rows, *specs))(
+            x, idx, weights, gate_up, down, *scales)
     t, k = idx.shape
     block_m = tile_rows(t * k, gate_up.shape[0])
     rows, tile_expert, buffer_rows = dispatch(idx, gate_up.shape[0], block_m)
     copies = jnp.zeros((buffer_rows, x.shape[1]), x.dtype).at[rows].set(jnp.repeat(x, k, axis=0))
     grouped = functools.partial(call, pk.grouped_matmul, pk.grouped_matmul_reference, backend, block_m=block_m)
-    h = grouped(copies, gate_up, tile_expert)
+    h = grouped(copies, gate_up, tile_expert, w_scale=gate_up_scale)
     h = swiglu_gate(h)  # padding rows stay 0: silu(0) * 0
-    y = grouped(h, down, tile_expert)[rows].reshape(t, k, -1)
+    y = grouped(h, down, tile_expert, w_scale=down_scale)[rows].reshape(t, k, -1)
     return jnp.sum(y.astype(jnp.float32) * weights[..., None], axis=1)
