@@ -89,6 +89,8 @@ def parse_args(argv=None) -> argparse.Namespace:
     parser.add_argument("--seconds", type=float, default=300, help="longest a mode may take on one rate's trace")
     parser.add_argument("--out", type=Path, default=Path("benchmarks/results"))
     parser.add_argument("--tag", default="")
+    parser.add_argument("--overlap", action="store_true",
+                        help="the engine dispatches each step before reading the previous one (Engine(overlap=True))")
     parser.add_argument("--plot", type=Path, metavar="RESULTS_JSON",
                         help="draw this results file to <out>/<its name>.png instead of running")
     args = parser.parse_args(argv)
@@ -238,7 +240,7 @@ def main(argv=None) -> Path:
     traces = {rate: make_trace(rate, args.requests, args.prompt_lengths, args.output_lengths, config.vocab_size - 3,
                                config.mask_token_id, args.seed + i) for i, rate in enumerate(args.rates)}
     app = build_app(model, tokenizer, model_name=args.model, slots=args.slots, max_context=context,
-                    max_queue=args.requests * 2)
+                    max_queue=args.requests * 2, overlap=args.overlap)
     pads = widths(args.prompt_lengths)
     new = args.output_lengths[1]
     rows = []
@@ -267,12 +269,13 @@ def main(argv=None) -> Path:
     meta = dict(benchmark="serving" + (f"_{args.tag}" if args.tag else ""), device=jax.devices()[0].device_kind,
                 jax=jax.__version__, date=datetime.date.today().isoformat(), model=args.model, slots=args.slots,
                 requests=args.requests, prompt_lengths=args.prompt_lengths, output_lengths=args.output_lengths,
-                seed=args.seed, lockstep_widths=pads, lockstep_new_tokens=new)
+                seed=args.seed, lockstep_widths=pads, lockstep_new_tokens=new, overlap=args.overlap)
     header = ["rate (req/s)", "mode", "tokens/s", "vs lockstep", "first block p50 / p99 (s)", "latency p50 / p99 (s)"]
     table = [[r["rate"], r["mode"], r["tokens_per_s"], f"{r['speedup']}x" if "speedup" in r else "",
               f"{r['first_p50']} / {r['first_p99']}", f"{r['latency_p50']} / {r['latency_p99']}"] for r in rows]
     lines = [f"# Serving: continuous batching against lockstep - {meta['device']}, jax {meta['jax']}, {meta['date']}",
-             "", f"{args.model} (random weights, stops off), {args.slots} slots, {args.requests} requests per rate, "
+             "", f"{args.model} (random weights, stops off), {args.slots} slots"
+             f"{' (overlapped steps)' if args.overlap else ''}, {args.requests} requests per rate, "
              f"prompts {args.prompt_lengths[0]}-{args.prompt_lengths[1]}, outputs {args.output_lengths[0]}-"
              f"{args.output_lengths[1]} tokens; lockstep widths {pads}, {new} new tokens per batch.", "",
              *markdown_table(header, table, align="rlrrrr")]

@@ -35,12 +35,13 @@ def own_options(options: dict, temperature, top_p, top_k, greedy: dict) -> dict:
     return options | own
 
 
-@pytest.mark.parametrize("options, sampling", [
-    (dict(remasking="sequential", top_k=1, denoising_steps=4), None),  # greedy by the engine's options
-    (dict(remasking="low_confidence_dynamic", denoising_steps=4), SAMPLING),  # each request its own sampling
-], ids=["greedy", "per-request sampling"])
-def test_each_request_gets_what_generate_gives_its_prompt_alone(model, rng, options, sampling):
-    engine = Engine(model, slots=3, max_context=64, **options)
+@pytest.mark.parametrize("options, sampling, overlap", [
+    (dict(remasking="sequential", top_k=1, denoising_steps=4), None, False),  # greedy by the engine's options
+    (dict(remasking="low_confidence_dynamic", denoising_steps=4), SAMPLING, False),  # each request its own
+    (dict(remasking="low_confidence_dynamic", denoising_steps=4), SAMPLING, True),  # steps dispatched ahead
+], ids=["greedy", "per-request sampling", "per-request sampling, overlapped"])
+def test_each_request_gets_what_generate_gives_its_prompt_alone(model, rng, options, sampling, overlap):
+    engine = Engine(model, slots=3, max_context=64, overlap=overlap, **options)
     prompts = [rng.integers(0, 40, n) for n, _, _ in REQUESTS]
     sampling = sampling or [(None, None, None)] * len(REQUESTS)
     submit = lambda i: engine.submit(prompts[i], REQUESTS[i][1], REQUESTS[i][2], *sampling[i])  # noqa: E731
@@ -61,6 +62,26 @@ def test_each_request_gets_what_generate_gives_its_prompt_alone(model, rng, opti
         stopped += len(alone) < -(-(n + k) // 4) * 4
     if options.get("top_k") != 1:
         assert stopped, "no request stopped early: per-slot stops were not exercised"
+
+
+def test_overlapped_steps_report_progress_that_grows_into_each_answer(model, rng):
+    """With overlap, what `progress` reports after each step (the previous step's result) is a prefix of the
+    request's final answer that never shrinks, and every request completes."""
+    engine = Engine(model, slots=3, max_context=64, overlap=True, remasking="low_confidence_dynamic",
+                    denoising_steps=4)
+    ids = [engine.submit(rng.integers(0, 40, n), k, seed) for n, k, seed in REQUESTS]
+    seen = {i: [] for i in ids}
+    done = {}
+    while engine.queue or engine.busy or engine.inflight is not None:
+        done.update((c.request_id, c) for c in engine.step())
+        for request_id, tokens in engine.progress().items():
+            seen[request_id].append(tokens)
+    assert sorted(done) == sorted(ids)
+    assert any(seen.values())  # (a request that ends at the first step read of it reports none)
+    for request_id, reports in seen.items():
+        final = done[request_id].generated
+        for earlier, later in zip(reports, reports[1:] + [final]):
+            np.testing.assert_array_equal(later[:len(earlier)], earlier)
 
 
 def test_a_method_in_the_slot_gives_what_generate_gives_with_it(model, rng):

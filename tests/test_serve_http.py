@@ -314,5 +314,5 @@ def test_lockstep_serving_refuses_sampling(checkpoints):
     model = dllm_jax.load_model(checkpoints[0], dtype="float32", progress=False)
     with pytest.raises(ValueError, match="greedy"):
         build_app(model, ChatTokenizer(checkpoints[0]), model_name=NAME, temperature=0.7, gen_length=16)
-    with pytest.raises(ValueError, match="max_top_k bounds the slot engine's"):
+    with pytest.raises(ValueError, match="max_top_k and overlap are the slot engine's"):
         build_app(model, ChatTokenizer(checkpoints[0]), model_name=NAME, max_top_k=8, gen_length=16)

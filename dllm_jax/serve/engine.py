@@ -65,6 +65,26 @@ class Slots:
     rows: RowSampling  # [S] each: the slot's request's temperature, top-p and top-k
 
 
+@struct.dataclass
+class Snapshot:
+    """What the host reads of a step's result: copies, so that the step's state can be donated to the next one
+    while the host reads them (`Engine(overlap=True)`)."""
+
+    block: jax.Array
+    last: jax.Array
+    stopped: jax.Array
+    x: jax.Array
+    decoded: jax.Array
+
+
+@dataclasses.dataclass(frozen=True)
+class InFlight:
+    """A dispatched step: its snapshot and the request each slot held when it was dispatched."""
+
+    snapshot: Snapshot
+    running: tuple
+
+
 @dataclasses.dataclass(frozen=True)
 class Completion:
     """A finished request: `tokens` are its prompt and generated tokens as `generate` returns them for
@@ -138,14 +158,17 @@ def insert(params, state: Slots, slot, prompt, length, max_new_tokens, seed, tem
                                           top_k=state.rows.top_k.at[slot].set(top_k)))
 
 
-def step(params, state: Slots, *, config, options, policy: AttentionPolicy, loop: SlotLoop, block_length: int) -> Slots:
-    """Every busy slot that has a block left and no stop decodes its next block."""
+def step(params, state: Slots, *, config, options, policy: AttentionPolicy, loop: SlotLoop,
+         block_length: int) -> tuple[Slots, Snapshot]:
+    """Every busy slot that has a block left and no stop decodes its next block; (the state, its snapshot)."""
     active = state.busy & (state.block < state.last) & ~state.carry.stopped
     carry = decode_block(loop.loop_params(params, config), state.carry, state.keys, state.block, active,
                          lengths=state.lengths, block_length=block_length,
                          stop_ids=jnp.asarray(config.stop_ids, jnp.int32), config=config, options=options,
                          policy=policy, sampler=loop.sampler, rows=state.rows)
-    return state.replace(carry=carry, block=jnp.where(active, state.block + 1, state.block))
+    state = state.replace(carry=carry, block=jnp.where(active, state.block + 1, state.block))
+    return state, Snapshot(block=state.block, last=state.last, stopped=state.carry.stopped, x=state.carry.x,
+                           decoded=state.carry.decoded)
 
 
 # the largest top-k a request may ask for unless the engine is told (vLLM and SGLang take any; a static bound keeps
@@ -166,10 +189,12 @@ class Engine(RequestQueue):
     max_new_tokens, LLaDA2's gen_length), which is per request; their temperature, top-p and top-k are the
     defaults of a request that sets none. `max_top_k`: the largest top-k a request may ask for (the compiled
     step's static candidate count; None: DEFAULT_MAX_TOP_K, or the options' top-k if larger, at most the
-    vocabulary)."""
+    vocabulary). `overlap`: dispatch each step before reading the previous one's result, so that the host's work
+    (retiring, admitting, the progress the server streams) runs while the device decodes; a slot whose request
+    finished then idles one step before the next request enters it (not timed on a GPU yet; off by default)."""
 
     def __init__(self, model, *, slots: int = 8, max_context: int | None = None, method=None,
-                 max_top_k: int | None = None, **options):
+                 max_top_k: int | None = None, overlap: bool = False, **options):
         config = model.config
         family = family_of(config)
         if family.slots is None:
@@ -202,6 +227,9 @@ class Engine(RequestQueue):
         self.state = init_slots(model.params(), config=config, slots=self.slots, width=self.width, policy=self.policy,
                                 loop=self.loop, block_length=bl)
         self.running: list[Request | None] = [None] * self.slots
+        self.overlap = check.flag("overlap", overlap)
+        self.inflight: InFlight | None = None  # the step dispatched and not yet read (overlap)
+        self.seen: InFlight | None = None  # the last step read: what `progress` reports
 
     def check(self, prompt_ids, max_new_tokens: int, seed: int = 0, temperature: float | None = None,
               top_p: float | None = None, top_k: int | None = None) -> tuple[np.ndarray, int, int, SamplingValues]:
@@ -241,13 +269,20 @@ class Engine(RequestQueue):
         self.state = self.state.replace(busy=jnp.asarray([r is not None for r in self.running]))
 
     def progress(self) -> dict[int, np.ndarray]:
-        """{request id: the tokens it has generated so far} for every running request: its decoded blocks (final:
-        a decoded block never changes), cut after a stop token, as its Completion will hold them."""
-        running = [(slot, r) for slot, r in enumerate(self.running) if r is not None]
+        """{request id: the tokens it has generated so far} for every running request, as of the last step read:
+        its decoded blocks (final: a decoded block never changes), cut after a stop token, as its Completion will
+        hold them."""
+        if self.seen is None:
+            return {}
+        running = self.still_running(self.seen)
         if not running:
             return {}
-        x, decoded = np.asarray(self.state.carry.x), np.asarray(self.state.carry.decoded)
+        x, decoded = np.asarray(self.seen.snapshot.x), np.asarray(self.seen.snapshot.decoded)
         return {r.request_id: self.answer(x, decoded, slot, r)[len(r.prompt_ids):] for slot, r in running}
+
+    def still_running(self, step: InFlight) -> list[tuple[int, Request]]:
+        """(slot, request) of the requests a step decoded that still hold their slot (not retired, cancelled)."""
+        return [(slot, r) for slot, r in enumerate(step.running) if r is not None and self.running[slot] is r]
 
     def answer(self, x: np.ndarray, decoded: np.ndarray, slot: int, request: Request) -> np.ndarray:
         """The slot's prompt and decoded tokens as `generate` returns them for the prompt alone: cut after the
@@ -274,22 +309,30 @@ class Engine(RequestQueue):
             self.running[slot] = request
 
     def step(self) -> list[Completion]:
-        """Admits queued requests, decodes one block in every busy slot, retires the finished ones."""
+        """Admits queued requests, decodes one block in every busy slot, retires the finished ones (with
+        `overlap`, those the previous step finished, read while this one runs)."""
         self.admit()
-        if not self.busy:
-            return []
-        self.state = _step_jit(self.model.params(), self.state, config=self.config, options=self.options,
-                               policy=self.policy, loop=self.loop, block_length=self.block_length)
-        s = self.state
-        block, last, stopped = (np.asarray(a) for a in (s.block, s.last, s.carry.stopped))
-        done = [slot for slot, r in enumerate(self.running) if r is not None and (block[slot] >= last[slot]
-                                                                                  or stopped[slot])]
+        previous, self.inflight = self.inflight, None
+        if self.busy:
+            self.state, snapshot = _step_jit(self.model.params(), self.state, config=self.config,
+                                             options=self.options, policy=self.policy, loop=self.loop,
+                                             block_length=self.block_length)
+            self.inflight = InFlight(snapshot, tuple(self.running))
+        if not self.overlap:
+            previous, self.inflight = self.inflight, None
+        return [] if previous is None else self.retire(previous)
+
+    def retire(self, step: InFlight) -> list[Completion]:
+        """Reads a dispatched step's snapshot (waiting for it) and frees the slots whose request it finished."""
+        self.seen = step
+        s = step.snapshot
+        block, last, stopped = (np.asarray(a) for a in (s.block, s.last, s.stopped))
+        done = [(slot, r) for slot, r in self.still_running(step) if block[slot] >= last[slot] or stopped[slot]]
         if not done:
             return []
-        x, decoded = np.asarray(s.carry.x), np.asarray(s.carry.decoded)
+        x, decoded = np.asarray(s.x), np.asarray(s.decoded)
         completions = []
-        for slot in done:
-            request = self.running[slot]
+        for slot, request in done:
             completions.append(Completion(request.request_id, self.answer(x, decoded, slot, request),
                                           len(request.prompt_ids)))
             self.running[slot] = None
@@ -299,6 +342,6 @@ class Engine(RequestQueue):
     def run(self) -> dict[int, Completion]:
         """Steps until the queue and the slots are empty; {request id: Completion}."""
         done = {}
-        while self.queue or self.busy:
+        while self.queue or self.busy or self.inflight is not None:
             done.update((c.request_id, c) for c in self.step())
         return done
