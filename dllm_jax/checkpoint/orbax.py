@@ -60,7 +60,8 @@ def restore_params(directory: Path, shapes: dict, dtype) -> dict:
                  for p, s in expected.items() if p in stored and stored[p][0] != s]
     if problems:
         raise ValueError(f"converted checkpoint {directory} does not match its config.json:\n  "
-                         + "\n  ".join(problems))
+                         + "\n  ".join(problems) + "\n(a tree written by another version of dllm_jax, e.g. a quantized "
+                         "LLaDA2 tree from before its routed experts were quantized: convert the HF checkpoint again)")
     sharding = jax.sharding.SingleDeviceSharding(jax.devices()[0])
     dtypes = dtype if isinstance(dtype, dict) else jax.tree.map(lambda _: dtype, shapes, is_leaf=is_shape)
     target = jax.tree.map(lambda s, d: jax.ShapeDtypeStruct(s, d, sharding=sharding), shapes, dtypes, is_leaf=is_shape)
