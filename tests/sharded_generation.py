@@ -118,20 +118,30 @@ def main(root: Path, out: Path) -> None:
             refusals[key] = str(e)
     out.write_text(json.dumps(dict(devices=len(jax.devices()), rows=rows, refused=refusals, flops=flops,
                                tp_short_equal=tp_short_equal, moe=sharded_experts(),
-                               quantized=sharded_quantized(root / "sdar", prompts["sdar"]))))
+                               quantized=sharded_quantized(root, prompts))))
 
 
-def sharded_quantized(checkpoint: Path, prompts) -> dict:
-    """SDAR with int8 weights (`quantize="int8"`, bf16 compute) on a tp=2 x dp=2 mesh against one device: greedy
-    generation, and how its quantized weights and scales are split."""
-    plain = load_model(checkpoint, quantize="int8", progress=False)
-    sharded = load_model(checkpoint, quantize="int8", progress=False, mesh=make_mesh("tp=2,dp=2"))
-    options = OPTIONS["sdar"] | dict(top_k=1)
-    layer = sharded.params()["layers"][0]
-    shards = {name: [list(layer[name].shape), sorted({tuple(s.data.shape) for s in layer[name].addressable_shards})]
-              for name in ("qkv_proj", "qkv_proj_scale", "down_proj", "down_proj_scale")}
-    same = np.array_equal(generate(sharded, prompts, **options), generate(plain, prompts, **options))
-    return dict(equal=bool(same), shards=shards)
+# per family: the layer whose quantized weights' split is recorded, and those weights (LLaDA2: a MoE layer's routed
+# experts, which run per device in a shard_map that takes their scales too)
+QUANTIZED_SPLITS = {"sdar": (0, ("qkv_proj", "qkv_proj_scale", "down_proj", "down_proj_scale")),
+                    "llada2": (-1, ("experts_gate_up", "experts_gate_up_scale", "experts_down", "experts_down_scale"))}
+
+
+def sharded_quantized(root: Path, prompts: dict) -> dict:
+    """SDAR and LLaDA2 with int8 weights (`quantize="int8"`, bf16 compute) on a tp=2 x dp=2 mesh against one device:
+    greedy generation, and how their quantized weights and scales are split."""
+    out = {}
+    for family, (index, names) in QUANTIZED_SPLITS.items():
+        plain = load_model(root / family, quantize="int8", progress=False)
+        sharded = load_model(root / family, quantize="int8", progress=False, mesh=make_mesh("tp=2,dp=2"))
+        options = OPTIONS[family] | (dict(top_k=1) if family == "sdar" else {})
+        layer = sharded.params()["layers"][index]
+        shards = {name: [list(layer[name].shape), sorted({tuple(s.data.shape) for s in layer[name].addressable_shards})]
+                  for name in names}
+        prompt = prompts[family]
+        same = np.array_equal(generate(sharded, prompt, **options), generate(plain, prompt, **options))
+        out[family] = dict(equal=bool(same), shards=shards)
+    return out
 
 
 def sharded_experts() -> dict:

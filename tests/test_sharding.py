@@ -72,14 +72,24 @@ def test_routed_experts_run_per_device_on_their_slice(sharded):
 
 def test_a_quantized_model_shards_and_generates_what_one_device_does(sharded):
     """int8 weights (stored [out, in]) split over tp as their bf16 form would be: qkv_proj by its output columns
-    (now its rows), down_proj by its input rows (now its columns); each scale with its output channels."""
-    quantized = sharded["quantized"]
+    (now its rows), down_proj by its input rows (now its columns); each scale with its output channels. LLaDA2's
+    routed experts ([E, out, in]) likewise, through the shard_map they run in."""
+    quantized = sharded["quantized"]["sdar"]
     assert quantized["equal"], quantized
     shards = quantized["shards"]
     (qkv, qkv_shards), (qkv_scale, scale_shards) = shards["qkv_proj"], shards["qkv_proj_scale"]
     assert qkv_shards == [[qkv[0] // 2, qkv[1]]] and scale_shards == [[qkv_scale[0] // 2]]
     (down, down_shards), (down_scale, down_scale_shards) = shards["down_proj"], shards["down_proj_scale"]
     assert down_shards == [[down[0], down[1] // 2]] and down_scale_shards == [down_scale]
+    experts = sharded["quantized"]["llada2"]
+    assert experts["equal"], experts
+    shards = experts["shards"]
+    (gate_up, gate_up_shards), (gate_up_scale, scale_shards) = (shards["experts_gate_up"],
+                                                                shards["experts_gate_up_scale"])
+    assert gate_up_shards == [[gate_up[0], gate_up[1] // 2, gate_up[2]]]
+    assert scale_shards == [[gate_up_scale[0], gate_up_scale[1] // 2]]
+    (down, down_shards), (down_scale, down_scale_shards) = shards["experts_down"], shards["experts_down_scale"]
+    assert down_shards == [[down[0], down[1], down[2] // 2]] and down_scale_shards == [down_scale]
 
 
 def test_tp_that_does_not_divide_the_kv_heads_is_refused(sharded):
