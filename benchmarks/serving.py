@@ -36,7 +36,6 @@ import argparse
 import asyncio
 import dataclasses
 import datetime
-import io
 import json
 import tempfile
 import time
@@ -188,9 +187,9 @@ def summary(served: list[Served]) -> dict:
                 latency_p99=pct(latency, 99))
 
 
-def latency_plot_png(results: dict) -> bytes:
-    """PNG bytes: latency (p50 solid, p99 dashed) and time to first block against tokens/s per mode, a point per
-    arrival rate (labelled), from a results file's contents."""
+def draw_latency(results: dict, path: Path) -> None:
+    """Draws to `path` (PNG) latency (p50 solid, p99 dashed) and time to first block against tokens/s per mode, a
+    point per arrival rate (labelled), from a results file's contents."""
     from matplotlib.figure import Figure  # the object API: no pyplot state, no GUI backend
 
     fig = Figure(figsize=(10, 4))
@@ -211,9 +210,7 @@ def latency_plot_png(results: dict) -> bytes:
     fig.suptitle(f"{results['model']}, {results['slots']} slots, {results['device']} ({results['date']}); "
                  "labels: arrival rate", fontsize=9)
     fig.tight_layout()
-    buffer = io.BytesIO()
-    fig.savefig(buffer, format="png", dpi=110)
-    return buffer.getvalue()
+    fig.savefig(path, format="png", dpi=110)
 
 
 def plot(results_file: Path, out: Path) -> Path:
@@ -222,7 +219,7 @@ def plot(results_file: Path, out: Path) -> Path:
         raise ValueError(f"{results_file} is not a results file of benchmarks/serving.py (no serving rows)")
     out.mkdir(parents=True, exist_ok=True)
     path = out / (results_file.stem + ".png")
-    path.write_bytes(latency_plot_png(results))
+    draw_latency(results, path)
     print(f"wrote {path}")
     return path
 

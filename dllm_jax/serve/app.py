@@ -82,10 +82,9 @@ def build_app(model, tokenizer, *, model_name: str, slots: int = 8, max_context:
     top_k = check.integer("top_k", top_k, minimum=0)
     loop = family_of(model.config).slots
     if loop is not None:
+        # the engine checks the default top-k against its bound (the requests' default is its options' top_k)
         engine = Engine(model, slots=slots, max_context=max_context, method=method, max_top_k=max_top_k,
-                        overlap=overlap, **options)
-        if top_k > engine.max_top_k:
-            raise ValueError(f"top_k={top_k} (the default of a request) exceeds max_top_k={engine.max_top_k}")
+                        overlap=overlap, top_k=top_k, **options)
     else:
         if max_top_k is not None or overlap:
             raise ValueError(f"max_top_k and overlap are the slot engine's (per-request top-k, overlapped steps); "

@@ -49,7 +49,7 @@ class LockstepEngine(RequestQueue):
         naming the problem (any thread). Decoding is greedy: a request may ask for temperature 0, top_p 1 and
         top_k 0 only."""
         prompt, max_new_tokens, seed = self.checked_prompt(prompt_ids, max_new_tokens, seed)
-        sampling = self.checked_sampling(temperature, top_p, top_k, SamplingValues(), max_top_k=2**31 - 1)
+        sampling = self.checked_sampling(temperature, top_p, top_k, SamplingValues())
         if sampling != SamplingValues():
             temperature, top_p, top_k = sampling.temperature, sampling.top_p, sampling.top_k
             raise ValueError(f"{temperature=}, {top_p=}, {top_k=}: lockstep serving of {self.family.label} is "

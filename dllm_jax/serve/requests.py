@@ -50,14 +50,15 @@ class RequestQueue:
         raise NotImplementedError
 
     def checked_sampling(self, temperature, top_p, top_k, defaults: SamplingValues, *,
-                         max_top_k: int) -> SamplingValues:
+                         max_top_k: int | None = None) -> SamplingValues:
         """A request's sampling: each given value checked (temperature in [0, 2], 0 meaning greedy; top_p in
-        (0, 1]; top_k in [0, max_top_k], 0 meaning no filter), None taking the engine's default."""
+        (0, 1]; top_k >= 0, at most `max_top_k` where given, 0 meaning no filter), None taking the engine's
+        default."""
         temperature = defaults.temperature if temperature is None else check.real("temperature", temperature, low=0,
                                                                                   high=2)
         top_p = defaults.top_p if top_p is None else check.real("top_p", top_p, low=0, high=1, low_open=True)
         top_k = defaults.top_k if top_k is None else check.integer("top_k", top_k, minimum=0)
-        if top_k > max_top_k:
+        if max_top_k is not None and top_k > max_top_k:
             raise ValueError(f"top_k={top_k} exceeds the {max_top_k} this engine was started with (its compiled step "
                              "selects a static number of candidates: max_top_k, dllm-jax serve --max-top-k)")
         return SamplingValues(float(temperature), float(top_p), int(top_k))
