@@ -88,8 +88,9 @@ def parse_args(argv=None) -> argparse.Namespace:
     parser.add_argument("--seconds", type=float, default=300, help="longest a mode may take on one rate's trace")
     parser.add_argument("--out", type=Path, default=Path("benchmarks/results"))
     parser.add_argument("--tag", default="")
-    parser.add_argument("--overlap", action="store_true",
-                        help="the engine dispatches each step before reading the previous one (Engine(overlap=True))")
+    parser.add_argument("--overlap", choices=("off", "on", "both"), default="off",
+                        help="the engine dispatches each step before reading the previous one (Engine(overlap=True)); "
+                             "both: time the server both ways (modes 'server' and 'server overlapped')")
     parser.add_argument("--plot", type=Path, metavar="RESULTS_JSON",
                         help="draw this results file to <out>/<its name>.png instead of running")
     args = parser.parse_args(argv)
@@ -195,7 +196,7 @@ def draw_latency(results: dict, path: Path) -> None:
     fig = Figure(figsize=(10, 4))
     panels = fig.subplots(1, 2)
     for ax, key, title in ((panels[0], "latency", "request latency"), (panels[1], "first", "time to first block")):
-        for mode, color in (("server", "tab:blue"), ("lockstep", "tab:orange")):
+        for mode, color in (("server", "tab:blue"), ("server overlapped", "tab:green"), ("lockstep", "tab:orange")):
             rows = sorted((r for r in results["rows"] if r["mode"] == mode), key=lambda r: r["rate"])
             x = [r["tokens_per_s"] for r in rows]
             ax.plot(x, [r[f"{key}_p50"] for r in rows], "o-", color=color, label=f"{mode} p50")
@@ -236,33 +237,39 @@ def main(argv=None) -> Path:
         tokenizer = ChatTokenizer(tmp)
     traces = {rate: make_trace(rate, args.requests, args.prompt_lengths, args.output_lengths, config.vocab_size - 3,
                                config.mask_token_id, args.seed + i) for i, rate in enumerate(args.rates)}
-    app = build_app(model, tokenizer, model_name=args.model, slots=args.slots, max_context=context,
-                    max_queue=args.requests * 2, overlap=args.overlap)
     pads = widths(args.prompt_lengths)
     new = args.output_lengths[1]
     rows = []
-    with running(app) as url:
-        start = time.perf_counter()  # compile: every prefill length the traces use, the step; lockstep's widths
-        lengths = sorted({len(r.prompt) for t in traces.values() for r in t})
-        warm = [Request(0.0, tuple([3] * n), 4) for n in sorted({next(b for b in app.state.engine.buckets if b >= n)
-                                                                   for n in lengths})]
-        asyncio.run(serve_trace(url, args.model, warm, args.seconds))
-        for w in pads:
-            ids, mask = padded_batch([(3,) * w], args.slots, pads, config.pad_token_id)
-            jax.block_until_ready(generate(model, ids, attention_mask=mask, max_new_tokens=new, top_k=1))
-        print(f"compiled in {time.perf_counter() - start:.1f} s", flush=True)
-        for rate, trace in traces.items():
-            for mode in ("server", "lockstep"):
-                if mode == "server":
-                    served = asyncio.run(serve_trace(url, args.model, trace, args.seconds))
-                else:
-                    served = lockstep_trace(model, trace, args.slots, pads, new, config.pad_token_id)
-                row = dict(rate=rate, mode=mode, **summary(served))
-                rows.append(row)
-                print(json.dumps(row), flush=True)
-    for rate in args.rates:
-        by = {r["mode"]: r for r in rows if r["rate"] == rate}
-        by["server"]["speedup"] = round(by["server"]["tokens_per_s"] / by["lockstep"]["tokens_per_s"], 2)
+    start = time.perf_counter()  # compile lockstep's program per width before any clock
+    for w in pads:
+        ids, mask = padded_batch([(3,) * w], args.slots, pads, config.pad_token_id)
+        jax.block_until_ready(generate(model, ids, attention_mask=mask, max_new_tokens=new, top_k=1))
+    print(f"lockstep compiled in {time.perf_counter() - start:.1f} s", flush=True)
+    for rate, trace in traces.items():
+        served = lockstep_trace(model, trace, args.slots, pads, new, config.pad_token_id)
+        rows.append(dict(rate=rate, mode="lockstep", **summary(served)))
+        print(json.dumps(rows[-1]), flush=True)
+    for overlap in {"off": [False], "on": [True], "both": [False, True]}[args.overlap]:
+        mode = "server overlapped" if overlap else "server"
+        app = build_app(model, tokenizer, model_name=args.model, slots=args.slots, max_context=context,
+                        max_queue=args.requests * 2, overlap=overlap)
+        with running(app) as url:
+            start = time.perf_counter()  # compile: every prefill length the traces use, the step
+            # per insert bucket the trace reaches, its longest prompt (the widest bucket is the whole context)
+            longest = {}
+            for n in sorted({len(r.prompt) for t in traces.values() for r in t}):
+                longest[next(b for b in app.state.engine.buckets if b >= n)] = n
+            warm = [Request(0.0, tuple([3] * n), 4) for n in longest.values()]
+            asyncio.run(serve_trace(url, args.model, warm, args.seconds))
+            print(f"{mode} compiled in {time.perf_counter() - start:.1f} s", flush=True)
+            for rate, trace in traces.items():
+                served = asyncio.run(serve_trace(url, args.model, trace, args.seconds))
+                lockstep = next(r for r in rows if r["rate"] == rate and r["mode"] == "lockstep")
+                rows.append(dict(rate=rate, mode=mode, **summary(served)))
+                rows[-1]["speedup"] = round(rows[-1]["tokens_per_s"] / lockstep["tokens_per_s"], 2)
+                print(json.dumps(rows[-1]), flush=True)
+        del app
+    rows.sort(key=lambda r: (r["rate"], r["mode"] == "lockstep"))
     meta = dict(benchmark="serving" + (f"_{args.tag}" if args.tag else ""), device=jax.devices()[0].device_kind,
                 jax=jax.__version__, date=datetime.date.today().isoformat(), model=args.model, slots=args.slots,
                 requests=args.requests, prompt_lengths=args.prompt_lengths, output_lengths=args.output_lengths,
@@ -272,7 +279,7 @@ def main(argv=None) -> Path:
               f"{r['first_p50']} / {r['first_p99']}", f"{r['latency_p50']} / {r['latency_p99']}"] for r in rows]
     lines = [f"# Serving: continuous batching against lockstep - {meta['device']}, jax {meta['jax']}, {meta['date']}",
              "", f"{args.model} (random weights, stops off), {args.slots} slots"
-             f"{' (overlapped steps)' if args.overlap else ''}, {args.requests} requests per rate, "
+             f", {args.requests} requests per rate, "
              f"prompts {args.prompt_lengths[0]}-{args.prompt_lengths[1]}, outputs {args.output_lengths[0]}-"
              f"{args.output_lengths[1]} tokens; lockstep widths {pads}, {new} new tokens per batch.", "",
              *markdown_table(header, table, align="rlrrrr")]

@@ -77,6 +77,28 @@ def test_prefill_in_chunks_writes_the_one_pass_cache(tiny_checkpoint, rng, block
         assert relative_error(got[:, :3 * bs], np.asarray(want[:, :3 * bs], np.float64)) <= 1e-5
 
 
+def test_prefill_runs_only_the_chunks_that_cover_the_fill_lengths(tiny_checkpoint, rng):
+    """A prompt padded to 6 blocks whose rows fill 3 and 2 blocks, prefilled in chunks of 2 blocks: the filled
+    positions hold the K/V of the whole prompt's prefill, and nothing past the longest fill length is written
+    (the chunks past it never ran: the cache there keeps its poison, finite because masked keys are still read)."""
+    config = tiny_sdar_config()
+    model = load_model(tiny_checkpoint(config), dtype="float32", progress=False)
+    bs = config.block_size
+    ids = jnp.asarray(rng.integers(0, config.vocab_size, (2, 6 * bs)))
+    prefill = jax.jit(sdar.prefill, static_argnames=("config", "chunk_tokens"))
+    empty = sdar.init_cache(config, 2, 7 * bs, jnp.float32)
+    poison = 123.0
+    poisoned = empty.replace(k=tuple(jnp.full_like(k, poison) for k in empty.k),
+                             v=tuple(jnp.full_like(v, poison) for v in empty.v))
+    lengths = jnp.asarray([3 * bs, 2 * bs], jnp.int32)
+    whole = prefill(model.params(), ids, empty, config=config)
+    short = prefill(model.params(), ids, poisoned, lengths, config=config, chunk_tokens=2 * 2 * bs)
+    np.testing.assert_array_equal(np.asarray(short.length), np.asarray(lengths))
+    for want, got in zip(whole.k + whole.v, short.k + short.v):
+        assert relative_error(got[:, :3 * bs], np.asarray(want[:, :3 * bs], np.float64)) <= 1e-5
+        assert (np.asarray(got[:, 3 * bs:]) == poison).all()
+
+
 @pytest.mark.parametrize("dtype,bound", [("float32", 1e-5), ("bfloat16", BF16_BOUND)])
 def test_cached_path_equals_full_forward_at_every_block(checkpoint, rng, dtype, bound):
     """Prefill of the complete prompt blocks, then per block: two denoising steps (no commit) and a

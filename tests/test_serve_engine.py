@@ -35,13 +35,15 @@ def own_options(options: dict, temperature, top_p, top_k, greedy: dict) -> dict:
     return options | own
 
 
-@pytest.mark.parametrize("options, sampling, overlap", [
-    (dict(remasking="sequential", top_k=1, denoising_steps=4), None, False),  # greedy by the engine's options
-    (dict(remasking="low_confidence_dynamic", denoising_steps=4), SAMPLING, False),  # each request its own
-    (dict(remasking="low_confidence_dynamic", denoising_steps=4), SAMPLING, True),  # steps dispatched ahead
-], ids=["greedy", "per-request sampling", "per-request sampling, overlapped"])
-def test_each_request_gets_what_generate_gives_its_prompt_alone(model, rng, options, sampling, overlap):
-    engine = Engine(model, slots=3, max_context=64, overlap=overlap, **options)
+@pytest.mark.parametrize("options, sampling, engine_args", [
+    (dict(remasking="sequential", top_k=1, denoising_steps=4), None, {}),  # greedy by the engine's options
+    # prompts of 2 and 3 complete blocks prefilled in chunks of 2 blocks (the last overlapping the first)
+    (dict(remasking="sequential", top_k=1, denoising_steps=4), None, dict(prefill_chunk=8)),
+    (dict(remasking="low_confidence_dynamic", denoising_steps=4), SAMPLING, {}),  # each request its own
+    (dict(remasking="low_confidence_dynamic", denoising_steps=4), SAMPLING, dict(overlap=True)),  # dispatched ahead
+], ids=["greedy", "greedy, chunked inserts", "per-request sampling", "per-request sampling, overlapped"])
+def test_each_request_gets_what_generate_gives_its_prompt_alone(model, rng, options, sampling, engine_args):
+    engine = Engine(model, slots=3, max_context=64, **engine_args, **options)
     prompts = [rng.integers(0, 40, n) for n, _, _ in REQUESTS]
     sampling = sampling or [(None, None, None)] * len(REQUESTS)
     submit = lambda i: engine.submit(prompts[i], REQUESTS[i][1], REQUESTS[i][2], *sampling[i])  # noqa: E731
@@ -147,6 +149,8 @@ def test_bad_engines_are_refused(model, tiny_model):
         Engine(model, max_top_k=49)  # past the vocabulary of 48
     with pytest.raises(ValueError, match="top_k=9 .* exceeds max_top_k=8"):
         Engine(model, top_k=9, max_top_k=8)
+    with pytest.raises(ValueError, match="prefill_chunk=6 is not a multiple of the block length 4"):
+        Engine(model, prefill_chunk=6)
     with pytest.raises(ValueError, match="SparseD is a method for LLaDA"):
         Engine(model, method="sparsed")
     with pytest.raises(ValueError, match="the slot engine runs the block-diffusion families"):

@@ -146,7 +146,7 @@ class SlotLoop:
     sampler: BlockSampler
     loop_params: Callable  # (params, config) -> the parameters the loop's forwards take
     init_cache: Callable  # the model's init_cache(config, batch, capacity, dtype)
-    prefill: Callable  # the model's prefill(params, ids, cache, lengths, *, config, block_length)
+    prefill: Callable  # the model's prefill(params, ids, cache, lengths, *, config, block_length, chunk_tokens)
     init_policy_state: Callable  # the model's init_policy_state(policy, config, batch, width, *, block_length)
     block_length: Callable  # (config, options) -> the loop's block length
     # (config, prompt int32 [1, P], max_new_tokens, options) -> None: a ValueError naming what generate would

@@ -157,8 +157,10 @@ def prefill(params, input_ids, cache: KVCache, lengths=None, *, config: SDARConf
     The prompt runs in chunks of whole blocks (`prefill_chunk_length`: about `chunk_tokens` query
     tokens per chunk over all rows), each attending to the cache under the block-causal mask, so a
     long prompt's activations (MoE dispatch buffers, attention masks) stay those of one chunk: one
-    pass over 16 rows of 8k positions needed about 77 GB of temporaries for LLaDA2.0-mini. The last
-    chunk ends at P and may overlap the one before; the positions written twice get the same K/V.
+    pass over 16 rows of 8k positions needed about 77 GB of temporaries for LLaDA2.0-mini. Only the
+    chunks that cover the longest fill length run (a dynamic count: a serving engine's insert pads
+    every long prompt to one static width and pays for its own length); the last chunk ends there
+    (or at the chunk length) and may overlap the one before; positions written twice get the same K/V.
 
     The cache must hold exact keys and values, so `policy` runs in its DENSE mode, from its initial
     state (discarded). The blocks are `block_length` long (the config's block size by default).
@@ -167,10 +169,12 @@ def prefill(params, input_ids, cache: KVCache, lengths=None, *, config: SDARConf
     b, n = input_ids.shape
     bl = block_length or config.block_size
     chunk = prefill_chunk_length(b, n, bl, chunk_tokens)
-    starts = jnp.minimum(jnp.arange(-(-n // chunk)) * chunk, n - chunk).astype(jnp.int32)
+    lengths = jnp.full((b,), n, jnp.int32) if lengths is None else jnp.asarray(lengths, jnp.int32)
+    end = jnp.max(lengths, initial=0)  # the filled positions: what lies past them is scratch
     policy_state = init_policy_state(policy, config, b, cache.max_length, block_length=chunk)
 
-    def chunk_forward(cache: KVCache, start):
+    def chunk_forward(i, cache: KVCache) -> KVCache:
+        start = jnp.maximum(jnp.minimum(i * chunk, end - chunk), 0)
         positions = start + jnp.arange(chunk)
         mask = block_causal_mask(cache.max_length, bl, positions)  # [chunk, max_length]
         cos, sin = decoder.rope_tables(positions, config)
@@ -186,10 +190,9 @@ def prefill(params, input_ids, cache: KVCache, lengths=None, *, config: SDARConf
         ids = jax.lax.dynamic_slice_in_dim(input_ids, start, chunk, axis=1)
         _, (cache, _) = decoder.decoder_stack(params["layers"], params["embed"][ids], cos, sin, attend, config,
                                              (cache, policy_state))
-        return cache, None
+        return cache
 
-    cache, _ = jax.lax.scan(chunk_forward, cache, starts)
-    lengths = jnp.full((b,), n, jnp.int32) if lengths is None else jnp.asarray(lengths, jnp.int32)
+    cache = jax.lax.fori_loop(0, (end + chunk - 1) // chunk, chunk_forward, cache)
     return cache.replace(length=lengths)
 
 

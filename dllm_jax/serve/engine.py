@@ -24,9 +24,11 @@ are the engine's, static in its compiled step.
 What differs between the families (model functions, sampler, block length, request checks) is the family's
 `SlotLoop` (`dllm_jax.families`: `Family.slots`).
 
-Prompts are prefilled in a few static lengths (`prefill_buckets`: whole blocks, doubling up to the
-slot width): a prompt takes the shortest bucket that holds its complete blocks, so the inserts compile
-once per bucket.
+Prompts are prefilled in a few static lengths (`prefill_buckets`: whole blocks, doubling up to
+`INSERT_CHUNK`, then the slot width): a prompt takes the shortest bucket that holds its complete blocks, so
+the inserts compile once per bucket. The width bucket prefills in chunks of `INSERT_CHUNK` positions and runs
+only the chunks its prompt's complete blocks need (`dllm_jax.models.sdar.prefill`), so a long prompt pays for
+its own length, not for the next power of two (doubling buckets padded 512-2048-token prompts by a third).
 
 An attention method (MAGE, FlashBlock, FlashBlock + MAGE) keeps its per-layer state per slot in the step's
 carry. A new request needs none of what the slot's previous request left there: its first forward (no commit
@@ -99,10 +101,15 @@ class Completion:
         return self.tokens[self.prompt_length:]
 
 
-def prefill_buckets(block_size: int, width: int) -> tuple[int, ...]:
-    """The static prompt lengths an insert prefills: one block, then doubling, then the whole width."""
+# prompt positions per prefill chunk of an insert's width bucket: enough rows for the GEMMs to be compute-bound
+INSERT_CHUNK = 512
+
+
+def prefill_buckets(block_size: int, width: int, chunk: int = INSERT_CHUNK) -> tuple[int, ...]:
+    """The static prompt lengths an insert prefills: one block, then doubling below `chunk`, then the whole
+    width (prefilled in chunks, as far as the prompt reaches)."""
     buckets, n = [], block_size
-    while n < width:
+    while n < min(chunk, width):
         buckets.append(n)
         n *= 2
     return tuple(buckets) + (width,)
@@ -127,19 +134,20 @@ def init_slots(params, *, config, slots: int, width: int, policy: AttentionPolic
 
 
 def insert(params, state: Slots, slot, prompt, length, max_new_tokens, seed, temperature, top_p, top_k, *,
-           config, loop: SlotLoop, block_length: int) -> Slots:
+           config, loop: SlotLoop, block_length: int, chunk: int = INSERT_CHUNK) -> Slots:
     """Slot `slot` takes a request: `prompt` int32 [bucket] (a multiple of the block size; its first
     `length` tokens are the prompt) is prefilled alone into a one-row cache, whose rows replace the
     slot's; the slot's fill length is its complete prompt blocks (what lies past them is scratch, as in
     a left-padded `generate` batch), its tokens, draws, stop flag and pending commit start afresh, its
-    key is `seed`'s, its temperature, top-p and top-k the request's."""
+    key is `seed`'s, its temperature, top-p and top-k the request's. The prefill runs in chunks of `chunk`
+    positions, those the complete prompt blocks need."""
     bl = block_length
     carry = state.carry
     width = carry.x.shape[1]
     first = length // bl
     cache = loop.init_cache(config, 1, carry.cache.max_length, carry.cache.k[0].dtype)
     cache = loop.prefill(loop.loop_params(params, config), prompt[None], cache, (first * bl)[None], config=config,
-                         block_length=bl)
+                         block_length=bl, chunk_tokens=chunk)
     row = jnp.where(jnp.arange(width) < length, jnp.pad(prompt, (0, width - prompt.shape[0])), config.mask_token_id)
     put = lambda big, one: big.at[slot].set(one[0])  # noqa: E731
     new_cache = carry.cache.replace(k=tuple(map(put, carry.cache.k, cache.k)),
@@ -175,7 +183,7 @@ def step(params, state: Slots, *, config, options, policy: AttentionPolicy, loop
 # one compiled step, and the selection runs only in steps where some slot asks for a top-k)
 DEFAULT_MAX_TOP_K = 64
 
-_insert_jit = jax.jit(insert, static_argnames=("config", "loop", "block_length"), donate_argnames=("state",))
+_insert_jit = jax.jit(insert, static_argnames=("config", "loop", "block_length", "chunk"), donate_argnames=("state",))
 _step_jit = jax.jit(step, static_argnames=("config", "options", "policy", "loop", "block_length"),
                     donate_argnames=("state",))
 
@@ -191,10 +199,12 @@ class Engine(RequestQueue):
     step's static candidate count; None: DEFAULT_MAX_TOP_K, or the options' top-k if larger, at most the
     vocabulary). `overlap`: dispatch each step before reading the previous one's result, so that the host's work
     (retiring, admitting, the progress the server streams) runs while the device decodes; a slot whose request
-    finished then idles one step before the next request enters it (not timed on a GPU yet; off by default)."""
+    finished then idles one step before the next request enters it (not timed on a GPU yet; off by default).
+    `prefill_chunk`: prompt positions per prefill chunk of a long prompt's insert (a multiple of the block
+    length; the module docstring)."""
 
     def __init__(self, model, *, slots: int = 8, max_context: int | None = None, method=None,
-                 max_top_k: int | None = None, overlap: bool = False, **options):
+                 max_top_k: int | None = None, overlap: bool = False, prefill_chunk: int = INSERT_CHUNK, **options):
         config = model.config
         family = family_of(config)
         if family.slots is None:
@@ -223,7 +233,10 @@ class Engine(RequestQueue):
         bl = self.block_length = self.loop.block_length(config, self.options)
         self.width = -(-self.max_context // bl) * bl
         self.loop.check_request(config, np.zeros((1, 0), np.int32), self.max_context, self.options)
-        self.buckets = prefill_buckets(bl, self.width)
+        self.prefill_chunk = check.integer("prefill_chunk", prefill_chunk, minimum=bl)
+        if self.prefill_chunk % bl:
+            raise ValueError(f"prefill_chunk={prefill_chunk} is not a multiple of the block length {bl}")
+        self.buckets = prefill_buckets(bl, self.width, self.prefill_chunk)
         self.state = init_slots(model.params(), config=config, slots=self.slots, width=self.width, policy=self.policy,
                                 loop=self.loop, block_length=bl)
         self.running: list[Request | None] = [None] * self.slots
@@ -305,7 +318,7 @@ class Engine(RequestQueue):
                                      np.int32(request.max_new_tokens), np.int32(request.seed),
                                      np.float32(request.sampling.temperature), np.float32(request.sampling.top_p),
                                      np.int32(request.sampling.top_k), config=self.config,
-                                     loop=self.loop, block_length=self.block_length)
+                                     loop=self.loop, block_length=self.block_length, chunk=self.prefill_chunk)
             self.running[slot] = request
 
     def step(self) -> list[Completion]:
