@@ -49,6 +49,7 @@ import numpy as np
 from dllm_jax import generate
 from dllm_jax.bench import markdown_table, model_for, write_results
 from dllm_jax.serve.app import build_app, running
+from dllm_jax.serve.engine import EngineTiming
 from dllm_jax.testing import write_tiny_tokenizer
 from dllm_jax.tokenizer import ChatTokenizer, left_pad
 
@@ -177,6 +178,14 @@ def padded_batch(prompts, slots: int, pads: list[int], pad_id: int):
     return np.pad(ids, ((0, 0), (extra, 0)), constant_values=pad_id), np.pad(mask, ((0, 0), (extra, 0)))
 
 
+def engine_breakdown(timing: EngineTiming) -> dict:
+    """The engine thread's counters over one trace (`dllm_jax.serve.engine.EngineTiming`), rounded for the results:
+    steps, the mean busy slots a step decoded, inserts, and host seconds by phase (wait: on the device)."""
+    out = dataclasses.asdict(timing)
+    out["mean_busy_slots"] = timing.busy_slot_steps / max(timing.steps, 1)
+    return {k: round(v, 3) if isinstance(v, float) else v for k, v in out.items()}
+
+
 def summary(served: list[Served]) -> dict:
     first = np.array([s.first - s.arrival for s in served])
     latency = np.array([s.end - s.arrival for s in served])
@@ -262,10 +271,12 @@ def main(argv=None) -> Path:
             warm = [Request(0.0, tuple([3] * n), 4) for n in longest.values()]
             asyncio.run(serve_trace(url, args.model, warm, args.seconds))
             print(f"{mode} compiled in {time.perf_counter() - start:.1f} s", flush=True)
+            engine = app.state.engine
             for rate, trace in traces.items():
+                engine.timing = EngineTiming()
                 served = asyncio.run(serve_trace(url, args.model, trace, args.seconds))
                 lockstep = next(r for r in rows if r["rate"] == rate and r["mode"] == "lockstep")
-                rows.append(dict(rate=rate, mode=mode, **summary(served)))
+                rows.append(dict(rate=rate, mode=mode, **summary(served), engine=engine_breakdown(engine.timing)))
                 rows[-1]["speedup"] = round(rows[-1]["tokens_per_s"] / lockstep["tokens_per_s"], 2)
                 print(json.dumps(rows[-1]), flush=True)
         del app
@@ -282,7 +293,15 @@ def main(argv=None) -> Path:
              f", {args.requests} requests per rate, "
              f"prompts {args.prompt_lengths[0]}-{args.prompt_lengths[1]}, outputs {args.output_lengths[0]}-"
              f"{args.output_lengths[1]} tokens; lockstep widths {pads}, {new} new tokens per batch.", "",
-             *markdown_table(header, table, align="rlrrrr")]
+             *markdown_table(header, table, align="rlrrrr"), "",
+             "Where the engine thread's time went (host seconds over the trace; `wait`: blocked on the device, "
+             "which ran the steps and the inserts meanwhile; the rest of the trace's time is the thread's "
+             "text decoding and streaming, and idling):", "",
+             *markdown_table(["rate (req/s)", "mode", "trace s", "steps", "mean busy slots", "inserts", "wait s",
+                              "admit s", "dispatch s", "retire s", "progress s"],
+                             [[r["rate"], r["mode"], r["seconds"], e["steps"], round(e["mean_busy_slots"], 1),
+                               e["inserts"], e["wait_s"], e["admit_s"], e["dispatch_s"], e["retire_s"],
+                               e["progress_s"]] for r in rows if (e := r.get("engine"))], align="rlrrrrrrrrr")]
     return write_results(args.out, meta, rows, lines)
 
 

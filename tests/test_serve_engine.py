@@ -116,6 +116,20 @@ def test_a_short_request_leaves_and_a_queued_one_starts_while_a_long_one_runs(mo
     assert finished_at[queued] == 2 < finished_at[long]  # took the freed slot at once, while the long one ran
 
 
+def test_the_engine_counts_its_steps_inserts_and_busy_slots(model, rng):
+    engine = Engine(model, slots=2, max_context=64, remasking="sequential", top_k=1, denoising_steps=4)
+    for n in (4, 8, 12):  # three requests for two slots
+        engine.submit(rng.integers(0, 40, 8), n)
+    steps = 0
+    while engine.queue or engine.busy:
+        steps += 1
+        engine.step()
+    t = engine.timing
+    assert (t.inserts, t.steps) == (3, steps)
+    assert t.steps <= t.busy_slot_steps <= 2 * t.steps  # one or both slots busy in every step
+    assert t.wait_s > 0 and min(t.admit_s, t.dispatch_s, t.retire_s, t.progress_s) >= 0
+
+
 @pytest.mark.parametrize("call, message", [
     (lambda e: e.submit(np.arange(3, 40), 30), "exceeds the engine's max_context=64"),
     (lambda e: e.submit(np.zeros((2, 4), np.int32), 4), "one prompt"),

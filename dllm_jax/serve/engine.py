@@ -39,6 +39,7 @@ step does in `generate` (tested: equal to `generate` alone with the method).
 from __future__ import annotations
 
 import dataclasses
+import time
 
 import jax
 import jax.numpy as jnp
@@ -85,6 +86,21 @@ class InFlight:
 
     snapshot: Snapshot
     running: tuple
+
+
+@dataclasses.dataclass
+class EngineTiming:
+    """What an engine did and where its thread's time went, in host seconds by phase (counters it adds to;
+    `benchmarks/serving.py` reports them): the device's own work shows in `wait_s`, the host's in the rest."""
+
+    steps: int = 0
+    busy_slot_steps: int = 0  # busy slots summed over the steps: / steps = the mean batch a step decoded
+    inserts: int = 0
+    admit_s: float = 0.0  # dispatching inserts (queued requests into free slots)
+    dispatch_s: float = 0.0  # dispatching steps
+    wait_s: float = 0.0  # blocked on a step's result while the device ran it (and the inserts before it)
+    retire_s: float = 0.0  # reading a step's result, freeing the slots it finished
+    progress_s: float = 0.0  # the running requests' tokens so far (`Engine.progress`)
 
 
 @dataclasses.dataclass(frozen=True)
@@ -243,6 +259,7 @@ class Engine(RequestQueue):
         self.overlap = check.flag("overlap", overlap)
         self.inflight: InFlight | None = None  # the step dispatched and not yet read (overlap)
         self.seen: InFlight | None = None  # the last step read: what `progress` reports
+        self.timing = EngineTiming()
 
     def check(self, prompt_ids, max_new_tokens: int, seed: int = 0, temperature: float | None = None,
               top_p: float | None = None, top_k: int | None = None) -> tuple[np.ndarray, int, int, SamplingValues]:
@@ -290,8 +307,11 @@ class Engine(RequestQueue):
         running = self.still_running(self.seen)
         if not running:
             return {}
+        start = time.perf_counter()
         x, decoded = np.asarray(self.seen.snapshot.x), np.asarray(self.seen.snapshot.decoded)
-        return {r.request_id: self.answer(x, decoded, slot, r)[len(r.prompt_ids):] for slot, r in running}
+        tokens = {r.request_id: self.answer(x, decoded, slot, r)[len(r.prompt_ids):] for slot, r in running}
+        self.timing.progress_s += time.perf_counter() - start
+        return tokens
 
     def still_running(self, step: InFlight) -> list[tuple[int, Request]]:
         """(slot, request) of the requests a step decoded that still hold their slot (not retired, cancelled)."""
@@ -306,6 +326,7 @@ class Engine(RequestQueue):
 
     def admit(self) -> None:
         """Queued requests into free slots, in arrival order."""
+        start = time.perf_counter()
         params = self.model.params()
         for slot, running in enumerate(self.running):
             if running is not None or not self.queue:
@@ -320,6 +341,8 @@ class Engine(RequestQueue):
                                      np.int32(request.sampling.top_k), config=self.config,
                                      loop=self.loop, block_length=self.block_length, chunk=self.prefill_chunk)
             self.running[slot] = request
+            self.timing.inserts += 1
+        self.timing.admit_s += time.perf_counter() - start
 
     def step(self) -> list[Completion]:
         """Admits queued requests, decodes one block in every busy slot, retires the finished ones (with
@@ -327,10 +350,14 @@ class Engine(RequestQueue):
         self.admit()
         previous, self.inflight = self.inflight, None
         if self.busy:
+            start = time.perf_counter()
             self.state, snapshot = _step_jit(self.model.params(), self.state, config=self.config,
                                              options=self.options, policy=self.policy, loop=self.loop,
                                              block_length=self.block_length)
             self.inflight = InFlight(snapshot, tuple(self.running))
+            self.timing.steps += 1
+            self.timing.busy_slot_steps += self.busy
+            self.timing.dispatch_s += time.perf_counter() - start
         if not self.overlap:
             previous, self.inflight = self.inflight, None
         return [] if previous is None else self.retire(previous)
@@ -338,6 +365,18 @@ class Engine(RequestQueue):
     def retire(self, step: InFlight) -> list[Completion]:
         """Reads a dispatched step's snapshot (waiting for it) and frees the slots whose request it finished."""
         self.seen = step
+        s = step.snapshot
+        start = time.perf_counter()
+        jax.block_until_ready(s)
+        ready = time.perf_counter()
+        self.timing.wait_s += ready - start
+        try:
+            return self.finished(step)
+        finally:
+            self.timing.retire_s += time.perf_counter() - ready
+
+    def finished(self, step: InFlight) -> list[Completion]:
+        """The completions of the requests a step (read) finished; their slots are freed."""
         s = step.snapshot
         block, last, stopped = (np.asarray(a) for a in (s.block, s.last, s.stopped))
         done = [(slot, r) for slot, r in self.still_running(step) if block[slot] >= last[slot] or stopped[slot]]
