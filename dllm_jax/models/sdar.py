@@ -301,6 +301,9 @@ def _logits_jit(params, input_ids, *, config: SDARConfig, block_length: int | No
 
 
 _prefill_jit = jax.jit(prefill, static_argnames=("config", "block_length", "policy", "decoder"))
+# one program for the whole empty cache: 2 x layers eager allocations cost SDAR-8B ~45 ms of host time on an H100
+# (issue 42, session 13), more than its 1k-token prefill's GPU time
+_init_cache_jit = jax.jit(init_cache, static_argnames=("config", "batch", "max_length", "dtype"))
 
 
 @functools.partial(jax.jit, static_argnames=("config", "commit", "policy", "decoder"))
@@ -334,7 +337,7 @@ class BlockDiffusionLM(DecoderLM):
         sharded model: rows over "dp", KV heads over "tp")."""
         if batch <= 0 or max_length <= 0:
             raise ValueError(f"batch and max_length must be positive, got {batch=}, {max_length=}")
-        return shard_kv_cache(init_cache(self.config, batch, max_length, self.dtype), self.mesh)
+        return shard_kv_cache(_init_cache_jit(self.config, batch, max_length, self.dtype), self.mesh)
 
     def prefill(self, input_ids, cache: KVCache, *, policy: AttentionPolicy = Dense()) -> KVCache:
         """Fills an empty cache with the complete prompt blocks input_ids [B, P]."""
