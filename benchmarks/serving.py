@@ -92,6 +92,8 @@ def parse_args(argv=None) -> argparse.Namespace:
     parser.add_argument("--overlap", choices=("off", "on", "both"), default="off",
                         help="the engine dispatches each step before reading the previous one (Engine(overlap=True)); "
                              "both: time the server both ways (modes 'server' and 'server overlapped')")
+    parser.add_argument("--no-lockstep", action="store_true",
+                        help="time the server only (a diagnosis run: no lockstep rows, no speedups)")
     parser.add_argument("--plot", type=Path, metavar="RESULTS_JSON",
                         help="draw this results file to <out>/<its name>.png instead of running")
     args = parser.parse_args(argv)
@@ -250,11 +252,11 @@ def main(argv=None) -> Path:
     new = args.output_lengths[1]
     rows = []
     start = time.perf_counter()  # compile lockstep's program per width before any clock
-    for w in pads:
+    for w in [] if args.no_lockstep else pads:
         ids, mask = padded_batch([(3,) * w], args.slots, pads, config.pad_token_id)
         jax.block_until_ready(generate(model, ids, attention_mask=mask, max_new_tokens=new, top_k=1))
     print(f"lockstep compiled in {time.perf_counter() - start:.1f} s", flush=True)
-    for rate, trace in traces.items():
+    for rate, trace in {} if args.no_lockstep else traces.items():
         served = lockstep_trace(model, trace, args.slots, pads, new, config.pad_token_id)
         rows.append(dict(rate=rate, mode="lockstep", **summary(served)))
         print(json.dumps(rows[-1]), flush=True)
@@ -275,9 +277,9 @@ def main(argv=None) -> Path:
             for rate, trace in traces.items():
                 engine.timing = EngineTiming()
                 served = asyncio.run(serve_trace(url, args.model, trace, args.seconds))
-                lockstep = next(r for r in rows if r["rate"] == rate and r["mode"] == "lockstep")
                 rows.append(dict(rate=rate, mode=mode, **summary(served), engine=engine_breakdown(engine.timing)))
-                rows[-1]["speedup"] = round(rows[-1]["tokens_per_s"] / lockstep["tokens_per_s"], 2)
+                for lockstep in (r for r in rows if r["rate"] == rate and r["mode"] == "lockstep"):
+                    rows[-1]["speedup"] = round(rows[-1]["tokens_per_s"] / lockstep["tokens_per_s"], 2)
                 print(json.dumps(rows[-1]), flush=True)
         del app
     rows.sort(key=lambda r: (r["rate"], r["mode"] == "lockstep"))
