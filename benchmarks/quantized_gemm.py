@@ -97,8 +97,9 @@ def main(argv=None):
               f"{r['fraction_of_copy']:.0%}", f"{bf16[r['rows']] / r['ms']:.2f}x"] for r in rows]
     lines = [f"# Quantized GEMMs — {device}, jax {jax.__version__}, {meta['date']}", "",
              f"The four projections of {args.layers} {args.model} layers in one jitted program; copy bandwidth "
-             f"{copy['copy_tb_s']:.2f} TB/s in the same process. `auto` is what `linear` runs: XLA's weight-only GEMM below "
-             f"{W8A8_MIN_ROWS} rows, W8A8 from there (the Pallas kernel takes up to {MAX_ROWS} rows and is not chosen).", "",
+             f"{copy['copy_tb_s']:.2f} TB/s in the same process. `auto` is what `linear` runs: XLA's weight-only "
+             f"GEMM below {W8A8_MIN_ROWS} rows, W8A8 from there (the Pallas kernel takes up to {MAX_ROWS} rows and "
+             "is not chosen).", "",
              *markdown_table(["variant", "rows", "time", "weights", "TB/s", "of copy", "vs bf16"], cells)]
     write_results(args.out, meta, rows, lines)
 
