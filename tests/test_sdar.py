@@ -57,17 +57,24 @@ def test_bf16_close_to_fp32(checkpoint, rng):
     assert relative_error(bf16, np.asarray(fp32, np.float64)) <= BF16_BOUND
 
 
+def tiny_prefill(tiny_checkpoint, rng, *, blocks: int, capacity_blocks: int):
+    """(the tiny SDAR of `tiny_sdar_config` in float32, a random prompt of `blocks` blocks over 2 rows, the jitted
+    `sdar.prefill`, an empty 2-row cache of `capacity_blocks` blocks)."""
+    config = tiny_sdar_config()
+    model = load_model(tiny_checkpoint(config), dtype="float32", progress=False)
+    bs = config.block_size
+    ids = jnp.asarray(rng.integers(0, config.vocab_size, (2, blocks * bs)))
+    prefill = jax.jit(sdar.prefill, static_argnames=("config", "chunk_tokens"))
+    return model, ids, prefill, sdar.init_cache(config, 2, capacity_blocks * bs, jnp.float32)
+
+
 @pytest.mark.parametrize("blocks_per_chunk", [1, 2])  # 2: the last chunk overlaps the one before
 def test_prefill_in_chunks_writes_the_one_pass_cache(tiny_checkpoint, rng, blocks_per_chunk):
     """A prompt of 3 blocks over 2 rows prefilled in chunks of `blocks_per_chunk` blocks writes the
     K/V and lengths of one pass over the whole prompt (which the test below checks against the full
     forward)."""
-    config = tiny_sdar_config()
-    model = load_model(tiny_checkpoint(config), dtype="float32", progress=False)
-    bs = config.block_size
-    ids = jnp.asarray(rng.integers(0, config.vocab_size, (2, 3 * bs)))
-    prefill = jax.jit(sdar.prefill, static_argnames=("config", "chunk_tokens"))
-    empty = sdar.init_cache(config, 2, 5 * bs, jnp.float32)
+    model, ids, prefill, empty = tiny_prefill(tiny_checkpoint, rng, blocks=3, capacity_blocks=5)
+    config, bs = model.config, model.config.block_size
     assert sdar.prefill_chunk_length(2, 3 * bs, bs) == 3 * bs
     assert sdar.prefill_chunk_length(2, 3 * bs, bs, 2 * blocks_per_chunk * bs) == blocks_per_chunk * bs
     one_pass = prefill(model.params(), ids, empty, config=config)
@@ -81,12 +88,8 @@ def test_prefill_runs_only_the_chunks_that_cover_the_fill_lengths(tiny_checkpoin
     """A prompt padded to 6 blocks whose rows fill 3 and 2 blocks, prefilled in chunks of 2 blocks: the filled
     positions hold the K/V of the whole prompt's prefill, and nothing past the longest fill length is written
     (the chunks past it never ran: the cache there keeps its poison, finite because masked keys are still read)."""
-    config = tiny_sdar_config()
-    model = load_model(tiny_checkpoint(config), dtype="float32", progress=False)
-    bs = config.block_size
-    ids = jnp.asarray(rng.integers(0, config.vocab_size, (2, 6 * bs)))
-    prefill = jax.jit(sdar.prefill, static_argnames=("config", "chunk_tokens"))
-    empty = sdar.init_cache(config, 2, 7 * bs, jnp.float32)
+    model, ids, prefill, empty = tiny_prefill(tiny_checkpoint, rng, blocks=6, capacity_blocks=7)
+    config, bs = model.config, model.config.block_size
     poison = 123.0
     poisoned = empty.replace(k=tuple(jnp.full_like(k, poison) for k in empty.k),
                              v=tuple(jnp.full_like(v, poison) for v in empty.v))
