@@ -74,7 +74,7 @@ def test_overlapped_steps_report_progress_that_grows_into_each_answer(model, rng
     ids = [engine.submit(rng.integers(0, 40, n), k, seed) for n, k, seed in REQUESTS]
     seen = {i: [] for i in ids}
     done = {}
-    while engine.queue or engine.busy or engine.inflight is not None:
+    while not engine.idle:
         done.update((c.request_id, c) for c in engine.step())
         for request_id, tokens in engine.progress().items():
             seen[request_id].append(tokens)
@@ -114,6 +114,23 @@ def test_a_short_request_leaves_and_a_queued_one_starts_while_a_long_one_runs(mo
             break
     assert finished_at[short] == 1  # left after its only block, not when the batch ended
     assert finished_at[queued] == 2 < finished_at[long]  # took the freed slot at once, while the long one ran
+
+
+def test_a_request_cancelled_while_its_step_runs_frees_the_slot_for_the_next(model, rng):
+    """With overlap, a step runs on the engine's dispatch thread while the host cancels a request in it: the slot's
+    busy flag changes once that step has returned, the queued request takes the slot, and the others get what
+    generate gives them alone."""
+    options = dict(remasking="sequential", top_k=1, denoising_steps=4)
+    engine = Engine(model, slots=2, max_context=64, overlap=True, **options)
+    prompts = [rng.integers(0, 40, 8) for _ in range(3)]
+    first, second, queued = (engine.submit(p, 12) for p in prompts)
+    engine.step()  # the first two in the slots, their first block dispatched
+    assert engine.dispatched is not None and engine.cancel(first)
+    done = engine.run()
+    assert sorted(done) == [second, queued] and engine.idle
+    for request_id, prompt in ((second, prompts[1]), (queued, prompts[2])):
+        alone = np.asarray(dllm_jax.generate(model, prompt[None], max_new_tokens=12, seed=0, **options))[0]
+        np.testing.assert_array_equal(done[request_id].tokens, alone)
 
 
 def test_the_engine_counts_its_steps_inserts_and_busy_slots(model, rng):

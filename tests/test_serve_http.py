@@ -86,6 +86,27 @@ def test_concurrent_clients_each_get_what_generate_gives_their_prompt_alone(url,
     assert "dllm_request_latency_seconds_count" in metrics and "dllm_time_to_first_block_seconds_bucket" in metrics
 
 
+def test_with_overlapped_steps_clients_get_generate_alone_and_a_disconnect_frees_its_slot(sdar, rng):
+    """build_app(overlap=True): steps run on the engine's dispatch thread while the worker streams the previous
+    one; 8 clients over 4 slots each get what generate gives them alone, and a client that goes away mid-stream
+    frees its slot (cancelled while a step runs)."""
+    _, model, tokenizer = sdar
+    with running(build_app(model, tokenizer, model_name=NAME, slots=4, max_context=512, overlap=True)) as url:
+        prompts = [rng.integers(3, 140, 6 if i % 2 else 9).tolist() for i in range(8)]
+        with concurrent.futures.ThreadPoolExecutor(8) as pool:
+            replies = list(pool.map(lambda p: post(url, "/v1/completions", dict(model=NAME, prompt=p, max_tokens=12)),
+                                    prompts))
+        for prompt, reply in zip(prompts, replies):
+            assert reply.status_code == 200, reply.text
+            choice = reply.json()["choices"][0]
+            assert (choice["text"], choice["finish_reason"]) == alone(model, tokenizer, prompt, 12)[::2], prompt
+        long = dict(model=NAME, prompt=[5, 6, 7, 8], max_tokens=400, stream=True)
+        with httpx.stream("POST", url + "/v1/completions", json=long, timeout=60) as streaming:
+            next(streaming.iter_lines())
+        wait_for(lambda: httpx.get(url + "/health").json()["active"] == 0, "the slot to be free")
+        assert 'dllm_requests_total{outcome="disconnected"} 1.0' in httpx.get(url + "/metrics").text
+
+
 def test_streamed_deltas_concatenate_to_the_full_text(url):
     for path, body in (("/v1/completions", dict(prompt="w5 w6 w7 w8 w9")),
                        ("/v1/chat/completions", dict(messages=[{"role": "user", "content": "w5 w6 w7"}]))):

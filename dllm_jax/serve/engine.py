@@ -38,6 +38,7 @@ step does in `generate` (tested: equal to `generate` alone with the method).
 
 from __future__ import annotations
 
+import concurrent.futures
 import dataclasses
 import time
 
@@ -85,6 +86,15 @@ class InFlight:
     """A dispatched step: its snapshot and the request each slot held when it was dispatched."""
 
     snapshot: Snapshot
+    running: tuple
+
+
+@dataclasses.dataclass(frozen=True)
+class Dispatched:
+    """A step running on the engine's dispatch thread (`overlap`): its future (the state, its snapshot) and the
+    request each slot held when it was dispatched."""
+
+    future: concurrent.futures.Future
     running: tuple
 
 
@@ -213,11 +223,12 @@ class Engine(RequestQueue):
     max_new_tokens, LLaDA2's gen_length), which is per request; their temperature, top-p and top-k are the
     defaults of a request that sets none. `max_top_k`: the largest top-k a request may ask for (the compiled
     step's static candidate count; None: DEFAULT_MAX_TOP_K, or the options' top-k if larger, at most the
-    vocabulary). `overlap`: dispatch each step before reading the previous one's result, so that the host's work
-    (retiring, admitting, the progress the server streams) runs while the device decodes; a slot whose request
-    finished then idles one step before the next request enters it. Off by default: on an H100 it gained nothing,
-    because the jitted step returns only when the device has finished it (XLA evaluates its while loops'
-    conditions on the host; docs/serving.md).
+    vocabulary). `overlap`: run each step on a dispatch thread of the engine's own and read the previous step's
+    result meanwhile, so that the host's work (retiring, admitting, the progress the server streams) runs while
+    the device decodes; a slot whose request finished then idles one step before the next request enters it. A
+    thread, because the jitted step returns only when the device has finished it (XLA evaluates its while loops'
+    conditions on the host; docs/serving.md): dispatching ahead on the calling thread gained nothing on an H100.
+    Off by default (the thread form is not timed on a GPU yet).
     `prefill_chunk`: prompt positions per prefill chunk of a long prompt's insert (a multiple of the block
     length; the module docstring)."""
 
@@ -259,7 +270,10 @@ class Engine(RequestQueue):
                                 loop=self.loop, block_length=bl)
         self.running: list[Request | None] = [None] * self.slots
         self.overlap = check.flag("overlap", overlap)
-        self.inflight: InFlight | None = None  # the step dispatched and not yet read (overlap)
+        self.inflight: InFlight | None = None  # a step returned and not yet read (overlap)
+        self.dispatched: Dispatched | None = None  # a step on the dispatch thread (overlap): self.state is stale
+        self.busy_changed = False  # slots were freed while a step was dispatched: its successor's flags to update
+        self.dispatcher = concurrent.futures.ThreadPoolExecutor(1, "dllm-jax-step") if self.overlap else None
         self.seen: InFlight | None = None  # the last step read: what `progress` reports
         self.timing = EngineTiming()
 
@@ -296,9 +310,36 @@ class Engine(RequestQueue):
                 return True
         return False
 
+    @property
+    def idle(self) -> bool:
+        """Nothing queued, running or in flight."""
+        return not (self.queue or self.busy or self.inflight is not None or self.dispatched is not None)
+
     def mark_busy(self) -> None:
-        """The device's busy flags from the host's slots, after requests left them."""
+        """The device's busy flags from the host's slots, after requests left them (once the step in flight, if
+        any, has returned: `settle`)."""
+        if self.dispatched is not None:
+            self.busy_changed = True
+            return
         self.state = self.state.replace(busy=jnp.asarray([r is not None for r in self.running]))
+
+    def settle(self) -> None:
+        """Waits for the step on the dispatch thread, if any: its state is the engine's, its result the next to read."""
+        if self.dispatched is None:
+            return
+        start = time.perf_counter()
+        self.state, snapshot = self.dispatched.future.result()
+        self.timing.wait_s += time.perf_counter() - start
+        self.inflight = InFlight(snapshot, self.dispatched.running)
+        self.dispatched = None
+        if self.busy_changed:
+            self.busy_changed = False
+            self.mark_busy()
+
+    def dispatch(self, state: Slots) -> tuple[Slots, Snapshot]:
+        """One jitted step of `state` (donated)."""
+        return _step_jit(self.model.params(), state, config=self.config, options=self.options, policy=self.policy,
+                         loop=self.loop, block_length=self.block_length)
 
     def progress(self) -> dict[int, np.ndarray]:
         """{request id: the tokens it has generated so far} for every running request, as of the last step read:
@@ -348,20 +389,21 @@ class Engine(RequestQueue):
 
     def step(self) -> list[Completion]:
         """Admits queued requests, decodes one block in every busy slot, retires the finished ones (with
-        `overlap`, those the previous step finished, read while this one runs)."""
+        `overlap`, those the previous step finished, read while this one runs on the dispatch thread)."""
+        self.settle()
         self.admit()
-        previous, self.inflight = self.inflight, None
+        previous, self.inflight = self.inflight, None  # overlap: the step settled above
         if self.busy:
             start = time.perf_counter()
-            self.state, snapshot = _step_jit(self.model.params(), self.state, config=self.config,
-                                             options=self.options, policy=self.policy, loop=self.loop,
-                                             block_length=self.block_length)
-            self.inflight = InFlight(snapshot, tuple(self.running))
+            running = tuple(self.running)
+            if self.overlap:
+                self.dispatched = Dispatched(self.dispatcher.submit(self.dispatch, self.state), running)
+            else:
+                self.state, snapshot = self.dispatch(self.state)
+                previous = InFlight(snapshot, running)
             self.timing.steps += 1
             self.timing.busy_slot_steps += self.busy
             self.timing.dispatch_s += time.perf_counter() - start
-        if not self.overlap:
-            previous, self.inflight = self.inflight, None
         return [] if previous is None else self.retire(previous)
 
     def retire(self, step: InFlight) -> list[Completion]:
@@ -396,6 +438,6 @@ class Engine(RequestQueue):
     def run(self) -> dict[int, Completion]:
         """Steps until the queue and the slots are empty; {request id: Completion}."""
         done = {}
-        while self.queue or self.busy or self.inflight is not None:
+        while not self.idle:
             done.update((c.request_id, c) for c in self.step())
         return done
