@@ -57,6 +57,13 @@ def post(url, path, body, **kw):
     return httpx.post(url + path, json=body, timeout=60, **kw)
 
 
+def completions(url, prompts, max_tokens: int) -> list:
+    """The replies of one concurrent client per prompt (POST /v1/completions, not streamed)."""
+    with concurrent.futures.ThreadPoolExecutor(len(prompts)) as pool:
+        return list(pool.map(lambda p: post(url, "/v1/completions", dict(model=NAME, prompt=p, max_tokens=max_tokens)),
+                             prompts))
+
+
 def events(response) -> list:
     """The JSON objects of a server-sent event stream, [DONE] checked and dropped."""
     lines = [line[len("data: "):] for line in response.iter_lines() if line.startswith("data: ")]
@@ -68,9 +75,7 @@ def test_concurrent_clients_each_get_what_generate_gives_their_prompt_alone(url,
     _, model, tokenizer = sdar
     # 16 clients, 4 slots: requests queue, enter freed slots at different steps, leave at different blocks
     prompts = [rng.integers(3, 140, 6 if i % 2 else 9).tolist() for i in range(16)]
-    with concurrent.futures.ThreadPoolExecutor(16) as pool:
-        replies = list(pool.map(lambda p: post(url, "/v1/completions", dict(model=NAME, prompt=p, max_tokens=12)),
-                                prompts))
+    replies = completions(url, prompts, 12)
     finishes = set()
     for prompt, reply in zip(prompts, replies):
         assert reply.status_code == 200, reply.text
@@ -93,9 +98,7 @@ def test_with_overlapped_steps_clients_get_generate_alone_and_a_disconnect_frees
     _, model, tokenizer = sdar
     with running(build_app(model, tokenizer, model_name=NAME, slots=4, max_context=512, overlap=True)) as url:
         prompts = [rng.integers(3, 140, 6 if i % 2 else 9).tolist() for i in range(8)]
-        with concurrent.futures.ThreadPoolExecutor(8) as pool:
-            replies = list(pool.map(lambda p: post(url, "/v1/completions", dict(model=NAME, prompt=p, max_tokens=12)),
-                                    prompts))
+        replies = completions(url, prompts, 12)
         for prompt, reply in zip(prompts, replies):
             assert reply.status_code == 200, reply.text
             choice = reply.json()["choices"][0]
@@ -286,9 +289,7 @@ def test_llada_is_served_in_lockstep_and_each_request_gets_generate_alone(checkp
     model, tokenizer = dllm_jax.load_model(path, dtype="float32", progress=False), ChatTokenizer(path)
     with running(build_app(model, tokenizer, model_name=NAME, slots=3, max_context=96, **LOCKSTEP)) as url:
         prompts = [rng.integers(3, 140, 6 if i % 2 else 9).tolist() for i in range(6)]
-        with concurrent.futures.ThreadPoolExecutor(6) as pool:
-            replies = list(pool.map(lambda p: post(url, "/v1/completions", dict(model=NAME, prompt=p, max_tokens=12)),
-                                    prompts))
+        replies = completions(url, prompts, 12)
         for prompt, reply in zip(prompts, replies):
             assert reply.status_code == 200, reply.text
             out = np.asarray(dllm_jax.generate(model, np.asarray(prompt)[None], **LOCKSTEP))[0][len(prompt):][:12]
