@@ -90,7 +90,8 @@ def parse_args(argv=None) -> argparse.Namespace:
     parser.add_argument("--out", type=Path, default=Path("benchmarks/results"))
     parser.add_argument("--tag", default="")
     parser.add_argument("--overlap", choices=("off", "on", "both"), default="off",
-                        help="the engine dispatches each step before reading the previous one (Engine(overlap=True)); "
+                        help="the engine runs each step on its dispatch thread and reads the previous one meanwhile "
+                             "(Engine(overlap=True)); "
                              "both: time the server both ways (modes 'server' and 'server overlapped')")
     parser.add_argument("--no-lockstep", action="store_true",
                         help="time the server only (a diagnosis run: no lockstep rows, no speedups)")

@@ -270,7 +270,6 @@ class Engine(RequestQueue):
                                 loop=self.loop, block_length=bl)
         self.running: list[Request | None] = [None] * self.slots
         self.overlap = check.flag("overlap", overlap)
-        self.inflight: InFlight | None = None  # a step returned and not yet read (overlap)
         self.dispatched: Dispatched | None = None  # a step on the dispatch thread (overlap): self.state is stale
         self.busy_changed = False  # slots were freed while a step was dispatched: its successor's flags to update
         self.dispatcher = concurrent.futures.ThreadPoolExecutor(1, "dllm-jax-step") if self.overlap else None
@@ -313,7 +312,7 @@ class Engine(RequestQueue):
     @property
     def idle(self) -> bool:
         """Nothing queued, running or in flight."""
-        return not (self.queue or self.busy or self.inflight is not None or self.dispatched is not None)
+        return not (self.queue or self.busy or self.dispatched is not None)
 
     def mark_busy(self) -> None:
         """The device's busy flags from the host's slots, after requests left them (once the step in flight, if
@@ -323,18 +322,19 @@ class Engine(RequestQueue):
             return
         self.state = self.state.replace(busy=jnp.asarray([r is not None for r in self.running]))
 
-    def settle(self) -> None:
-        """Waits for the step on the dispatch thread, if any: its state is the engine's, its result the next to read."""
+    def settle(self) -> InFlight | None:
+        """Waits for the step on the dispatch thread, if any: its state becomes the engine's; returns it to read."""
         if self.dispatched is None:
-            return
+            return None
         start = time.perf_counter()
         self.state, snapshot = self.dispatched.future.result()
         self.timing.wait_s += time.perf_counter() - start
-        self.inflight = InFlight(snapshot, self.dispatched.running)
+        settled = InFlight(snapshot, self.dispatched.running)
         self.dispatched = None
         if self.busy_changed:
             self.busy_changed = False
             self.mark_busy()
+        return settled
 
     def dispatch(self, state: Slots) -> tuple[Slots, Snapshot]:
         """One jitted step of `state` (donated)."""
@@ -390,9 +390,8 @@ class Engine(RequestQueue):
     def step(self) -> list[Completion]:
         """Admits queued requests, decodes one block in every busy slot, retires the finished ones (with
         `overlap`, those the previous step finished, read while this one runs on the dispatch thread)."""
-        self.settle()
+        previous = self.settle()  # overlap: the step dispatched last time, retired below while the next one runs
         self.admit()
-        previous, self.inflight = self.inflight, None  # overlap: the step settled above
         if self.busy:
             start = time.perf_counter()
             running = tuple(self.running)
