@@ -25,6 +25,8 @@ from jax.experimental.pallas import triton as pltriton
 LOG2E = math.log2(math.e)
 LN2 = math.log(2.0)
 DTYPES = (jnp.dtype(jnp.bfloat16), jnp.dtype(jnp.float16), jnp.dtype(jnp.float32))
+# weights held in one byte per value (with a float32 scale) that the matmul kernels cast in registers
+BYTE_WEIGHT_DTYPES = (jnp.dtype(jnp.int8), jnp.dtype(jnp.float8_e4m3fn))
 # Triton lowers DEFAULT/HIGH fp32 dots to TF32 (~1e-3 error); HIGHEST asks for IEEE fp32. bf16 and
 # f16 dots are unaffected (their inputs are exact on the tensor cores either way).
 EXACT_F32 = jax.lax.Precision.HIGHEST

@@ -91,16 +91,13 @@ def _grouped_matmul(x, w, tile_groups, scale, *, block_m, block_n, block_k, num_
     return out[:, :n]
 
 
-QUANTIZED_DTYPES = (jnp.dtype(jnp.int8), jnp.dtype(jnp.float8_e4m3fn))
-
-
 def check_grouped(x, w, tile_groups, block_m: int, scale=None) -> None:
     """ValueError for inputs outside the contract (the group order only on concrete inputs)."""
     if scale is not None:
         if x.ndim != 2 or w.ndim != 3 or x.shape[1] != w.shape[2] or scale.shape != w.shape[:2]:
             raise ValueError(f"a quantized grouped_matmul takes x [M, K], w [G, N, K] and scale [G, N], got "
                              f"{x.shape}, {w.shape} and {scale.shape}")
-        if jnp.dtype(w.dtype) not in QUANTIZED_DTYPES or scale.dtype != jnp.float32:
+        if jnp.dtype(w.dtype) not in c.BYTE_WEIGHT_DTYPES or scale.dtype != jnp.float32:
             raise ValueError(f"a quantized w is int8 or float8_e4m3fn with a float32 scale, got {w.dtype} and "
                              f"{scale.dtype}")
         if jnp.dtype(x.dtype) not in c.DTYPES[:2]:

@@ -26,8 +26,7 @@ from jax.experimental import pallas as pl
 
 from pallas_kernels import _common as c
 
-WEIGHT_DTYPES = (jnp.dtype(jnp.int8), jnp.dtype(jnp.float8_e4m3fn))
-X_DTYPES = (jnp.dtype(jnp.bfloat16), jnp.dtype(jnp.float16))
+X_DTYPES = c.DTYPES[:2]  # bfloat16, float16: the rows a 1-byte weight multiplies
 BLOCK_M = 16  # the smallest tensor-core tile's rows; x is padded to it
 MAX_ROWS = BLOCK_M
 
@@ -94,8 +93,8 @@ def check_quantized(x, w, scale, *, block_n: int | None = None, block_k: int = 1
                          f"{scale.shape}")
     if jnp.dtype(x.dtype) not in X_DTYPES:
         raise ValueError(f"x.dtype={x.dtype} is not one of {[str(d) for d in X_DTYPES]}")
-    if jnp.dtype(w.dtype) not in WEIGHT_DTYPES:
-        raise ValueError(f"w.dtype={w.dtype} is not one of {[str(d) for d in WEIGHT_DTYPES]}")
+    if jnp.dtype(w.dtype) not in c.BYTE_WEIGHT_DTYPES:
+        raise ValueError(f"w.dtype={w.dtype} is not one of {[str(d) for d in c.BYTE_WEIGHT_DTYPES]}")
     if scale.dtype != jnp.float32:
         raise ValueError(f"scale must be float32, got {scale.dtype}")
     if block_n is None:
