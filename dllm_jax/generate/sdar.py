@@ -59,6 +59,11 @@ from dllm_jax.models import sdar as sdar_model
 from dllm_jax.sharding import shard_kv_cache, to_host
 
 CACHE_TILE = 128
+# `generate` left-pads prompts to a multiple of this many positions (masked out: rows run in their own coordinates,
+# so a padded row decodes what it would alone, as batched rows do): prompts of nearby lengths share one compiled
+# loop instead of one each (an evaluation's prompts differ by a few tokens; each program costs tens of seconds to
+# compile at 8B), for at most PROMPT_BUCKET - 1 positions of prefill more
+PROMPT_BUCKET = 64
 REMASKING = ("low_confidence_dynamic", "low_confidence_static", "sequential")
 
 
@@ -451,7 +456,7 @@ def run(model, prompt_ids, attention_mask, seed: int, method, progress: bool, re
     mesh = model.mesh
     opts, prompt_ids, mask, blocks = prepare(model, prompt_ids, attention_mask, method, options)
     method = on_devices(mesh, method, None)
-    placed_ids, placed_mask = on_mesh(mesh, prompt_ids, mask)
+    placed_ids, placed_mask = on_mesh(mesh, *bucketed(prompt_ids, mask))
     with progress_bar(blocks, "SDAR blocks", progress) as run_id:
         x, end = generate_sdar_jit(model.params(), placed_ids, placed_mask, seed, np.int32(run_id),
                                    config=model.config, options=opts, policy=method,
@@ -463,6 +468,14 @@ def run(model, prompt_ids, attention_mask, seed: int, method, progress: bool, re
         return np.stack(rows)
     return left_padded(rows, prompt_ids, np.ones_like(prompt_ids) if mask is None else mask,
                        prompt_ids.shape[1] + opts.max_new_tokens, model.config.pad_token_id)
+
+
+def bucketed(prompt_ids: np.ndarray, mask: np.ndarray | None) -> tuple[np.ndarray, np.ndarray]:
+    """(ids, attention mask) left-padded to the next multiple of PROMPT_BUCKET positions (padding: id 0, mask 0)."""
+    b, p = prompt_ids.shape
+    pad = -p % PROMPT_BUCKET
+    mask = np.ones((b, p), np.int32) if mask is None else mask
+    return np.pad(prompt_ids, ((0, 0), (pad, 0))), np.pad(mask, ((0, 0), (pad, 0)))
 
 
 def slot_check(config: SDARConfig, prompt_ids: np.ndarray, max_new_tokens: int, options: SDAROptions) -> None:
