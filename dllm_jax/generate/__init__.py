@@ -38,7 +38,9 @@ def generate(model, prompt_ids, *, attention_mask=None, seed: int = 0, method=No
       [B, P + max_new_tokens] in the same layout: row b's padding, prompt and generated tokens,
       then config.pad_token_id after its stop token or its last decoded block. Each row keeps its
       own block alignment (positions count from its first token), progress and stop, and equals the
-      one-prompt call on that row (same options and seed) as far as both reach. denoising_steps <= block_size: a block of block_size tokens is decoded in at
+      one-prompt call on that row (same options and seed) as far as both reach. Prompts are
+      left-padded to a multiple of sdar.PROMPT_BUCKET positions inside, so nearby lengths share one
+      compiled loop. denoising_steps <= block_size: a block of block_size tokens is decoded in at
       most block_size steps (the schedule gives later steps 0 tokens), so more would silently run
       fewer. See `dllm_jax.generate.sdar`.
       Infilling: the complete prompt blocks are prefilled into the KV cache and never denoised, so a
