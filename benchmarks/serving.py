@@ -89,10 +89,10 @@ def parse_args(argv=None) -> argparse.Namespace:
     parser.add_argument("--seconds", type=float, default=300, help="longest a mode may take on one rate's trace")
     parser.add_argument("--out", type=Path, default=Path("benchmarks/results"))
     parser.add_argument("--tag", default="")
-    parser.add_argument("--overlap", choices=("off", "on", "both"), default="off",
-                        help="the engine runs each step on its dispatch thread and reads the previous one meanwhile "
-                             "(Engine(overlap=True)); "
-                             "both: time the server both ways (modes 'server' and 'server overlapped')")
+    parser.add_argument("--overlap", choices=("off", "on", "both"), default="on",
+                        help="on (the server's default): the engine runs each step on its dispatch thread and reads "
+                             "the previous one meanwhile (Engine(overlap=True), mode 'server overlapped'); off: each "
+                             "step read before the next (mode 'server'); both: time the server both ways")
     parser.add_argument("--no-lockstep", action="store_true",
                         help="time the server only (a diagnosis run: no lockstep rows, no speedups)")
     parser.add_argument("--plot", type=Path, metavar="RESULTS_JSON",

@@ -242,3 +242,15 @@ def test_serving_plot_draws_a_results_file_and_refuses_other_files(tmp_path):
     other.write_text(json.dumps(dict(benchmark="throughput", rows=rows)))
     with pytest.raises(ValueError, match="not a results file of benchmarks/serving.py"):
         serving.main(["--plot", str(other), "--out", str(tmp_path)])
+
+
+def test_serving_step_times_an_engine_step_and_a_lockstep_block(tmp_path):
+    """benchmarks/serving_step.py on a tiny model (CPU: no kernel tables): both rows, every slot busy throughout."""
+    from benchmarks import serving_step
+
+    md = serving_step.main(["--model", "tiny-sdar", "--slots", "2", "--prompt-lengths", "8:32", "--steps", "2",
+                            "--out", str(tmp_path)])
+    result = json.loads(md.with_suffix(".json").read_text())
+    assert [r["mode"] for r in result["rows"]] == ["engine step", "lockstep block"]
+    assert all(r["wall_ms"] > 0 for r in result["rows"]) and result["rows"][0]["jitted_ms"] > 0
+    assert "| engine step |" in md.read_text() and len(result["prompt_lengths"]) == 2

@@ -1,0 +1,136 @@
+"""One slot-engine step against one block of lockstep `generate` (issue 41): wall time and GPU kernels, so the gap
+between the server's step and lockstep's block is measured, not guessed.
+
+    PYTHONPATH=. python -m benchmarks.serving_step --model sdar-8b-chat --slots 16 --prompt-lengths 512:2048 \
+        --out benchmarks/results [--tag NAME]
+    PYTHONPATH=. python -m benchmarks.serving_step --model tiny-sdar --slots 2 --prompt-lengths 8:32 \
+        --out /tmp/serving_step   # a CPU smoke run (no kernel tables)
+
+Random weights with stop tokens off (`dllm_jax.bench.model_for`), greedy, SDAR's default sampling. Prompts: one
+per slot, lengths log-uniform over `--prompt-lengths` (seeded).
+
+- **engine step**: an `Engine` (`overlap=False`, so each call returns once its step has) with every slot busy,
+  each request long enough to outlast the run; the mean of `--steps` calls of `Engine.step` (admission, the
+  jitted step, retiring: what the server's worker pays per step) and of the jitted step alone (`Engine.dispatch`).
+- **lockstep block**: the same prompts left-padded to the longest, through `generate` at two answer lengths;
+  (time at the longer - time at the shorter) / the blocks between them: one block without the prefill.
+- On a GPU, each row's kernels from a profiler trace (`dllm_jax.bench.kernel_profile`): one engine step, and the
+  per-block difference of the two lockstep calls; GPU ms below wall ms is time the device idled.
+
+Results: <out>/serving_step[_tag]_<device>_<date>.{json,md}.
+"""
+
+from __future__ import annotations
+
+import argparse
+import datetime
+import tempfile
+import time
+from pathlib import Path
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+
+from benchmarks.serving import span
+from dllm_jax import generate
+from dllm_jax.bench import cell, kernel_profile, markdown_table, model_for, write_results
+from dllm_jax.serve import Engine
+
+SHORT, LONG = 16, 80  # lockstep answer lengths: (LONG - SHORT) / block size blocks between them
+
+
+def parse_args(argv=None) -> argparse.Namespace:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--model", default="tiny-sdar", help="a shipped SDAR config name or tiny-sdar")
+    parser.add_argument("--slots", type=int, default=16, help="busy slots = lockstep batch size")
+    parser.add_argument("--prompt-lengths", type=span, default=(512, 2048), metavar="LOW:HIGH")
+    parser.add_argument("--steps", type=int, default=20, help="engine steps timed")
+    parser.add_argument("--seed", type=int, default=0)
+    parser.add_argument("--out", type=Path, default=Path("benchmarks/results"))
+    parser.add_argument("--tag", default="")
+    args = parser.parse_args(argv)
+    if args.slots < 1 or args.steps < 1:
+        parser.error("--slots and --steps must be >= 1")
+    return args
+
+
+def mean_ms(run, n: int) -> float:
+    start = time.perf_counter()
+    for _ in range(n):
+        run()
+    return (time.perf_counter() - start) / n * 1e3
+
+
+def engine_row(model, prompts, args, trace_dir: Path) -> dict:
+    engine = Engine(model, slots=args.slots, max_context=args.prompt_lengths[1] + LONG * 8, overlap=False)
+    for i, prompt in enumerate(prompts):
+        engine.submit(prompt, max_new_tokens=engine.room(len(prompt)), seed=i, temperature=0.0)
+    for _ in range(3):  # admits every request, compiles, warms
+        engine.step()
+    jax.block_until_ready(engine.state)
+    step_ms = mean_ms(engine.step, args.steps)
+
+    def dispatch():
+        engine.state, snapshot = engine.dispatch(engine.state)
+        jax.block_until_ready(snapshot)
+
+    dispatch_ms = mean_ms(dispatch, args.steps)
+    profile = kernel_profile(engine.step, trace_dir / "engine")
+    assert engine.busy == args.slots, "a request finished during the run: raise max_context"
+    return dict(mode="engine step", wall_ms=step_ms, jitted_ms=dispatch_ms,
+                gpu_ms=profile and profile["gpu_ms"], launches=profile and profile["launches"],
+                kernels=profile and profile["kernels"])
+
+
+def lockstep_row(model, prompts, args, trace_dir: Path) -> dict:
+    width = max(len(p) for p in prompts)
+    ids = np.zeros((len(prompts), width), np.int32)
+    mask = np.zeros_like(ids)
+    for row, prompt in enumerate(prompts):
+        ids[row, width - len(prompt):], mask[row, width - len(prompt):] = prompt, 1
+    runs = {n: (lambda n=n: jax.block_until_ready(generate(model, ids, attention_mask=mask, max_new_tokens=n,
+                                                           top_k=1))) for n in (SHORT, LONG)}
+    for run in runs.values():
+        run()
+    times = {n: min(mean_ms(run, 1) for _ in range(3)) for n, run in runs.items()}
+    blocks = (LONG - SHORT) // model.config.block_size
+    profiles = {n: kernel_profile(run, trace_dir / f"lockstep{n}") for n, run in runs.items()}
+    gpu = None if profiles[LONG] is None else (profiles[LONG]["gpu_ms"] - profiles[SHORT]["gpu_ms"]) / blocks
+    launches = None if gpu is None else (profiles[LONG]["launches"] - profiles[SHORT]["launches"]) / blocks
+    return dict(mode="lockstep block", wall_ms=(times[LONG] - times[SHORT]) / blocks, jitted_ms=None, gpu_ms=gpu,
+                launches=launches, kernels=profiles[LONG] and profiles[LONG]["kernels"])
+
+
+def main(argv=None) -> Path:
+    args = parse_args(argv)
+    model, config = model_for(args.model, layers=None, context=args.prompt_lengths[1] + LONG * 8 + 64,
+                              dtype=jnp.bfloat16)
+    rng = np.random.default_rng(args.seed)
+    low, high = args.prompt_lengths
+    lengths = np.exp(rng.uniform(np.log(low), np.log(high), args.slots)).astype(int)
+    prompts = [rng.integers(3, config.mask_token_id, n).astype(np.int32) for n in lengths]
+    with tempfile.TemporaryDirectory() as tmp:
+        rows = [engine_row(model, prompts, args, Path(tmp)), lockstep_row(model, prompts, args, Path(tmp))]
+    meta = dict(benchmark="serving_step" + (f"_{args.tag}" if args.tag else ""), device=jax.devices()[0].device_kind,
+                jax=jax.__version__, date=datetime.date.today().isoformat(), model=args.model, slots=args.slots,
+                prompt_lengths=[int(n) for n in lengths], steps=args.steps, lockstep_answers=[SHORT, LONG])
+    lines = [f"# Engine step against lockstep block - {meta['device']}, jax {meta['jax']}, {meta['date']}", "",
+             f"{args.model} (random weights, stops off, greedy), {args.slots} busy slots / rows, prompts "
+             f"{min(lengths)}-{max(lengths)} tokens; the engine's step: the mean of {args.steps} `Engine.step` calls "
+             "and of the jitted step alone; lockstep's block: the difference of answers of "
+             f"{SHORT} and {LONG} tokens per block. GPU ms below wall ms: the device idled.", "",
+             *markdown_table(["mode", "wall ms", "jitted step ms", "GPU kernel ms", "launches"],
+                             [[r["mode"], cell(r["wall_ms"]), cell(r["jitted_ms"]), cell(r["gpu_ms"]),
+                               cell(r["launches"], ".0f")] for r in rows], align="lrrrr")]
+    for r in rows:
+        if r["kernels"]:
+            lines += ["", f"Kernels of {'one engine step' if r['mode'] == 'engine step' else f'the {LONG}-token call'}"
+                      " by time:", "", *markdown_table(["kernel", "ms", "launches"],
+                                                      [[f"`{k['name']}`", cell(k["ms"]), k["launches"]]
+                                                       for k in r["kernels"]], align="lrr")]
+    return write_results(args.out, meta, rows, lines)
+
+
+if __name__ == "__main__":
+    main()
