@@ -45,7 +45,7 @@ from dllm_jax.generate.progress import progress_bar, tick
 from dllm_jax.generate.requests import (ProbeLoop, as_array, check_context, check_prompt, make_options, on_devices,
                                         on_mesh, until_stop)
 from dllm_jax.generate.sampling import RowSampling, commit_top, sample_tokens, sample_tokens_per_row, transfer_counts
-from dllm_jax.generate.sdar import BlockSampler, SlotLoop, cache_capacity, decode_blocks
+from dllm_jax.generate.sdar import PROMPT_BUCKET, BlockSampler, SlotLoop, cache_capacity, decode_blocks
 from dllm_jax.models import llada2 as llada2_model
 from dllm_jax.sharding import shard_kv_cache, to_host, tracing_on
 
@@ -142,30 +142,37 @@ SAMPLER = BlockSampler(schedule=schedule, commit=commit, commit_and_step=llada2_
                        block_step=llada2_model.block_step)
 
 
-def generate_llada2(params, prompt_ids, seed, run_id=0, *, config: LLaDA2Config, options: LLaDA2Options,
-                    policy: AttentionPolicy = Dense(), on_step=None, return_policy_state: bool = False, mesh=None):
+def generate_llada2(params, prompt_ids, seed, run_id=0, prompt_length=None, *, config: LLaDA2Config,
+                    options: LLaDA2Options, policy: AttentionPolicy = Dense(), on_step=None,
+                    return_policy_state: bool = False, mesh=None):
     """The whole generation, traceable as one function: prompt_ids int32 [B, P] (no padding) ->
     (x int32 [B, width], stopped bool [B]); x holds the prompt, the decoded blocks and masks after a
-    row's stop. width = ceil((P + gen_length) / block_length) * block_length. `on_step(run_id, i)`
+    row's stop. width = ceil((P + gen_length) / block_length) * block_length. `prompt_length` (int32, traced;
+    None: P): the prompt's length when prompt_ids holds mask ids after it (`run` pads prompts to a multiple of
+    PROMPT_BUCKET so that nearby lengths share one program); every row has that length. `on_step(run_id, i)`
     (static, optional) runs on the host after every decoded block. With `return_policy_state` (static),
     the final per-layer policy state comes third (for diagnostics: dllm_jax.analysis)."""
     check_policy(policy)
     with tracing_on(mesh):  # the routed experts run per device (dllm_jax.models.moe)
         o, bl = options, options.block_length
-        b, p = prompt_ids.shape
-        num_blocks = -(-(p + o.gen_length) // bl)
-        width, first = num_blocks * bl, p // bl
-        x = jnp.full((b, width), config.mask_token_id, jnp.int32).at[:, :p].set(prompt_ids.astype(jnp.int32))
+        b, n = prompt_ids.shape
+        p = n if prompt_length is None else prompt_length
+        width = -(-(n + o.gen_length) // bl) * bl
+        first, num_blocks = p // bl, -(-(p + o.gen_length) // bl)
+        x = jnp.full((b, width), config.mask_token_id, jnp.int32).at[:, :n].set(prompt_ids.astype(jnp.int32))
         params = llada2_model.inference(params, config)
         cache = llada2_model.init_cache(config, b, cache_capacity(width, bl), params["embed"].dtype)
         cache = shard_kv_cache(cache, mesh)
-        if first:
-            cache = llada2_model.prefill(params, x[:, :first * bl], cache, config=config, block_length=bl)
         # every row at the same positions: the shared scan with one prompt length, first and last block
         rows = functools.partial(jnp.full, (b,), dtype=jnp.int32)
+        if n // bl:  # the complete prompt blocks (a dynamic count of chunks: none where first is 0)
+            cache = llada2_model.prefill(params, x[:, :n // bl * bl], cache, rows(first * bl), config=config,
+                                         block_length=bl)
+        # a prompt ending just past a block boundary needs one block more than its share of the answer
+        iterations = -(-(o.gen_length + (bl - 1 if prompt_length is not None else n % bl)) // bl)
         policy_state = llada2_model.init_policy_state(policy, config, b, width, block_length=bl)
         carry = decode_blocks(params, x, cache, policy_state, jax.random.key(seed), lengths=rows(p), first=rows(first),
-                              last=rows(num_blocks), iterations=num_blocks - first, block_length=bl,
+                              last=rows(num_blocks), iterations=iterations, block_length=bl,
                               stop_ids=jnp.asarray([config.eos_token_id], jnp.int32), config=config, options=o,
                               policy=policy, sampler=SAMPLER, on_step=on_step, run_id=run_id)
         if return_policy_state:
@@ -222,9 +229,14 @@ def run(model, prompt_ids, attention_mask, seed: int, method, progress: bool, re
     mesh = model.mesh
     opts, prompt_ids, blocks = prepare(model, prompt_ids, attention_mask, method, options)
     method = on_devices(mesh, method, None)
-    placed_ids, _ = on_mesh(mesh, prompt_ids, None)
+    p = prompt_ids.shape[1]
+    # mask ids after the prompt up to a multiple of PROMPT_BUCKET: the loop decodes from the prompt's own length
+    # (traced), so nearby lengths share one program
+    padded = np.pad(prompt_ids, ((0, 0), (0, -p % PROMPT_BUCKET)), constant_values=model.config.mask_token_id)
+    placed_ids, _ = on_mesh(mesh, padded, None)
     with progress_bar(blocks, "LLaDA2 blocks", progress) as run_id:
-        x, _ = generate_llada2_jit(model.params(), placed_ids, seed, np.int32(run_id), config=model.config,
+        x, _ = generate_llada2_jit(model.params(), placed_ids, seed, np.int32(run_id), np.int32(p),
+                                   config=model.config,
                                    options=opts, policy=method, on_step=tick if progress else None, mesh=mesh)
         x = to_host(x)
     rows = answers(x, prompt_ids.shape[1], opts, model.config.eos_token_id)
