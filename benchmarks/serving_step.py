@@ -10,8 +10,9 @@ Random weights with stop tokens off (`dllm_jax.bench.model_for`), greedy, SDAR's
 per slot, lengths log-uniform over `--prompt-lengths` (seeded).
 
 - **engine step**: an `Engine` (`overlap=False`, so each call returns once its step has) with every slot busy,
-  each request long enough to outlast the run; the mean of `--steps` calls of `Engine.step` (admission, the
-  jitted step, retiring: what the server's worker pays per step) and of the jitted step alone (`Engine.dispatch`).
+  each request long enough to outlast the run; the median of `--steps` calls of `Engine.step` (admission, the
+  jitted step, retiring: what the server's worker pays per step) and of the jitted step alone (`Engine.dispatch`),
+  each synchronised (`dllm_jax.bench.time_calls` / `time_carried`).
 - **lockstep block**: the same prompts left-padded to the longest, through `generate` at two answer lengths;
   (time at the longer - time at the shorter) / the blocks between them: one block without the prefill.
 - On a GPU, each row's kernels from a profiler trace (`dllm_jax.bench.kernel_profile`): one engine step, and the
@@ -25,7 +26,6 @@ from __future__ import annotations
 import argparse
 import datetime
 import tempfile
-import time
 from pathlib import Path
 
 import jax
@@ -34,7 +34,7 @@ import numpy as np
 
 from benchmarks.serving import span
 from dllm_jax import generate
-from dllm_jax.bench import cell, kernel_profile, markdown_table, model_for, write_results
+from dllm_jax.bench import cell, kernel_profile, markdown_table, model_for, time_calls, time_carried, write_results
 from dllm_jax.serve import Engine
 
 SHORT, LONG = 16, 80  # lockstep answer lengths: (LONG - SHORT) / block size blocks between them
@@ -55,27 +55,16 @@ def parse_args(argv=None) -> argparse.Namespace:
     return args
 
 
-def mean_ms(run, n: int) -> float:
-    start = time.perf_counter()
-    for _ in range(n):
-        run()
-    return (time.perf_counter() - start) / n * 1e3
-
-
 def engine_row(model, prompts, args, trace_dir: Path) -> dict:
     engine = Engine(model, slots=args.slots, max_context=args.prompt_lengths[1] + LONG * 8, overlap=False)
     for i, prompt in enumerate(prompts):
         engine.submit(prompt, max_new_tokens=engine.room(len(prompt)), seed=i, temperature=0.0)
-    for _ in range(3):  # admits every request, compiles, warms
+    for _ in range(2):  # admits every request, compiles, warms (time_calls' warm-up call is the third)
         engine.step()
-    jax.block_until_ready(engine.state)
-    step_ms = mean_ms(engine.step, args.steps)
-
-    def dispatch():
-        engine.state, snapshot = engine.dispatch(engine.state)
-        jax.block_until_ready(snapshot)
-
-    dispatch_ms = mean_ms(dispatch, args.steps)
+    step_ms = time_calls(engine.step, repeats=args.steps, burst_s=0) * 1e3
+    seconds, engine.state = time_carried(lambda state: engine.dispatch(state)[::-1], engine.state,
+                                         repeats=args.steps)
+    dispatch_ms = seconds * 1e3
     profile = kernel_profile(engine.step, trace_dir / "engine")
     assert engine.busy == args.slots, "a request finished during the run: raise max_context"
     return dict(mode="engine step", wall_ms=step_ms, jitted_ms=dispatch_ms,
@@ -91,9 +80,7 @@ def lockstep_row(model, prompts, args, trace_dir: Path) -> dict:
         ids[row, width - len(prompt):], mask[row, width - len(prompt):] = prompt, 1
     runs = {n: (lambda n=n: jax.block_until_ready(generate(model, ids, attention_mask=mask, max_new_tokens=n,
                                                            top_k=1))) for n in (SHORT, LONG)}
-    for run in runs.values():
-        run()
-    times = {n: min(mean_ms(run, 1) for _ in range(3)) for n, run in runs.items()}
+    times = {n: time_calls(run, repeats=3, burst_s=0) * 1e3 for n, run in runs.items()}
     blocks = (LONG - SHORT) // model.config.block_size
     profiles = {n: kernel_profile(run, trace_dir / f"lockstep{n}") for n, run in runs.items()}
     gpu = None if profiles[LONG] is None else (profiles[LONG]["gpu_ms"] - profiles[SHORT]["gpu_ms"]) / blocks
@@ -117,7 +104,7 @@ def main(argv=None) -> Path:
                 prompt_lengths=[int(n) for n in lengths], steps=args.steps, lockstep_answers=[SHORT, LONG])
     lines = [f"# Engine step against lockstep block - {meta['device']}, jax {meta['jax']}, {meta['date']}", "",
              f"{args.model} (random weights, stops off, greedy), {args.slots} busy slots / rows, prompts "
-             f"{min(lengths)}-{max(lengths)} tokens; the engine's step: the mean of {args.steps} `Engine.step` calls "
+             f"{min(lengths)}-{max(lengths)} tokens; the engine's step: the median of {args.steps} `Engine.step` calls "
              "and of the jitted step alone; lockstep's block: the difference of answers of "
              f"{SHORT} and {LONG} tokens per block. GPU ms below wall ms: the device idled.", "",
              *markdown_table(["mode", "wall ms", "jitted step ms", "GPU kernel ms", "launches"],

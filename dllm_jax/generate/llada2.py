@@ -168,8 +168,9 @@ def generate_llada2(params, prompt_ids, seed, run_id=0, prompt_length=None, *, c
         if n // bl:  # the complete prompt blocks (a dynamic count of chunks: none where first is 0)
             cache = llada2_model.prefill(params, x[:, :n // bl * bl], cache, rows(first * bl), config=config,
                                          block_length=bl)
-        # a prompt ending just past a block boundary needs one block more than its share of the answer
-        iterations = -(-(o.gen_length + (bl - 1 if prompt_length is not None else n % bl)) // bl)
+        # a traced length: the most blocks any length of the bucket decodes (one ending just past a block boundary
+        # needs one more than its share of the answer); a row's extra iterations idle
+        iterations = num_blocks - first if prompt_length is None else -(-(bl - 1 + o.gen_length) // bl)
         policy_state = llada2_model.init_policy_state(policy, config, b, width, block_length=bl)
         carry = decode_blocks(params, x, cache, policy_state, jax.random.key(seed), lengths=rows(p), first=rows(first),
                               last=rows(num_blocks), iterations=iterations, block_length=bl,
@@ -236,13 +237,13 @@ def run(model, prompt_ids, attention_mask, seed: int, method, progress: bool, re
     placed_ids, _ = on_mesh(mesh, padded, None)
     with progress_bar(blocks, "LLaDA2 blocks", progress) as run_id:
         x, _ = generate_llada2_jit(model.params(), placed_ids, seed, np.int32(run_id), np.int32(p),
-                                   config=model.config,
-                                   options=opts, policy=method, on_step=tick if progress else None, mesh=mesh)
+                                   config=model.config, options=opts, policy=method,
+                                   on_step=tick if progress else None, mesh=mesh)
         x = to_host(x)
-    rows = answers(x, prompt_ids.shape[1], opts, model.config.eos_token_id)
+    rows = answers(x, p, opts, model.config.eos_token_id)
     if len(rows) == 1:
         return np.stack(rows)
-    out = np.full((len(rows), prompt_ids.shape[1] + opts.gen_length), model.config.pad_token_id, np.int32)
+    out = np.full((len(rows), p + opts.gen_length), model.config.pad_token_id, np.int32)
     for b, row in enumerate(rows):
         out[b, :len(row)] = row
     return out

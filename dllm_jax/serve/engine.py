@@ -246,7 +246,6 @@ class Engine(RequestQueue):
         if model.mesh is not None:  # its slots, cache and inserts are not placed on a mesh (not built)
             raise ValueError("the slot engine runs a model on one device: load it without mesh= to serve it")
         super().__init__(config, slots=slots, max_context=max_context)
-        self.model = model
         # the weights as the jitted programs take them, read once: `model.params()` walks every layer's variables,
         # ~4 ms of host time on SDAR-8B that each step and each admission would otherwise pay
         self.params = model.params()
