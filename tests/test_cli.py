@@ -6,8 +6,10 @@ import numpy as np
 import pytest
 
 from dllm_jax import load_model
+from dllm_jax.bench import family_methods
 from dllm_jax.cli import main
 from dllm_jax.eval import load_tokenizer, make_samples
+from dllm_jax.families import FAMILIES
 from dllm_jax.testing import tiny_llada_config, write_hf_checkpoint
 
 TRAINED = Path(__file__).parent.parent / "checkpoints"
@@ -114,16 +116,33 @@ def test_analyze_writes_the_plots_and_a_summary(checkpoints, tmp_path, capsys):
 
 
 def test_bench_writes_json_and_markdown(tmp_path, capsys):
+    # one method per family beside dense (each method's generate loop is tested in its own file; the default list
+    # is tested below)
     assert main(["bench", "--lengths", "128", "--densities", "0.5", "--context", "64", "--new-tokens", "16",
-                 "--repeats", "1", "--out", str(tmp_path)]) == 0
+                 "--repeats", "1", "--methods", "dense", "sparsed", "flashblock+mage", "--out", str(tmp_path)]) == 0
     (result,) = tmp_path.glob("bench_*.json")
     data = json.loads(result.read_text())
     assert data["backend"] == "cpu" and data["jax"] == jax.__version__
     attention = [r for r in data["rows"] if r["section"] == "attention"]
     assert [r["n"] for r in attention] == [128] and attention[0]["block_sparse_ms"]["0.5"] > 0
     generated = {(r["model"], r["config"].split("(")[0]) for r in data["rows"] if r["section"] == "generate"}
-    assert generated == {("tiny-llada", m) for m in ("dense", "sparsed", "pulsecol", "sparge")} | \
-        {("tiny-sdar", m) for m in ("dense", "mage", "flashblock", "flashblock+mage")}
+    assert generated == {("tiny-llada", "dense"), ("tiny-llada", "sparsed"), ("tiny-sdar", "dense"),
+                         ("tiny-sdar", "flashblock+mage")}
+    assert data["methods"] == ["dense", "sparsed", "flashblock+mage"]
     assert all(r["per_forward_ms"] > 0 for r in data["rows"] if r["section"] == "generate")
     table = result.with_suffix(".md").read_text()
     assert "| 128 |" in table and "tiny-sdar" in table and "cpu, jax " + jax.__version__ in table
+
+
+@pytest.mark.parametrize("family", list(FAMILIES))
+def test_bench_times_dense_and_every_method_of_the_family_by_default(family):
+    assert list(family_methods(FAMILIES[family].label, small=True)) == ["dense", *FAMILIES[family].methods]
+
+
+@pytest.mark.parametrize("methods, message", [(["dense", "magic"], "unknown method(s) ['magic']"),
+                                              (["mage"], "method(s) ['mage'] apply to none of the models' families")])
+def test_bench_refuses_a_method_it_cannot_time(tmp_path, capsys, methods, message):
+    assert main(["bench", "--sections", "generate", "--models", "tiny-llada", "--methods", *methods,
+                 "--out", str(tmp_path)]) == 2
+    assert message in capsys.readouterr().err
+    assert not list(tmp_path.iterdir())  # refused before anything ran or was written

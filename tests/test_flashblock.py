@@ -137,7 +137,6 @@ def test_combination_is_closer_to_exact_than_mage_alone(model, rng):
     options = dict(max_new_tokens=16, denoising_steps=4, top_k=1, remasking="low_confidence_static")
     errors = {}
     for name, method in (("MAGE(k=4)", MAGE(k=4, exact_layers=0)),
-                         ("FlashBlock(2)", FlashBlock(tau=2)),
                          ("FlashBlock(2, MAGE(k=4))", FlashBlock(tau=2, inner=MAGE(k=4, exact_layers=0))),
                          ("FlashBlock(None, MAGE(k=4))", FlashBlock(tau=None, inner=MAGE(k=4, exact_layers=0)))):
         errors[name] = analyze_blocks(model, prompt, method, **options).summary()

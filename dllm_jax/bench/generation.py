@@ -12,7 +12,8 @@ from dllm_jax.bench.tables import markdown_table
 from dllm_jax.bench.timing import call_times
 
 
-def generate_rows(model_names, *, context: int, new_tokens: int, layers, dtype, progress: bool):
+def generate_rows(model_names, *, context: int, new_tokens: int, layers, dtype, progress: bool, methods=None):
+    """A row per (model, method): each model's family's methods (`family_methods`; `methods`: those named)."""
     from dllm_jax.attention.methods import describe
     from dllm_jax.families import family_of
     from dllm_jax.generate import generate
@@ -37,7 +38,7 @@ def generate_rows(model_names, *, context: int, new_tokens: int, layers, dtype, 
             forwards = new_tokens // 2
         ids = np.random.default_rng(0).integers(0, config.mask_token_id, (1, prompt_len)).astype(np.int32)
         dense_s = None
-        for method_name, method in family_methods(family, small=context < 2048).items():
+        for method_name, method in family_methods(family, small=context < 2048, names=methods).items():
             try:
                 run = functools.partial(generate, model, ids, method=method, progress=progress, **options)
                 # generate returns host arrays (synchronised); the first call compiles, the second is timed

@@ -8,18 +8,36 @@ import dataclasses
 import jax
 
 
-def family_methods(family: str, small: bool) -> dict:
-    """The methods timed per family: the defaults at real sizes, scaled-down blocks for tiny ones."""
-    from dllm_jax.attention.methods import BIDIRECTIONAL, make_method
+def family_methods(family: str, small: bool, names=None) -> dict:
+    """{name: policy} of the methods timed for a family (the family's label): "dense" (None) and every method that
+    applies to it (the registry's `Family.methods`), or those of `names` that apply; the methods' defaults at real
+    sizes, scaled-down blocks for tiny ones."""
+    from dllm_jax.attention.methods import make_method
     from dllm_jax.families import family_named
 
-    if family_named(family).method_kind == BIDIRECTIONAL:  # LLaDA, Dream: the same methods
-        params = dict(sparsed=dict(block_size=16), pulsecol=dict(group_size=16), sparge=dict(block_q=16, block_kv=16))
-        names = ["sparsed", "pulsecol", "sparge"]
-    else:
-        params = {"mage": dict(k=16, exact_layers=1), "flashblock+mage": dict(k=16, exact_layers=1)}
-        names = ["mage", "flashblock", "flashblock+mage"]
-    return {"dense": None} | {name: make_method(name, **(params.get(name, {}) if small else {})) for name in names}
+    small_params = dict(sparsed=dict(block_size=16), pulsecol=dict(group_size=16), sparge=dict(block_q=16, block_kv=16),
+                        mage=dict(k=16, exact_layers=1), **{"flashblock+mage": dict(k=16, exact_layers=1)})
+    applies = ["dense", *family_named(family).methods]
+    chosen = applies if names is None else [name for name in applies if name in names]
+    return {name: None if name == "dense" else make_method(name, **(small_params.get(name, {}) if small else {}))
+            for name in chosen}
+
+
+def model_config(name: str):
+    """The config of a shipped config name, or of "tiny-llada" / "tiny-sdar" / "tiny-dream" / "tiny-llada2"."""
+    from dllm_jax.config import shipped_config
+    from dllm_jax.testing import tiny_dream_config, tiny_llada2_config, tiny_llada_config, tiny_sdar_config
+
+    tiny = {"tiny-llada": tiny_llada_config, "tiny-sdar": tiny_sdar_config, "tiny-dream": tiny_dream_config,
+            "tiny-llada2": tiny_llada2_config}
+    return tiny[name]() if name in tiny else shipped_config(name)
+
+
+def model_family(name: str) -> str:
+    """The family label of `model_config(name)`."""
+    from dllm_jax.families import family_of
+
+    return family_of(model_config(name)).label
 
 
 def model_for(name: str, *, layers: int | None, context: int, dtype, execution: str | None = None, mesh=None,
@@ -28,14 +46,10 @@ def model_for(name: str, *, layers: int | None, context: int, dtype, execution: 
     "tiny-llada2"; `execution`, `mesh` and `quantize` as `load_model` takes them (None: its default, one device,
     unquantized)."""
     from dllm_jax.checkpoint.api import model_from_params, quantize_params
-    from dllm_jax.config import shipped_config
     from dllm_jax.families import family_of
-    from dllm_jax.testing import (random_params, tiny_dream_config, tiny_llada2_config, tiny_llada_config,
-                                  tiny_sdar_config)
+    from dllm_jax.testing import random_params
 
-    tiny = {"tiny-llada": tiny_llada_config, "tiny-sdar": tiny_sdar_config, "tiny-dream": tiny_dream_config,
-            "tiny-llada2": tiny_llada2_config}
-    config = tiny.get(name, lambda: shipped_config(name))()
+    config = model_config(name)
     changes = dict(max_position_embeddings=max(config.max_position_embeddings, context))  # random weights: no limit
     if layers is not None:
         changes["num_layers"] = layers

@@ -26,6 +26,9 @@ def add_parser(subparsers) -> None:
     bench.add_argument("--models", nargs="+", default=None,
                        help="shipped config names (e.g. dream-v0-instruct-7b) or tiny-llada / tiny-sdar / tiny-dream / "
                             "tiny-llada2 (GPU llada-8b-instruct sdar-8b-chat; CPU tiny-llada tiny-sdar)")
+    bench.add_argument("--methods", nargs="+", default=None, metavar="NAME",
+                       help="the generate section's methods (dense, sparsed, mage, ...; default: dense and every method "
+                            "of each model's family)")
     bench.add_argument("--context", type=positive_int, default=None, help="prompt + new tokens (GPU 8192; CPU 256)")
     bench.add_argument("--new-tokens", type=positive_int, default=None, help="generated tokens (GPU 128; CPU 32)")
     bench.add_argument("--layers", type=positive_int, default=None,
@@ -42,5 +45,6 @@ def run(args) -> None:
     checked_out_dir(Path(args.out))  # before the run, which may take minutes
     path = bench(out=Path(args.out), sections=args.sections, lengths=args.lengths, densities=args.densities,
                  models=args.models, context=args.context, new_tokens=args.new_tokens, layers=args.layers,
-                 heads=args.heads, dtype=args.dtype, repeats=args.repeats, progress=args.progress)
+                 heads=args.heads, dtype=args.dtype, repeats=args.repeats, progress=args.progress,
+                 methods=args.methods)
     print(f"wrote {path} and {path.with_suffix('.json')}", file=sys.stderr)
