@@ -75,7 +75,8 @@ def run(*, out: Path, sections, lengths=None, densities=(0.5, 0.3, 0.1), models=
         attention = (attention_rows(lengths, densities, heads=heads, head_dim=head_dim, repeats=repeats)
                      if "attention" in sections else [])
         generation = (generate_rows(models, context=context, new_tokens=new_tokens, layers=layers,
-                                    dtype=jnp.dtype(dtype), progress=progress, methods=methods) if "generate" in sections else [])
+                                    dtype=jnp.dtype(dtype), progress=progress, methods=methods)
+                      if "generate" in sections else [])
     meta = dict(benchmark="bench", device=device, backend=jax.default_backend(), jax=jax.__version__,
                 date=datetime.date.today().isoformat(), sections=list(sections), lengths=list(lengths),
                 densities=list(densities), models=list(models), context=context, new_tokens=new_tokens,

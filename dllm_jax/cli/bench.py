@@ -27,8 +27,8 @@ def add_parser(subparsers) -> None:
                        help="shipped config names (e.g. dream-v0-instruct-7b) or tiny-llada / tiny-sdar / tiny-dream / "
                             "tiny-llada2 (GPU llada-8b-instruct sdar-8b-chat; CPU tiny-llada tiny-sdar)")
     bench.add_argument("--methods", nargs="+", default=None, metavar="NAME",
-                       help="the generate section's methods (dense, sparsed, mage, ...; default: dense and every method "
-                            "of each model's family)")
+                       help="the generate section's methods (dense, sparsed, mage, ...; default: dense and every "
+                            "method of each model's family)")
     bench.add_argument("--context", type=positive_int, default=None, help="prompt + new tokens (GPU 8192; CPU 256)")
     bench.add_argument("--new-tokens", type=positive_int, default=None, help="generated tokens (GPU 128; CPU 32)")
     bench.add_argument("--layers", type=positive_int, default=None,
