@@ -16,7 +16,10 @@ per slot, lengths log-uniform over `--prompt-lengths` (seeded).
 - **lockstep block**: the same prompts left-padded to the longest, through `generate` at two answer lengths;
   (time at the longer - time at the shorter) / the blocks between them: one block without the prefill.
 - On a GPU, each row's kernels from a profiler trace (`dllm_jax.bench.kernel_profile`): one engine step, and the
-  per-block difference of the two lockstep calls; GPU ms below wall ms is time the device idled.
+  per-block difference of the two lockstep calls, kernel by kernel; both by class (attention, matrix products,
+  the rest); GPU ms below wall ms is time the device idled. With XLA's command buffers on
+  (`--xla_gpu_enable_command_buffer`) the trace misses kernels inside graphs (the lockstep difference came out
+  negative, 2026-11-28): compare kernels without them.
 
 Results: <out>/serving_step[_tag]_<device>_<date>.{json,md}.
 """
@@ -25,6 +28,7 @@ from __future__ import annotations
 
 import argparse
 import datetime
+import re
 import tempfile
 from pathlib import Path
 
@@ -34,10 +38,14 @@ import numpy as np
 
 from benchmarks.serving import span
 from dllm_jax import generate
-from dllm_jax.bench import cell, kernel_profile, markdown_table, model_for, time_calls, time_carried, write_results
+from dllm_jax.bench import (ATTENTION_KERNEL, cell, kernel_profile, markdown_table, model_for, time_calls, time_carried,
+                            write_results)
 from dllm_jax.serve import Engine
 
 SHORT, LONG = 16, 80  # lockstep answer lengths: (LONG - SHORT) / block size blocks between them
+ALL_KERNELS, TOP = 100_000, 12  # every kernel of a trace is read (for the classes); the tables list the TOP
+KERNEL_CLASSES = {"attention": ATTENTION_KERNEL, "matmul": re.compile(r"gemm|nvjet|cublas|cutlass|xmma|matmul"),
+                  "other": re.compile("")}
 
 
 def parse_args(argv=None) -> argparse.Namespace:
@@ -65,11 +73,11 @@ def engine_row(model, prompts, args, trace_dir: Path) -> dict:
     seconds, engine.state = time_carried(lambda state: engine.dispatch(state)[::-1], engine.state,
                                          repeats=args.steps)
     dispatch_ms = seconds * 1e3
-    profile = kernel_profile(engine.step, trace_dir / "engine")
+    profile = kernel_profile(engine.step, trace_dir / "engine", top=ALL_KERNELS)
     assert engine.busy == args.slots, "a request finished during the run: raise max_context"
     return dict(mode="engine step", wall_ms=step_ms, jitted_ms=dispatch_ms,
                 gpu_ms=profile and profile["gpu_ms"], launches=profile and profile["launches"],
-                kernels=profile and profile["kernels"])
+                classes=profile and kernel_classes(profile["kernels"]), kernels=profile and profile["kernels"][:TOP])
 
 
 def lockstep_row(model, prompts, args, trace_dir: Path) -> dict:
@@ -82,11 +90,36 @@ def lockstep_row(model, prompts, args, trace_dir: Path) -> dict:
                                                            top_k=1))) for n in (SHORT, LONG)}
     times = {n: time_calls(run, repeats=3, burst_s=0) * 1e3 for n, run in runs.items()}
     blocks = (LONG - SHORT) // model.config.block_size
-    profiles = {n: kernel_profile(run, trace_dir / f"lockstep{n}") for n, run in runs.items()}
-    gpu = None if profiles[LONG] is None else (profiles[LONG]["gpu_ms"] - profiles[SHORT]["gpu_ms"]) / blocks
-    launches = None if gpu is None else (profiles[LONG]["launches"] - profiles[SHORT]["launches"]) / blocks
-    return dict(mode="lockstep block", wall_ms=(times[LONG] - times[SHORT]) / blocks, jitted_ms=None, gpu_ms=gpu,
-                launches=launches, kernels=profiles[LONG] and profiles[LONG]["kernels"])
+    profiles = {n: kernel_profile(run, trace_dir / f"lockstep{n}", top=ALL_KERNELS) for n, run in runs.items()}
+    row = dict(mode="lockstep block", wall_ms=(times[LONG] - times[SHORT]) / blocks, jitted_ms=None, gpu_ms=None,
+               launches=None, classes=None, kernels=None)
+    if profiles[LONG] is None or profiles[SHORT] is None:
+        return row
+    kernels = per_block(profiles[LONG]["kernels"], profiles[SHORT]["kernels"], blocks)
+    return row | dict(gpu_ms=sum(k["ms"] for k in kernels), launches=sum(k["launches"] for k in kernels),
+                      classes=kernel_classes(kernels), kernels=kernels[:TOP])
+
+
+def per_block(long: list[dict], short: list[dict], blocks: int) -> list[dict]:
+    """Each kernel's time and launches in the longer call less the shorter's, per block between them, by time."""
+    totals = {k["name"]: [k["ms"], k["launches"]] for k in long}
+    for k in short:
+        entry = totals.setdefault(k["name"], [0.0, 0])
+        entry[0] -= k["ms"]
+        entry[1] -= k["launches"]
+    rows = [dict(name=name, ms=ms / blocks, launches=n / blocks) for name, (ms, n) in totals.items()]
+    return sorted(rows, key=lambda k: -k["ms"])
+
+
+def kernel_classes(kernels: list[dict]) -> dict:
+    """{class: [ms, launches]} of kernels by what they do: attention, matrix products (XLA's GEMM fusions, cuBLAS),
+    everything else (elementwise and reduction fusions, copies, sorts)."""
+    classes = {name: [0.0, 0] for name in KERNEL_CLASSES}
+    for k in kernels:
+        name = next(c for c, pattern in KERNEL_CLASSES.items() if pattern.search(k["name"]))
+        classes[name][0] += k["ms"]
+        classes[name][1] += k["launches"]
+    return classes
 
 
 def main(argv=None) -> Path:
@@ -110,12 +143,19 @@ def main(argv=None) -> Path:
              *markdown_table(["mode", "wall ms", "jitted step ms", "GPU kernel ms", "launches"],
                              [[r["mode"], cell(r["wall_ms"]), cell(r["jitted_ms"]), cell(r["gpu_ms"]),
                                cell(r["launches"], ".0f")] for r in rows], align="lrrrr")]
-    for r in rows:
-        if r["kernels"]:
-            lines += ["", f"Kernels of {'one engine step' if r['mode'] == 'engine step' else f'the {LONG}-token call'}"
-                      " by time:", "", *markdown_table(["kernel", "ms", "launches"],
-                                                      [[f"`{k['name']}`", cell(k["ms"]), k["launches"]]
-                                                       for k in r["kernels"]], align="lrr")]
+    profiled = [r for r in rows if r["classes"]]
+    if profiled:
+        lines += ["", "GPU ms (launches) by kernel class:", "",
+                  *markdown_table(["mode", *KERNEL_CLASSES],
+                                  [[r["mode"], *(f"{ms:.2f} ({n:.0f})" for ms, n in r["classes"].values())]
+                                   for r in profiled], align="l" + "r" * len(KERNEL_CLASSES))]
+    for r in profiled:
+        what = ("one engine step" if r["mode"] == "engine step"
+                else "one lockstep block (the two calls' difference per block)")
+        lines += ["", f"Kernels of {what} by time:", "",
+                  *markdown_table(["kernel", "ms", "launches"],
+                                  [[f"`{k['name']}`", cell(k["ms"]), cell(k["launches"], ".1f")] for k in r["kernels"]],
+                                  align="lrr")]
     return write_results(args.out, meta, rows, lines)
 
 

@@ -254,3 +254,19 @@ def test_serving_step_times_an_engine_step_and_a_lockstep_block(tmp_path):
     assert [r["mode"] for r in result["rows"]] == ["engine step", "lockstep block"]
     assert all(r["wall_ms"] > 0 for r in result["rows"]) and result["rows"][0]["jitted_ms"] > 0
     assert "| engine step |" in md.read_text() and len(result["prompt_lengths"]) == 2
+
+
+def test_serving_step_compares_kernels_per_block_and_by_class():
+    """The lockstep block's kernels: the longer call's less the shorter's, per block (a kernel of only one call
+    counts too); kernels fall into attention, matrix products and the rest."""
+    from benchmarks.serving_step import kernel_classes, per_block
+
+    long = [dict(name="split_kv_attention", ms=10.0, launches=40), dict(name="gemm_fusion_dot_3", ms=6.0, launches=20),
+            dict(name="loop_add_fusion", ms=1.0, launches=8)]
+    short = [dict(name="split_kv_attention", ms=2.0, launches=8), dict(name="cudnn_sdpa_prefill", ms=4.0, launches=1)]
+    kernels = per_block(long, short, blocks=4)
+    assert kernels[0] == dict(name="split_kv_attention", ms=2.0, launches=8.0)
+    assert {k["name"]: k["ms"] for k in kernels} == {"split_kv_attention": 2.0, "gemm_fusion_dot_3": 1.5,
+                                                     "loop_add_fusion": 0.25, "cudnn_sdpa_prefill": -1.0}
+    classes = kernel_classes(long + [dict(name="nvjet_sm90_tss_64x128", ms=2.0, launches=4)])
+    assert classes == {"attention": [10.0, 40], "matmul": [8.0, 24], "other": [1.0, 8]}
