@@ -15,8 +15,9 @@ per slot, lengths log-uniform over `--prompt-lengths` (seeded).
   each synchronised (`dllm_jax.bench.time_calls` / `time_carried`).
 - **lockstep block**: the same prompts left-padded to the longest, through `generate` at two answer lengths;
   (time at the longer - time at the shorter) / the blocks between them: one block without the prefill.
-- On a GPU, each row's kernels from a profiler trace (`dllm_jax.bench.kernel_profile`): one engine step, and the
-  per-block difference of the two lockstep calls, kernel by kernel; both by class (attention, matrix products,
+- On a GPU, each row's kernels from a profiler trace (`dllm_jax.bench.kernel_profile`): the mean of
+  `--profile-steps` engine steps (a step's count of denoising forwards varies with the data), and the per-block
+  difference of the two lockstep calls, kernel by kernel; both by class (attention, matrix products,
   the rest); GPU ms below wall ms is time the device idled. With XLA's command buffers on
   (`--xla_gpu_enable_command_buffer`) the trace misses kernels inside graphs (the lockstep difference came out
   negative, 2026-11-28): compare kernels without them.
@@ -54,12 +55,13 @@ def parse_args(argv=None) -> argparse.Namespace:
     parser.add_argument("--slots", type=int, default=16, help="busy slots = lockstep batch size")
     parser.add_argument("--prompt-lengths", type=span, default=(512, 2048), metavar="LOW:HIGH")
     parser.add_argument("--steps", type=int, default=20, help="engine steps timed")
+    parser.add_argument("--profile-steps", type=int, default=8, help="engine steps in the kernel profile (averaged)")
     parser.add_argument("--seed", type=int, default=0)
     parser.add_argument("--out", type=Path, default=Path("benchmarks/results"))
     parser.add_argument("--tag", default="")
     args = parser.parse_args(argv)
-    if args.slots < 1 or args.steps < 1:
-        parser.error("--slots and --steps must be >= 1")
+    if min(args.slots, args.steps, args.profile_steps) < 1:
+        parser.error("--slots, --steps and --profile-steps must be >= 1")
     return args
 
 
@@ -73,11 +75,18 @@ def engine_row(model, prompts, args, trace_dir: Path) -> dict:
     seconds, engine.state = time_carried(lambda state: engine.dispatch(state)[::-1], engine.state,
                                          repeats=args.steps)
     dispatch_ms = seconds * 1e3
-    profile = kernel_profile(engine.step, trace_dir / "engine", top=ALL_KERNELS)
+    # several steps, as lockstep's row averages over its blocks: a step's count of denoising forwards varies
+    profile = kernel_profile(lambda: [engine.step() for _ in range(args.profile_steps)], trace_dir / "engine",
+                             top=ALL_KERNELS)
     assert engine.busy == args.slots, "a request finished during the run: raise max_context"
-    return dict(mode="engine step", wall_ms=step_ms, jitted_ms=dispatch_ms,
-                gpu_ms=profile and profile["gpu_ms"], launches=profile and profile["launches"],
-                classes=profile and kernel_classes(profile["kernels"]), kernels=profile and profile["kernels"][:TOP])
+    row = dict(mode="engine step", wall_ms=step_ms, jitted_ms=dispatch_ms, gpu_ms=None, launches=None, classes=None,
+               kernels=None)
+    if profile is None:
+        return row
+    kernels = [k | dict(ms=k["ms"] / args.profile_steps, launches=k["launches"] / args.profile_steps)
+               for k in profile["kernels"]]
+    return row | dict(gpu_ms=profile["gpu_ms"] / args.profile_steps, launches=profile["launches"] / args.profile_steps,
+                      classes=kernel_classes(kernels), kernels=kernels[:TOP])
 
 
 def lockstep_row(model, prompts, args, trace_dir: Path) -> dict:
@@ -150,7 +159,7 @@ def main(argv=None) -> Path:
                                   [[r["mode"], *(f"{ms:.2f} ({n:.0f})" for ms, n in r["classes"].values())]
                                    for r in profiled], align="l" + "r" * len(KERNEL_CLASSES))]
     for r in profiled:
-        what = ("one engine step" if r["mode"] == "engine step"
+        what = (f"one engine step (the mean of {args.profile_steps})" if r["mode"] == "engine step"
                 else "one lockstep block (the two calls' difference per block)")
         lines += ["", f"Kernels of {what} by time:", "",
                   *markdown_table(["kernel", "ms", "launches"],

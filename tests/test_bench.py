@@ -249,7 +249,7 @@ def test_serving_step_times_an_engine_step_and_a_lockstep_block(tmp_path):
     from benchmarks import serving_step
 
     md = serving_step.main(["--model", "tiny-sdar", "--slots", "2", "--prompt-lengths", "8:32", "--steps", "2",
-                            "--out", str(tmp_path)])
+                            "--profile-steps", "2", "--out", str(tmp_path)])
     result = json.loads(md.with_suffix(".json").read_text())
     assert [r["mode"] for r in result["rows"]] == ["engine step", "lockstep block"]
     assert all(r["wall_ms"] > 0 for r in result["rows"]) and result["rows"][0]["jitted_ms"] > 0
