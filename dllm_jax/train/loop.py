@@ -159,9 +159,11 @@ class TrainResult:
         return np.array([record["loss"] for record in self.history], np.float32)
 
 
+@functools.partial(jax.jit, static_argnums=0)
 def init_params(config: LLaDAConfig | SDARConfig, key) -> dict:
     """Fresh float32 parameters in the checkpoint layout: norms 1, every other weight N(0, 0.02²)
-    (logits start near 0, so the loss starts near log(vocab_size))."""
+    (logits start near 0, so the loss starts near log(vocab_size)). One program (leaf by leaf, each shape
+    compiled programs of its own)."""
     shapes = lm_param_shapes(config)
     leaves, treedef = jax.tree.flatten(shapes, is_leaf=lambda x: isinstance(x, tuple))
     paths = list(tree_paths(shapes, is_leaf=lambda x: isinstance(x, tuple)))
@@ -321,7 +323,9 @@ def initial_state(config: TrainConfig, params: dict | None = None) -> TrainState
     else:
         check_param_shapes(params, config.model)
         params = jax.tree.map(lambda p: jnp.array(p, jnp.float32, copy=True), params)  # the step donates its state
-    return TrainState(params=params, opt_state=optimizer(config).init(params), step=jnp.zeros((), jnp.int32), rng=rng)
+    # one program for the optimizer's state (its zeros leaf by leaf were a program per shape)
+    opt_state = jax.jit(optimizer(config).init)(params)
+    return TrainState(params=params, opt_state=opt_state, step=jnp.zeros((), jnp.int32), rng=rng)
 
 
 def check_param_shapes(params: dict, model) -> None:
@@ -479,10 +483,15 @@ def diverged_message(record: dict, run, manager) -> str:
 
 
 def all_finite(tree) -> bool:
-    """Whether every floating leaf of `tree` is finite (one device reduction, one host sync)."""
-    leaves = [jnp.isfinite(x).all() for x in jax.tree.leaves(tree) if jnp.issubdtype(jnp.asarray(x).dtype,
-                                                                                        jnp.floating)]
-    return bool(jnp.stack(leaves).all()) if leaves else True
+    """Whether every floating leaf of `tree` is finite (one compiled reduction, one host sync)."""
+    leaves = [x for x in jax.tree.leaves(tree) if jnp.issubdtype(jnp.asarray(x).dtype, jnp.floating)]
+    return bool(_all_finite(leaves)) if leaves else True
+
+
+@jax.jit
+def _all_finite(leaves):
+    # one program per tree: leaf by leaf, each shape was a program (two) of its own to compile
+    return jnp.stack([jnp.isfinite(x).all() for x in leaves]).all()
 
 
 def check_batch(batch: Batch, config: TrainConfig, step: int) -> None:
