@@ -13,7 +13,9 @@ rate, requests per second), prompt lengths log-uniform and output lengths unifor
 
 - **server**: the app on a local port (`dllm_jax.serve.app.running`), one streaming client per request sent
   at its arrival time (httpx, asyncio); time to first block = arrival to the first streamed text, latency =
-  arrival to the last.
+  arrival to the last. The clients run in a process of their own (`--clients process`, the default), as a
+  deployment's clients do: in the server's process (`--clients thread`, how sessions 12-14 measured) their
+  parsing of every streamed block shares the server's interpreter lock with its engine thread.
 - **lockstep**: the trace through `generate` batches of up to `--slots` prompts, taken in arrival order when
   the previous batch ends (or at the next arrival); a batch is left-padded to the next of a few widths and
   decodes its longest output (`--output-lengths`' maximum, so one program per width), as a lockstep server
@@ -37,6 +39,9 @@ import asyncio
 import dataclasses
 import datetime
 import json
+import os
+import subprocess
+import sys
 import tempfile
 import time
 from pathlib import Path
@@ -95,8 +100,15 @@ def parse_args(argv=None) -> argparse.Namespace:
                              "step read before the next (mode 'server'); both: time the server both ways")
     parser.add_argument("--no-lockstep", action="store_true",
                         help="time the server only (a diagnosis run: no lockstep rows, no speedups)")
+    parser.add_argument("--clients", choices=("process", "thread"), default="process",
+                        help="where the server's load-generating clients run: a process of their own (default), or "
+                             "threads of the server's process")
     parser.add_argument("--plot", type=Path, metavar="RESULTS_JSON",
                         help="draw this results file to <out>/<its name>.png instead of running")
+    # the client process (`--clients process`): this module run against a server's URL with a trace file
+    parser.add_argument("--drive", metavar="URL", help=argparse.SUPPRESS)
+    parser.add_argument("--trace", type=Path, help=argparse.SUPPRESS)
+    parser.add_argument("--served", type=Path, help=argparse.SUPPRESS)
     args = parser.parse_args(argv)
     args.rates = [float(r) for r in args.rates.split(",")]
     if min(args.rates) <= 0 or args.requests < 1 or args.slots < 1:
@@ -151,6 +163,32 @@ async def serve_trace(url: str, name: str, trace: list[Request], seconds: float)
     limits = httpx.Limits(max_connections=len(trace) + 8)
     async with httpx.AsyncClient(timeout=seconds, limits=limits) as client:
         return await asyncio.wait_for(asyncio.gather(*(one(client, r) for r in trace)), seconds)
+
+
+def drive(url: str, name: str, trace: list[Request], seconds: float, clients: str) -> list[Served]:
+    """`serve_trace` in this process (clients "thread") or in a process of its own ("process"): this module with
+    --drive, the trace and its results passed as JSON files."""
+    if clients == "thread":
+        return asyncio.run(serve_trace(url, name, trace, seconds))
+    with tempfile.TemporaryDirectory() as tmp:
+        trace_file, served_file = Path(tmp) / "trace.json", Path(tmp) / "served.json"
+        trace_file.write_text(json.dumps([dataclasses.asdict(r) for r in trace]))
+        root = str(Path(__file__).resolve().parent.parent)
+        env = dict(os.environ, PYTHONPATH=os.pathsep.join(filter(None, [root, os.environ.get("PYTHONPATH")])))
+        run = subprocess.run([sys.executable, "-m", "benchmarks.serving", "--drive", url, "--model", name,
+                              "--trace", str(trace_file), "--served", str(served_file), "--seconds", str(seconds)],
+                             env=env, capture_output=True, text=True, timeout=seconds + 120)
+        if run.returncode != 0:
+            raise RuntimeError(f"the client process failed:\n{run.stderr[-3000:]}")
+        return [Served(**record) for record in json.loads(served_file.read_text())]
+
+
+def drive_main(args: argparse.Namespace) -> Path:
+    """The client process: the trace file's requests against --drive's server; their records to --served."""
+    trace = [Request(r["arrival"], tuple(r["prompt"]), r["output"]) for r in json.loads(args.trace.read_text())]
+    served = asyncio.run(serve_trace(args.drive, args.model, trace, args.seconds))
+    args.served.write_text(json.dumps([dataclasses.asdict(s) for s in served]))
+    return args.served
 
 
 def lockstep_trace(model, trace: list[Request], slots: int, pads: list[int], new: int, pad_id: int) -> list[Served]:
@@ -241,6 +279,8 @@ def main(argv=None) -> Path:
     args = parse_args(argv)
     if args.plot is not None:
         return plot(args.plot, args.out)
+    if args.drive is not None:
+        return drive_main(args)
     context = args.prompt_lengths[1] + args.output_lengths[1]
     model, config = model_for(args.model, layers=None, context=context + 64, dtype=jnp.bfloat16)
     with tempfile.TemporaryDirectory() as tmp:
@@ -272,12 +312,12 @@ def main(argv=None) -> Path:
             for n in sorted({len(r.prompt) for t in traces.values() for r in t}):
                 longest[next(b for b in app.state.engine.buckets if b >= n)] = n
             warm = [Request(0.0, tuple([3] * n), 4) for n in longest.values()]
-            asyncio.run(serve_trace(url, args.model, warm, args.seconds))
+            drive(url, args.model, warm, args.seconds, args.clients)
             print(f"{mode} compiled in {time.perf_counter() - start:.1f} s", flush=True)
             engine = app.state.engine
             for rate, trace in traces.items():
                 engine.timing = EngineTiming()
-                served = asyncio.run(serve_trace(url, args.model, trace, args.seconds))
+                served = drive(url, args.model, trace, args.seconds, args.clients)
                 rows.append(dict(rate=rate, mode=mode, **summary(served), engine=engine_breakdown(engine.timing)))
                 for lockstep in (r for r in rows if r["rate"] == rate and r["mode"] == "lockstep"):
                     rows[-1]["speedup"] = round(rows[-1]["tokens_per_s"] / lockstep["tokens_per_s"], 2)
@@ -287,7 +327,8 @@ def main(argv=None) -> Path:
     meta = dict(benchmark="serving" + (f"_{args.tag}" if args.tag else ""), device=jax.devices()[0].device_kind,
                 jax=jax.__version__, date=datetime.date.today().isoformat(), model=args.model, slots=args.slots,
                 requests=args.requests, prompt_lengths=args.prompt_lengths, output_lengths=args.output_lengths,
-                seed=args.seed, lockstep_widths=pads, lockstep_new_tokens=new, overlap=args.overlap)
+                seed=args.seed, lockstep_widths=pads, lockstep_new_tokens=new, overlap=args.overlap,
+                clients=args.clients)
     header = ["rate (req/s)", "mode", "tokens/s", "vs lockstep", "first block p50 / p99 (s)", "latency p50 / p99 (s)"]
     table = [[r["rate"], r["mode"], r["tokens_per_s"], f"{r['speedup']}x" if "speedup" in r else "",
               f"{r['first_p50']} / {r['first_p99']}", f"{r['latency_p50']} / {r['latency_p99']}"] for r in rows]
@@ -295,7 +336,8 @@ def main(argv=None) -> Path:
              "", f"{args.model} (random weights, stops off), {args.slots} slots"
              f", {args.requests} requests per rate, "
              f"prompts {args.prompt_lengths[0]}-{args.prompt_lengths[1]}, outputs {args.output_lengths[0]}-"
-             f"{args.output_lengths[1]} tokens; lockstep widths {pads}, {new} new tokens per batch.", "",
+             f"{args.output_lengths[1]} tokens; lockstep widths {pads}, {new} new tokens per batch; the server's "
+             f"clients in {'a process of their own' if args.clients == 'process' else 'its process'}.", "",
              *markdown_table(header, table, align="rlrrrr"), "",
              "Where the engine thread's time went (host seconds over the trace; `wait`: blocked on the device, "
              "which ran the steps and the inserts meanwhile; the rest of the trace's time is the thread's "

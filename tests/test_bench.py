@@ -270,3 +270,19 @@ def test_serving_step_compares_kernels_per_block_and_by_class():
                                                      "loop_add_fusion": 0.25, "cudnn_sdpa_prefill": -1.0}
     classes = kernel_classes(long + [dict(name="nvjet_sm90_tss_64x128", ms=2.0, launches=4)])
     assert classes == {"attention": [10.0, 40], "matmul": [8.0, 24], "other": [1.0, 8]}
+
+
+def test_serving_runs_a_trace_with_its_clients_in_a_process_of_their_own(tmp_path):
+    """benchmarks/serving.py on a tiny model (CPU): the server, driven by a client process, and lockstep serve the
+    same trace; each request gets exactly its output length (stop tokens off)."""
+    from benchmarks import serving
+
+    argv = ["--model", "tiny-sdar", "--rates", "50", "--requests", "4", "--slots", "2", "--prompt-lengths", "8:40",
+            "--output-lengths", "4:12", "--seconds", "120", "--out", str(tmp_path)]
+    md = serving.main(argv)
+    result = json.loads(md.with_suffix(".json").read_text())
+    assert result["clients"] == "process"
+    assert sorted(r["mode"] for r in result["rows"]) == ["lockstep", "server overlapped"]
+    trace = serving.make_trace(50.0, 4, (8, 40), (4, 12), 192 - 3, 180, 0)  # tiny-sdar: vocabulary 192, mask 180
+    assert all(r["requests"] == 4 and r["tokens"] == sum(t.output for t in trace) for r in result["rows"])
+    assert "in a process of their own" in md.read_text()
