@@ -23,7 +23,7 @@ import jax.numpy as jnp
 
 from dllm_jax.bench.attention import attention_markdown, attention_rows, on_gpu
 from dllm_jax.bench.generation import generate_rows, generation_markdown
-from dllm_jax.bench.models import model_family
+from dllm_jax.bench.models import model_family, timed_method_names
 from dllm_jax.bench.results import write_results
 
 
@@ -42,13 +42,12 @@ def check_methods(names, models) -> None:
     if names is None:
         return
     from dllm_jax.attention.methods import method_names
-    from dllm_jax.families import family_named
 
     unknown = sorted(set(names) - {"dense", *method_names()})
     if unknown:
         raise ValueError(f"unknown method(s) {unknown}; known: {['dense', *method_names()]}")
     families = {model_family(name) for name in models}
-    applying = {"dense"}.union(*(family_named(f).methods for f in families))
+    applying = set().union(*(timed_method_names(f) for f in families))
     if set(names) - applying:
         raise ValueError(f"method(s) {sorted(set(names) - applying)} apply to none of the models' families "
                          f"{sorted(families)} (they take {sorted(applying)})")

@@ -8,16 +8,23 @@ import dataclasses
 import jax
 
 
+def timed_method_names(family: str) -> list[str]:
+    """The methods `dllm-jax bench` times for a family (its label): "dense" and every method that applies to it (the
+    registry's `Family.methods`)."""
+    from dllm_jax.families import family_named
+
+    return ["dense", *family_named(family).methods]
+
+
 def family_methods(family: str, small: bool, names=None) -> dict:
     """{name: policy} of the methods timed for a family (the family's label): "dense" (None) and every method that
     applies to it (the registry's `Family.methods`), or those of `names` that apply; the methods' defaults at real
     sizes, scaled-down blocks for tiny ones."""
     from dllm_jax.attention.methods import make_method
-    from dllm_jax.families import family_named
 
     small_params = dict(sparsed=dict(block_size=16), pulsecol=dict(group_size=16), sparge=dict(block_q=16, block_kv=16),
                         mage=dict(k=16, exact_layers=1), **{"flashblock+mage": dict(k=16, exact_layers=1)})
-    applies = ["dense", *family_named(family).methods]
+    applies = timed_method_names(family)
     chosen = applies if names is None else [name for name in applies if name in names]
     return {name: None if name == "dense" else make_method(name, **(small_params.get(name, {}) if small else {}))
             for name in chosen}
