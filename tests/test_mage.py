@@ -4,11 +4,13 @@ attention under the explicit mask, and exactness when everything is kept."""
 import dataclasses
 import math
 
+import jax
 import jax.numpy as jnp
 import numpy as np
 import pytest
 
 from dllm_jax import generate
+from dllm_jax.attention.flashblock import FlashBlock
 from dllm_jax.attention.mage import MAGE, select_prefix
 from dllm_jax.attention.policy import Mode
 from dllm_jax.testing import tiny_sdar_config
@@ -104,6 +106,39 @@ def test_sparse_step_attends_to_the_selection_and_the_block(rng):
     np.testing.assert_allclose(sparse, masked_attention(q, k, v, keep), atol=1e-5)
 
 
+def mode_switches(jaxpr) -> int:
+    """Conditionals of three or more branches (a policy's switch over its modes; the kernels' references hold
+    two-way ones of their own) in a jaxpr and every jaxpr nested in it."""
+    count = 0
+    for eqn in jaxpr.eqns:
+        count += eqn.primitive.name == "cond" and len(eqn.params["branches"]) >= 3
+        for value in eqn.params.values():
+            for sub in value if isinstance(value, (tuple, list)) else (value,):
+                sub = getattr(sub, "jaxpr", sub)
+                if hasattr(sub, "eqns"):
+                    count += mode_switches(sub)
+    return count
+
+
+def test_a_static_layer_and_mode_pick_the_branch_while_tracing(rng):
+    """At a layer index known while tracing (the unrolled cached path) and a mode given as a Python int, MAGE
+    attends through its one branch (no switch over its modes) and gives what the traced mode and per-layer flag give."""
+    mage = MAGE(k=6, exact_layers=1)
+    n, prefix, cap = 4, 40, 48
+    q = jnp.asarray(rng.standard_normal((2, n, 4, 32)), jnp.float32)
+    k, v = (jnp.asarray(rng.standard_normal((2, cap, 2, 32)), jnp.float32) for _ in range(2))
+    kv_len = jnp.full((2,), prefix + n, jnp.int32)
+    indices = jnp.asarray(np.sort([[rng.permutation(prefix)[:6] for _ in range(2)] for _ in range(2)]), jnp.int32)
+    for layer in (0, 1):
+        state = (indices, jnp.bool_(layer < mage.exact_layers))  # what stack_layers gives that layer
+        for mode in Mode:
+            static = jax.make_jaxpr(lambda q: mage.at_layer(layer).attend(q, k, v, state, int(mode), kv_len=kv_len))(q)
+            assert mode_switches(static.jaxpr) == 0, (layer, mode)
+            got = mage.at_layer(layer).attend(q, k, v, state, int(mode), kv_len=kv_len)
+            traced = jax.jit(lambda q, m: mage.attend(q, k, v, state, m, kv_len=kv_len))(q, jnp.int32(mode))
+            jax.tree.map(lambda x, y: np.testing.assert_allclose(x, y, rtol=1e-6, atol=1e-6), got, traced)
+
+
 @pytest.fixture(scope="module")
 def model(tiny_model):
     return tiny_model(tiny_sdar_config(num_layers=3), seed=4)
@@ -114,6 +149,30 @@ def test_everything_kept_equals_dense_generation(model, rng):
     dense = generate(model, prompt, **OPTIONS)
     np.testing.assert_array_equal(generate(model, prompt, method=MAGE(k=64, exact_layers=0), **OPTIONS), dense)
     np.testing.assert_array_equal(generate(model, prompt, method=MAGE(k=2, exact_layers=3), **OPTIONS), dense)
+
+
+def test_later_steps_of_a_block_have_no_conditional(model):
+    """MAGE's forwards after a block's first all run SPARSE: the block loop's while body carries no per-layer
+    switch over its modes (each cost the GPU ~0.1 ms idle per layer and step, issue 40); FlashBlock, whose later steps reuse
+    or refresh per row, keeps one per layer."""
+    from dllm_jax.generate import sdar as gen
+
+    config, params = model.config, model.params()
+    masks = jnp.full((1, config.block_size), config.mask_token_id, jnp.int32)
+    options = gen.SDAROptions(denoising_steps=4, top_k=1)
+
+    def while_bodies(policy):
+        cache = model.init_cache(1, 64)
+        state = gen.sdar_model.init_policy_state(policy, config, 1, 64)
+        jaxpr = jax.make_jaxpr(lambda c, s: gen.denoise_block(
+            params, masks, c, s, jax.random.key(0), jnp.zeros((1,), jnp.int32), jnp.ones((1,), bool),
+            gen.no_pending_block(1, config.block_size), config=config, options=options, policy=policy)[0])(cache, state)
+        return [eqn.params["body_jaxpr"].jaxpr for eqn in jaxpr.jaxpr.eqns if eqn.primitive.name == "while"]
+
+    (body,) = while_bodies(MAGE(k=4, exact_layers=1))
+    assert mode_switches(body) == 0
+    (body,) = while_bodies(FlashBlock(tau=2))
+    assert mode_switches(body) == config.num_layers
 
 
 def test_small_k_runs_in_the_loop_and_interpret_matches_reference(model, rng):

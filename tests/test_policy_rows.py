@@ -175,6 +175,14 @@ def test_switch_rows_runs_only_the_branches_some_row_needs():
     np.testing.assert_array_equal(scalar, np.asarray(x) * 10 + 1)
     one_row = switch_rows(jnp.asarray([2], jnp.int32), [branch(m) for m in range(3)], x[:1])[0]
     np.testing.assert_array_equal(one_row, np.asarray(x[:1]) * 10 + 2)
+    # a Python int (a mode known while tracing): its branch alone, no conditional in the program
+    static = jax.make_jaxpr(lambda x: switch_rows(2, [branch(m) for m in range(3)], x))(x)
+    assert "cond" not in {eqn.primitive.name for eqn in static.jaxpr.eqns}
+    ran.clear()
+    np.testing.assert_array_equal(jax.jit(lambda x: switch_rows(2, [branch(m) for m in range(3)], x))(x)[0],
+                                  np.asarray(x) * 10 + 2)
+    jax.effects_barrier()
+    assert ran == [2]
 
 
 def test_dense_split_kv_equals_xla_on_rows_of_different_lengths(rng):

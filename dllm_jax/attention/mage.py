@@ -138,6 +138,9 @@ class MAGE(AttentionPolicy):
     softmax_over: str = "prefix"
     backend: str = "auto"
     select_by: str = "sort"
+    # set by `at_layer` where the layer index is static: whether this layer attends exactly (None: the
+    # state's per-layer flag decides, as in a scan over layers)
+    layer_is_exact: bool | None = dataclasses.field(default=None, repr=False)
 
     def __post_init__(self):
         # int32 bounds: k sizes the int32 selection and exact_layers meets an int32 layer index
@@ -146,6 +149,9 @@ class MAGE(AttentionPolicy):
         check_softmax_over(self.softmax_over, field_label(self, "softmax_over"))
         check_backend(self)
         check_method(self.select_by, field_label(self, "select_by"))
+        if not (self.layer_is_exact is None or isinstance(self.layer_is_exact, bool)):
+            raise ValueError(f"{field_label(self, 'layer_is_exact')} must be None or a bool, "
+                             f"got {self.layer_is_exact!r}")
 
     def init_state(self, *, batch, num_heads, num_kv_heads, q_len, kv_len, head_dim):
         return jnp.zeros((batch, num_kv_heads, self.k), jnp.int32), jnp.zeros((), bool)
@@ -159,6 +165,12 @@ class MAGE(AttentionPolicy):
 
     def mode(self, step):
         return jnp.where(step == 0, int(Mode.ESTIMATE), int(Mode.SPARSE))  # step: within the block
+
+    def at_layer(self, layer: int) -> "MAGE":
+        return dataclasses.replace(self, layer_is_exact=layer < self.exact_layers)
+
+    def later_steps_sparse(self) -> bool:
+        return True  # `mode`: every step after a block's first reuses its selection
 
     def attend(self, q, k, v, state, mode, *, kv_len=None, **masks):
         """k, v: one layer's cache [B, S, Hkv, D]; kv_len: int scalar or int32 [B]; mode: int32 scalar
@@ -181,10 +193,16 @@ class MAGE(AttentionPolicy):
             return out.astype(q.dtype), indices
 
         # DENSE (and REFRESH, which has nothing to refresh here) attend exactly
-        mode = jnp.asarray(mode)
-        branch = jnp.where(mode == int(Mode.ESTIMATE), 1, jnp.where(mode == int(Mode.SPARSE), 2, 0))
-        out, indices = switch_rows(jnp.where(exact, 0, branch), [exact_step, estimate, sparse], None)
-        return out, (indices, exact)
+        if self.layer_is_exact is not None:
+            exact = self.layer_is_exact
+        if isinstance(mode, int) and isinstance(exact, bool):  # both known while tracing: one branch, no switch
+            index = 0 if exact else {int(Mode.ESTIMATE): 1, int(Mode.SPARSE): 2}.get(mode, 0)
+        else:
+            mode = jnp.asarray(mode)
+            branch = jnp.where(mode == int(Mode.ESTIMATE), 1, jnp.where(mode == int(Mode.SPARSE), 2, 0))
+            index = jnp.where(exact, 0, branch)
+        out, indices = switch_rows(index, [exact_step, estimate, sparse], None)
+        return out, (indices, state[1])
 
     def select(self, q, k, kv_len, lse=None, *, prefix_lse=None):
         """`select_prefix` for a block step against one layer's whole cache buffer k. `lse` (over

@@ -34,7 +34,7 @@ METHODS = {
 KIND_OF_CLASS = {cls: kind for kind, cls in METHODS.values()}
 
 # Fields set by generate (bind) or nested configs: not user parameters.
-_INTERNAL = {"total_steps", "prefill_len", "inner"}
+_INTERNAL = {"total_steps", "prefill_len", "inner", "layer_is_exact"}
 
 
 def parameters(name: str) -> dict:

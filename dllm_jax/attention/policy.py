@@ -41,6 +41,17 @@ models, loops and diagnostics call them unconditionally:
   query_block                -> the queries that share one row of the state (a pattern's query block),
                                 1 by default: sequence parallelism needs each device's slice to be
                                 whole rows.
+  at_layer(layer)            -> the policy as it attends at layer `layer` (a Python int: the unrolled
+                                layers of the cached path know it while tracing); MAGE fixes its exact
+                                layers there instead of reading a per-layer flag from its state;
+                                default: itself;
+  later_steps_sparse()       -> True when every forward of an SDAR block after its first runs SPARSE,
+                                whatever the rows' progress (MAGE); the block loop then passes that
+                                mode as a Python int. Default: False (`block_mode` decides per row).
+
+A mode or layer known while tracing (a Python int) lets a policy pick its branch in Python: one branch
+compiled and run, no conditional per layer (on a GPU each conditional of a block step's layers left the
+device idle ~0.1 ms: issue 40).
 """
 
 from __future__ import annotations
@@ -90,6 +101,12 @@ class AttentionPolicy(abc.ABC):
 
     def block_mode(self, step, *, unmasked, commit):
         return self.mode(step)
+
+    def at_layer(self, layer: int) -> "AttentionPolicy":
+        return self
+
+    def later_steps_sparse(self) -> bool:
+        return False
 
     def pattern_mask(self, state, *, num_queries: int, num_keys: int, num_heads: int):
         return None
@@ -200,7 +217,7 @@ def window_rows(q, start, block: int, rows, attend):
 def switch_rows(index, branches, operand):
     """`jax.lax.switch(index, branches, operand)` with one branch index per batch row.
 
-    index: int32 scalar or [1] (a plain switch, exactly today's behaviour) or int32 [B]. Every branch
+    index: a Python int (the branch is called directly), int32 scalar or [1] (a plain switch) or int32 [B]. Every branch
     returns a pytree whose leaves all have the batch axis first; row b of the result is row b of
     branches[index[b]](operand). When all rows agree, one switch runs their branch alone (the common
     case costs what the scalar switch costs: one conditional). Otherwise each branch runs only if
@@ -209,6 +226,8 @@ def switch_rows(index, branches, operand):
     `lax.switch` does. The branches appear twice in the program (alone and in the mixed path): more
     to compile, so that the uniform case has no extra conditionals.
     """
+    if isinstance(index, int):  # known while tracing (a static mode): its branch alone, no conditional
+        return branches[min(max(index, 0), len(branches) - 1)](operand)
     index = jnp.asarray(index, jnp.int32)
     if index.ndim == 0 or index.shape[0] == 1:  # one row: nothing to mix (and nothing more to compile)
         return jax.lax.switch(jnp.reshape(index, ()), branches, operand)
@@ -247,6 +266,8 @@ def stacked_state(policy: AttentionPolicy, num_layers: int, **shapes):
 
 def attend_layer(policy: AttentionPolicy, mode, q, k, v, states, layer, **masks):
     """`policy.attend` on layer `layer`'s slice of the stacked states; returns (out, states)."""
+    if isinstance(layer, int):  # the unrolled layers: what differs by layer is known while tracing
+        policy = policy.at_layer(layer)
     state = jax.tree.map(lambda s: s[layer], states)
     out, state = policy.attend(q, k, v, state, mode, **masks)
     return out, jax.tree.map(lambda s, new: s.at[layer].set(new), states, state)

@@ -69,6 +69,12 @@ class Sharded(AttentionPolicy):
     def block_mode(self, step, *, unmasked, commit):
         return self.inner.block_mode(step, unmasked=unmasked, commit=commit)
 
+    def at_layer(self, layer: int):
+        return dataclasses.replace(self, inner=self.inner.at_layer(layer))
+
+    def later_steps_sparse(self) -> bool:
+        return self.inner.later_steps_sparse()
+
     def pattern_mask(self, state, **shape):
         return self.inner.pattern_mask(state, **shape)
 
@@ -98,11 +104,13 @@ class Sharded(AttentionPolicy):
         kv_spec = QUERIES if full else WHOLE
         state_specs = self._state_specs(state, window=False)
 
+        static_mode = mode if isinstance(mode, int) else None  # stays a Python int inside (see `switch_rows`)
+
         def local(q, k, v, state, mode, arrays):
             if full and sp > 1:
                 k = jax.lax.all_gather(k, "sp", axis=1, tiled=True)
                 v = jax.lax.all_gather(v, "sp", axis=1, tiled=True)
-            return self.inner.attend(q, k, v, state, mode, **arrays, **static)
+            return self.inner.attend(q, k, v, state, mode if static_mode is None else static_mode, **arrays, **static)
 
         arrays, static = split_masks(masks)
         mode = jnp.asarray(mode)

@@ -238,7 +238,9 @@ def denoise_block(params, cur, cache, policy_state, key, draws, active, finished
 
     def body(s: BlockCarry) -> BlockCarry:
         denoising = denoising_rows(s)
-        mode = mode_of(s, denoising)
+        # a row denoising here is past its block's first forward, and a waiting row runs SPARSE: where the
+        # policy's later steps are all SPARSE the mode is a Python int, and its per-layer switch no conditional
+        mode = int(Mode.SPARSE) if policy.later_steps_sparse() else mode_of(s, denoising)
         logits, cache, policy_state = sampler.block_step(params, s.cur, s.cache, s.policy_state, mode,
                                                          config=config, policy=policy)
         return sample(s.replace(cache=cache, policy_state=policy_state), logits, mode, denoising)
