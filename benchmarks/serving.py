@@ -224,6 +224,9 @@ def engine_breakdown(timing: EngineTiming) -> dict:
     steps, the mean busy slots a step decoded, inserts, and host seconds by phase (wait: on the device)."""
     out = dataclasses.asdict(timing)
     out["mean_busy_slots"] = timing.busy_slot_steps / max(timing.steps, 1)
+    # what scheduling by forward rather than by block could save: a step's forwards against a row's own need
+    out["forwards_per_step"] = timing.forwards / max(timing.steps, 1)
+    out["forwards_per_row_block"] = timing.row_forwards / max(timing.row_blocks, 1)
     return {k: round(v, 3) if isinstance(v, float) else v for k, v in out.items()}
 
 
@@ -341,12 +344,15 @@ def main(argv=None) -> Path:
              *markdown_table(header, table, align="rlrrrr"), "",
              "Where the engine thread's time went (host seconds over the trace; `wait`: blocked on the device, "
              "which ran the steps and the inserts meanwhile; the rest of the trace's time is the thread's "
-             "text decoding and streaming, and idling):", "",
+             "text decoding and streaming, and idling; forwards: a step's, which last until its slowest row's "
+             "block is unmasked, against the denoising forwards a row's block needed, on average):", "",
              *markdown_table(["rate (req/s)", "mode", "trace s", "steps", "mean busy slots", "inserts", "wait s",
-                              "admit s", "dispatch s", "retire s", "progress s"],
+                              "admit s", "dispatch s", "retire s", "progress s", "forwards / step",
+                              "forwards / row block"],
                              [[r["rate"], r["mode"], r["seconds"], e["steps"], round(e["mean_busy_slots"], 1),
                                e["inserts"], e["wait_s"], e["admit_s"], e["dispatch_s"], e["retire_s"],
-                               e["progress_s"]] for r in rows if (e := r.get("engine"))], align="rlrrrrrrrrr")]
+                               e["progress_s"], round(e["forwards_per_step"], 2), round(e["forwards_per_row_block"], 2)]
+                              for r in rows if (e := r.get("engine"))], align="rlrrrrrrrrrrr")]
     return write_results(args.out, meta, rows, lines)
 
 

@@ -150,6 +150,17 @@ def test_the_engine_counts_its_steps_inserts_and_busy_slots(model, rng):
     assert t.wait_s > 0 and min(t.admit_s, t.dispatch_s, t.retire_s, t.progress_s) >= 0
 
 
+def test_the_engine_counts_the_forwards_a_step_ran_and_each_row_needed(model, rng):
+    """A step lasts until its slowest row's block is unmasked: here one forward per masked position (sequential
+    remasking, 4 steps for a block of 4), so a prompt of 6 leaves its row 2 forwards to run, one of 8 leaves 4."""
+    engine = Engine(model, slots=2, max_context=64, remasking="sequential", top_k=1, denoising_steps=4, overlap=False)
+    engine.submit(rng.integers(0, 40, 6), 2)  # one block: the prompt's last 2 tokens and 2 masks
+    engine.submit(rng.integers(0, 40, 8), 4)  # one block of 4 masks
+    engine.step()
+    t = engine.timing
+    assert (t.steps, t.forwards, t.row_forwards, t.row_blocks) == (1, 4, 6, 2)
+
+
 @pytest.mark.parametrize("call, message", [
     (lambda e: e.submit(np.arange(3, 40), 30), "exceeds the engine's max_context=64"),
     (lambda e: e.submit(np.zeros((2, 4), np.int32), 4), "one prompt"),

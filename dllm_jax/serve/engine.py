@@ -79,6 +79,8 @@ class Snapshot:
     stopped: jax.Array
     x: jax.Array
     decoded: jax.Array
+    decoding: jax.Array  # bool [S]: the slots that decoded a block in this step
+    forwards: jax.Array  # int32 [S]: the denoising forwards each of them needed (its draws in this step)
 
 
 @dataclasses.dataclass(frozen=True)
@@ -111,6 +113,10 @@ class EngineTiming:
     wait_s: float = 0.0  # blocked on a step's result while the device ran it (and the inserts before it)
     retire_s: float = 0.0  # reading a step's result, freeing the slots it finished
     progress_s: float = 0.0  # the running requests' tokens so far (`Engine.progress`)
+    # a step lasts until its slowest row's block is unmasked: forwards it ran against what each row needed
+    forwards: int = 0  # forwards the steps ran (each: its first, plus the most any decoding row needed after it)
+    row_forwards: int = 0  # denoising forwards the decoding rows needed, summed over rows and steps
+    row_blocks: int = 0  # blocks the rows decoded, summed over steps
 
 
 @dataclasses.dataclass(frozen=True)
@@ -200,9 +206,10 @@ def step(params, state: Slots, *, config, options, policy: AttentionPolicy, loop
                          lengths=state.lengths, block_length=block_length,
                          stop_ids=jnp.asarray(config.stop_ids, jnp.int32), config=config, options=options,
                          policy=policy, sampler=loop.sampler, rows=state.rows)
+    forwards = jnp.where(active, carry.draws - state.carry.draws, 0)  # a row draws once per denoising forward
     state = state.replace(carry=carry, block=jnp.where(active, state.block + 1, state.block))
     return state, Snapshot(block=state.block, last=state.last, stopped=state.carry.stopped, x=state.carry.x,
-                           decoded=state.carry.decoded)
+                           decoded=state.carry.decoded, decoding=active, forwards=forwards)
 
 
 # the largest top-k a request may ask for unless the engine is told (vLLM and SGLang take any; a static bound keeps
@@ -416,6 +423,12 @@ class Engine(RequestQueue):
         ready = time.perf_counter()
         self.seen = step
         self.timing.wait_s += ready - start
+        decoding = step.snapshot.decoding
+        if decoding.any():
+            needed = step.snapshot.forwards[decoding]
+            self.timing.forwards += max(1, int(needed.max()))
+            self.timing.row_forwards += int(needed.sum())
+            self.timing.row_blocks += int(decoding.sum())
         try:
             return self.finished(step)
         finally:
