@@ -54,7 +54,7 @@ import numpy as np
 from dllm_jax import generate
 from dllm_jax.bench import markdown_table, model_for, write_results
 from dllm_jax.serve.app import build_app, running
-from dllm_jax.serve.engine import EngineTiming
+from dllm_jax.serve.engine import SCHEDULES, EngineTiming
 from dllm_jax.testing import write_tiny_tokenizer
 from dllm_jax.tokenizer import ChatTokenizer, left_pad
 
@@ -98,6 +98,10 @@ def parse_args(argv=None) -> argparse.Namespace:
                         help="on (the server's default): the engine runs each step on its dispatch thread and reads "
                              "the previous one meanwhile (Engine(overlap=True), mode 'server overlapped'); off: each "
                              "step read before the next (mode 'server'); both: time the server both ways")
+    parser.add_argument("--schedules", default="block",
+                        help="the engine's step schedules to serve the trace with, comma-separated: block (each step "
+                             "decodes one block per slot) and/or forward (a block's worth of forwards, each slot "
+                             "at its own pace); Engine(schedule=...)")
     parser.add_argument("--no-lockstep", action="store_true",
                         help="time the server only (a diagnosis run: no lockstep rows, no speedups)")
     parser.add_argument("--clients", choices=("process", "thread"), default="process",
@@ -113,6 +117,9 @@ def parse_args(argv=None) -> argparse.Namespace:
     args.rates = [float(r) for r in args.rates.split(",")]
     if min(args.rates) <= 0 or args.requests < 1 or args.slots < 1:
         parser.error("--rates must be > 0, --requests and --slots >= 1")
+    args.schedules = args.schedules.split(",")
+    if unknown := sorted(set(args.schedules) - set(SCHEDULES)):
+        parser.error(f"--schedules: {', '.join(unknown)} is not one of {', '.join(SCHEDULES)}")
     return args
 
 
@@ -304,10 +311,11 @@ def main(argv=None) -> Path:
         served = lockstep_trace(model, trace, args.slots, pads, new, config.pad_token_id)
         rows.append(dict(rate=rate, mode="lockstep", **summary(served)))
         print(json.dumps(rows[-1]), flush=True)
-    for overlap in {"off": [False], "on": [True], "both": [False, True]}[args.overlap]:
-        mode = "server overlapped" if overlap else "server"
+    overlaps = {"off": [False], "on": [True], "both": [False, True]}[args.overlap]
+    for overlap, schedule in [(o, s) for s in args.schedules for o in overlaps]:
+        mode = ("server overlapped" if overlap else "server") + (", by forward" if schedule == "forward" else "")
         app = build_app(model, tokenizer, model_name=args.model, slots=args.slots, max_context=context,
-                        max_queue=args.requests * 2, overlap=overlap)
+                        max_queue=args.requests * 2, overlap=overlap, schedule=schedule)
         with running(app) as url:
             start = time.perf_counter()  # compile: every prefill length the traces use, the step
             # per insert bucket the trace reaches, its longest prompt (the widest bucket is the whole context)

@@ -273,16 +273,17 @@ def test_serving_step_compares_kernels_per_block_and_by_class():
 
 
 def test_serving_runs_a_trace_with_its_clients_in_a_process_of_their_own(tmp_path):
-    """benchmarks/serving.py on a tiny model (CPU): the server, driven by a client process, and lockstep serve the
-    same trace; each request gets exactly its output length (stop tokens off)."""
+    """benchmarks/serving.py on a tiny model (CPU): the server (its steps by block, then by forward), driven by a
+    client process, and lockstep serve the same trace; each request gets exactly its output length (stops off)."""
     from benchmarks import serving
 
     argv = ["--model", "tiny-sdar", "--rates", "50", "--requests", "4", "--slots", "2", "--prompt-lengths", "8:40",
-            "--output-lengths", "4:12", "--seconds", "120", "--out", str(tmp_path)]
+            "--output-lengths", "4:12", "--seconds", "120", "--out", str(tmp_path), "--schedules", "block,forward"]
     md = serving.main(argv)
     result = json.loads(md.with_suffix(".json").read_text())
     assert result["clients"] == "process"
-    assert sorted(r["mode"] for r in result["rows"]) == ["lockstep", "server overlapped"]
+    assert sorted(r["mode"] for r in result["rows"]) == ["lockstep", "server overlapped",
+                                                         "server overlapped, by forward"]
     trace = serving.make_trace(50.0, 4, (8, 40), (4, 12), 192 - 3, 180, 0)  # tiny-sdar: vocabulary 192, mask 180
     assert all(r["requests"] == 4 and r["tokens"] == sum(t.output for t in trace) for r in result["rows"])
     assert "in a process of their own" in md.read_text()

@@ -42,7 +42,11 @@ def own_options(options: dict, temperature, top_p, top_k, greedy: dict) -> dict:
     (dict(remasking="low_confidence_dynamic", denoising_steps=4), SAMPLING, {}),  # each request its own
     # each step read before the next is dispatched (the default dispatches on a thread and reads behind)
     (dict(remasking="low_confidence_dynamic", denoising_steps=4), SAMPLING, dict(overlap=False)),
-], ids=["greedy", "greedy, chunked inserts", "per-request sampling", "per-request sampling, overlap off"])
+    # steps of a block's worth of forwards, each slot moving to its next block when its own is done
+    (dict(remasking="sequential", top_k=1, denoising_steps=4), None, dict(schedule="forward")),
+    (dict(remasking="low_confidence_dynamic", denoising_steps=4), SAMPLING, dict(schedule="forward")),
+], ids=["greedy", "greedy, chunked inserts", "per-request sampling", "per-request sampling, overlap off",
+        "greedy, by forward", "per-request sampling, by forward"])
 def test_each_request_gets_what_generate_gives_its_prompt_alone(model, rng, options, sampling, engine_args):
     engine = Engine(model, slots=3, max_context=64, **engine_args, **options)
     prompts = [rng.integers(0, 40, n) for n, _, _ in REQUESTS]
@@ -87,13 +91,14 @@ def test_overlapped_steps_report_progress_that_grows_into_each_answer(model, rng
             np.testing.assert_array_equal(later[:len(earlier)], earlier)
 
 
-def test_a_method_in_the_slot_gives_what_generate_gives_with_it(model, rng):
+@pytest.mark.parametrize("schedule", ["block", "forward"])
+def test_a_method_in_the_slot_gives_what_generate_gives_with_it(model, rng, schedule):
     """FlashBlock around MAGE (both states: MAGE's selection, FlashBlock's cached parts) in one slot that two
     requests take in turn: the second finds the first's state there, and its first forward must replace it,
     as generate's first step of a block does."""
     method = dllm_jax.FlashBlock(tau=2, inner=dllm_jax.MAGE(k=5, exact_layers=1))
     options = dict(remasking="low_confidence_dynamic", denoising_steps=4, confidence_threshold=0.3)
-    engine = Engine(model, slots=1, max_context=64, method=method, **options)
+    engine = Engine(model, slots=1, max_context=64, method=method, schedule=schedule, **options)
     requests = [(rng.integers(0, 40, n), k) for n, k in ((14, 10), (9, 8))]
     ids = [engine.submit(p, k, seed=1) for p, k in requests]
     done = engine.run()
@@ -150,15 +155,19 @@ def test_the_engine_counts_its_steps_inserts_and_busy_slots(model, rng):
     assert t.wait_s > 0 and min(t.admit_s, t.dispatch_s, t.retire_s, t.progress_s) >= 0
 
 
-def test_the_engine_counts_the_forwards_a_step_ran_and_each_row_needed(model, rng):
-    """A step lasts until its slowest row's block is unmasked: here one forward per masked position (sequential
-    remasking, 4 steps for a block of 4), so a prompt of 6 leaves its row 2 forwards to run, one of 8 leaves 4."""
-    engine = Engine(model, slots=2, max_context=64, remasking="sequential", top_k=1, denoising_steps=4, overlap=False)
-    engine.submit(rng.integers(0, 40, 6), 2)  # one block: the prompt's last 2 tokens and 2 masks
-    engine.submit(rng.integers(0, 40, 8), 4)  # one block of 4 masks
+@pytest.mark.parametrize("schedule, counts", [("block", (4, 6, 2)), ("forward", (4, 8, 2))])
+def test_the_engine_counts_the_forwards_a_step_ran_and_each_row_needed(model, rng, schedule, counts):
+    """One forward per masked position here (sequential remasking, 4 steps for a block of 4). A prompt of 6 with
+    6 new tokens leaves its row a first block of 2 masks, then one of 4; a prompt of 8 one block of 4. By block,
+    the step lasts until the slower row's block is done (4 forwards), the other row waiting after its 2; by
+    forward, that row moves on to its next block and unmasks 2 of its masks in the same 4 forwards."""
+    engine = Engine(model, slots=2, max_context=64, remasking="sequential", top_k=1, denoising_steps=4, overlap=False,
+                    schedule=schedule)
+    engine.submit(rng.integers(0, 40, 6), 6)
+    engine.submit(rng.integers(0, 40, 8), 4)
     engine.step()
     t = engine.timing
-    assert (t.steps, t.forwards, t.row_forwards, t.row_blocks) == (1, 4, 6, 2)
+    assert (t.steps, t.forwards, t.row_forwards, t.row_blocks) == (1, *counts)
 
 
 @pytest.mark.parametrize("call, message", [
@@ -196,6 +205,8 @@ def test_bad_engines_are_refused(model, tiny_model):
         Engine(model, top_k=9, max_top_k=8)
     with pytest.raises(ValueError, match="prefill_chunk=6 is not a multiple of the block length 4"):
         Engine(model, prefill_chunk=6)
+    with pytest.raises(ValueError, match="schedule"):
+        Engine(model, schedule="token")
     with pytest.raises(ValueError, match="SparseD is a method for LLaDA"):
         Engine(model, method="sparsed")
     with pytest.raises(ValueError, match="the slot engine runs the block-diffusion families"):
@@ -219,14 +230,15 @@ def llada2(tiny_model):
     return tiny_model(config, seed=21)
 
 
-def test_llada2_requests_share_the_slots_and_each_gets_what_generate_gives_it_alone(llada2, rng):
+@pytest.mark.parametrize("schedule", ["block", "forward"])
+def test_llada2_requests_share_the_slots_and_each_gets_what_generate_gives_it_alone(llada2, rng, schedule):
     """LLaDA2 in the slots (its own model functions, sampler and block length: `Family.slots`): five requests
     (each its own seed) over three slots, three sampled at the engine's temperature, one greedy (temperature 0:
     LLaDA2's argmax), one at its own temperature and top-p, one with its own top-k, one with a top-k at temperature
     0 (which samples at temperature 1, as the official sampler), the answer cut at each one's length as generate's
     (its gen_length) is. More greedy LLaDA2 requests: test_serve_http's six concurrent clients."""
     options = dict(block_length=4, steps=4, temperature=0.8)
-    engine = Engine(llada2, slots=3, max_context=64, **options)
+    engine = Engine(llada2, slots=3, max_context=64, schedule=schedule, **options)
     prompts = [rng.integers(0, 40, n) for n, _, _ in REQUESTS]
     sampling = [(None, None, None), (0.0, 1.0, 0), (0.6, 0.9, None), (None, None, 3), (0.0, 1.0, 2)]
     ids = [engine.submit(p, k, s, *own) for p, (_, k, s), own in zip(prompts, REQUESTS, sampling)]

@@ -40,6 +40,7 @@ sample-and-commit rule, the model's block steps); `dllm_jax.generate.llada2` run
 from __future__ import annotations
 
 import dataclasses
+import functools
 from typing import Any, Callable
 
 import jax
@@ -96,16 +97,23 @@ class SDAROptions:
 
 
 @struct.dataclass
-class BlockCarry:
-    """The carry of the while loop over one block's denoising forwards (per-row fields [B])."""
+class RowBlock:
+    """Each row's block in progress (per-row fields [B])."""
 
     cur: jax.Array  # int32 [B, block_size]: the block being denoised
-    cache: sdar_model.KVCache
-    policy_state: Any  # the attention policy's per-layer state (leading layer axis)
     draws: jax.Array  # int32 [B]: random draws of each row so far (its key is folded with it)
-    step: jax.Array  # int32 []: forwards of this block so far
     row_step: jax.Array  # int32 [B]: denoising forwards of each row in this block
     unmasked: jax.Array  # int32 [B]: block tokens unmasked since the row's last forward that was not SPARSE
+
+
+@struct.dataclass
+class BlockCarry:
+    """The carry of the while loop over one block's denoising forwards."""
+
+    rows: RowBlock
+    cache: sdar_model.KVCache
+    policy_state: Any  # the attention policy's per-layer state (leading layer axis)
+    step: jax.Array  # int32 []: forwards of this block so far
 
 
 @struct.dataclass
@@ -202,54 +210,71 @@ def denoise_block(params, cur, cache, policy_state, key, draws, active, finished
     (cur, cache, policy_state, draws, Finished of this block: pending where active, with the
     commit mode each row's own progress gives).
     """
-    mask_id = config.mask_token_id
     b, n = cur.shape
     keys = jnp.broadcast_to(key, (b,))
     schedule = sampler.schedule(options, config, n)
     steps = schedule.shape[0]
+    sample = functools.partial(sample_rows, keys=keys, schedule=schedule, config=config, options=options,
+                               sampler=sampler, rows=rows)
 
     def denoising_rows(s: BlockCarry):
-        return jnp.any(s.cur == mask_id, axis=1) & active
-
-    def sample(s: BlockCarry, logits, mode, denoising) -> BlockCarry:
-        mask_index = s.cur == mask_id
-        u = jax.vmap(lambda k, t: jax.random.uniform(jax.random.fold_in(k, t), (1, n), jnp.float32)[0])(keys, s.draws)
-        count = schedule[jnp.minimum(s.row_step, steps - 1)]
-        x0, transfer = sampler.commit(logits, u, mask_index, count, options, rows)
-        transfer = transfer & denoising[:, None]
-        unmasked = unmasked_since_refresh(s.unmasked, mode, jnp.sum(transfer, axis=1, dtype=jnp.int32))
-        step = denoising.astype(jnp.int32)
-        return s.replace(cur=jnp.where(transfer, x0, s.cur), draws=s.draws + step, step=s.step + 1,
-                         row_step=s.row_step + step, unmasked=jnp.where(denoising, unmasked, s.unmasked))
-
-    def mode_of(s: BlockCarry, denoising):
-        return jnp.where(denoising, policy.block_mode(s.row_step, unmasked=s.unmasked, commit=False),
-                         int(Mode.SPARSE))
+        return jnp.any(s.rows.cur == config.mask_token_id, axis=1) & active
 
     zeros = jnp.zeros((b,), jnp.int32)
-    s = BlockCarry(cur=cur, cache=cache, policy_state=policy_state, draws=draws, step=jnp.int32(0), row_step=zeros,
-                   unmasked=zeros)
+    s = BlockCarry(rows=RowBlock(cur=cur, draws=draws, row_step=zeros, unmasked=zeros), cache=cache,
+                   policy_state=policy_state, step=jnp.int32(0))
     denoising = denoising_rows(s)
-    mode = mode_of(s, denoising)
-    logits, cache, policy_state = sampler.commit_and_step(params, finished.ids, finished.pending & active, s.cur,
+    mode = row_modes(policy, s.rows, denoising)
+    logits, cache, policy_state = sampler.commit_and_step(params, finished.ids, finished.pending & active, cur,
                                                           s.cache, s.policy_state, finished.mode, mode,
                                                           config=config, policy=policy)
-    s = sample(s.replace(cache=cache, policy_state=policy_state), logits, mode, denoising)
+    s = s.replace(rows=sample(s.rows, logits, mode, denoising), cache=cache, policy_state=policy_state,
+                  step=jnp.int32(1))
 
     def body(s: BlockCarry) -> BlockCarry:
         denoising = denoising_rows(s)
         # a row denoising here is past its block's first forward, and a waiting row runs SPARSE: where the
         # policy's later steps are all SPARSE the mode is a Python int, and its per-layer switch no conditional
-        mode = int(Mode.SPARSE) if policy.later_steps_sparse() else mode_of(s, denoising)
-        logits, cache, policy_state = sampler.block_step(params, s.cur, s.cache, s.policy_state, mode,
+        mode = int(Mode.SPARSE) if policy.later_steps_sparse() else row_modes(policy, s.rows, denoising)
+        logits, cache, policy_state = sampler.block_step(params, s.rows.cur, s.cache, s.policy_state, mode,
                                                          config=config, policy=policy)
-        return sample(s.replace(cache=cache, policy_state=policy_state), logits, mode, denoising)
+        return s.replace(rows=sample(s.rows, logits, mode, denoising), cache=cache, policy_state=policy_state,
+                         step=s.step + 1)
 
     # the official loops denoise for at most `steps` forwards, then commit
     s = jax.lax.while_loop(lambda s: jnp.any(denoising_rows(s)) & (s.step < steps), body, s)
-    commit_mode = jnp.broadcast_to(policy.block_mode(s.row_step, unmasked=s.unmasked, commit=True), (b,))
-    return s.cur, s.cache, s.policy_state, s.draws, Finished(ids=s.cur, pending=active,
-                                                            mode=commit_mode.astype(jnp.int32))
+    r = s.rows
+    return r.cur, s.cache, s.policy_state, r.draws, Finished(ids=r.cur, pending=active,
+                                                            mode=commit_modes(policy, r, b))
+
+
+def row_modes(policy: AttentionPolicy, r: RowBlock, denoising):
+    """Each row's policy mode for its next forward: from its progress where it denoises, SPARSE where it waits."""
+    return jnp.where(denoising, policy.block_mode(r.row_step, unmasked=r.unmasked, commit=False), int(Mode.SPARSE))
+
+
+def commit_modes(policy: AttentionPolicy, r: RowBlock, batch: int):
+    """int32 [B]: the mode each row's finished block commits in (its own progress gives it)."""
+    return jnp.broadcast_to(policy.block_mode(r.row_step, unmasked=r.unmasked, commit=True), (batch,)).astype(
+        jnp.int32)
+
+
+def sample_rows(r: RowBlock, logits, mode, denoising, *, keys, schedule, config, options, sampler: BlockSampler,
+                rows: RowSampling | None) -> RowBlock:
+    """One denoising forward's commit in every row where `denoising` (bool [B]): forward j of a row commits
+    `sampler.commit(..., count=schedule[j])` of its masked positions, drawing its uniforms from its key folded
+    with its draw count; the other rows are left as they are."""
+    n = r.cur.shape[1]
+    steps = schedule.shape[0]
+    mask_index = r.cur == config.mask_token_id
+    u = jax.vmap(lambda k, t: jax.random.uniform(jax.random.fold_in(k, t), (1, n), jnp.float32)[0])(keys, r.draws)
+    count = schedule[jnp.minimum(r.row_step, steps - 1)]
+    x0, transfer = sampler.commit(logits, u, mask_index, count, options, rows)
+    transfer = transfer & denoising[:, None]
+    unmasked = unmasked_since_refresh(r.unmasked, mode, jnp.sum(transfer, axis=1, dtype=jnp.int32))
+    step = denoising.astype(jnp.int32)
+    return r.replace(cur=jnp.where(transfer, x0, r.cur), draws=r.draws + step, row_step=r.row_step + step,
+                     unmasked=jnp.where(denoising, unmasked, r.unmasked))
 
 
 def row_slices(x, starts, width: int):
@@ -278,6 +303,80 @@ def decode_block(params, carry: DecodeCarry, key, block, active, *, lengths, blo
         carry.x, cur, starts, active)
     return carry.replace(x=x, cache=cache, policy_state=policy_state, finished=finished, draws=draws,
                          decoded=jnp.where(active, (block + 1) * bl, carry.decoded), stopped=stopped)
+
+
+@struct.dataclass
+class BlockProgress:
+    """How far each row's block in progress has come between `decode_forwards` calls (per-row fields [B])."""
+
+    row_step: jax.Array  # int32 [B]: denoising forwards of the row's current block so far
+    unmasked: jax.Array  # int32 [B]: its tokens unmasked since the row's last forward that was not SPARSE
+
+
+@struct.dataclass
+class ForwardCarry:
+    """The carry of `decode_forwards`' loop."""
+
+    decode: DecodeCarry
+    progress: BlockProgress
+    block: jax.Array  # int32 [B]: each row's current block (row-local)
+    ran: jax.Array  # int32 []: forwards so far
+
+
+def decode_forwards(params, carry: DecodeCarry, progress: BlockProgress, key, block, last, live, *, forwards: int,
+                    lengths, block_length: int, stop_ids, config, options, policy: AttentionPolicy,
+                    sampler: BlockSampler, rows: RowSampling | None = None):
+    """Up to `forwards` forwards in which every live row (bool [B] `live`, below its `last` block, not stopped)
+    takes its own next denoising forward: a serving engine's step scheduled by forward rather than by block. A
+    row whose block is done (no mask left, or the schedule's forwards spent: `denoise_block`'s exit, per row)
+    writes it into carry.x, checks it for stop tokens as `decode_block` does and moves to its next block at
+    its next forward, whose first step carries the finished block's commit (`sampler.commit_and_step`, every
+    forward: rows with nothing pending step alone). So a row never waits for slower rows' blocks, and its
+    forwards, modes, draws and commits are those `decode_block` gives it: its tokens are `generate`'s for its
+    prompt alone. The block in progress lives in carry.x (masks where still masked) and `progress`.
+    Returns (carry, progress, block, forwards run: int32 [])."""
+    bl = block_length
+    b, width = carry.x.shape
+    keys = jnp.broadcast_to(key, (b,))
+    schedule = sampler.schedule(options, config, bl)
+    steps = schedule.shape[0]
+    sample = functools.partial(sample_rows, keys=keys, schedule=schedule, config=config, options=options,
+                               sampler=sampler, rows=rows)
+
+    def active_rows(c: ForwardCarry):
+        return live & (c.block < last) & ~c.decode.stopped
+
+    def forward(c: ForwardCarry) -> ForwardCarry:
+        d, active = c.decode, active_rows(c)
+        starts = jnp.minimum(c.block * bl, width - bl)
+        r = RowBlock(cur=row_slices(d.x, starts, bl), draws=d.draws, row_step=c.progress.row_step,
+                     unmasked=c.progress.unmasked)
+        denoising = jnp.any(r.cur == config.mask_token_id, axis=1) & active
+        mode = row_modes(policy, r, denoising)
+        pending = d.finished.pending & active
+        logits, cache, policy_state = sampler.commit_and_step(params, d.finished.ids, pending, r.cur, d.cache,
+                                                              d.policy_state, d.finished.mode, mode, config=config,
+                                                              policy=policy)
+        r = sample(r, logits, mode, denoising)
+        done = active & (~jnp.any(r.cur == config.mask_token_id, axis=1) | (r.row_step >= steps))
+        generated = starts[:, None] + jnp.arange(bl) >= lengths[:, None]
+        stopped = d.stopped | (done & jnp.any(jnp.isin(r.cur, stop_ids) & generated, axis=1))
+        x = jax.vmap(lambda row, new, s, a: jnp.where(a, jax.lax.dynamic_update_slice_in_dim(row, new, s, 0), row))(
+            d.x, r.cur, starts, active)
+        finished = Finished(ids=jnp.where(done[:, None], r.cur, d.finished.ids),
+                            pending=done | (d.finished.pending & ~active),  # the active rows' commits ran above
+                            mode=jnp.where(done, commit_modes(policy, r, b), d.finished.mode))
+        zeros = jnp.zeros_like(r.row_step)
+        return ForwardCarry(
+            decode=d.replace(x=x, cache=cache, policy_state=policy_state, finished=finished, draws=r.draws,
+                             decoded=jnp.where(done, (c.block + 1) * bl, d.decoded), stopped=stopped),
+            progress=BlockProgress(row_step=jnp.where(done, zeros, r.row_step),
+                                   unmasked=jnp.where(done, zeros, r.unmasked)),
+            block=jnp.where(done, c.block + 1, c.block), ran=c.ran + 1)
+
+    c = ForwardCarry(decode=carry, progress=progress, block=block, ran=jnp.int32(0))
+    c = jax.lax.while_loop(lambda c: jnp.any(active_rows(c)) & (c.ran < forwards), forward, c)
+    return c.decode, c.progress, c.block, c.ran
 
 
 def no_pending_block(batch: int, block_length: int) -> Finished:

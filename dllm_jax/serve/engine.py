@@ -51,7 +51,8 @@ from dllm_jax.attention.policy import AttentionPolicy
 from dllm_jax.families import FAMILIES, family_of
 from dllm_jax.generate.requests import check_context, make_options
 from dllm_jax.generate.sampling import RowSampling
-from dllm_jax.generate.sdar import DecodeCarry, SlotLoop, cache_capacity, decode_block, no_pending_block, trim
+from dllm_jax.generate.sdar import (BlockProgress, DecodeCarry, SlotLoop, cache_capacity, decode_block,
+                                    decode_forwards, no_pending_block, trim)
 from dllm_jax import validation as check
 from dllm_jax.serve.requests import Request, RequestQueue, SamplingValues
 
@@ -67,6 +68,7 @@ class Slots:
     last: jax.Array  # int32 [S]: one past the slot's last block
     busy: jax.Array  # bool [S]: a request occupies the slot
     rows: RowSampling  # [S] each: the slot's request's temperature, top-p and top-k
+    progress: BlockProgress  # [S] each: how far the slot's block in progress has come (schedule="forward")
 
 
 @struct.dataclass
@@ -79,8 +81,10 @@ class Snapshot:
     stopped: jax.Array
     x: jax.Array
     decoded: jax.Array
-    decoding: jax.Array  # bool [S]: the slots that decoded a block in this step
+    decoding: jax.Array  # bool [S]: the slots that decoded in this step
     forwards: jax.Array  # int32 [S]: the denoising forwards each of them needed (its draws in this step)
+    blocks: jax.Array  # int32 [S]: the blocks each of them finished
+    ran: jax.Array  # int32 []: the forwards the step ran
 
 
 @dataclasses.dataclass(frozen=True)
@@ -113,10 +117,10 @@ class EngineTiming:
     wait_s: float = 0.0  # blocked on a step's result while the device ran it (and the inserts before it)
     retire_s: float = 0.0  # reading a step's result, freeing the slots it finished
     progress_s: float = 0.0  # the running requests' tokens so far (`Engine.progress`)
-    # a step lasts until its slowest row's block is unmasked: forwards it ran against what each row needed
-    forwards: int = 0  # forwards the steps ran (each: its first, plus the most any decoding row needed after it)
+    # schedule="block": a step lasts until its slowest row's block is unmasked; forwards run against those needed
+    forwards: int = 0  # forwards the steps ran
     row_forwards: int = 0  # denoising forwards the decoding rows needed, summed over rows and steps
-    row_blocks: int = 0  # blocks the rows decoded, summed over steps
+    row_blocks: int = 0  # blocks the rows finished, summed over steps
 
 
 @dataclasses.dataclass(frozen=True)
@@ -162,7 +166,8 @@ def init_slots(params, *, config, slots: int, width: int, policy: AttentionPolic
     return Slots(carry=carry, keys=jax.random.split(jax.random.key(0), slots), lengths=zeros(), block=zeros(),
                  last=zeros(), busy=jnp.zeros((slots,), bool),
                  rows=RowSampling(temperature=jnp.ones((slots,), jnp.float32), top_p=jnp.ones((slots,), jnp.float32),
-                                  top_k=zeros()))
+                                  top_k=zeros()),
+                 progress=BlockProgress(row_step=zeros(), unmasked=zeros()))
 
 
 def insert(params, state: Slots, slot, prompt, length, max_new_tokens, seed, temperature, top_p, top_k, *,
@@ -195,29 +200,45 @@ def insert(params, state: Slots, slot, prompt, length, max_new_tokens, seed, tem
                          busy=state.busy.at[slot].set(True),
                          rows=RowSampling(temperature=state.rows.temperature.at[slot].set(temperature),
                                           top_p=state.rows.top_p.at[slot].set(top_p),
-                                          top_k=state.rows.top_k.at[slot].set(top_k)))
+                                          top_k=state.rows.top_k.at[slot].set(top_k)),
+                         progress=jax.tree.map(lambda a: a.at[slot].set(0), state.progress))
 
 
-def step(params, state: Slots, *, config, options, policy: AttentionPolicy, loop: SlotLoop,
-         block_length: int) -> tuple[Slots, Snapshot]:
-    """Every busy slot that has a block left and no stop decodes its next block; (the state, its snapshot)."""
+def step(params, state: Slots, *, config, options, policy: AttentionPolicy, loop: SlotLoop, block_length: int,
+         schedule: str) -> tuple[Slots, Snapshot]:
+    """Every busy slot that has a block left and no stop decodes: its next block (schedule "block"), or a block's
+    worth of forwards at its own pace (schedule "forward", `decode_forwards`); (the state, its snapshot)."""
+    before = state
     active = state.busy & (state.block < state.last) & ~state.carry.stopped
-    carry = decode_block(loop.loop_params(params, config), state.carry, state.keys, state.block, active,
-                         lengths=state.lengths, block_length=block_length,
-                         stop_ids=jnp.asarray(config.stop_ids, jnp.int32), config=config, options=options,
-                         policy=policy, sampler=loop.sampler, rows=state.rows)
-    forwards = jnp.where(active, carry.draws - state.carry.draws, 0)  # a row draws once per denoising forward
-    state = state.replace(carry=carry, block=jnp.where(active, state.block + 1, state.block))
+    common = dict(lengths=state.lengths, block_length=block_length, stop_ids=jnp.asarray(config.stop_ids, jnp.int32),
+                  config=config, options=options, policy=policy, sampler=loop.sampler, rows=state.rows)
+    params = loop.loop_params(params, config)
+    if schedule == "forward":
+        forwards = loop.sampler.schedule(options, config, block_length).shape[0]  # a block's worth per step
+        carry, progress, block, ran = decode_forwards(params, state.carry, state.progress, state.keys, state.block,
+                                                      state.last, state.busy, forwards=forwards, **common)
+        state = state.replace(carry=carry, progress=progress, block=block)
+    else:
+        carry = decode_block(params, state.carry, state.keys, state.block, active, **common)
+        state = state.replace(carry=carry, block=jnp.where(active, state.block + 1, state.block))
+    needed = jnp.where(active, state.carry.draws - before.carry.draws, 0)  # a row draws once per denoising forward
+    if schedule != "forward":  # the block's first forward runs whether or not a row denoises in it
+        ran = jnp.where(jnp.any(active), jnp.maximum(1, jnp.max(needed)), 0)
     return state, Snapshot(block=state.block, last=state.last, stopped=state.carry.stopped, x=state.carry.x,
-                           decoded=state.carry.decoded, decoding=active, forwards=forwards)
+                           decoded=state.carry.decoded, decoding=active, forwards=needed,
+                           blocks=state.block - before.block, ran=ran)
 
+
+# how a step advances the slots: "block" (each busy slot decodes its next block; the step lasts until the slowest
+# slot's block is unmasked) or "forward" (a block's worth of forwards, each slot at its own pace: `decode_forwards`)
+SCHEDULES = ("block", "forward")
 
 # the largest top-k a request may ask for unless the engine is told (vLLM and SGLang take any; a static bound keeps
 # one compiled step, and the selection runs only in steps where some slot asks for a top-k)
 DEFAULT_MAX_TOP_K = 64
 
 _insert_jit = jax.jit(insert, static_argnames=("config", "loop", "block_length", "chunk"), donate_argnames=("state",))
-_step_jit = jax.jit(step, static_argnames=("config", "options", "policy", "loop", "block_length"),
+_step_jit = jax.jit(step, static_argnames=("config", "options", "policy", "loop", "block_length", "schedule"),
                     donate_argnames=("state",))
 
 
@@ -238,10 +259,14 @@ class Engine(RequestQueue):
     On by default: on one H100 (SDAR-8B, 16 slots, 128 requests at 16 req/s) it served 1305 tokens/s against
     1133 without it (docs/serving.md).
     `prefill_chunk`: prompt positions per prefill chunk of a long prompt's insert (a multiple of the block
-    length; the module docstring). The engine reads the model's weights once, when it is built."""
+    length; the module docstring). `schedule`: "block" (every busy slot decodes one block per step; a step lasts
+    until its slowest slot's block is unmasked) or "forward" (a step runs a block's worth of forwards and each
+    slot moves to its next block as soon as its own is done; the same tokens, every forward a commit-and-step
+    one; not yet timed on a GPU, docs/serving.md). The engine reads the model's weights once, when it is built."""
 
     def __init__(self, model, *, slots: int = 8, max_context: int | None = None, method=None,
-                 max_top_k: int | None = None, overlap: bool = True, prefill_chunk: int = INSERT_CHUNK, **options):
+                 max_top_k: int | None = None, overlap: bool = True, prefill_chunk: int = INSERT_CHUNK,
+                 schedule: str = "block", **options):
         config = model.config
         family = family_of(config)
         if family.slots is None:
@@ -280,6 +305,7 @@ class Engine(RequestQueue):
                                 loop=self.loop, block_length=bl)
         self.running: list[Request | None] = [None] * self.slots
         self.overlap = check.flag("overlap", overlap)
+        self.schedule = check.choice("schedule", schedule, SCHEDULES)
         self.dispatched: Dispatched | None = None  # a step on the dispatch thread (overlap): self.state is stale
         self.busy_changed = False  # slots were freed while a step was dispatched: its successor's flags to update
         self.dispatcher = concurrent.futures.ThreadPoolExecutor(1, "dllm-jax-step") if self.overlap else None
@@ -349,7 +375,7 @@ class Engine(RequestQueue):
     def dispatch(self, state: Slots) -> tuple[Slots, Snapshot]:
         """One jitted step of `state` (donated)."""
         return _step_jit(self.params, state, config=self.config, options=self.options, policy=self.policy,
-                         loop=self.loop, block_length=self.block_length)
+                         loop=self.loop, block_length=self.block_length, schedule=self.schedule)
 
     def progress(self) -> dict[int, np.ndarray]:
         """{request id: the tokens it has generated so far} for every running request, as of the last step read:
@@ -423,12 +449,10 @@ class Engine(RequestQueue):
         ready = time.perf_counter()
         self.seen = step
         self.timing.wait_s += ready - start
-        decoding = step.snapshot.decoding
-        if decoding.any():
-            needed = step.snapshot.forwards[decoding]
-            self.timing.forwards += max(1, int(needed.max()))
-            self.timing.row_forwards += int(needed.sum())
-            self.timing.row_blocks += int(decoding.sum())
+        s = step.snapshot
+        self.timing.forwards += int(s.ran)
+        self.timing.row_forwards += int(s.forwards.sum())
+        self.timing.row_blocks += int(s.blocks.sum())
         try:
             return self.finished(step)
         finally:
