@@ -211,11 +211,7 @@ def denoise_block(params, cur, cache, policy_state, key, draws, active, finished
     commit mode each row's own progress gives).
     """
     b, n = cur.shape
-    keys = jnp.broadcast_to(key, (b,))
-    schedule = sampler.schedule(options, config, n)
-    steps = schedule.shape[0]
-    sample = functools.partial(sample_rows, keys=keys, schedule=schedule, config=config, options=options,
-                               sampler=sampler, rows=rows)
+    sample, steps = bound_sampler(key, b, n, config=config, options=options, sampler=sampler, rows=rows)
 
     def denoising_rows(s: BlockCarry):
         return jnp.any(s.rows.cur == config.mask_token_id, axis=1) & active
@@ -257,6 +253,15 @@ def commit_modes(policy: AttentionPolicy, r: RowBlock, batch: int):
     """int32 [B]: the mode each row's finished block commits in (its own progress gives it)."""
     return jnp.broadcast_to(policy.block_mode(r.row_step, unmasked=r.unmasked, commit=True), (batch,)).astype(
         jnp.int32)
+
+
+def bound_sampler(key, batch: int, n: int, *, config, options, sampler: BlockSampler, rows: RowSampling | None):
+    """(`sample_rows` bound to a loop's PRNG key (one, or one per row), schedule for blocks of n and options;
+    the schedule's count of forwards)."""
+    schedule = sampler.schedule(options, config, n)
+    sample = functools.partial(sample_rows, keys=jnp.broadcast_to(key, (batch,)), schedule=schedule, config=config,
+                               options=options, sampler=sampler, rows=rows)
+    return sample, schedule.shape[0]
 
 
 def sample_rows(r: RowBlock, logits, mode, denoising, *, keys, schedule, config, options, sampler: BlockSampler,
@@ -337,11 +342,7 @@ def decode_forwards(params, carry: DecodeCarry, progress: BlockProgress, key, bl
     Returns (carry, progress, block, forwards run: int32 [])."""
     bl = block_length
     b, width = carry.x.shape
-    keys = jnp.broadcast_to(key, (b,))
-    schedule = sampler.schedule(options, config, bl)
-    steps = schedule.shape[0]
-    sample = functools.partial(sample_rows, keys=keys, schedule=schedule, config=config, options=options,
-                               sampler=sampler, rows=rows)
+    sample, steps = bound_sampler(key, b, bl, config=config, options=options, sampler=sampler, rows=rows)
 
     def active_rows(c: ForwardCarry):
         return live & (c.block < last) & ~c.decode.stopped
