@@ -153,8 +153,8 @@ def test_everything_kept_equals_dense_generation(model, rng):
 
 def test_later_steps_of_a_block_have_no_conditional(model):
     """MAGE's forwards after a block's first all run SPARSE: the block loop's while body carries no per-layer
-    switch over its modes (each cost the GPU ~0.1 ms idle per layer and step, issue 40); FlashBlock, whose later steps reuse
-    or refresh per row, keeps one per layer."""
+    switch over its modes (each cost the GPU ~0.1 ms idle per layer and step, issue 40); FlashBlock, whose later
+    steps reuse or refresh per row, keeps one per layer."""
     from dllm_jax.generate import sdar as gen
 
     config, params = model.config, model.params()
