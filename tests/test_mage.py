@@ -151,10 +151,11 @@ def test_everything_kept_equals_dense_generation(model, rng):
     np.testing.assert_array_equal(generate(model, prompt, method=MAGE(k=2, exact_layers=3), **OPTIONS), dense)
 
 
-def test_later_steps_of_a_block_have_no_conditional(model):
-    """MAGE's forwards after a block's first all run SPARSE: the block loop's while body carries no per-layer
-    switch over its modes (each cost the GPU ~0.1 ms idle per layer and step, issue 40); FlashBlock, whose later
-    steps reuse or refresh per row, keeps one per layer."""
+def test_later_steps_and_commits_have_no_conditional(model):
+    """MAGE's forwards after a block's first all run SPARSE, and so do its commits: the block loop's while body
+    carries no per-layer switch over its modes (each cost the GPU ~0.1 ms idle per layer and step, issue 40), and
+    the whole block only the first step's, in the layers that are not exact (a row there may estimate or wait);
+    FlashBlock, whose later steps reuse or refresh per row, keeps one per layer in the body."""
     from dllm_jax.generate import sdar as gen
 
     config, params = model.config, model.params()
@@ -164,14 +165,17 @@ def test_later_steps_of_a_block_have_no_conditional(model):
     def while_bodies(policy):
         cache = model.init_cache(1, 64)
         state = gen.sdar_model.init_policy_state(policy, config, 1, 64)
+        pending = gen.Finished(ids=masks, pending=jnp.ones((1,), bool), mode=jnp.full((1,), int(Mode.SPARSE)))
         jaxpr = jax.make_jaxpr(lambda c, s: gen.denoise_block(
-            params, masks, c, s, jax.random.key(0), jnp.zeros((1,), jnp.int32), jnp.ones((1,), bool),
-            gen.no_pending_block(1, config.block_size), config=config, options=options, policy=policy)[0])(cache, state)
-        return [eqn.params["body_jaxpr"].jaxpr for eqn in jaxpr.jaxpr.eqns if eqn.primitive.name == "while"]
+            params, masks, c, s, jax.random.key(0), jnp.zeros((1,), jnp.int32), jnp.ones((1,), bool), pending,
+            config=config, options=options, policy=policy)[0])(cache, state)
+        loops = [eqn.params["body_jaxpr"].jaxpr for eqn in jaxpr.jaxpr.eqns if eqn.primitive.name == "while"]
+        return jaxpr.jaxpr, loops
 
-    (body,) = while_bodies(MAGE(k=4, exact_layers=1))
+    block, (body,) = while_bodies(MAGE(k=4, exact_layers=1))
     assert mode_switches(body) == 0
-    (body,) = while_bodies(FlashBlock(tau=2))
+    assert mode_switches(block) == config.num_layers - 1
+    _, (body,) = while_bodies(FlashBlock(tau=2))
     assert mode_switches(body) == config.num_layers
 
 

@@ -169,8 +169,15 @@ class MAGE(AttentionPolicy):
     def at_layer(self, layer: int) -> "MAGE":
         return dataclasses.replace(self, layer_is_exact=layer < self.exact_layers)
 
+    def block_mode(self, step, *, unmasked, commit):
+        # a commit reuses the selection as the block's later steps do (every committed block was denoised)
+        return jnp.where(commit, int(Mode.SPARSE), self.mode(step))
+
     def later_steps_sparse(self) -> bool:
         return True  # `mode`: every step after a block's first reuses its selection
+
+    def commits_sparse(self) -> bool:
+        return True  # `block_mode(..., commit=True)`
 
     def attend(self, q, k, v, state, mode, *, kv_len=None, **masks):
         """k, v: one layer's cache [B, S, Hkv, D]; kv_len: int scalar or int32 [B]; mode: int32 scalar
@@ -195,8 +202,10 @@ class MAGE(AttentionPolicy):
         # DENSE (and REFRESH, which has nothing to refresh here) attend exactly
         if self.layer_is_exact is not None:
             exact = self.layer_is_exact
-        if isinstance(mode, int) and isinstance(exact, bool):  # both known while tracing: one branch, no switch
-            index = 0 if exact else {int(Mode.ESTIMATE): 1, int(Mode.SPARSE): 2}.get(mode, 0)
+        if exact is True:  # an exact layer known while tracing: whatever the mode
+            index = 0
+        elif exact is False and isinstance(mode, int):  # both known while tracing: one branch, no switch
+            index = {int(Mode.ESTIMATE): 1, int(Mode.SPARSE): 2}.get(mode, 0)
         else:
             mode = jnp.asarray(mode)
             branch = jnp.where(mode == int(Mode.ESTIMATE), 1, jnp.where(mode == int(Mode.SPARSE), 2, 0))

@@ -48,6 +48,9 @@ models, loops and diagnostics call them unconditionally:
   later_steps_sparse()       -> True when every forward of an SDAR block after its first runs SPARSE,
                                 whatever the rows' progress (MAGE); the block loop then passes that
                                 mode as a Python int. Default: False (`block_mode` decides per row).
+  commits_sparse()           -> True when every commit of a finished SDAR block runs SPARSE (MAGE: its
+                                `block_mode(..., commit=True)`); the loops then pass the commit's mode
+                                as a Python int. Default: False.
 
 A mode or layer known while tracing (a Python int) lets a policy pick its branch in Python: one branch
 compiled and run, no conditional per layer (on a GPU each conditional of a block step's layers left the
@@ -106,6 +109,9 @@ class AttentionPolicy(abc.ABC):
         return self
 
     def later_steps_sparse(self) -> bool:
+        return False
+
+    def commits_sparse(self) -> bool:
         return False
 
     def pattern_mask(self, state, *, num_queries: int, num_keys: int, num_heads: int):

@@ -75,6 +75,9 @@ class Sharded(AttentionPolicy):
     def later_steps_sparse(self) -> bool:
         return self.inner.later_steps_sparse()
 
+    def commits_sparse(self) -> bool:
+        return self.inner.commits_sparse()
+
     def pattern_mask(self, state, **shape):
         return self.inner.pattern_mask(state, **shape)
 

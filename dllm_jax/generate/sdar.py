@@ -222,8 +222,8 @@ def denoise_block(params, cur, cache, policy_state, key, draws, active, finished
     denoising = denoising_rows(s)
     mode = row_modes(policy, s.rows, denoising)
     logits, cache, policy_state = sampler.commit_and_step(params, finished.ids, finished.pending & active, cur,
-                                                          s.cache, s.policy_state, finished.mode, mode,
-                                                          config=config, policy=policy)
+                                                          s.cache, s.policy_state, static_commit_mode(policy, finished),
+                                                          mode, config=config, policy=policy)
     s = s.replace(rows=sample(s.rows, logits, mode, denoising), cache=cache, policy_state=policy_state,
                   step=jnp.int32(1))
 
@@ -247,6 +247,12 @@ def denoise_block(params, cur, cache, policy_state, key, draws, active, finished
 def row_modes(policy: AttentionPolicy, r: RowBlock, denoising):
     """Each row's policy mode for its next forward: from its progress where it denoises, SPARSE where it waits."""
     return jnp.where(denoising, policy.block_mode(r.row_step, unmasked=r.unmasked, commit=False), int(Mode.SPARSE))
+
+
+def static_commit_mode(policy: AttentionPolicy, finished: Finished):
+    """The mode the pending commits run in: a Python int where the policy's commits are all SPARSE (its per-layer
+    switch then no conditional: `switch_rows`), else each row's own."""
+    return int(Mode.SPARSE) if policy.commits_sparse() else finished.mode
 
 
 def commit_modes(policy: AttentionPolicy, r: RowBlock, batch: int):
@@ -356,8 +362,8 @@ def decode_forwards(params, carry: DecodeCarry, progress: BlockProgress, key, bl
         mode = row_modes(policy, r, denoising)
         pending = d.finished.pending & active
         logits, cache, policy_state = sampler.commit_and_step(params, d.finished.ids, pending, r.cur, d.cache,
-                                                              d.policy_state, d.finished.mode, mode, config=config,
-                                                              policy=policy)
+                                                              d.policy_state, static_commit_mode(policy, d.finished),
+                                                              mode, config=config, policy=policy)
         r = sample(r, logits, mode, denoising)
         done = active & (~jnp.any(r.cur == config.mask_token_id, axis=1) | (r.row_step >= steps))
         generated = starts[:, None] + jnp.arange(bl) >= lengths[:, None]

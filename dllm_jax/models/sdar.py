@@ -268,7 +268,8 @@ def commit_and_step(params, finished_ids, pending, block_ids, cache: KVCache, po
                     config: SDARConfig, policy: AttentionPolicy = Dense(), decoder: BlockDecoder = SDAR_DECODER):
     """The commit of a finished block and the first step of the next one in one forward (the weights
     are read once for both): in rows where `pending` (bool [B]), finished_ids [B, n] are appended at
-    length..length+n-1 (attending as a commit forward would, in `finished_mode`) and block_ids
+    length..length+n-1 (attending as a commit forward would, in `finished_mode`: int32 [B], or a Python int
+    SPARSE that every row takes) and block_ids
     [B, n] step at the positions after them; in the other rows block_ids step at length.. as
     `block_step` would (their finished_ids are ignored). Returns (logits of block_ids [B, n, V],
     cache with the pending rows' lengths advanced by n, policy_state).
@@ -278,7 +279,9 @@ def commit_and_step(params, finished_ids, pending, block_ids, cache: KVCache, po
     """
     n = block_ids.shape[1]
     start = cache.length + jnp.where(pending, n, 0)
-    finished = Segment(ids=finished_ids, start=cache.length, mode=jnp.where(pending, finished_mode, int(Mode.SPARSE)))
+    if not (isinstance(finished_mode, int) and finished_mode == int(Mode.SPARSE)):  # a static SPARSE is every row's
+        finished_mode = jnp.where(pending, finished_mode, int(Mode.SPARSE))
+    finished = Segment(ids=finished_ids, start=cache.length, mode=finished_mode)
     # a row without a pending block writes its block's K/V over the ignored segment's (same positions)
     logits, cache, policy_state = cached_forward(params, (finished, Segment(ids=block_ids, start=start, mode=mode)),
                                                  cache, policy_state, config=config, policy=policy, decoder=decoder)
