@@ -308,12 +308,20 @@ def decode_block(params, carry: DecodeCarry, key, block, active, *, lengths, blo
     cur, cache, policy_state, draws, finished = denoise_block(
         params, cur, carry.cache, carry.policy_state, key, carry.draws, active, carry.finished, config=config,
         options=options, policy=policy, sampler=sampler, rows=rows)
-    generated = starts[:, None] + jnp.arange(bl) >= lengths[:, None]
-    stopped = carry.stopped | (active & jnp.any(jnp.isin(cur, stop_ids) & generated, axis=1))
-    x = jax.vmap(lambda row, new, s, a: jnp.where(a, jax.lax.dynamic_update_slice_in_dim(row, new, s, 0), row))(
-        carry.x, cur, starts, active)
-    return carry.replace(x=x, cache=cache, policy_state=policy_state, finished=finished, draws=draws,
-                         decoded=jnp.where(active, (block + 1) * bl, carry.decoded), stopped=stopped)
+    return carry.replace(x=placed(carry.x, cur, starts, active), cache=cache, policy_state=policy_state,
+                         finished=finished, draws=draws, decoded=jnp.where(active, (block + 1) * bl, carry.decoded),
+                         stopped=carry.stopped | stops(cur, starts, active, lengths=lengths, stop_ids=stop_ids))
+
+
+def placed(x, cur, starts, where):
+    """x int32 [B, width] with each row's block cur [B, n] written at its starts[b], in the rows `where`."""
+    return jnp.where(where[:, None], sdar_model.write_rows(x, cur, starts), x)
+
+
+def stops(cur, starts, where, *, lengths, stop_ids):
+    """bool [B]: rows `where` whose block cur [B, n] at starts[b] holds a stop token at or past lengths[b]."""
+    generated = starts[:, None] + jnp.arange(cur.shape[1]) >= lengths[:, None]
+    return where & jnp.any(jnp.isin(cur, stop_ids) & generated, axis=1)
 
 
 @struct.dataclass
@@ -366,17 +374,14 @@ def decode_forwards(params, carry: DecodeCarry, progress: BlockProgress, key, bl
                                                               mode, config=config, policy=policy)
         r = sample(r, logits, mode, denoising)
         done = active & (~jnp.any(r.cur == config.mask_token_id, axis=1) | (r.row_step >= steps))
-        generated = starts[:, None] + jnp.arange(bl) >= lengths[:, None]
-        stopped = d.stopped | (done & jnp.any(jnp.isin(r.cur, stop_ids) & generated, axis=1))
-        x = jax.vmap(lambda row, new, s, a: jnp.where(a, jax.lax.dynamic_update_slice_in_dim(row, new, s, 0), row))(
-            d.x, r.cur, starts, active)
         finished = Finished(ids=jnp.where(done[:, None], r.cur, d.finished.ids),
                             pending=done | (d.finished.pending & ~active),  # the active rows' commits ran above
                             mode=jnp.where(done, commit_modes(policy, r, b), d.finished.mode))
         zeros = jnp.zeros_like(r.row_step)
         return ForwardCarry(
-            decode=d.replace(x=x, cache=cache, policy_state=policy_state, finished=finished, draws=r.draws,
-                             decoded=jnp.where(done, (c.block + 1) * bl, d.decoded), stopped=stopped),
+            decode=d.replace(x=placed(d.x, r.cur, starts, active), cache=cache, policy_state=policy_state,
+                             finished=finished, draws=r.draws, decoded=jnp.where(done, (c.block + 1) * bl, d.decoded),
+                             stopped=d.stopped | stops(r.cur, starts, done, lengths=lengths, stop_ids=stop_ids)),
             progress=BlockProgress(row_step=jnp.where(done, zeros, r.row_step),
                                    unmasked=jnp.where(done, zeros, r.unmasked)),
             block=jnp.where(done, c.block + 1, c.block), ran=c.ran + 1)

@@ -81,9 +81,8 @@ class Snapshot:
     stopped: jax.Array
     x: jax.Array
     decoded: jax.Array
-    decoding: jax.Array  # bool [S]: the slots that decoded in this step
-    forwards: jax.Array  # int32 [S]: the denoising forwards each of them needed (its draws in this step)
-    blocks: jax.Array  # int32 [S]: the blocks each of them finished
+    forwards: jax.Array  # int32 [S]: the denoising forwards each slot needed in this step (its draws)
+    blocks: jax.Array  # int32 [S]: the blocks each slot finished
     ran: jax.Array  # int32 []: the forwards the step ran
 
 
@@ -117,7 +116,8 @@ class EngineTiming:
     wait_s: float = 0.0  # blocked on a step's result while the device ran it (and the inserts before it)
     retire_s: float = 0.0  # reading a step's result, freeing the slots it finished
     progress_s: float = 0.0  # the running requests' tokens so far (`Engine.progress`)
-    # schedule="block": a step lasts until its slowest row's block is unmasked; forwards run against those needed
+    # forwards the steps ran against those the rows needed (by block, a step lasts until its slowest row's block
+    # is unmasked)
     forwards: int = 0  # forwards the steps ran
     row_forwards: int = 0  # denoising forwards the decoding rows needed, summed over rows and steps
     row_blocks: int = 0  # blocks the rows finished, summed over steps
@@ -220,13 +220,12 @@ def step(params, state: Slots, *, config, options, policy: AttentionPolicy, loop
         state = state.replace(carry=carry, progress=progress, block=block)
     else:
         carry = decode_block(params, state.carry, state.keys, state.block, active, **common)
+        # the block's first forward runs whether or not a row denoises in it
+        ran = jnp.where(jnp.any(active), jnp.maximum(1, jnp.max(carry.draws - state.carry.draws)), 0)
         state = state.replace(carry=carry, block=jnp.where(active, state.block + 1, state.block))
     needed = jnp.where(active, state.carry.draws - before.carry.draws, 0)  # a row draws once per denoising forward
-    if schedule != "forward":  # the block's first forward runs whether or not a row denoises in it
-        ran = jnp.where(jnp.any(active), jnp.maximum(1, jnp.max(needed)), 0)
     return state, Snapshot(block=state.block, last=state.last, stopped=state.carry.stopped, x=state.carry.x,
-                           decoded=state.carry.decoded, decoding=active, forwards=needed,
-                           blocks=state.block - before.block, ran=ran)
+                           decoded=state.carry.decoded, forwards=needed, blocks=state.block - before.block, ran=ran)
 
 
 # how a step advances the slots: "block" (each busy slot decodes its next block; the step lasts until the slowest
