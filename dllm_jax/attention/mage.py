@@ -12,8 +12,8 @@ that softmax needs, so the selection costs no extra attention pass. `softmax_ove
 keeps this project's earlier rule (the softmax over prefix + block keys, i.e. each query weighted
 by its attention mass on the prefix); the two rankings differ when queries split their mass
 unevenly between prefix and block.
-Steps 2..T of the block attend to those k prefix entries (gathered split-KV kernel) plus the whole
-current block, merged by LSE. Layers below `exact_layers` stay exact; a prefix of at most k
+Steps 2..T of the block attend to those k prefix entries plus the whole current block in one gathered
+split-KV pass (the block's rows listed after the selection). Layers below `exact_layers` stay exact; a prefix of at most k
 positions is kept whole, so attention is then exact too.
 
 Batched rows may sit at different positions: `kv_len` is per row (int32 [B]; a scalar applies to
@@ -99,15 +99,26 @@ def block_keys(k, v, kv_len, n: int):
     return rows(k, start), rows(v, start)
 
 
+def with_block_rows(indices, kv_len, n: int):
+    """(indices [B, Hkv, k + n], counts [B, Hkv]): each row's selection of its prefix `indices` [B, Hkv, k]
+    (`select_prefix`'s layout) with the current block's n cache rows [kv_len - n, kv_len) listed right after
+    its valid entries, so one gathered pass attends to both. Entries past the count repeat the block's last
+    row (in range, masked by the kernel)."""
+    b, hkv, k = indices.shape
+    kv_len = row_lengths(kv_len, b)[:, None, None]
+    count = prefix_counts(kv_len - n, k)
+    slot = jnp.arange(k + n)
+    block_row = jnp.minimum(kv_len - n + (slot - count), kv_len - 1)
+    padded = jnp.pad(indices, ((0, 0), (0, 0), (0, n)))
+    listed = jnp.where(slot < count, padded, block_row).astype(jnp.int32)
+    return listed, jnp.broadcast_to(count[..., 0] + n, (b, hkv))
+
+
 def selected_attention(q, k, v, indices, kv_len, backend: str):
-    """(o, lse) over the selected prefix rows `indices` [B, Hkv, k] plus the whole current block."""
-    n = q.shape[1]
-    prefix = row_lengths(kv_len, q.shape[0]) - n
-    counts = jnp.broadcast_to(prefix_counts(prefix, indices.shape[-1])[:, None], indices.shape[:2])
-    o_prefix, lse_prefix = kernels.split_kv_gather(q, k, v, indices, counts, backend)
-    k_block, v_block = block_keys(k, v, kv_len, n)
-    o_block, lse_block = kernels.flash(q, k_block, v_block, backend)
-    return pk.merge_attention(o_prefix, lse_prefix, o_block, lse_block)
+    """(o, lse) over the selected prefix rows `indices` [B, Hkv, k] plus the whole current block, in one
+    gathered split-KV pass (a separate block pass merged by LSE cost six small kernels per layer and step)."""
+    listed, counts = with_block_rows(indices, kv_len, q.shape[1])
+    return kernels.split_kv_gather(q, k, v, listed, counts, backend)
 
 
 def split_exact_attention(q, k, v, kv_len, backend: str):
