@@ -98,10 +98,10 @@ def parse_args(argv=None) -> argparse.Namespace:
                         help="on (the server's default): the engine runs each step on its dispatch thread and reads "
                              "the previous one meanwhile (Engine(overlap=True), mode 'server overlapped'); off: each "
                              "step read before the next (mode 'server'); both: time the server both ways")
-    parser.add_argument("--schedules", default="block",
-                        help="the engine's step schedules to serve the trace with, comma-separated: block (each step "
-                             "decodes one block per slot) and/or forward (a block's worth of forwards, each slot "
-                             "at its own pace); Engine(schedule=...)")
+    parser.add_argument("--schedules", default="forward",
+                        help="the engine's step schedules to serve the trace with, comma-separated: forward (the "
+                             "default: a block's worth of forwards, each slot at its own pace) and/or block (each "
+                             "step decodes one block per slot); Engine(schedule=...)")
     parser.add_argument("--no-lockstep", action="store_true",
                         help="time the server only (a diagnosis run: no lockstep rows, no speedups)")
     parser.add_argument("--clients", choices=("process", "thread"), default="process",
@@ -256,7 +256,9 @@ def draw_latency(results: dict, path: Path) -> None:
     fig = Figure(figsize=(10, 4))
     panels = fig.subplots(1, 2)
     for ax, key, title in ((panels[0], "latency", "request latency"), (panels[1], "first", "time to first block")):
-        for mode, color in (("server", "tab:blue"), ("server overlapped", "tab:green"), ("lockstep", "tab:orange")):
+        served = sorted({r["mode"] for r in results["rows"]} - {"lockstep"})  # the server's modes run
+        colors = dict(zip(served, ("tab:blue", "tab:green", "tab:purple", "tab:red"))) | {"lockstep": "tab:orange"}
+        for mode, color in colors.items():
             rows = sorted((r for r in results["rows"] if r["mode"] == mode), key=lambda r: r["rate"])
             x = [r["tokens_per_s"] for r in rows]
             ax.plot(x, [r[f"{key}_p50"] for r in rows], "o-", color=color, label=f"{mode} p50")

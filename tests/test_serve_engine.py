@@ -42,11 +42,12 @@ def own_options(options: dict, temperature, top_p, top_k, greedy: dict) -> dict:
     (dict(remasking="low_confidence_dynamic", denoising_steps=4), SAMPLING, {}),  # each request its own
     # each step read before the next is dispatched (the default dispatches on a thread and reads behind)
     (dict(remasking="low_confidence_dynamic", denoising_steps=4), SAMPLING, dict(overlap=False)),
-    # steps of a block's worth of forwards, each slot moving to its next block when its own is done
-    (dict(remasking="sequential", top_k=1, denoising_steps=4), None, dict(schedule="forward")),
-    (dict(remasking="low_confidence_dynamic", denoising_steps=4), SAMPLING, dict(schedule="forward")),
+    # steps of one whole block per slot (the default steps a block's worth of forwards, each slot moving to its
+    # next block when its own is done)
+    (dict(remasking="sequential", top_k=1, denoising_steps=4), None, dict(schedule="block")),
+    (dict(remasking="low_confidence_dynamic", denoising_steps=4), SAMPLING, dict(schedule="block")),
 ], ids=["greedy", "greedy, chunked inserts", "per-request sampling", "per-request sampling, overlap off",
-        "greedy, by forward", "per-request sampling, by forward"])
+        "greedy, by block", "per-request sampling, by block"])
 def test_each_request_gets_what_generate_gives_its_prompt_alone(model, rng, options, sampling, engine_args):
     engine = Engine(model, slots=3, max_context=64, **engine_args, **options)
     prompts = [rng.integers(0, 40, n) for n, _, _ in REQUESTS]
