@@ -45,6 +45,17 @@ def test_bfloat16_scores_and_the_sort_method(rng):
     np.testing.assert_array_equal(top_k_positions(x, 50), want)  # "sort", the default
 
 
+@pytest.mark.parametrize("kind", ["normal", "few values", "masked", "specials", "all -inf"])
+def test_sort_by_chunks_gives_the_positions_of_lax_top_k(rng, kind):
+    """Rows longer than `chunk` (one not a multiple of it: the last chunk padded with -inf) ranked by chunks, with
+    k below, at and past the chunk; ties, -inf and signed zeros included."""
+    for shape, k, chunk in [((3, 1000), 40, 64), ((2, 3, 1000), 64, 64), ((2, 1000), 100, 64), ((4, 1024), 1, 128)]:
+        x = rows(rng, kind, shape)
+        got = np.asarray(top_k_positions(jnp.asarray(x), k, chunk=chunk))
+        np.testing.assert_array_equal(got, reference(x, k), err_msg=f"{kind} {shape} k={k} chunk={chunk}")
+        assert got.dtype == np.int32
+
+
 def test_jitted_with_the_row_count_traced_through_vmap(rng):
     x = jnp.asarray(rng.standard_normal((6, 2, 90)), jnp.float32)
     got = jax.jit(jax.vmap(lambda r: top_k_positions(r, 7, method="threshold")))(x)
@@ -53,7 +64,8 @@ def test_jitted_with_the_row_count_traced_through_vmap(rng):
 
 @pytest.mark.parametrize("kwargs,message", [(dict(k=0), "k=0 must be in 1..16"), (dict(k=17), "k=17 must be in"),
                                             (dict(k=4, bits=3), "bits=3 must divide 32"),
-                                            (dict(k=4, method="heap"), "method='heap' is not one of")])
+                                            (dict(k=4, method="heap"), "method='heap' is not one of"),
+                                            (dict(k=4, chunk=0), "chunk=0 must be a positive int")])
 def test_bad_arguments_are_named(kwargs, message):
     with pytest.raises(ValueError, match=message):
         top_k_positions(jnp.zeros((2, 16)), **kwargs)
