@@ -25,16 +25,22 @@ from dllm_jax.bench.timing import time_calls
 from dllm_jax.generate.sdar import cache_capacity
 
 SHAPE = dict(queries=4, heads=32, kv_heads=8, head_dim=128)  # one SDAR-8B block
+CHUNKS = (2048, 4096, 8192, 16384)  # the sort's chunk lengths timed (session 17 chose 8192 without this run)
 BITS = (2, 4)  # 1 bit per pass measured slower at batches 1 and 4 (H100 probe, issue 40); 8: 255 compares per entry
 
 
 def top_k_rows(batch: int, length: int, k: int) -> list[dict]:
-    """The top k alone over [batch, kv_heads, length] f32 scores: sort, then the threshold at each BITS."""
+    """The top k alone over [batch, kv_heads, length] f32 scores: sort with the whole row sorted, sort by each of
+    CHUNKS (`select.SORT_CHUNK` is the default), then the threshold at each BITS."""
     scores = jax.random.uniform(jax.random.key(length + batch), (batch, SHAPE["kv_heads"], length), jnp.float32)
     point = dict(part="top-k", batch=batch, length=length, k=k)
-    sort = jax.jit(functools.partial(top_k_positions, k=k, method="sort"))
+    sort = jax.jit(functools.partial(top_k_positions, k=k, method="sort", chunk=length))  # one sort per row
     want = np.asarray(sort(scores))
-    rows = [dict(point, method="sort", ms=time_calls(sort, scores) * 1e3, equal=True)]
+    rows = [dict(point, method="sort (whole rows)", ms=time_calls(sort, scores) * 1e3, equal=True)]
+    for chunk in (c for c in CHUNKS if k <= c < length):
+        fn = jax.jit(functools.partial(top_k_positions, k=k, method="sort", chunk=chunk))
+        rows.append(dict(point, method=f"sort/chunks of {chunk}", ms=time_calls(fn, scores) * 1e3,
+                         equal=bool(np.array_equal(np.asarray(fn(scores)), want))))
     for bits in BITS:
         fn = jax.jit(functools.partial(top_k_positions, k=k, method="threshold", bits=bits))
         rows.append(dict(point, method=f"threshold/{bits}", ms=time_calls(fn, scores) * 1e3,
@@ -79,14 +85,16 @@ def main():
             print(rows[-1], flush=True)
     meta = dict(benchmark="mage_select", device=jax.devices()[0].device_kind, jax=jax.__version__,
                 date=datetime.date.today().isoformat(), shape=SHAPE, timing="time_calls (median of jitted calls)")
-    base = {(r["part"], r["batch"], r["length"], r["k"]): r["ms"] for r in rows if r["method"] == "sort"}
+    base = {(r["part"], r["batch"], r["length"], r["k"]): r["ms"] for r in rows
+            if r["method"] in ("sort", "sort (whole rows)")}
     cells = [[r["part"], r["batch"], r["length"], r["k"], r["method"], f"{r['ms']:.3f}",
               f"{base[(r['part'], r['batch'], r['length'], r['k'])] / r['ms']:.2f}x", "yes" if r["equal"] else "NO"]
              for r in rows]
     lines = [f"# MAGE's top-k selection, {meta['device']}, jax {meta['jax']}, {meta['date']}", "",
              f"{SHAPE}. top-k: the k largest of f32 scores [batch, kv_heads, length], ascending positions; "
              "selection: `select_prefix` with the LSE given (the Eq. 3 scores over a bf16 cache of `generate`'s "
-             "capacity, then the top k). threshold/b: the radix threshold fixing b bits per counting pass. "
+             "capacity, then the top k). sort (whole rows): one sort per row; sort/chunks of c: the top k of each "
+             "c-long chunk, then of the candidates (the default `sort` on a GPU above SORT_CHUNK). threshold/b: the radix threshold fixing b bits per counting pass. "
              "Speed-up against sort in the same run; equal: the same positions as sort.", "",
              *markdown_table(["part", "batch", "length", "k", "method", "ms", "vs sort", "equal"], cells)]
     write_results(args.out, meta, rows, lines)

@@ -4,12 +4,13 @@
 position, as in `lax.top_k`'s stable order, and values compare in IEEE total order as there: -0.0 below
 0.0), computed one of two ways:
 
-- "sort": `lax.top_k` then a sort of the k picks (MAGE's default). XLA sorts a row to find its top k, so a
-  row longer than `chunk` is cut into chunks (the last padded with -inf): the top k of each chunk, then the
+- "sort": `lax.top_k` then a sort of the k picks (MAGE's default). XLA:GPU sorts a row to find its top k, so
+  there a row longer than `chunk` is cut into chunks (the last padded with -inf): the top k of each chunk, then the
   top k of those candidates. Exact, ties included: a chunk's picks come in `lax.top_k`'s order and the
   chunks in position order, so equal values still go to the lower position. At 128k keys one sort of the
   whole row took ~29 launches per layer and row block (7.9 ms of MAGE's 37 ms of GPU time per output block,
-  batch 1, H200).
+  batch 1, H200). XLA:CPU's top k needs no full sort, and chunks made it slower there (20k keys: 3.5 ms whole,
+  7.5 ms by chunks of 8192), so elsewhere rows are ranked whole unless `chunk` is given.
 - "threshold": a radix search for the k-th largest value (a few counting passes over the row, each
   fixing `bits` bits of it), then the entries above it plus the lowest-positioned ties, read off in
   position order by a binary search over their running count. Nothing is sorted, but the passes and the
@@ -34,17 +35,20 @@ def check_method(method: str, name: str = "method") -> None:
         raise ValueError(f"{name}={method!r} is not one of {METHODS}")
 
 
-def top_k_positions(scores, k: int, *, method: str = "sort", bits: int = 4, chunk: int = SORT_CHUNK):
+def top_k_positions(scores, k: int, *, method: str = "sort", bits: int = 4, chunk: int | None = None):
     """int32 [..., k]: ascending positions of the k largest entries of each row of float `scores`
     [..., S] (k <= S). `bits` (a divisor of 32) is how many bits of the k-th largest value each
     counting pass of "threshold" fixes: 2**bits - 1 comparisons per entry per pass, 32 / bits passes.
-    `chunk`: the longest row "sort" sorts whole (the module docstring)."""
+    `chunk`: the longest row "sort" sorts whole (None: SORT_CHUNK on a GPU, any row elsewhere; the module
+    docstring)."""
     check_method(method)
     s = scores.shape[-1]
     if not 0 < k <= s:
         raise ValueError(f"k={k} must be in 1..{s} (the row length)")
     if not isinstance(bits, int) or bits < 1 or 32 % bits:
         raise ValueError(f"bits={bits} must divide 32")
+    if chunk is None:
+        chunk = SORT_CHUNK if jax.default_backend() == "gpu" else s
     if not isinstance(chunk, int) or chunk < 1:
         raise ValueError(f"chunk={chunk!r} must be a positive int")
     if method == "sort":
