@@ -225,6 +225,33 @@ def test_the_long_cache_table_lists_a_profiled_blocks_kernels():
     assert "| `kv_scores` | 3.26 | 34 |" in text and text.count("GPU kernels of one block") == 1
 
 
+def test_the_long_cache_byte_ideal_counts_the_prefix_reads_each_method_makes():
+    """`block_modes` follows the loop's schedule (FlashBlock(tau=2) at one token per step: the modes
+    tests/test_flashblock.py reads off the real loop, the commit first); `block_bytes` reads the whole prefix per
+    layer in every segment that is not SPARSE and in every segment of an exact layer (MAGE at 36 layers, 2 exact:
+    44 whole-prefix reads per block, the 44 split-KV launches of its profiled 8B block), the selection otherwise."""
+    from benchmarks.sections.long_cache import block_bytes, block_modes
+    from dllm_jax.attention.flashblock import FlashBlock
+    from dllm_jax.attention.mage import MAGE
+    from dllm_jax.attention.policy import Dense, Mode
+    from dllm_jax.testing import tiny_sdar_config
+
+    assert block_modes(FlashBlock(tau=2), 4) == [Mode.DENSE, Mode.ESTIMATE, Mode.SPARSE, Mode.REFRESH, Mode.SPARSE]
+    assert block_modes(MAGE(), 4) == [Mode.SPARSE, Mode.ESTIMATE, Mode.SPARSE, Mode.SPARSE, Mode.SPARSE]
+    config = tiny_sdar_config(num_layers=36)
+    layer = 2 * config.num_kv_heads * config.head_dim * 2  # K and V of one position in one layer, bf16
+    n, prefix, weights = config.block_size, 1000, 10**6
+
+    def ideal(policy):
+        return block_bytes(policy, config, batch=2, prefix=prefix, steps=4, forwards=4, weights=weights)
+
+    assert ideal(Dense()) == 4 * weights + 2 * 36 * 5 * prefix * layer
+    assert ideal(MAGE(k=64, exact_layers=2)) == 4 * weights + 2 * layer * (44 * prefix + 34 * 4 * (64 + n))
+    assert ideal(FlashBlock(tau=2)) == 4 * weights + 2 * layer * 36 * (3 * prefix + 2 * n)  # SPARSE: the block
+    assert ideal(FlashBlock(tau=2, inner=MAGE(k=64, exact_layers=2))) == 4 * weights + 2 * layer * (
+        (2 * 5 + 34 * 3) * prefix + 34 * 2 * (64 + n))
+
+
 def test_serving_plot_draws_a_results_file_and_refuses_other_files(tmp_path):
     from benchmarks import serving
 

@@ -1,5 +1,6 @@
-"""Section `mage128k`: one output block of the SDAR generate loop against a long cache, dense and MAGE (its
-top k found by lax.top_k, and by the radix threshold)."""
+"""Section `mage128k`: one output block of the SDAR generate loop against a long cache, dense, MAGE (its top k
+found by lax.top_k, and by the radix threshold), FlashBlock and FlashBlock + MAGE, each with its byte ideal: the
+bytes its block must read (`block_bytes`) at the copy bandwidth of the same run."""
 
 from __future__ import annotations
 
@@ -13,6 +14,7 @@ from pathlib import Path
 import jax
 import jax.numpy as jnp
 from dllm_jax.attention.methods import describe
+from dllm_jax.attention.policy import Mode
 from dllm_jax.bench import family_methods, kernel_profile, time_carried
 
 from .measure import OUT_OF_TIME, activation_bytes, error_row, kv_bytes_per_position, memory_verdict, weight_bytes, with_copy
@@ -35,7 +37,9 @@ def long_rows(model, config, plan: Plan, *, baseline: bool, copy: dict | None, d
     options = gen.SDAROptions(**sdar_options(plan))
     mage = family_methods("SDAR", small=plan.small_methods)["mage"]
     # "mage/threshold": the same selection found by the radix threshold instead of lax.top_k, same run
-    policies = {"dense": Dense(), "mage": mage, "mage/threshold": dataclasses.replace(mage, select_by="threshold")}
+    methods = family_methods("SDAR", small=plan.small_methods, names=("flashblock", "flashblock+mage"))
+    policies = {"dense": Dense(), "mage": mage, "mage/threshold": dataclasses.replace(mage, select_by="threshold"),
+                **methods}
     repeats = 3
     for batch in plan.long_batches:
         point = dict(cache=s, batch=batch, block=n, steps=plan.sdar_steps)
@@ -46,7 +50,8 @@ def long_rows(model, config, plan: Plan, *, baseline: bool, copy: dict | None, d
             yield dict(section="mage128k", **point, skipped=reason)
             continue
         masks = jnp.full((batch, n), config.mask_token_id, jnp.int32)
-        dense_ms = None
+        dense_ms = dense_ideal = None
+        forwards = plan.sdar_steps + 1 if baseline else plan.sdar_steps
         for name, policy in policies.items():
             what = dict(point, method=name)
             cache = state = None
@@ -77,21 +82,54 @@ def long_rows(model, config, plan: Plan, *, baseline: bool, copy: dict | None, d
                     # the list and the closure hold the cache: at batch 4 a 128k cache is 77 GB, and the next
                     # method's would not fit beside it
                     (cache, state), held, traced = held[0], None, None
+                ideal = block_bytes(policy, config, batch=batch, prefix=s, steps=plan.sdar_steps,
+                                    forwards=forwards, weights=w)
+                row |= dict(block_bytes=ideal)
+                if copy is not None:
+                    row |= dict(ideal_ms=ideal / (copy["copy_tb_s"] * 1e12) * 1e3)
+                    row |= dict(of_ideal=row["ideal_ms"] / row["block_ms"])
                 if name == "dense":
-                    dense_ms = t * 1e3
+                    dense_ms, dense_ideal = t * 1e3, ideal
                     kv = batch * (s + n) * kv_bytes_per_position(config)
-                    forwards = plan.sdar_steps + 1 if baseline else plan.sdar_steps
-                    tb_s = forwards * (w + kv) / t / 1e12
+                    tb_s = ideal / t / 1e12  # what dense reads is its ideal
                     row = with_copy(row | dict(weight_bytes=w, kv_bytes=kv, forwards_per_block=forwards, tb_s=tb_s),
                                     tb_s, copy)
                 elif dense_ms is not None:
-                    row["speedup_vs_dense"] = dense_ms / (t * 1e3)
+                    row |= dict(speedup_vs_dense=dense_ms / (t * 1e3), ideal_speedup_vs_dense=dense_ideal / ideal)
             except Exception as e:
                 row = error_row("mage128k", what, e)
             del cache, state
             print(json.dumps(row), flush=True)
             yield row
         gc.collect()
+
+
+def block_modes(policy, steps: int) -> list[int]:
+    """The policy modes of an output block's segments as the section runs them: the previous block's commit, then
+    `steps` denoising forwards unmasking one token each (remasking low_confidence_static with as many steps as the
+    block has tokens); `unmasked` counts as the loop counts it (`generate.sdar.denoise_block`)."""
+    commit = policy.block_mode(jnp.int32(steps), unmasked=jnp.int32(0), commit=True)
+    modes, unmasked = [int(commit)], 0
+    for step in range(steps):
+        mode = int(policy.block_mode(jnp.int32(step), unmasked=jnp.int32(unmasked), commit=False))
+        unmasked = (unmasked if mode == int(Mode.SPARSE) else 0) + 1
+        modes.append(mode)
+    return modes
+
+
+def block_bytes(policy, config, *, batch: int, prefix: int, steps: int, forwards: int, weights: int) -> int:
+    """The bytes an output block must read, the method's byte ideal: the weights once per forward, and per row and
+    layer the whole prefix's K and V in every segment (`block_modes`) but the SPARSE ones, where a selection of k
+    keys (MAGE's; FlashBlock alone reads none) and the block's own are read instead; a method's exact layers read
+    the whole prefix in every segment. What a method could fuse away is not counted (MAGE's Eq. 3 scores, which
+    read the keys again after its first step's pass)."""
+    selector = getattr(policy, "inner", None) or policy  # FlashBlock + MAGE: MAGE's selection and exact layers
+    exact, k = getattr(selector, "exact_layers", 0), getattr(selector, "k", 0)
+    modes = block_modes(policy, steps)
+    sparse = sum(mode == int(Mode.SPARSE) for mode in modes)
+    full = config.num_layers * len(modes) - (config.num_layers - exact) * sparse
+    rows = full * prefix + (config.num_layers - exact) * sparse * (min(k, prefix) + config.block_size)
+    return forwards * weights + batch * rows * kv_bytes_per_position(config) // config.num_layers
 
 
 def block_loop(gen, params, masks, policy, options, config, batch: int, baseline: bool):
@@ -119,7 +157,8 @@ COMPARED = (("cache", "batch", "method"), "block_ms", "ms/block", False)
 
 
 def table(meta: dict, rows: list[dict]) -> list[str]:
-    header = ["cache", "batch", "method", "per block", "commit", "vs dense", "dense TB/s", "of copy"]
+    header = ["cache", "batch", "method", "per block", "commit", "vs dense", "byte ideal", "of ideal",
+              "ideal vs dense", "dense TB/s", "of copy"]
     cells = []
     for r in rows:
         head = [r["cache"], r["batch"], r.get("method", "")]
@@ -127,9 +166,14 @@ def table(meta: dict, rows: list[dict]) -> list[str]:
             cells.append(head + [(r.get("skipped") or r["error"])[:140]])
             continue
         cells.append(head + [f"{r['block_ms']:.1f} ms", r["commit"], cell(r.get("speedup_vs_dense"), ".2f", "x"),
-                             cell(r.get("tb_s")), cell(r.get("fraction_of_copy"), ".0%")])
+                             cell(r.get("ideal_ms"), ".1f", " ms"), cell(r.get("of_ideal"), ".0%"),
+                             cell(r.get("ideal_speedup_vs_dense"), ".2f", "x"), cell(r.get("tb_s")),
+                             cell(r.get("fraction_of_copy"), ".0%")])
     lines = ["", "## Long cache: time per output block (the generate loop's `denoise_block`: 4 steps + the commit)",
-             "", *markdown_table(header, cells)]
+             "", *markdown_table(header, cells), "",
+             "Byte ideal: the bytes the block must read (the weights per forward; the whole cache prefix per layer in "
+             "every segment but the SPARSE ones, where the selected keys; exact layers always) at this run's copy "
+             "bandwidth (`long_cache.block_bytes`). Dense TB/s: what dense reads, over its time."]
     for r in rows:  # on a GPU: one traced block per row, its kernels by time
         profile = r.get("profile")
         if profile:
@@ -144,4 +188,6 @@ def table(meta: dict, rows: list[dict]) -> list[str]:
 
 def headline(r: dict) -> str:
     extra = f", {r['speedup_vs_dense']:.2f}x dense" if "speedup_vs_dense" in r else ""
+    if "ideal_ms" in r:
+        extra += f" (byte ideal {r['ideal_ms']:.1f} ms)"
     return f"| {r['cache']} cache B={r['batch']} {r['method']} | {r['block_ms']:.1f} ms/block{extra} |"
