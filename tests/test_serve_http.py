@@ -323,6 +323,14 @@ def test_llada2_requests_share_the_slots_and_each_gets_generate_alone(llada2_che
         assert short.status_code == 400 and "forwards per block" in short.json()["error"]["message"]
 
 
+def test_the_step_schedule_reaches_the_engine_and_defaults_to_forward(sdar):
+    _, model, tokenizer = sdar
+    built = {schedule: build_app(model, tokenizer, model_name=NAME, slots=2, max_context=64, schedule=schedule)
+             for schedule in ("block", None)}
+    assert {schedule: app.state.engine.schedule for schedule, app in built.items()} == {"block": "block",
+                                                                                        None: "forward"}
+
+
 def test_every_family_has_its_serve_flags():
     from dllm_jax.cli.serve import FAMILY_FLAGS
     from dllm_jax.families import FAMILIES
@@ -336,5 +344,6 @@ def test_lockstep_serving_refuses_sampling(checkpoints):
     model = dllm_jax.load_model(checkpoints[0], dtype="float32", progress=False)
     with pytest.raises(ValueError, match="greedy"):
         build_app(model, ChatTokenizer(checkpoints[0]), model_name=NAME, temperature=0.7, gen_length=16)
-    with pytest.raises(ValueError, match="max_top_k and overlap are the slot engine's"):
-        build_app(model, ChatTokenizer(checkpoints[0]), model_name=NAME, max_top_k=8, gen_length=16)
+    for given in (dict(max_top_k=8), dict(schedule="block")):
+        with pytest.raises(ValueError, match="max_top_k, overlap and schedule are the slot engine's"):
+            build_app(model, ChatTokenizer(checkpoints[0]), model_name=NAME, gen_length=16, **given)

@@ -62,6 +62,10 @@ def add_parser(subparsers) -> None:
                        help="LLaDA, Dream: denoising steps; LLaDA2: steps per block (the family's default)")
     serve.add_argument("--block-length", type=positive_int, default=None, metavar="N",
                        help="LLaDA, LLaDA2: block length (the family's default)")
+    serve.add_argument("--schedule", choices=["forward", "block"], default=None,
+                       help="SDAR, LLaDA2: how a step advances the slots: forward (the default: a block's worth of "
+                            "forwards, each slot moving to its next block as soon as its own is done) or block (each "
+                            "slot decodes one block per step; the step waits for the slowest)")
     serve.add_argument("--log-level", default="info", choices=["critical", "error", "warning", "info", "debug"],
                        help="uvicorn's log level (default info)")
     add_quantize_flag(serve)
@@ -98,7 +102,7 @@ def run(args: argparse.Namespace) -> None:
     name = args.model_name or args.model.resolve().name
     app = build_app(model, tokenizer, model_name=name, slots=args.slots, max_context=args.max_context, method=method,
                     max_queue=args.max_queue, temperature=args.temperature, top_p=args.top_p, top_k=args.top_k,
-                    max_top_k=args.max_top_k, **options)
+                    max_top_k=args.max_top_k, schedule=args.schedule, **options)
     print(f"[dllm-jax serve: {name} on http://{args.host}:{args.port}/v1, {args.slots} slots]", file=sys.stderr,
           flush=True)
     uvicorn.run(app, host=args.host, port=args.port, log_level=args.log_level)

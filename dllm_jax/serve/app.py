@@ -70,13 +70,14 @@ class Metrics:
 
 def build_app(model, tokenizer, *, model_name: str, slots: int = 8, max_context: int | None = None, method=None,
               max_queue: int = 256, temperature: float = 0.0, top_p: float = 1.0, top_k: int = 0,
-              max_top_k: int | None = None, overlap: bool | None = None, **options) -> FastAPI:
+              max_top_k: int | None = None, overlap: bool | None = None, schedule: str | None = None,
+              **options) -> FastAPI:
     """An engine for `model`, its worker and the app over them: the slot `Engine` for the block-diffusion families
     (SDAR, LLaDA2; `options`: the family's other generate options; `temperature`, `top_p` and `top_k` are the
     defaults of a request that sets none, each request sampling with its own: temperature 0 decodes greedily,
     SDAR with top-k 1; a request's top-k at most `max_top_k`, `Engine`'s), or for the others a `LockstepEngine`
-    (greedy; `options`: the family's generate options, its answer length included). `overlap`: `Engine`'s
-    (None: its default, on)."""
+    (greedy; `options`: the family's generate options, its answer length included). `overlap` and `schedule`:
+    `Engine`'s (None: its defaults, on and "forward")."""
     max_queue = check.integer("max_queue", max_queue, minimum=1)
     temperature = check.real("temperature", temperature, low=0, high=2)
     top_p = check.real("top_p", top_p, low=0, high=1, low_open=True)
@@ -84,12 +85,13 @@ def build_app(model, tokenizer, *, model_name: str, slots: int = 8, max_context:
     loop = family_of(model.config).slots
     if loop is not None:
         # the engine checks the default top-k against its bound (the requests' default is its options' top_k)
+        given = {name: value for name, value in dict(overlap=overlap, schedule=schedule).items() if value is not None}
         engine = Engine(model, slots=slots, max_context=max_context, method=method, max_top_k=max_top_k,
-                        top_k=top_k, **options | ({} if overlap is None else dict(overlap=overlap)))
+                        top_k=top_k, **options | given)
     else:
-        if max_top_k is not None or overlap is not None:
-            raise ValueError(f"max_top_k and overlap are the slot engine's (per-request top-k, overlapped steps); "
-                             f"{type(model).__name__} is served in lockstep batches")
+        if max_top_k is not None or overlap is not None or schedule is not None:
+            raise ValueError(f"max_top_k, overlap and schedule are the slot engine's (per-request top-k, overlapped "
+                             f"steps, its step schedule); {type(model).__name__} is served in lockstep batches")
         sampling = {} if temperature == 0 else dict(temperature=temperature)
         sampling |= {} if top_p == 1 else dict(top_p=top_p)
         sampling |= {} if top_k == 0 else dict(top_k=top_k)
