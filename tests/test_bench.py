@@ -225,6 +225,28 @@ def test_the_long_cache_table_lists_a_profiled_blocks_kernels():
     assert "| `kv_scores` | 3.26 | 34 |" in text and text.count("GPU kernels of one block") == 1
 
 
+def test_a_trace_summary_ranks_kernels_by_name_and_by_kind():
+    """`summarize_trace` (what `kernel_profile` returns on a GPU): only the GPU process's kernels count; names and
+    kinds (XLA's numbering dropped) ranked by time; the span runs from the first kernel's start to the last's end."""
+    from dllm_jax.bench.profile import kernel_kind, summarize_trace
+
+    assert [kernel_kind(n) for n in ("loop_add_fusion_70", "sort_358_1", "split_kv_attention", "memcpy32_post")] == [
+        "loop_add_fusion", "sort", "split_kv_attention", "memcpy32_post"]
+    meta = [dict(ph="M", name="process_name", pid=1, args=dict(name="/device:GPU:0")),
+            dict(ph="M", name="process_name", pid=2, args=dict(name="/host:CPU"))]
+    kernels = [("sort_1_1", 0, 30), ("sort_2_1", 40, 30), ("split_kv_attention", 100, 50),
+               ("loop_add_fusion_7", 200, 5)]
+    events = meta + [dict(ph="X", pid=1, name=n, ts=t, dur=d) for n, t, d in kernels] + [
+        dict(ph="X", pid=2, name="host_work", ts=0, dur=1000)]
+    got = summarize_trace(events, top=2)
+    assert (got["gpu_ms"], got["launches"], got["span_ms"]) == (0.115, 4, 0.205)
+    assert got["attention_share"] == 50 / 115
+    assert [(k["name"], k["launches"]) for k in got["kernels"]] == [("split_kv_attention", 1), ("sort_1_1", 1)]
+    assert [(k["name"], k["ms"], k["launches"]) for k in got["kinds"]] == [
+        ("sort", 0.06, 2), ("split_kv_attention", 0.05, 1), ("loop_add_fusion", 0.005, 1)]
+    assert summarize_trace(meta) is None
+
+
 def test_the_long_cache_byte_ideal_counts_the_prefix_reads_each_method_makes():
     """`block_modes` follows the loop's schedule (FlashBlock(tau=2) at one token per step: the modes
     tests/test_flashblock.py reads off the real loop, the commit first); `block_bytes` reads the whole prefix per

@@ -11,6 +11,13 @@ import jax
 
 
 ATTENTION_KERNEL = re.compile(r"sdpa|fmha|flash|attention", re.IGNORECASE)
+KINDS = 20  # kernel kinds a profile keeps
+
+
+def kernel_kind(name: str) -> str:
+    """A kernel's kind: its name without XLA's numbering (`loop_add_fusion_70` -> `loop_add_fusion`, `sort_358_1`
+    -> `sort`), 70 characters at most: what a long tail of small fusions adds up to."""
+    return re.sub(r"(_\d+)+$", "", name[:70])
 
 
 def profiled_attention_share(fn, *args, trace_dir: Path):
@@ -32,16 +39,22 @@ def traced_kernels(run, trace_dir: Path):
 
 
 def kernel_profile(run, trace_dir: Path, *, top: int = 12) -> dict | None:
-    """Runs `run()` once under the profiler: {gpu_ms (all GPU kernels), launches, attention_share, kernels: the
-    `top` kernel names (70 characters) by time, each {name, ms, launches}}, or None if the trace holds no GPU
-    kernels (a CPU run)."""
+    """Runs `run()` once under the profiler: {gpu_ms (all GPU kernels), launches, attention_share, span_ms (first
+    kernel's start to the last one's end), kernels: the `top` kernel names (70 characters) by time, each {name, ms,
+    launches}, kinds: the KINDS `kernel_kind`s by time, alike}, or None if the trace holds no GPU kernels (a CPU
+    run)."""
     with jax.profiler.trace(str(trace_dir), create_perfetto_trace=True):
         run()
     files = sorted(trace_dir.rglob("*.trace.json.gz")) or sorted(trace_dir.rglob("perfetto_trace.json.gz"))
     if not files:
         return None
     events = json.loads(gzip.decompress(files[-1].read_bytes()))
-    events = events["traceEvents"] if isinstance(events, dict) else events
+    return summarize_trace(events["traceEvents"] if isinstance(events, dict) else events, top=top)
+
+
+def summarize_trace(events: list[dict], *, top: int = 12) -> dict | None:
+    """`kernel_profile`'s summary of a trace's events (Chrome trace format: the GPU kernels are the complete
+    events, ph "X", of the processes whose name has "gpu" in it), or None if they hold no GPU kernel time."""
     gpu_pids = {e["pid"] for e in events if e.get("ph") == "M" and e.get("name") == "process_name"
                 and "gpu" in str(e.get("args", {}).get("name", "")).lower()}
     kernels = [e for e in events if e.get("ph") == "X" and e.get("pid") in gpu_pids and "dur" in e]
@@ -54,6 +67,16 @@ def kernel_profile(run, trace_dir: Path, *, top: int = 12) -> dict | None:
         entry = by_name.setdefault(e["name"][:70], [0.0, 0])
         entry[0] += e["dur"]
         entry[1] += 1
-    ranked = sorted(by_name.items(), key=lambda kv: -kv[1][0])[:top]
-    return dict(gpu_ms=total / 1e3, launches=len(kernels), attention_share=attention / total,
-                kernels=[dict(name=name, ms=us / 1e3, launches=n) for name, (us, n) in ranked])
+    by_kind: dict[str, list] = {}
+    for name, (us, n) in by_name.items():
+        entry = by_kind.setdefault(kernel_kind(name), [0.0, 0])
+        entry[0] += us
+        entry[1] += n
+
+    def ranked(groups: dict, count: int) -> list[dict]:
+        return [dict(name=name, ms=us / 1e3, launches=n)
+                for name, (us, n) in sorted(groups.items(), key=lambda kv: -kv[1][0])[:count]]
+
+    span = max(e["ts"] + e["dur"] for e in kernels) - min(e["ts"] for e in kernels)
+    return dict(gpu_ms=total / 1e3, launches=len(kernels), attention_share=attention / total, span_ms=span / 1e3,
+                kernels=ranked(by_name, top), kinds=ranked(by_kind, KINDS))
