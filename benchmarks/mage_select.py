@@ -94,7 +94,8 @@ def main():
              f"{SHAPE}. top-k: the k largest of f32 scores [batch, kv_heads, length], ascending positions; "
              "selection: `select_prefix` with the LSE given (the Eq. 3 scores over a bf16 cache of `generate`'s "
              "capacity, then the top k). sort (whole rows): one sort per row; sort/chunks of c: the top k of each "
-             "c-long chunk, then of the candidates (the default `sort` on a GPU above SORT_CHUNK). threshold/b: the radix threshold fixing b bits per counting pass. "
+             "c-long chunk, then of the candidates (the default `sort` on a GPU above SORT_CHUNK). threshold/b: the "
+             "radix threshold fixing b bits per counting pass. "
              "Speed-up against sort in the same run; equal: the same positions as sort.", "",
              *markdown_table(["part", "batch", "length", "k", "method", "ms", "vs sort", "equal"], cells)]
     write_results(args.out, meta, rows, lines)

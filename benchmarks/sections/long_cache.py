@@ -84,10 +84,10 @@ def long_rows(model, config, plan: Plan, *, baseline: bool, copy: dict | None, d
                     (cache, state), held, traced = held[0], None, None
                 ideal = block_bytes(policy, config, batch=batch, prefix=s, steps=plan.sdar_steps,
                                     forwards=forwards, weights=w)
-                row |= dict(block_bytes=ideal)
+                row["block_bytes"] = ideal
                 if copy is not None:
-                    row |= dict(ideal_ms=ideal / (copy["copy_tb_s"] * 1e12) * 1e3)
-                    row |= dict(of_ideal=row["ideal_ms"] / row["block_ms"])
+                    ideal_ms = ideal / (copy["copy_tb_s"] * 1e12) * 1e3
+                    row |= dict(ideal_ms=ideal_ms, of_ideal=ideal_ms / row["block_ms"])
                 if name == "dense":
                     dense_ms, dense_ideal = t * 1e3, ideal
                     kv = batch * (s + n) * kv_bytes_per_position(config)

@@ -13,8 +13,8 @@ keeps this project's earlier rule (the softmax over prefix + block keys, i.e. ea
 by its attention mass on the prefix); the two rankings differ when queries split their mass
 unevenly between prefix and block.
 Steps 2..T of the block attend to those k prefix entries plus the whole current block in one gathered
-split-KV pass (the block's rows listed after the selection). Layers below `exact_layers` stay exact; a prefix of at most k
-positions is kept whole, so attention is then exact too.
+split-KV pass (the block's rows listed after the selection). Layers below `exact_layers` stay exact; a
+prefix of at most k positions is kept whole, so attention is then exact too.
 
 Batched rows may sit at different positions: `kv_len` is per row (int32 [B]; a scalar applies to
 every row) and so are the prefix lengths, the block's rows in the cache and the counts. `mode` may be

@@ -20,6 +20,16 @@ def kernel_kind(name: str) -> str:
     return re.sub(r"(_\d+)+$", "", name[:70])
 
 
+def tally(entries) -> dict[str, list]:
+    """{name: [microseconds, launches]} summed over (name, microseconds, launches) entries."""
+    totals: dict[str, list] = {}
+    for name, us, n in entries:
+        entry = totals.setdefault(name, [0.0, 0])
+        entry[0] += us
+        entry[1] += n
+    return totals
+
+
 def profiled_attention_share(fn, *args, trace_dir: Path):
     """(share of GPU kernel time spent in attention kernels, total GPU kernel ms) for one call,
     from a profiler trace; (None, None) if the trace holds no GPU kernels."""
@@ -62,16 +72,8 @@ def summarize_trace(events: list[dict], *, top: int = 12) -> dict | None:
     if not total:
         return None
     attention = sum(e["dur"] for e in kernels if ATTENTION_KERNEL.search(e["name"]))
-    by_name: dict[str, list] = {}
-    for e in kernels:
-        entry = by_name.setdefault(e["name"][:70], [0.0, 0])
-        entry[0] += e["dur"]
-        entry[1] += 1
-    by_kind: dict[str, list] = {}
-    for name, (us, n) in by_name.items():
-        entry = by_kind.setdefault(kernel_kind(name), [0.0, 0])
-        entry[0] += us
-        entry[1] += n
+    by_name = tally((e["name"][:70], e["dur"], 1) for e in kernels)
+    by_kind = tally((kernel_kind(name), us, n) for name, (us, n) in by_name.items())
 
     def ranked(groups: dict, count: int) -> list[dict]:
         return [dict(name=name, ms=us / 1e3, launches=n)
