@@ -25,7 +25,7 @@ from dllm_jax.bench.timing import time_calls
 from dllm_jax.generate.sdar import cache_capacity
 
 SHAPE = dict(queries=4, heads=32, kv_heads=8, head_dim=128)  # one SDAR-8B block
-CHUNKS = (2048, 4096, 8192, 16384)  # the sort's chunk lengths timed (session 17 chose 8192 without this run)
+CHUNKS = (2048, 4096, 8192, 16384)  # the sort's chunk lengths timed (4096 chosen by session 18's H200 run)
 BITS = (2, 4)  # 1 bit per pass measured slower at batches 1 and 4 (H100 probe, issue 40); 8: 255 compares per entry
 
 

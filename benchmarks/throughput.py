@@ -183,6 +183,12 @@ def plan_from(args) -> Plan:
         changes["execution"] = args.execution
     if args.long_batches:
         changes["long_batches"] = tuple(args.long_batches)
+    if args.long_methods:
+        unknown = [m for m in args.long_methods if m not in plans.Plan.long_methods]
+        if unknown:
+            raise ValueError(f"--long-methods: unknown method(s) {unknown}; choose from "
+                             f"{', '.join(plans.Plan.long_methods)}")
+        changes["long_methods"] = tuple(args.long_methods)
     if args.quantize:
         if args.baseline:
             raise ValueError("--quantize needs the current package (the baseline has no quantization)")
@@ -310,6 +316,8 @@ def main(argv=None):
     parser.add_argument("--execution", choices=("unrolled", "scan"), help="layer execution of the models "
                         "(default: the package's); not with --baseline")
     parser.add_argument("--long-batches", type=int, nargs="+")
+    parser.add_argument("--long-methods", nargs="+", help="mage128k's methods timed against dense (default: all of "
+                                                          "mage, mage/threshold, flashblock, flashblock+mage)")
     parser.add_argument("--budget-s", type=float, default=float("inf"),
                         help="start no new measurement after this many seconds (rows left are recorded as skipped), "
                              "so a run ends with its tables before a hard time limit")

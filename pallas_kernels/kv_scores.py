@@ -27,14 +27,14 @@ from pallas_kernels.split_kv import _fold_queries
 TILES_PER_PROGRAM = 8
 
 
-def _kernel(kvlen_ref, q_ref, lse_ref, k_ref, out_ref, *, scale_log2, block_kv, num_rows):
+def _kernel(kvlen_ref, q_ref, lse_ref, k_ref, out_ref, *, scale_log2, block_kv, num_rows, tiles_per_program):
     q = q_ref[...]
     shift = c.prob_shift(lse_ref[...])
     kv_len = kvlen_ref[0]
     num_keys = k_ref.shape[0]  # the capacity, read in place: not necessarily a multiple of block_kv
-    first = pl.program_id(0) * TILES_PER_PROGRAM
-    whole = jnp.clip(num_keys // block_kv - first, 0, TILES_PER_PROGRAM)
-    tiles = jnp.clip(c.cdiv(num_keys, block_kv) - first, 0, TILES_PER_PROGRAM)
+    first = pl.program_id(0) * tiles_per_program
+    whole = jnp.clip(num_keys // block_kv - first, 0, tiles_per_program)
+    tiles = jnp.clip(c.cdiv(num_keys, block_kv) - first, 0, tiles_per_program)
 
     def tile(j, carry, partial):
         start = pl.multiple_of((first + j) * block_kv, block_kv)
@@ -52,11 +52,12 @@ def _kernel(kvlen_ref, q_ref, lse_ref, k_ref, out_ref, *, scale_log2, block_kv, 
     jax.lax.fori_loop(whole, tiles, functools.partial(tile, partial=True), 0)
 
 
-@functools.partial(jax.jit, static_argnames=("scale", "block_kv", "num_warps", "num_stages", "interpret"))
-def _kv_scores(q, k, lse, kv_len, *, scale, block_kv, num_warps, num_stages, interpret):
+@functools.partial(jax.jit, static_argnames=("scale", "block_kv", "tiles_per_program", "num_warps", "num_stages",
+                                             "interpret"))
+def _kv_scores(q, k, lse, kv_len, *, scale, block_kv, tiles_per_program, num_warps, num_stages, interpret):
     b, nq, hq, d = q.shape
     nk, hkv = k.shape[1], k.shape[2]
-    span = TILES_PER_PROGRAM * block_kv
+    span = tiles_per_program * block_kv
     n_prog = c.cdiv(nk, span)
     # any capacity of at least one tile is read in place; a smaller cache is padded to one tile (fewer than
     # block_kv rows copied), as split-KV does
@@ -66,7 +67,7 @@ def _kv_scores(q, k, lse, kv_len, *, scale, block_kv, num_warps, num_stages, int
     folded_lse = _fold_queries(lse.transpose(0, 2, 1)[..., None], hkv, rows)[..., 0]
     folded_lse = jnp.where(jnp.arange(rows) < nq * hq // hkv, folded_lse, jnp.inf)  # pad rows: p = 0
     kernel = functools.partial(_kernel, scale_log2=scale * c.LOG2E, block_kv=block_kv,
-                               num_rows=float(nq * hq // hkv))
+                               num_rows=float(nq * hq // hkv), tiles_per_program=tiles_per_program)
     out = pl.pallas_call(
         kernel,
         grid=(n_prog, b, hkv),
@@ -85,9 +86,11 @@ def _kv_scores(q, k, lse, kv_len, *, scale, block_kv, num_warps, num_stages, int
     return out[..., :nk]
 
 
-def _check(q, k, lse, block_kv, kv_len):
+def _check(q, k, lse, block_kv, tiles_per_program, kv_len):
     b, nq, nk, hq, hkv, d = c.check_qkv(q, k, k)
     c.check_block("block_kv", block_kv)
+    if not isinstance(tiles_per_program, int) or tiles_per_program < 1:
+        raise ValueError(f"tiles_per_program={tiles_per_program!r} must be a positive int")
     if nq * hq // hkv > 256:
         raise ValueError(f"kv_scores folds G * Nq = {hq // hkv} * {nq} query rows into one tile; at most 256")
     if lse.shape != (b, hq, nq) or lse.dtype != jnp.float32:
@@ -95,29 +98,31 @@ def _check(q, k, lse, block_kv, kv_len):
     return c.kv_lengths(kv_len, b, nk), d
 
 
-def kv_scores(q, k, lse, *, scale=None, kv_len=None, interpret=False, block_kv=64, num_warps=None,
-              num_stages=None):
+def kv_scores(q, k, lse, *, scale=None, kv_len=None, interpret=False, block_kv=64,
+              tiles_per_program=TILES_PER_PROGRAM, num_warps=None, num_stages=None):
     """Mean softmax probability per cache key over the block's queries and GQA group.
 
     Args:
       q: [B, Nq, Hq, D] (a block; G * Nq <= 256); k: [B, Nk, Hkv, D] (a layer's cache, read in place at any
         capacity Nk); lse: f32 [B, Hq, Nq].
       scale: default 1/sqrt(D). kv_len: None, int or int [B] (keys beyond it score 0).
+      block_kv, tiles_per_program: each program scores tiles_per_program tiles of block_kv keys.
 
     Returns f32 [B, Hkv, Nk].
     """
     scale = c.check_scale(scale)
-    lengths, d = _check(q, k, lse, block_kv, kv_len)
+    lengths, d = _check(q, k, lse, block_kv, tiles_per_program, kv_len)
     return _kv_scores(q, k, lse, lengths, scale=c.resolve_scale(scale, d), block_kv=block_kv,
-                      num_warps=num_warps, num_stages=num_stages, interpret=interpret)
+                      tiles_per_program=tiles_per_program, num_warps=num_warps, num_stages=num_stages,
+                      interpret=interpret)
 
 
-def kv_scores_reference(q, k, lse, *, scale=None, kv_len=None, interpret=False, block_kv=64, num_warps=None,
-                        num_stages=None):
+def kv_scores_reference(q, k, lse, *, scale=None, kv_len=None, interpret=False, block_kv=64,
+                        tiles_per_program=TILES_PER_PROGRAM, num_warps=None, num_stages=None):
     """The same function as `kv_scores`, from the dense probability matrix."""
     scale = c.check_scale(scale)
     del interpret, num_warps, num_stages
-    lengths, d = _check(q, k, lse, block_kv, kv_len)
+    lengths, d = _check(q, k, lse, block_kv, tiles_per_program, kv_len)
     p = probabilities(q, k, lse, lengths, c.resolve_scale(scale, d))  # [B, Hq, Nq, Nk]
     b, hq, nq, nk = p.shape
     hkv = k.shape[2]

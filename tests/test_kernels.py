@@ -239,12 +239,15 @@ class KernelChecks:
         np.testing.assert_array_equal(np.asarray(out)[1, ..., 9:], 0.0)
 
     @pytest.mark.parametrize("dtype", [F32, BF16])
-    @pytest.mark.parametrize("nq,hq,hkv,nk", [(4, 8, 2, 300), (32, 4, 4, 100), (1, 2, 1, 1100), (4, 4, 2, 20)])
-    def test_kv_scores(self, rng, dtype, nq, hq, hkv, nk):
+    # tiles: key tiles per program (1100 keys in 3-tile programs: a partial last program holding a partial tile)
+    @pytest.mark.parametrize("nq,hq,hkv,nk,tiles", [(4, 8, 2, 300, 8), (32, 4, 4, 100, 1), (1, 2, 1, 1100, 3),
+                                                    (4, 4, 2, 20, 2)])
+    def test_kv_scores(self, rng, dtype, nq, hq, hkv, nk, tiles):
         q, k, _ = qkv(rng, 2, nq, nk, hq, hkv, 64, dtype)
         lengths = jnp.asarray([nk - 3, 0])
         _, lse = pk.split_kv_attention_reference(q, k, k, kv_len=lengths, return_lse=True)
-        out = pk.kv_scores(q, k, lse, kv_len=lengths, block_kv=32, interpret=self.INTERPRET)
+        out = pk.kv_scores(q, k, lse, kv_len=lengths, block_kv=32, tiles_per_program=tiles,
+                           interpret=self.INTERPRET)
         ref = pk.kv_scores_reference(q, k, lse, kv_len=lengths)
         assert_scores_close(out, ref)
         np.testing.assert_allclose(np.asarray(out)[0].sum(-1), 1.0, rtol=1e-5)

@@ -38,8 +38,8 @@ def long_rows(model, config, plan: Plan, *, baseline: bool, copy: dict | None, d
     mage = family_methods("SDAR", small=plan.small_methods)["mage"]
     # "mage/threshold": the same selection found by the radix threshold instead of lax.top_k, same run
     methods = family_methods("SDAR", small=plan.small_methods, names=("flashblock", "flashblock+mage"))
-    policies = {"dense": Dense(), "mage": mage, "mage/threshold": dataclasses.replace(mage, select_by="threshold"),
-                **methods}
+    known = {"mage": mage, "mage/threshold": dataclasses.replace(mage, select_by="threshold"), **methods}
+    policies = {"dense": Dense()} | {name: known[name] for name in plan.long_methods}
     repeats = 3
     for batch in plan.long_batches:
         point = dict(cache=s, batch=batch, block=n, steps=plan.sdar_steps)

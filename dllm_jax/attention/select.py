@@ -27,7 +27,8 @@ import jax
 import jax.numpy as jnp
 
 METHODS = ("sort", "threshold")
-SORT_CHUNK = 8192  # "sort": the longest row sorted whole
+SORT_CHUNK = 4096  # "sort": the longest row sorted whole (the fastest of 2048-16384 at 128k, batches 1 and 4:
+# benchmarks/mage_select.py, H200, session 18)
 
 
 def check_method(method: str, name: str = "method") -> None:
