@@ -464,8 +464,9 @@ def test_split_kv_reads_a_cache_of_any_capacity_in_place(rng, nk):
 
 @pytest.mark.parametrize("nk", [200, 256, 131200])
 def test_kv_scores_reads_a_cache_of_any_capacity_in_place(rng, nk):
-    """MAGE's scores take the cache as the split-KV kernels do: at generate's 128k capacity (1025 tiles of 128,
-    not a multiple of the kernel's 512-key programs) the key array reaches the kernel unpadded (a pad copied the
+    """MAGE's scores take the cache as the split-KV kernels do: at any capacity (200: not a multiple of the
+    kernel's 64-key tiles; generate's 128k capacity, 1025 tiles of 128, was not one of its 512-key programs before
+    session 18) the key array reaches the kernel unpadded (a pad copied the
     whole layer cache per call: 6.2 of 56.5 ms of GPU time per output block at batch 1, H100, issue 40)."""
     q = jax.ShapeDtypeStruct((1, 4, 4, 64), jnp.float32)
     k = jax.ShapeDtypeStruct((1, nk, 2, 64), jnp.float32)
