@@ -1,5 +1,5 @@
 """MAGE's selection at SDAR-8B shapes (issue 40): the top k positions of every (row, KV head) against a long
-cache, found by `lax.top_k` (sort) and by the radix threshold (`dllm_jax.attention.select`), alone and as the
+cache, found by `lax.top_k` (sort), by a tournament over tile maxima (tiles) and by the radix threshold (`dllm_jax.attention.select`), alone and as the
 whole selection step (`select_prefix` with the LSE given: the Eq. 3 scores over the cache, then the top k).
 Every threshold result is checked equal to the sort's in the same run.
 
@@ -26,12 +26,14 @@ from dllm_jax.generate.sdar import cache_capacity
 
 SHAPE = dict(queries=4, heads=32, kv_heads=8, head_dim=128)  # one SDAR-8B block
 CHUNKS = (2048, 4096, 8192, 16384)  # the sort's chunk lengths timed (4096 chosen by session 18's H200 run)
+TILES = (4, 8, 16)  # the tournament's tile lengths timed
 BITS = (2, 4)  # 1 bit per pass measured slower at batches 1 and 4 (H100 probe, issue 40); 8: 255 compares per entry
 
 
 def top_k_rows(batch: int, length: int, k: int) -> list[dict]:
     """The top k alone over [batch, kv_heads, length] f32 scores: sort with the whole row sorted, sort by each of
-    CHUNKS (`select.SORT_CHUNK` is the default), then the threshold at each BITS."""
+    CHUNKS (`select.SORT_CHUNK` is the default), the tournament over tile maxima at each TILES, then the threshold at
+    each BITS."""
     scores = jax.random.uniform(jax.random.key(length + batch), (batch, SHAPE["kv_heads"], length), jnp.float32)
     point = dict(part="top-k", batch=batch, length=length, k=k)
     sort = jax.jit(functools.partial(top_k_positions, k=k, method="sort", chunk=length))  # one sort per row
@@ -40,6 +42,10 @@ def top_k_rows(batch: int, length: int, k: int) -> list[dict]:
     for chunk in (c for c in CHUNKS if k <= c < length):
         fn = jax.jit(functools.partial(top_k_positions, k=k, method="sort", chunk=chunk))
         rows.append(dict(point, method=f"sort/chunks of {chunk}", ms=time_calls(fn, scores) * 1e3,
+                         equal=bool(np.array_equal(np.asarray(fn(scores)), want))))
+    for tile in TILES:
+        fn = jax.jit(functools.partial(top_k_positions, k=k, method="tiles", tile=tile))
+        rows.append(dict(point, method=f"tiles of {tile}", ms=time_calls(fn, scores) * 1e3,
                          equal=bool(np.array_equal(np.asarray(fn(scores)), want))))
     for bits in BITS:
         fn = jax.jit(functools.partial(top_k_positions, k=k, method="threshold", bits=bits))
@@ -59,7 +65,7 @@ def selection_rows(batch: int, length: int, k: int) -> list[dict]:
     prefix = jnp.full((batch,), length, jnp.int32)
     point = dict(part="selection", batch=batch, length=length, k=k, capacity=capacity)
     rows, want = [], None
-    for select_by in ("sort", "threshold"):
+    for select_by in ("sort", "tiles", "threshold"):
         fn = jax.jit(lambda q, c, p, l, s=select_by: select_prefix(q, c, prefix_len=p, k=k, lse=l, select_by=s))
         got = np.asarray(fn(q, cache, prefix, lse))
         want = got if want is None else want
@@ -94,7 +100,8 @@ def main():
              f"{SHAPE}. top-k: the k largest of f32 scores [batch, kv_heads, length], ascending positions; "
              "selection: `select_prefix` with the LSE given (the Eq. 3 scores over a bf16 cache of `generate`'s "
              "capacity, then the top k). sort (whole rows): one sort per row; sort/chunks of c: the top k of each "
-             "c-long chunk, then of the candidates (the default `sort` on a GPU above SORT_CHUNK). threshold/b: the "
+             "c-long chunk, then of the candidates (the default `sort` on a GPU above SORT_CHUNK). tiles of t: the top k "
+             "of t-long tiles' maxima (recursively), then of the k best tiles' entries. threshold/b: the "
              "radix threshold fixing b bits per counting pass. "
              "Speed-up against sort in the same run; equal: the same positions as sort.", "",
              *markdown_table(["part", "batch", "length", "k", "method", "ms", "vs sort", "equal"], cells)]

@@ -37,7 +37,9 @@ Sections (`--sections`, comma-separated; every result is written as soon as it i
             first step: here one pending commit), dense (the default implementation) and MAGE, on a
             zero cache whose fill length is set to the cache length (attention cost does not depend on
             the values; a real 128k prefill would cost minutes per call), at the capacity generate
-            allocates; MAGE's top k by lax.top_k and by the radix threshold ("mage/threshold"). On a GPU
+            allocates; the methods of `--long-methods` (default: MAGE with its top k by lax.top_k, by the tile
+            tournament ("mage/tiles") and by the radix threshold ("mage/threshold"), FlashBlock, FlashBlock +
+            MAGE), each with its byte ideal. On a GPU
             each row also holds one traced block's kernels by time (`dllm_jax.bench.kernel_profile`).
   compile   first-call time minus warm-call time of SDAR generate (batch 1, the first prompt, dense)
             and LLaDA generate (the first --llada-runs point). A run whose sdar / llada section timed
@@ -317,7 +319,7 @@ def main(argv=None):
                         "(default: the package's); not with --baseline")
     parser.add_argument("--long-batches", type=int, nargs="+")
     parser.add_argument("--long-methods", nargs="+", help="mage128k's methods timed against dense (default: all of "
-                                                          "mage, mage/threshold, flashblock, flashblock+mage)")
+                                                          f"{', '.join(Plan.long_methods)})")
     parser.add_argument("--budget-s", type=float, default=float("inf"),
                         help="start no new measurement after this many seconds (rows left are recorded as skipped), "
                              "so a run ends with its tables before a hard time limit")

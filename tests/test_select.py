@@ -1,4 +1,4 @@
-"""dllm_jax.attention.select: the radix-threshold top k equals lax.top_k's positions, sorted, on rows built to
+"""dllm_jax.attention.select: the radix-threshold and tile-tournament top k equal lax.top_k's positions, sorted, on rows built to
 hold ties, infinities, signed zeros and more picks than distinct values."""
 
 import jax
@@ -56,6 +56,19 @@ def test_sort_by_chunks_gives_the_positions_of_lax_top_k(rng, kind):
         assert got.dtype == np.int32
 
 
+@pytest.mark.parametrize("kind", ["normal", "few values", "masked", "specials", "all -inf"])
+def test_tiles_give_the_positions_of_lax_top_k(rng, kind):
+    """The tournament over tile maxima, one level (1000 / 8 = 125 tiles for k = 40) and two (2000 / 4 = 500 maxima,
+    then 125 for k = 100), rows not a multiple of the tile (the last one padded), k at the number of tiles, rows
+    too short to tile; ties, -inf and signed zeros included."""
+    for shape, k, tile in [((3, 1000), 40, 8), ((2, 2000), 100, 4), ((2, 3, 1001), 64, 8), ((4, 1024), 1, 16),
+                           ((2, 64), 8, 8), ((2, 60), 9, 8)]:
+        x = rows(rng, kind, shape)
+        got = np.asarray(top_k_positions(jnp.asarray(x), k, method="tiles", tile=tile))
+        np.testing.assert_array_equal(got, reference(x, k), err_msg=f"{kind} {shape} k={k} tile={tile}")
+        assert got.dtype == np.int32 and got.shape == shape[:-1] + (k,)
+
+
 def test_jitted_with_the_row_count_traced_through_vmap(rng):
     x = jnp.asarray(rng.standard_normal((6, 2, 90)), jnp.float32)
     got = jax.jit(jax.vmap(lambda r: top_k_positions(r, 7, method="threshold")))(x)
@@ -65,7 +78,8 @@ def test_jitted_with_the_row_count_traced_through_vmap(rng):
 @pytest.mark.parametrize("kwargs,message", [(dict(k=0), "k=0 must be in 1..16"), (dict(k=17), "k=17 must be in"),
                                             (dict(k=4, bits=3), "bits=3 must divide 32"),
                                             (dict(k=4, method="heap"), "method='heap' is not one of"),
-                                            (dict(k=4, chunk=0), "chunk=0 must be a positive int")])
+                                            (dict(k=4, chunk=0), "chunk=0 must be a positive int"),
+                                            (dict(k=4, method="tiles", tile=1), "tile=1 must be an int >= 2")])
 def test_bad_arguments_are_named(kwargs, message):
     with pytest.raises(ValueError, match=message):
         top_k_positions(jnp.zeros((2, 16)), **kwargs)

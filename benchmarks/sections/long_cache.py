@@ -36,9 +36,10 @@ def long_rows(model, config, plan: Plan, *, baseline: bool, copy: dict | None, d
     s, n = plan.long_prompt, config.block_size
     options = gen.SDAROptions(**sdar_options(plan))
     mage = family_methods("SDAR", small=plan.small_methods)["mage"]
-    # "mage/threshold": the same selection found by the radix threshold instead of lax.top_k, same run
+    # "mage/tiles", "mage/threshold": the same selection found by the tile tournament and by the radix threshold
     methods = family_methods("SDAR", small=plan.small_methods, names=("flashblock", "flashblock+mage"))
-    known = {"mage": mage, "mage/threshold": dataclasses.replace(mage, select_by="threshold"), **methods}
+    known = {"mage": mage, "mage/tiles": dataclasses.replace(mage, select_by="tiles"),
+             "mage/threshold": dataclasses.replace(mage, select_by="threshold"), **methods}
     policies = {"dense": Dense()} | {name: known[name] for name in plan.long_methods}
     repeats = 3
     for batch in plan.long_batches:

@@ -62,7 +62,7 @@ def select_prefix(q_block, k_cache, *, prefix_len, k: int, scale=None, backend: 
     are ranked. With fewer than k prefix positions all of them are returned, padded by repeating the
     last (the valid count is `min(k, prefix_len)`, see `prefix_counts`). `lse` f32 [B, Hq, n]: the
     LSE of the queries over the keys the softmax runs over, if the caller already has it (MAGE's
-    first step does: its prefix part). `select_by`: how the top k are found, "sort" or "threshold"
+    first step does: its prefix part). `select_by`: how the top k are found, "sort", "tiles" or "threshold"
     (`dllm_jax.attention.select`: the same positions).
     """
     check_softmax_over(softmax_over)
@@ -140,8 +140,9 @@ class MAGE(AttentionPolicy):
     softmax_over: "prefix" (the paper's Eq. 3: the selection's softmax over the prefix keys alone)
       or "prefix+block" (this project's earlier rule: over the prefix and the block's keys).
     backend: as SparseD's ("auto": Pallas on GPU, references elsewhere).
-    select_by: how each layer's top k are found: "sort" (default, `lax.top_k`) or "threshold" (a radix
-      search for the k-th score, no sort); the same positions (`dllm_jax.attention.select`).
+    select_by: how each layer's top k are found: "sort" (default, `lax.top_k`), "tiles" (`lax.top_k` over tile
+      maxima, then over the k best tiles) or "threshold" (a radix search for the k-th score, no sort); the same
+      positions (`dllm_jax.attention.select`).
     """
 
     k: int = 512

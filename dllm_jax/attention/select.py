@@ -11,6 +11,15 @@ position, as in `lax.top_k`'s stable order, and values compare in IEEE total ord
   whole row took ~29 launches per layer and row block (7.9 ms of MAGE's 37 ms of GPU time per output block,
   batch 1, H200). XLA:CPU's top k needs no full sort, and chunks made it slower there (20k keys: 3.5 ms whole,
   7.5 ms by chunks of 8192), so elsewhere rows are ranked whole unless `chunk` is given.
+- "tiles": a tournament. A row is cut into tiles of `tile` positions and each tile's largest value kept; the k
+  tiles with the largest maxima (found the same way, recursively, until a row of maxima is short enough for
+  one `lax.top_k`) hold the whole top k: a key outside them has k tile maxima at or above it, each ranking
+  ahead of it (ties too: tiles are ranked with ties to the lower tile, which holds the lower positions). The
+  top k of those k * tile candidates, gathered in position order, is the answer. At 128k keys, k = 512 and
+  tiles of 8 that is one `lax.top_k` over 2,048 maxima and two over 4,096 candidates per row, where "sort"
+  ranks 32 chunks of 4,096 and then 16,384 candidates. Values are compared as their IEEE total-order keys
+  (`ordered_keys`), so a tile's maximum ranks as `lax.top_k` would rank it. Needs rows of at least k * tile
+  positions; shorter rows go to "sort".
 - "threshold": a radix search for the k-th largest value (a few counting passes over the row, each
   fixing `bits` bits of it), then the entries above it plus the lowest-positioned ties, read off in
   position order by a binary search over their running count. Nothing is sorted, but the passes and the
@@ -26,7 +35,7 @@ from __future__ import annotations
 import jax
 import jax.numpy as jnp
 
-METHODS = ("sort", "threshold")
+METHODS = ("sort", "tiles", "threshold")
 SORT_CHUNK = 4096  # "sort": the longest row sorted whole (the fastest of 2048-16384 at 128k, batches 1 and 4:
 # benchmarks/mage_select.py, H200, session 18)
 
@@ -36,12 +45,13 @@ def check_method(method: str, name: str = "method") -> None:
         raise ValueError(f"{name}={method!r} is not one of {METHODS}")
 
 
-def top_k_positions(scores, k: int, *, method: str = "sort", bits: int = 4, chunk: int | None = None):
+def top_k_positions(scores, k: int, *, method: str = "sort", bits: int = 4, chunk: int | None = None,
+                    tile: int = 8):
     """int32 [..., k]: ascending positions of the k largest entries of each row of float `scores`
     [..., S] (k <= S). `bits` (a divisor of 32) is how many bits of the k-th largest value each
     counting pass of "threshold" fixes: 2**bits - 1 comparisons per entry per pass, 32 / bits passes.
     `chunk`: the longest row "sort" sorts whole (None: SORT_CHUNK on a GPU, any row elsewhere; the module
-    docstring)."""
+    docstring). `tile`: the positions per tile of "tiles" (at least 2)."""
     check_method(method)
     s = scores.shape[-1]
     if not 0 < k <= s:
@@ -52,6 +62,10 @@ def top_k_positions(scores, k: int, *, method: str = "sort", bits: int = 4, chun
         chunk = SORT_CHUNK if jax.default_backend() == "gpu" else s
     if not isinstance(chunk, int) or chunk < 1:
         raise ValueError(f"chunk={chunk!r} must be a positive int")
+    if not isinstance(tile, int) or tile < 2:
+        raise ValueError(f"tile={tile!r} must be an int >= 2")
+    if method == "tiles":
+        return jnp.sort(tiled_top_k(signed_keys(scores), k, tile), axis=-1).astype(jnp.int32)
     if method == "sort":
         return jnp.sort(chunked_top_k(scores, k, chunk), axis=-1).astype(jnp.int32)
     keys = ordered_keys(scores)
@@ -80,6 +94,29 @@ def chunked_top_k(scores, k: int, chunk: int):
     flat = scores.shape[:-1] + (count * k,)
     # the padding's -inf sits after every real position, so a real -inf wins the tie
     return jnp.take_along_axis(picks.reshape(flat), jax.lax.top_k(values.reshape(flat), k)[1], axis=-1)
+
+
+def tiled_top_k(keys, k: int, tile: int):
+    """The positions of the top k of each row of int32 `keys` [..., S] (ties to the lower position), in no
+    particular order: by tile maxima where a row has more than k tiles, else one `lax.top_k` (module docstring)."""
+    s = keys.shape[-1]
+    tiles = -(-s // tile)
+    if tiles <= k:
+        return jax.lax.top_k(keys, k)[1]
+    # the padding (the lowest key, after every real position) loses every tie to a real entry
+    padded = jnp.pad(keys, [(0, 0)] * (keys.ndim - 1) + [(0, tiles * tile - s)],
+                     constant_values=jnp.iinfo(jnp.int32).min)
+    maxima = jnp.max(padded.reshape(keys.shape[:-1] + (tiles, tile)), axis=-1)
+    chosen = jnp.sort(tiled_top_k(maxima, k, tile), axis=-1)  # k tiles, in position order
+    positions = (chosen[..., None] * tile + jnp.arange(tile, dtype=chosen.dtype)).reshape(keys.shape[:-1] + (-1,))
+    candidates = jnp.take_along_axis(padded, positions, axis=-1)
+    return jnp.take_along_axis(positions, tiled_top_k(candidates, k, tile), axis=-1)
+
+
+def signed_keys(scores):
+    """int32 keys in the IEEE total order of the float32 values (`ordered_keys` with the sign bit flipped:
+    signed comparison of these is unsigned comparison of those)."""
+    return jax.lax.bitcast_convert_type(ordered_keys(scores) ^ jnp.uint32(1 << 31), jnp.int32)
 
 
 def ordered_keys(scores):
