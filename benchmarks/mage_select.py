@@ -27,6 +27,7 @@ from dllm_jax.generate.sdar import cache_capacity
 SHAPE = dict(queries=4, heads=32, kv_heads=8, head_dim=128)  # one SDAR-8B block
 CHUNKS = (2048, 4096, 8192, 16384)  # the sort's chunk lengths timed (4096 chosen by session 18's H200 run)
 TILES = (4, 8, 16)  # the tournament's tile lengths timed
+SCORE_TILES = (1, 2, 8)  # kv_scores' key tiles per program timed (8 was the default before session 18)
 BITS = (2, 4)  # 1 bit per pass measured slower at batches 1 and 4 (H100 probe, issue 40); 8: 255 compares per entry
 
 
@@ -54,15 +55,39 @@ def top_k_rows(batch: int, length: int, k: int) -> list[dict]:
     return rows
 
 
-def selection_rows(batch: int, length: int, k: int) -> list[dict]:
-    """MAGE's selection step (scores over the prefix, then the top k) against a bf16 cache of `generate`'s
+def score_rows(batch: int, length: int) -> list[dict]:
+    """The Eq. 3 scores alone (`pallas_kernels.kv_scores`, a GPU kernel) at each SCORE_TILES key tiles per program of
+    64 keys, against a bf16 cache of `generate`'s capacity; each checked against the default's output."""
+    from pallas_kernels.kv_scores import TILES_PER_PROGRAM, kv_scores
+
+    q, cache, prefix, lse, capacity = selection_inputs(batch, length)
+    point = dict(part="scores", batch=batch, length=length, k=0, capacity=capacity)
+    want = np.asarray(kv_scores(q, cache, lse, kv_len=prefix))
+    rows = []
+    for tiles in sorted({TILES_PER_PROGRAM, *SCORE_TILES}):
+        fn = jax.jit(lambda q, c, p, l, t=tiles: kv_scores(q, c, l, kv_len=p, tiles_per_program=t))
+        ms = time_calls(fn, q, cache, prefix, lse) * 1e3
+        rows.append(dict(point, method="default" if tiles == TILES_PER_PROGRAM else f"{tiles} tiles per program",
+                         ms=ms, tb_s=batch * length * SHAPE["kv_heads"] * SHAPE["head_dim"] * 2 / ms / 1e9,
+                         equal=bool(np.allclose(np.asarray(fn(q, cache, prefix, lse)), want, rtol=1e-5, atol=0))))
+    return rows
+
+
+def selection_inputs(batch: int, length: int):
+    """(q, cache, prefix lengths, LSE, capacity): one SDAR-8B block against a random bf16 cache of `generate`'s
     capacity, the prefix `length` keys long."""
     capacity = cache_capacity(length + SHAPE["queries"], SHAPE["queries"])
     keys = jax.random.split(jax.random.key(length), 3)
     q = jax.random.normal(keys[0], (batch, SHAPE["queries"], SHAPE["heads"], SHAPE["head_dim"]), jnp.bfloat16)
     cache = jax.random.normal(keys[1], (batch, capacity, SHAPE["kv_heads"], SHAPE["head_dim"]), jnp.bfloat16)
     lse = 10 + jax.random.uniform(keys[2], (batch, SHAPE["heads"], SHAPE["queries"]), jnp.float32)
-    prefix = jnp.full((batch,), length, jnp.int32)
+    return q, cache, jnp.full((batch,), length, jnp.int32), lse, capacity
+
+
+def selection_rows(batch: int, length: int, k: int) -> list[dict]:
+    """MAGE's selection step (scores over the prefix, then the top k) against a bf16 cache of `generate`'s
+    capacity, the prefix `length` keys long."""
+    q, cache, prefix, lse, capacity = selection_inputs(batch, length)
     point = dict(part="selection", batch=batch, length=length, k=k, capacity=capacity)
     rows, want = [], None
     for select_by in ("sort", "tiles", "threshold"):
@@ -89,10 +114,13 @@ def main():
                 print(rows[-1], flush=True)
             rows += selection_rows(batch, length, 512)
             print(rows[-1], flush=True)
+            if jax.default_backend() == "gpu":  # a Pallas GPU kernel
+                rows += score_rows(batch, length)
+                print(rows[-1], flush=True)
     meta = dict(benchmark="mage_select", device=jax.devices()[0].device_kind, jax=jax.__version__,
                 date=datetime.date.today().isoformat(), shape=SHAPE, timing="time_calls (median of jitted calls)")
     base = {(r["part"], r["batch"], r["length"], r["k"]): r["ms"] for r in rows
-            if r["method"] in ("sort", "sort (whole rows)")}
+            if r["method"] in ("sort", "sort (whole rows)", "default")}
     cells = [[r["part"], r["batch"], r["length"], r["k"], r["method"], f"{r['ms']:.3f}",
               f"{base[(r['part'], r['batch'], r['length'], r['k'])] / r['ms']:.2f}x", "yes" if r["equal"] else "NO"]
              for r in rows]
@@ -102,9 +130,10 @@ def main():
              "capacity, then the top k). sort (whole rows): one sort per row; sort/chunks of c: the top k of each "
              "c-long chunk, then of the candidates (the default `sort` on a GPU above SORT_CHUNK). tiles of t: the top k "
              "of t-long tiles' maxima (recursively), then of the k best tiles' entries. threshold/b: the "
-             "radix threshold fixing b bits per counting pass. "
+             "radix threshold fixing b bits per counting pass. scores (GPU only): the Eq. 3 scores alone, by key tiles "
+             "per program (speed-up against the default; equal: within 1e-5 of its output). "
              "Speed-up against sort in the same run; equal: the same positions as sort.", "",
-             *markdown_table(["part", "batch", "length", "k", "method", "ms", "vs sort", "equal"], cells)]
+             *markdown_table(["part", "batch", "length", "k", "method", "ms", "vs sort (scores: vs default)", "equal"], cells)]
     write_results(args.out, meta, rows, lines)
 
 
