@@ -1,7 +1,8 @@
 """MAGE's selection at SDAR-8B shapes (issue 40): the top k positions of every (row, KV head) against a long
-cache, found by `lax.top_k` (sort), by a tournament over tile maxima (tiles) and by the radix threshold (`dllm_jax.attention.select`), alone and as the
-whole selection step (`select_prefix` with the LSE given: the Eq. 3 scores over the cache, then the top k).
-Every threshold result is checked equal to the sort's in the same run.
+cache, found by `lax.top_k` (sort), by a tournament over tile maxima (tiles) and by the radix threshold
+(`dllm_jax.attention.select`), alone and as the whole selection step (`select_prefix` with the LSE given: the
+Eq. 3 scores over the cache, then the top k); on a GPU also the Eq. 3 scores kernel alone at several key tiles per
+program. Every tiles and threshold result is checked equal to the sort's in the same run.
 
     PYTHONPATH=. python -m benchmarks.mage_select --out benchmarks/results
 """
@@ -128,12 +129,13 @@ def main():
              f"{SHAPE}. top-k: the k largest of f32 scores [batch, kv_heads, length], ascending positions; "
              "selection: `select_prefix` with the LSE given (the Eq. 3 scores over a bf16 cache of `generate`'s "
              "capacity, then the top k). sort (whole rows): one sort per row; sort/chunks of c: the top k of each "
-             "c-long chunk, then of the candidates (the default `sort` on a GPU above SORT_CHUNK). tiles of t: the top k "
+             "c-long chunk, then of the candidates (`sort` on a GPU above SORT_CHUNK). tiles of t: the top k "
              "of t-long tiles' maxima (recursively), then of the k best tiles' entries. threshold/b: the "
              "radix threshold fixing b bits per counting pass. scores (GPU only): the Eq. 3 scores alone, by key tiles "
              "per program (speed-up against the default; equal: within 1e-5 of its output). "
              "Speed-up against sort in the same run; equal: the same positions as sort.", "",
-             *markdown_table(["part", "batch", "length", "k", "method", "ms", "vs sort (scores: vs default)", "equal"], cells)]
+             *markdown_table(["part", "batch", "length", "k", "method", "ms", "vs sort (scores: vs default)", "equal"],
+                             cells)]
     write_results(args.out, meta, rows, lines)
 
 

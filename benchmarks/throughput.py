@@ -37,9 +37,9 @@ Sections (`--sections`, comma-separated; every result is written as soon as it i
             first step: here one pending commit), dense (the default implementation) and MAGE, on a
             zero cache whose fill length is set to the cache length (attention cost does not depend on
             the values; a real 128k prefill would cost minutes per call), at the capacity generate
-            allocates; the methods of `--long-methods` (default: MAGE with its top k by lax.top_k, by the tile
-            tournament ("mage/tiles") and by the radix threshold ("mage/threshold"), FlashBlock, FlashBlock +
-            MAGE), each with its byte ideal. On a GPU
+            allocates; the methods of `--long-methods` (default: MAGE with its top k by its default tile
+            tournament, by lax.top_k ("mage/sort") and by the radix threshold ("mage/threshold"), FlashBlock,
+            FlashBlock + MAGE), each with its byte ideal. On a GPU
             each row also holds one traced block's kernels by time (`dllm_jax.bench.kernel_profile`).
   compile   first-call time minus warm-call time of SDAR generate (batch 1, the first prompt, dense)
             and LLaDA generate (the first --llada-runs point). A run whose sdar / llada section timed

@@ -1,5 +1,5 @@
-"""dllm_jax.attention.select: the radix-threshold and tile-tournament top k equal lax.top_k's positions, sorted, on rows built to
-hold ties, infinities, signed zeros and more picks than distinct values."""
+"""dllm_jax.attention.select: the radix-threshold and tile-tournament top k equal lax.top_k's positions, sorted, on
+rows built to hold ties, infinities, signed zeros and more picks than distinct values."""
 
 import jax
 import jax.numpy as jnp

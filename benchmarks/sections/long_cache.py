@@ -1,6 +1,6 @@
 """Section `mage128k`: one output block of the SDAR generate loop against a long cache, dense, MAGE (its top k
-found by lax.top_k, and by the radix threshold), FlashBlock and FlashBlock + MAGE, each with its byte ideal: the
-bytes its block must read (`block_bytes`) at the copy bandwidth of the same run."""
+found by its default tile tournament, by lax.top_k and by the radix threshold), FlashBlock and FlashBlock + MAGE,
+each with its byte ideal: the bytes its block must read (`block_bytes`) at the copy bandwidth of the same run."""
 
 from __future__ import annotations
 
@@ -36,9 +36,9 @@ def long_rows(model, config, plan: Plan, *, baseline: bool, copy: dict | None, d
     s, n = plan.long_prompt, config.block_size
     options = gen.SDAROptions(**sdar_options(plan))
     mage = family_methods("SDAR", small=plan.small_methods)["mage"]
-    # "mage/tiles", "mage/threshold": the same selection found by the tile tournament and by the radix threshold
+    # "mage/sort", "mage/threshold": the same selection found by lax.top_k and by the radix threshold
     methods = family_methods("SDAR", small=plan.small_methods, names=("flashblock", "flashblock+mage"))
-    known = {"mage": mage, "mage/tiles": dataclasses.replace(mage, select_by="tiles"),
+    known = {"mage": mage, "mage/sort": dataclasses.replace(mage, select_by="sort"),
              "mage/threshold": dataclasses.replace(mage, select_by="threshold"), **methods}
     policies = {"dense": Dense()} | {name: known[name] for name in plan.long_methods}
     repeats = 3

@@ -29,9 +29,9 @@ class Plan:
     llada_methods: tuple[str, ...] = ("dense",)  # LLaDA methods (defaults) timed at every llada point and cache
     long_prompt: int = 131072
     long_batches: tuple[int, ...] = (4, 1)
-    # mage128k's methods, each against dense (always timed first): "mage/tiles" and "mage/threshold" are MAGE with
-    # the tile tournament's and the radix threshold's selection
-    long_methods: tuple[str, ...] = ("mage", "mage/tiles", "mage/threshold", "flashblock", "flashblock+mage")
+    # mage128k's methods, each against dense (always timed first): "mage/sort" and "mage/threshold" are MAGE with its
+    # top k by lax.top_k over the scores and by the radix threshold instead of its default tile tournament
+    long_methods: tuple[str, ...] = ("mage", "mage/sort", "mage/threshold", "flashblock", "flashblock+mage")
     execution: str | None = None  # the models' layer execution (`load_model`'s); None: the package default
     quantize: str | None = None  # the models' weight quantization (`load_model`'s): None, "int8" or "fp8"
 

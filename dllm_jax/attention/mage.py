@@ -50,7 +50,7 @@ def row_lengths(lengths, batch: int):
 
 
 def select_prefix(q_block, k_cache, *, prefix_len, k: int, scale=None, backend: str = "auto", lse=None,
-                  softmax_over: str = "prefix", select_by: str = "sort"):
+                  softmax_over: str = "prefix", select_by: str = "tiles"):
     """MAGE's selection: int32 [B, Hkv, k], ascending.
 
     q_block [B, n, Hq, D]; k_cache [B, S, Hkv, D] (one layer) holding row b's committed prefix in
@@ -140,16 +140,17 @@ class MAGE(AttentionPolicy):
     softmax_over: "prefix" (the paper's Eq. 3: the selection's softmax over the prefix keys alone)
       or "prefix+block" (this project's earlier rule: over the prefix and the block's keys).
     backend: as SparseD's ("auto": Pallas on GPU, references elsewhere).
-    select_by: how each layer's top k are found: "sort" (default, `lax.top_k`), "tiles" (`lax.top_k` over tile
-      maxima, then over the k best tiles) or "threshold" (a radix search for the k-th score, no sort); the same
-      positions (`dllm_jax.attention.select`).
+    select_by: how each layer's top k are found: "tiles" (default: `lax.top_k` over tile maxima, then over the k
+      best tiles' entries), "sort" (`lax.top_k` over the scores, by chunks on a GPU) or "threshold" (a radix
+      search for the k-th score, no sort); the same positions (`dllm_jax.attention.select`). At 128k keys, batch 4
+      (H200) "tiles" found them in 0.11 ms per layer against "sort"'s 0.34 ms.
     """
 
     k: int = 512
     exact_layers: int = 2
     softmax_over: str = "prefix"
     backend: str = "auto"
-    select_by: str = "sort"
+    select_by: str = "tiles"
     # set by `at_layer` where the layer index is static: whether this layer attends exactly (None: the
     # state's per-layer flag decides, as in a scan over layers)
     layer_is_exact: bool | None = dataclasses.field(default=None, repr=False)
