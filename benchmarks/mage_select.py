@@ -2,7 +2,8 @@
 cache, found by `lax.top_k` (sort), by a tournament over tile maxima (tiles) and by the radix threshold
 (`dllm_jax.attention.select`), alone and as the whole selection step (`select_prefix` with the LSE given: the
 Eq. 3 scores over the cache, then the top k); on a GPU also the Eq. 3 scores kernel alone at several key tiles per
-program. Every tiles and threshold result is checked equal to the sort's in the same run.
+program, and the first step's split-KV pass with its scores computed from the logits it writes against
+`kv_scores` reading the keys again. Every tiles and threshold result is checked equal to the sort's in the same run.
 
     PYTHONPATH=. python -m benchmarks.mage_select --out benchmarks/results
 """
@@ -74,6 +75,31 @@ def score_rows(batch: int, length: int) -> list[dict]:
     return rows
 
 
+def pass_rows(batch: int, length: int) -> list[dict]:
+    """MAGE's first step over the prefix and its Eq. 3 scores: the split-KV pass, then `kv_scores` reading the keys
+    again; against the pass writing its logits (`return_logits`) and `kv_scores_from_logits` (GPU kernels)."""
+    from pallas_kernels import kv_scores, kv_scores_from_logits, split_kv_attention
+
+    q, cache, prefix, _, capacity = selection_inputs(batch, length)
+    point = dict(part="pass + scores", batch=batch, length=length, k=0, capacity=capacity)
+
+    def twice(q, c, p):
+        o, lse = split_kv_attention(q, c, c, kv_len=p, return_lse=True)
+        return o, kv_scores(q, c, lse, kv_len=p)
+
+    def once(q, c, p):
+        o, lse, logits = split_kv_attention(q, c, c, kv_len=p, return_lse=True, return_logits=True)
+        return o, kv_scores_from_logits(logits, lse, kv_len=p)
+
+    want = np.asarray(jax.jit(twice)(q, cache, prefix)[1])
+    rows = []
+    for name, fn in (("default", jax.jit(twice)), ("from the pass's logits", jax.jit(once))):
+        ms = time_calls(fn, q, cache, prefix) * 1e3
+        got = np.asarray(fn(q, cache, prefix)[1])
+        rows.append(dict(point, method=name, ms=ms, equal=bool(np.allclose(got, want, rtol=1e-4, atol=1e-12))))
+    return rows
+
+
 def selection_inputs(batch: int, length: int):
     """(q, cache, prefix lengths, LSE, capacity): one SDAR-8B block against a random bf16 cache of `generate`'s
     capacity, the prefix `length` keys long."""
@@ -116,7 +142,7 @@ def main():
             rows += selection_rows(batch, length, 512)
             print(rows[-1], flush=True)
             if jax.default_backend() == "gpu":  # a Pallas GPU kernel
-                rows += score_rows(batch, length)
+                rows += score_rows(batch, length) + pass_rows(batch, length)
                 print(rows[-1], flush=True)
     meta = dict(benchmark="mage_select", device=jax.devices()[0].device_kind, jax=jax.__version__,
                 date=datetime.date.today().isoformat(), shape=SHAPE, timing="time_calls (median of jitted calls)")
@@ -132,7 +158,9 @@ def main():
              "c-long chunk, then of the candidates (`sort` on a GPU above SORT_CHUNK). tiles of t: the top k "
              "of t-long tiles' maxima (recursively), then of the k best tiles' entries. threshold/b: the "
              "radix threshold fixing b bits per counting pass. scores (GPU only): the Eq. 3 scores alone, by key tiles "
-             "per program (speed-up against the default; equal: within 1e-5 of its output). "
+             "per program (speed-up against the default; equal: within 1e-5 of its output). pass + scores (GPU "
+             "only): the split-KV pass over the prefix and the scores, by kv_scores (the keys read again) or from the "
+             "logits the pass writes (equal: scores within 1e-4). "
              "Speed-up against sort in the same run; equal: the same positions as sort.", "",
              *markdown_table(["part", "batch", "length", "k", "method", "ms", "vs sort (scores: vs default)", "equal"],
                              cells)]

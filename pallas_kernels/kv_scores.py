@@ -118,6 +118,22 @@ def kv_scores(q, k, lse, *, scale=None, kv_len=None, interpret=False, block_kv=6
                       interpret=interpret)
 
 
+def kv_scores_from_logits(logits, lse, *, kv_len=None):
+    """`kv_scores` from the logits a split-KV pass already computed (`split_kv_attention(...,
+    return_logits=True)`: f32 [B, Hkv, G * Nq, Nk], its folded query rows) and their LSE f32 [B, Hq, Nq], without
+    reading the keys again: 4 * G * Nq bytes per key instead of the key's 2 * D (bf16). kv_len: None, int or int
+    [B]; keys at or beyond it score 0 (the logits there are unspecified). Plain jnp: XLA fuses it into one pass."""
+    b, hkv, rows, nk = logits.shape
+    if lse.ndim != 3 or lse.shape[0] != b or lse.shape[1] % hkv or lse.shape[1] // hkv * lse.shape[2] != rows:
+        raise ValueError(f"lse must be [B, Hq, Nq] with (Hq / Hkv) * Nq = {rows} folded rows for logits "
+                         f"{logits.shape}, got {lse.shape}")
+    lengths = c.kv_lengths(kv_len, b, nk)
+    folded = lse.reshape(b, hkv, rows)  # row g * Nq + n: head h * G + g, query n, as the logits
+    shift = jnp.where(folded == -jnp.inf, jnp.inf, folded)  # a row without keys contributes 0, not NaN
+    scores = jnp.mean(jnp.exp(logits - shift[..., None]), axis=2)
+    return jnp.where(jnp.arange(nk) < lengths[:, None, None], scores, 0.0)
+
+
 def kv_scores_reference(q, k, lse, *, scale=None, kv_len=None, interpret=False, block_kv=64,
                         tiles_per_program=TILES_PER_PROGRAM, num_warps=None, num_stages=None):
     """The same function as `kv_scores`, from the dense probability matrix."""

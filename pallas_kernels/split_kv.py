@@ -47,7 +47,7 @@ def _share(total, num_splits: int, block_kv: int):
     return lo, jnp.minimum(lo + span, total)
 
 
-def _dense_kernel(kvlen_ref, q_ref, k_ref, v_ref, o_ref, lse_ref, *, scale_log2, block_kv, num_splits):
+def _dense_kernel(kvlen_ref, q_ref, k_ref, v_ref, o_ref, lse_ref, *logits_ref, scale_log2, block_kv, num_splits):
     q = q_ref[...]
     lo, hi = _share(kvlen_ref[0], num_splits, block_kv)
     n = jnp.maximum(hi - lo, 0)
@@ -64,7 +64,15 @@ def _dense_kernel(kvlen_ref, q_ref, k_ref, v_ref, o_ref, lse_ref, *, scale_log2,
             valid = (position >= start) & (position < hi)
         k = k_ref[pl.ds(first, block_kv), :]
         v = v_ref[pl.ds(first, block_kv), :]
-        return c.tile_update(carry, q, k, v, scale_log2, valid)
+        if not logits_ref:
+            return c.tile_update(carry, q, k, v, scale_log2, valid)
+        s = c.logits(q, k, scale_log2)
+        # every key below kv_len lies in one program's share and gets its logit; a last tile loaded from below its
+        # start rewrites its neighbours' columns with the same values
+        logits_ref[0][:, pl.ds(first, block_kv)] = s * c.LN2
+        if valid is not None:
+            s, v = jnp.where(valid[None, :], s, -jnp.inf), c.mask_values(v, valid)
+        return c.logits_update(carry, s, v)
 
     carry = jax.lax.fori_loop(0, n // block_kv, functools.partial(tile, masked=False),
                               c.init_carry(q.shape[0], q.shape[1]))
@@ -105,17 +113,25 @@ def _unfold(o, lse, shape):
     return o.reshape(b, nq, hq, d), lse
 
 
-def _launch(kernel, lead, q, k, v, *, block_kv, num_splits, num_warps, num_stages, interpret, name):
+def _launch(kernel, lead, q, k, v, *, block_kv, num_splits, num_warps, num_stages, interpret, name, logits=False):
     """Runs `kernel` on (lead inputs..., folded q, k, v); `lead` is a list of (BlockSpec, array).
 
     Each program sees its (batch, KV head)'s whole cache row [Nk, D] of k and v and reads its share
-    of it in place.
+    of it in place. Returns (o, lse), and with `logits` the kernel's third output: f32 [B, Hkv, G * Nq, Nk]
+    (the folded query rows, see `split_kv_attention`).
     """
     b, nq, hq, d = q.shape
     nk, hkv = k.shape[1], k.shape[2]
     rows = max(16, c.next_pow2(nq * hq // hkv))
     folded = _fold_queries(q, hkv, rows)
-    o, lse = pl.pallas_call(
+    out_specs = [pl.BlockSpec((None, None, None, rows, d), lambda s, bi, h: (bi, h, s, 0, 0)),
+                 pl.BlockSpec((None, None, None, rows), lambda s, bi, h: (bi, h, s, 0))]
+    out_shape = [jax.ShapeDtypeStruct((b, hkv, num_splits, rows, d), jnp.float32),
+                 jax.ShapeDtypeStruct((b, hkv, num_splits, rows), jnp.float32)]
+    if logits:  # every split writes its share of the (batch, KV head)'s whole row
+        out_specs.append(pl.BlockSpec((None, None, rows, nk), lambda s, bi, h: (bi, h, 0, 0)))
+        out_shape.append(jax.ShapeDtypeStruct((b, hkv, rows, nk), jnp.float32))
+    o, lse, *rest = pl.pallas_call(
         kernel,
         grid=(num_splits, b, hkv),
         in_specs=[
@@ -124,12 +140,8 @@ def _launch(kernel, lead, q, k, v, *, block_kv, num_splits, num_warps, num_stage
             pl.BlockSpec((None, nk, None, d), lambda s, bi, h: (bi, 0, h, 0)),
             pl.BlockSpec((None, nk, None, d), lambda s, bi, h: (bi, 0, h, 0)),
         ],
-        out_specs=[
-            pl.BlockSpec((None, None, None, rows, d), lambda s, bi, h: (bi, h, s, 0, 0)),
-            pl.BlockSpec((None, None, None, rows), lambda s, bi, h: (bi, h, s, 0)),
-        ],
-        out_shape=[jax.ShapeDtypeStruct((b, hkv, num_splits, rows, d), jnp.float32),
-                   jax.ShapeDtypeStruct((b, hkv, num_splits, rows), jnp.float32)],
+        out_specs=out_specs,
+        out_shape=out_shape,
         compiler_params=c.compiler_params(d, num_warps, num_stages if num_stages is not None else c.fitting_stages(
             NUM_STAGES, rows=block_kv, head_dim=d, dtype=k.dtype)),
         interpret=interpret,
@@ -137,20 +149,22 @@ def _launch(kernel, lead, q, k, v, *, block_kv, num_splits, num_warps, num_stage
     )(*(x for _, x in lead), folded, k, v)
     o, lse = combine_partials(o, lse, axis=2)
     o, lse = _unfold(o, lse, q.shape)
-    return o.astype(q.dtype), lse
+    return (o.astype(q.dtype), lse, *(x[:, :, :nq * hq // hkv] for x in rest))
 
 
 @functools.partial(jax.jit, static_argnames=("scale", "block_kv", "num_splits", "num_warps", "num_stages",
-                                             "interpret"))
-def _split_kv(q, k, v, kv_len, *, scale, block_kv, num_splits, num_warps, num_stages, interpret):
+                                             "interpret", "logits"))
+def _split_kv(q, k, v, kv_len, *, scale, block_kv, num_splits, num_warps, num_stages, interpret, logits=False):
     # any capacity of at least one tile is read in place (the kernel's last tile stays in bounds); a
     # smaller cache is padded to one tile, a copy of fewer than block_kv rows
-    k, v = c.pad_axis(k, 1, max(k.shape[1], block_kv)), c.pad_axis(v, 1, max(v.shape[1], block_kv))
+    nk = k.shape[1]
+    k, v = c.pad_axis(k, 1, max(nk, block_kv)), c.pad_axis(v, 1, max(nk, block_kv))
     kernel = functools.partial(_dense_kernel, scale_log2=scale * c.LOG2E, block_kv=block_kv,
                                num_splits=num_splits)
     lead = [(pl.BlockSpec((None, 1), lambda s, bi, h: (bi, 0)), kv_len[:, None])]
-    return _launch(kernel, lead, q, k, v, block_kv=block_kv, num_splits=num_splits, num_warps=num_warps,
-                   num_stages=num_stages, interpret=interpret, name="split_kv_attention")
+    out = _launch(kernel, lead, q, k, v, block_kv=block_kv, num_splits=num_splits, num_warps=num_warps,
+                  num_stages=num_stages, interpret=interpret, name="split_kv_attention", logits=logits)
+    return (*out[:2], out[2][..., :nk]) if logits else out
 
 
 @functools.partial(jax.jit, static_argnames=("scale", "block_kv", "num_splits", "num_warps", "num_stages",
@@ -189,7 +203,7 @@ def _check_block_queries(q, k, block_kv, num_splits):
 
 
 def split_kv_attention(q, k, v, *, kv_len=None, scale=None, return_lse=False, interpret=False, block_kv=128,
-                       num_splits=None, num_warps=None, num_stages=None):
+                       num_splits=None, num_warps=None, num_stages=None, return_logits=False):
     """Dense attention of a short query block over a long KV cache, split along the keys.
 
     Args:
@@ -201,22 +215,33 @@ def split_kv_attention(q, k, v, *, kv_len=None, scale=None, return_lse=False, in
       block_kv: key tile (power of two >= 16); any capacity Nk >= block_kv is read in place, a
         multiple of block_kv or not (a smaller one is padded to one tile). num_splits: programs per
         (batch, KV head) along the keys; default `default_num_splits`.
+      return_logits: also return the scaled logits the pass computes, f32 [B, Hkv, G * Nq, Nk]: row g * Nq + n
+        of KV head h is query n of head h * G + g, column j its logit (scale * q.k) against key j; columns at or
+        beyond kv_len are unspecified. With the LSE they give every key's probabilities without reading the keys
+        again (MAGE's Eq. 3 scores: `kv_scores_from_logits`).
 
-    Returns o [B, Nq, Hq, D] in q.dtype, or (o, lse).
+    Returns o [B, Nq, Hq, D] in q.dtype, or (o, lse) / (o, logits) / (o, lse, logits).
     """
     scale = c.check_scale(scale)
     b, nq, nk, hq, hkv, d = c.check_qkv(q, k, v)
     _check_block_queries(q, k, block_kv, num_splits)
     lengths = c.kv_lengths(kv_len, b, nk)
     splits = num_splits or default_num_splits(b, hkv, nk, block_kv)
-    o, lse = _split_kv(q, k, v, lengths, scale=c.resolve_scale(scale, d), block_kv=block_kv, num_splits=splits,
-                       num_warps=num_warps, num_stages=num_stages, interpret=interpret)
-    return (o, lse) if return_lse else o
+    o, lse, *logits = _split_kv(q, k, v, lengths, scale=c.resolve_scale(scale, d), block_kv=block_kv,
+                                num_splits=splits, num_warps=num_warps, num_stages=num_stages, interpret=interpret,
+                                logits=bool(return_logits))
+    return _returned(o, lse, logits, return_lse)
+
+
+def _returned(o, lse, logits: list, return_lse: bool):
+    out = (o, lse) if return_lse else (o,)
+    out += tuple(logits)
+    return out if len(out) > 1 else o
 
 
 def split_kv_attention_reference(q, k, v, *, kv_len=None, scale=None, return_lse=False, interpret=False,
-                                 block_kv=128, num_splits=None, num_warps=None, num_stages=None):
-    """The same function as `split_kv_attention`, computed densely in fp32 jnp."""
+                                 block_kv=128, num_splits=None, num_warps=None, num_stages=None, return_logits=False):
+    """The same function as `split_kv_attention`, computed densely in fp32 jnp (logits at or beyond kv_len: -inf)."""
     scale = c.check_scale(scale)
     del interpret, num_warps, num_stages
     b, nq, nk, hq, hkv, d = c.check_qkv(q, k, v)
@@ -224,7 +249,13 @@ def split_kv_attention_reference(q, k, v, *, kv_len=None, scale=None, return_lse
     lengths = c.kv_lengths(kv_len, b, nk)
     allowed = (jnp.arange(nk)[None, :] < lengths[:, None])[:, None, None, :]
     o, lse = c.dense_reference(q, k, v, allowed, c.resolve_scale(scale, d))
-    return (o, lse) if return_lse else o
+    logits = []
+    if return_logits:
+        # row g * Nq + n of KV head h: query n of head h * G + g
+        s = jnp.einsum("bnhgd,bkhd->bhgnk", q.astype(jnp.float32).reshape(b, nq, hkv, hq // hkv, d),
+                       k.astype(jnp.float32), precision="highest") * c.resolve_scale(scale, d)
+        logits = [jnp.where(allowed, s.reshape(b, hkv, hq // hkv * nq, nk), -jnp.inf)]
+    return _returned(o, lse, logits, return_lse)
 
 
 def _check_gather(q, k, v, kv_indices, kv_counts, block_kv, num_splits):

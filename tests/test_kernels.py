@@ -177,6 +177,29 @@ class KernelChecks:
                              block_kv=32, num_splits=splits)
         assert_attention_close(out, ref, dtype)
 
+    @pytest.mark.parametrize("nq,hq,hkv,nk,kv_len,splits", [
+        (4, 4, 2, 300, [0, 217], 3),     # an empty cache row, a length inside a tile
+        (4, 4, 2, 300, [300, 290], 3),   # the last tile loaded from below its start (capacity 9.4 tiles)
+        (4, 2, 1, 20, [20, 7], 2),       # a capacity below one tile (padded to one)
+        (5, 8, 2, 100, None, 4),         # G * Nq = 20 rows, folded into a tile of 32
+    ])
+    def test_split_kv_logits_give_the_eq3_scores(self, rng, nq, hq, hkv, nk, kv_len, splits):
+        """The pass's logits (every column below kv_len written: interpret-mode outputs start as NaN) equal the
+        reference's, and with the LSE they give MAGE's scores without reading the keys again."""
+        q, k, v = qkv(rng, 2, nq, nk, hq, hkv, 64, F32)
+        lengths = None if kv_len is None else jnp.asarray(kv_len)
+        kwargs = dict(kv_len=lengths, return_lse=True, return_logits=True, block_kv=32, num_splits=splits)
+        o, lse, logits = pk.split_kv_attention(q, k, v, interpret=self.INTERPRET, **kwargs)
+        o_ref, lse_ref, logits_ref = pk.split_kv_attention_reference(q, k, v, **kwargs)
+        assert_attention_close((o, lse), (o_ref, lse_ref), F32)
+        got, want = np.asarray(logits), np.asarray(logits_ref)
+        assert got.shape == want.shape == (2, hkv, hq // hkv * nq, nk) and got.dtype == np.float32
+        filled = np.arange(nk) < (np.full(2, nk) if kv_len is None else np.asarray(kv_len))[:, None]
+        below = np.broadcast_to(filled[:, None, None, :], got.shape)
+        np.testing.assert_allclose(got[below], want[below], rtol=1e-5, atol=1e-5)
+        scores = pk.kv_scores_from_logits(logits, lse, kv_len=lengths)
+        assert_scores_close(scores, pk.kv_scores_reference(q, k, lse_ref, kv_len=lengths))
+
     @pytest.mark.parametrize("dtype", [F32, BF16])
     @pytest.mark.parametrize("nq,width,splits", [(4, 70, 2), (16, 200, 5), (3, 16, 1)])
     def test_split_kv_gather(self, rng, dtype, nq, width, splits):
@@ -460,6 +483,11 @@ def test_split_kv_reads_a_cache_of_any_capacity_in_place(rng, nk):
     calls = [e for e in equations if e.primitive.name == "pallas_call"]
     assert calls and all(x.aval.shape == k.shape for e in calls for x in e.invars[-2:])
     assert not [e for e in equations if e.primitive.name == "pad" and e.invars[0].aval.shape == k.shape]
+
+
+def test_kv_scores_from_logits_names_an_lse_that_does_not_fold_onto_the_logits():
+    with pytest.raises(ValueError, match=r"lse must be \[B, Hq, Nq\] with \(Hq / Hkv\) \* Nq = 16 folded rows"):
+        pk.kv_scores_from_logits(jnp.zeros((1, 2, 16, 40)), jnp.zeros((1, 4, 3)))
 
 
 @pytest.mark.parametrize("nk", [200, 256, 131200])
