@@ -20,8 +20,9 @@ position, as in `lax.top_k`'s stable order, and values compare in IEEE total ord
   tiles of 8 that is one `lax.top_k` over 2,048 maxima and two over 4,096 candidates per row, where "sort"
   ranks 32 chunks of 4,096 and then 16,384 candidates. Values are compared as their IEEE total-order keys
   (`ordered_keys`), so a tile's maximum ranks as `lax.top_k` would rank it. A row of at most k tiles is ranked
-  by one `lax.top_k`. MAGE's default: at 128k keys, batch 4 (H200) 0.12 ms per layer against the chunked sort's
-  0.34 (`benchmarks/mage_select.py`).
+  by one `lax.top_k`, and so is every row off a GPU unless `tile` is given (a tournament compiles into a larger
+  program, and XLA:CPU's top k sorts nothing whole). MAGE's default: at 128k keys, batch 4 (H200) 0.12 ms per layer
+  against the chunked sort's 0.34 (`benchmarks/mage_select.py`).
 - "threshold": a radix search for the k-th largest value (a few counting passes over the row, each
   fixing `bits` bits of it), then the entries above it plus the lowest-positioned ties, read off in
   position order by a binary search over their running count. Nothing is sorted, but the passes and the
@@ -38,6 +39,7 @@ import jax
 import jax.numpy as jnp
 
 METHODS = ("sort", "tiles", "threshold")
+TILE = 8  # "tiles": positions per tile on a GPU (4, 8 and 16 within 8% of each other at 128k, H200, session 18)
 SORT_CHUNK = 4096  # "sort": the longest row sorted whole (the fastest of 2048-16384 at 128k, batches 1 and 4:
 # benchmarks/mage_select.py, H200, session 18)
 
@@ -48,12 +50,12 @@ def check_method(method: str, name: str = "method") -> None:
 
 
 def top_k_positions(scores, k: int, *, method: str = "sort", bits: int = 4, chunk: int | None = None,
-                    tile: int = 8):
+                    tile: int | None = None):
     """int32 [..., k]: ascending positions of the k largest entries of each row of float `scores`
     [..., S] (k <= S). `bits` (a divisor of 32) is how many bits of the k-th largest value each
     counting pass of "threshold" fixes: 2**bits - 1 comparisons per entry per pass, 32 / bits passes.
     `chunk`: the longest row "sort" sorts whole (None: SORT_CHUNK on a GPU, any row elsewhere; the module
-    docstring). `tile`: the positions per tile of "tiles" (at least 2)."""
+    docstring). `tile`: the positions per tile of "tiles" (at least 2; None: TILE on a GPU, the whole row elsewhere)."""
     check_method(method)
     s = scores.shape[-1]
     if not 0 < k <= s:
@@ -64,6 +66,8 @@ def top_k_positions(scores, k: int, *, method: str = "sort", bits: int = 4, chun
         chunk = SORT_CHUNK if jax.default_backend() == "gpu" else s
     if not isinstance(chunk, int) or chunk < 1:
         raise ValueError(f"chunk={chunk!r} must be a positive int")
+    if tile is None:  # as chunk: on a CPU one lax.top_k of the whole row, which sorts nothing whole there
+        tile = TILE if jax.default_backend() == "gpu" else max(s, 2)
     if not isinstance(tile, int) or tile < 2:
         raise ValueError(f"tile={tile!r} must be an int >= 2")
     if method == "tiles":
