@@ -240,7 +240,11 @@ def init_carry(rows: int, head_dim: int):
 
 def tile_update(carry, q, k, v, scale_log2: float, valid=None):
     """One online-softmax step over a key tile; `valid` bool [n] marks the keys to use (None: all)."""
-    s = logits(q, k, scale_log2)
+    return masked_update(carry, logits(q, k, scale_log2), v, valid)
+
+
+def masked_update(carry, s, v, valid=None):
+    """`logits_update` for base-2 logits s [m, n] already computed, `valid` bool [n] marking the keys to use."""
     if valid is not None:
         s = jnp.where(valid[None, :], s, -jnp.inf)
         v = mask_values(v, valid)

@@ -64,15 +64,11 @@ def _dense_kernel(kvlen_ref, q_ref, k_ref, v_ref, o_ref, lse_ref, *logits_ref, s
             valid = (position >= start) & (position < hi)
         k = k_ref[pl.ds(first, block_kv), :]
         v = v_ref[pl.ds(first, block_kv), :]
-        if not logits_ref:
-            return c.tile_update(carry, q, k, v, scale_log2, valid)
         s = c.logits(q, k, scale_log2)
-        # every key below kv_len lies in one program's share and gets its logit; a last tile loaded from below its
-        # start rewrites its neighbours' columns with the same values
-        logits_ref[0][:, pl.ds(first, block_kv)] = s * c.LN2
-        if valid is not None:
-            s, v = jnp.where(valid[None, :], s, -jnp.inf), c.mask_values(v, valid)
-        return c.logits_update(carry, s, v)
+        if logits_ref:  # every key below kv_len lies in one program's share and gets its logit; a last tile
+            # loaded from below its start rewrites its neighbours' columns with the same values
+            logits_ref[0][:, pl.ds(first, block_kv)] = s * c.LN2
+        return c.masked_update(carry, s, v, valid)
 
     carry = jax.lax.fori_loop(0, n // block_kv, functools.partial(tile, masked=False),
                               c.init_carry(q.shape[0], q.shape[1]))
