@@ -91,12 +91,12 @@ def pass_rows(batch: int, length: int) -> list[dict]:
         o, lse, logits = split_kv_attention(q, c, c, kv_len=p, return_lse=True, return_logits=True)
         return o, kv_scores_from_logits(logits, lse, kv_len=p)
 
-    want = np.asarray(jax.jit(twice)(q, cache, prefix)[1])
-    rows = []
+    rows, want = [], None
     for name, fn in (("default", jax.jit(twice)), ("from the pass's logits", jax.jit(once))):
-        ms = time_calls(fn, q, cache, prefix) * 1e3
         got = np.asarray(fn(q, cache, prefix)[1])
-        rows.append(dict(point, method=name, ms=ms, equal=bool(np.allclose(got, want, rtol=1e-4, atol=1e-12))))
+        want = got if want is None else want
+        rows.append(dict(point, method=name, ms=time_calls(fn, q, cache, prefix) * 1e3,
+                         equal=bool(np.allclose(got, want, rtol=1e-4, atol=1e-12))))
     return rows
 
 

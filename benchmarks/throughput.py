@@ -186,10 +186,9 @@ def plan_from(args) -> Plan:
     if args.long_batches:
         changes["long_batches"] = tuple(args.long_batches)
     if args.long_methods:
-        unknown = [m for m in args.long_methods if m not in plans.Plan.long_methods]
+        unknown = [m for m in args.long_methods if m not in Plan.long_methods]
         if unknown:
-            raise ValueError(f"--long-methods: unknown method(s) {unknown}; choose from "
-                             f"{', '.join(plans.Plan.long_methods)}")
+            raise ValueError(f"--long-methods: unknown method(s) {unknown}; choose from {', '.join(Plan.long_methods)}")
         changes["long_methods"] = tuple(args.long_methods)
     if args.quantize:
         if args.baseline:
