@@ -2,6 +2,7 @@
 attention under the explicit mask, and exactness when everything is kept."""
 
 import dataclasses
+import itertools
 import math
 
 import jax
@@ -53,14 +54,14 @@ def test_select_prefix_matches_eq3(rng, n, hq, hkv, prefix, k, select_by):
 
 
 def test_the_policy_selects_by_eq3_and_optionally_by_the_earlier_rule(rng):
-    """MAGE's first step (prefix part + block part merged by LSE, the prefix LSE feeding the scores)
-    selects what Eq. 3 selects; softmax_over="prefix+block" what the earlier rule selects."""
+    """MAGE's first step (prefix part + block part merged by LSE, the prefix LSE feeding the scores, made
+    from the prefix pass's logits or from the keys read again) selects what Eq. 3 selects; softmax_over="prefix+block" what the earlier rule selects."""
     n, hq, hkv, prefix, cap, k = 4, 4, 2, 45, 56, 6
     q = jnp.asarray(rng.standard_normal((2, n, hq, 32)), jnp.float32)
     kc, vc = (jnp.asarray(rng.standard_normal((2, cap, hkv, 32)), jnp.float32) for _ in range(2))
     kv_len = jnp.int32(prefix + n)
-    for softmax_over in ("prefix", "prefix+block"):
-        mage = MAGE(k=k, exact_layers=0, softmax_over=softmax_over)
+    for softmax_over, scores_from in itertools.product(("prefix", "prefix+block"), ("logits", "keys")):
+        mage = MAGE(k=k, exact_layers=0, softmax_over=softmax_over, scores_from=scores_from)
         state = mage.init_state(batch=2, num_heads=hq, num_kv_heads=hkv, q_len=n, kv_len=cap, head_dim=32)
         out, (indices, _) = mage.attend(q, kc, vc, state, jnp.int32(Mode.ESTIMATE), kv_len=kv_len)
         np.testing.assert_array_equal(indices, mage_numpy(q, kc, prefix, k, softmax_over))
@@ -87,6 +88,10 @@ def test_eq3_differs_from_the_prefix_plus_block_ranking():
     np.testing.assert_array_equal(got, earlier)
     with pytest.raises(ValueError, match="softmax_over='block'"):
         MAGE(softmax_over="block")
+    with pytest.raises(ValueError, match="scores_from='lse'"):
+        MAGE(scores_from="lse")
+    with pytest.raises(ValueError, match="logits together with the LSE"):
+        select_prefix(jnp.asarray(q), jnp.asarray(cache), prefix_len=prefix, k=1, logits=jnp.zeros((1, 1, 2, 12)))
 
 
 def test_sparse_step_attends_to_the_selection_and_the_block(rng):

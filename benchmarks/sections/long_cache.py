@@ -36,10 +36,12 @@ def long_rows(model, config, plan: Plan, *, baseline: bool, copy: dict | None, d
     s, n = plan.long_prompt, config.block_size
     options = gen.SDAROptions(**sdar_options(plan))
     mage = family_methods("SDAR", small=plan.small_methods)["mage"]
-    # "mage/sort", "mage/threshold": the same selection found by lax.top_k and by the radix threshold
+    # "mage/sort", "mage/threshold": the same selection found by lax.top_k and by the radix threshold;
+    # "mage/keys": its scores from the keys read again (kv_scores) instead of the exact pass's logits
     methods = family_methods("SDAR", small=plan.small_methods, names=("flashblock", "flashblock+mage"))
     known = {"mage": mage, "mage/sort": dataclasses.replace(mage, select_by="sort"),
-             "mage/threshold": dataclasses.replace(mage, select_by="threshold"), **methods}
+             "mage/threshold": dataclasses.replace(mage, select_by="threshold"),
+             "mage/keys": dataclasses.replace(mage, scores_from="keys"), **methods}
     policies = {"dense": Dense()} | {name: known[name] for name in plan.long_methods}
     repeats = 3
     for batch in plan.long_batches:

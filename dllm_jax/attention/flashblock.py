@@ -40,8 +40,7 @@ from jax.sharding import PartitionSpec as P
 import pallas_kernels as pk
 from dllm_jax import validation
 from dllm_jax.attention import kernels
-from dllm_jax.attention.mage import (MAGE, block_keys, prefix_counts, row_lengths, selected_attention,
-                                     split_exact_attention)
+from dllm_jax.attention.mage import MAGE, block_keys, prefix_counts, row_lengths, selected_attention
 from dllm_jax.attention.policy import AttentionPolicy, Mode, check_backend, check_field, switch_rows
 
 
@@ -164,8 +163,7 @@ class FlashBlock(AttentionPolicy):
             return kernels.split_kv(q, k, v, kv_len, self.backend)[0], indices, cached_o, cached_lse
 
         def estimate(_):
-            out, lse, prefix_lse = split_exact_attention(q, k, v, kv_len, self.backend)
-            selected = mage.select(q, k, kv_len, lse, prefix_lse=prefix_lse)
+            out, selected = mage.estimate(q, k, v, kv_len)
             o_res, lse_res = residual(selected)
             return out.astype(q.dtype), selected, o_res.astype(jnp.float32), lse_res
 

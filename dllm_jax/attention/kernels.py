@@ -90,10 +90,11 @@ def column_scores(q, k, group: int, scale, backend: str):
     return call(pk.column_scores, pk.column_scores_reference, backend, q, k, lse, group_size=group, scale=scale)
 
 
-def split_kv(q, k, v, kv_len, backend: str, scale=None):
-    """Dense attention of a query block over one layer's KV cache [B, S, Hkv, D] below kv_len: (o, lse)."""
+def split_kv(q, k, v, kv_len, backend: str, scale=None, *, return_logits: bool = False):
+    """Dense attention of a query block over one layer's KV cache [B, S, Hkv, D] below kv_len: (o, lse), and
+    with return_logits the pass's scaled logits f32 [B, Hkv, G * Nq, S] (`pk.split_kv_attention`'s layout)."""
     return call(pk.split_kv_attention, pk.split_kv_attention_reference, backend, q, k, v, kv_len=kv_len,
-                scale=scale, return_lse=True)
+                scale=scale, return_lse=True, return_logits=return_logits)
 
 
 def split_kv_gather(q, k, v, indices, counts, backend: str):

@@ -37,6 +37,8 @@ from dllm_jax.attention.select import check_method, top_k_positions
 
 
 SOFTMAX_OVER = ("prefix", "prefix+block")  # Eq. 3 (the default); this project's earlier rule
+# where Eq. 3's probabilities come from: the logits the step's exact prefix pass wrote (default), or the keys read again
+SCORES_FROM = ("logits", "keys")
 
 
 def check_softmax_over(softmax_over: str, name: str = "softmax_over") -> None:
@@ -50,7 +52,7 @@ def row_lengths(lengths, batch: int):
 
 
 def select_prefix(q_block, k_cache, *, prefix_len, k: int, scale=None, backend: str = "auto", lse=None,
-                  softmax_over: str = "prefix", select_by: str = "tiles"):
+                  softmax_over: str = "prefix", select_by: str = "tiles", logits=None):
     """MAGE's selection: int32 [B, Hkv, k], ascending.
 
     q_block [B, n, Hq, D]; k_cache [B, S, Hkv, D] (one layer) holding row b's committed prefix in
@@ -63,15 +65,23 @@ def select_prefix(q_block, k_cache, *, prefix_len, k: int, scale=None, backend: 
     last (the valid count is `min(k, prefix_len)`, see `prefix_counts`). `lse` f32 [B, Hq, n]: the
     LSE of the queries over the keys the softmax runs over, if the caller already has it (MAGE's
     first step does: its prefix part). `select_by`: how the top k are found, "sort", "tiles" or "threshold"
-    (`dllm_jax.attention.select`: the same positions).
+    (`dllm_jax.attention.select`: the same positions). `logits`: the scaled prefix logits f32 [B, Hkv, G * n, S]
+    of a split-KV pass over at least the prefix (`kernels.split_kv(..., return_logits=True)`) with `lse`: the
+    scores are then made from them (`pk.kv_scores_from_logits`) instead of reading the keys again.
     """
     check_softmax_over(softmax_over)
     b, n = q_block.shape[:2]
     prefix_len = row_lengths(prefix_len, b)
     kv_len = prefix_len + (n if softmax_over == "prefix+block" else 0)
-    if lse is None:  # only the LSE is used
-        _, lse = kernels.split_kv(q_block, k_cache, k_cache, kv_len, backend, scale)
-    scores = kernels.kv_scores(q_block, k_cache, lse, kv_len, backend, scale)
+    if logits is not None:
+        if lse is None:
+            raise ValueError("select_prefix takes logits together with the LSE they were normalised by")
+        # columns past the prefix score 0 there and are not ranked below, whichever softmax_over
+        scores = pk.kv_scores_from_logits(logits, lse, kv_len=prefix_len)
+    else:
+        if lse is None:  # only the LSE is used
+            _, lse = kernels.split_kv(q_block, k_cache, k_cache, kv_len, backend, scale)
+        scores = kernels.kv_scores(q_block, k_cache, lse, kv_len, backend, scale)
     in_prefix = jnp.arange(scores.shape[-1]) < prefix_len[:, None, None]
     ranked_scores = jnp.where(in_prefix, scores, -jnp.inf)
     if k > ranked_scores.shape[-1]:  # k beyond the cache capacity: every prefix position is kept
@@ -121,14 +131,16 @@ def selected_attention(q, k, v, indices, kv_len, backend: str):
     return kernels.split_kv_gather(q, k, v, listed, counts, backend)
 
 
-def split_exact_attention(q, k, v, kv_len, backend: str):
+def split_exact_attention(q, k, v, kv_len, backend: str, *, return_logits: bool = False):
     """Exact attention of a block step as its prefix part and its block part merged by LSE:
-    (o, lse over prefix + block, prefix_lse over the prefix alone, what Eq. 3's softmax needs)."""
+    (o, lse over prefix + block, prefix_lse over the prefix alone, what Eq. 3's softmax needs), and with
+    return_logits the prefix pass's logits (`kernels.split_kv`'s; columns past the prefix unspecified)."""
     n = q.shape[1]
-    o_prefix, prefix_lse = kernels.split_kv(q, k, v, row_lengths(kv_len, q.shape[0]) - n, backend)
+    o_prefix, prefix_lse, *logits = kernels.split_kv(q, k, v, row_lengths(kv_len, q.shape[0]) - n, backend,
+                                                     return_logits=return_logits)
     k_block, v_block = block_keys(k, v, kv_len, n)
     o, lse = pk.merge_attention(o_prefix, prefix_lse, *kernels.flash(q, k_block, v_block, backend))
-    return o, lse, prefix_lse
+    return (o, lse, prefix_lse, *logits)
 
 
 @dataclasses.dataclass(frozen=True, kw_only=True)
@@ -144,6 +156,9 @@ class MAGE(AttentionPolicy):
       best tiles' entries), "sort" (`lax.top_k` over the scores, by chunks on a GPU) or "threshold" (a radix
       search for the k-th score, no sort); the same positions (`dllm_jax.attention.select`). At 128k keys, batch 4
       (H200) "tiles" found them in 0.11 ms per layer against "sort"'s 0.34 ms.
+    scores_from: where Eq. 3's probabilities come from: "logits" (default: the logits the first step's exact
+      prefix pass writes, 4 G n bytes per key) or "keys" (`kv_scores`: the keys read again, 2 D bytes per key).
+      The same scores up to float rounding.
     """
 
     k: int = 512
@@ -151,6 +166,7 @@ class MAGE(AttentionPolicy):
     softmax_over: str = "prefix"
     backend: str = "auto"
     select_by: str = "tiles"
+    scores_from: str = "logits"
     # set by `at_layer` where the layer index is static: whether this layer attends exactly (None: the
     # state's per-layer flag decides, as in a scan over layers)
     layer_is_exact: bool | None = dataclasses.field(default=None, repr=False)
@@ -162,6 +178,8 @@ class MAGE(AttentionPolicy):
         check_softmax_over(self.softmax_over, field_label(self, "softmax_over"))
         check_backend(self)
         check_method(self.select_by, field_label(self, "select_by"))
+        if not isinstance(self.scores_from, str) or self.scores_from not in SCORES_FROM:
+            raise ValueError(f"{field_label(self, 'scores_from')}={self.scores_from!r} is not one of {SCORES_FROM}")
         if not (self.layer_is_exact is None or isinstance(self.layer_is_exact, bool)):
             raise ValueError(f"{field_label(self, 'layer_is_exact')} must be None or a bool, "
                              f"got {self.layer_is_exact!r}")
@@ -205,8 +223,8 @@ class MAGE(AttentionPolicy):
             return kernels.split_kv(q, k, v, kv_len, self.backend)[0], indices
 
         def estimate(_):
-            out, lse, prefix_lse = split_exact_attention(q, k, v, kv_len, self.backend)
-            return out.astype(q.dtype), self.select(q, k, kv_len, lse, prefix_lse=prefix_lse)
+            out, selected = self.estimate(q, k, v, kv_len)
+            return out.astype(q.dtype), selected
 
         def sparse(_):  # leaves the selection unchanged (rows waiting for the others' blocks get SPARSE)
             out, _ = selected_attention(q, k, v, indices, kv_len, self.backend)
@@ -226,13 +244,20 @@ class MAGE(AttentionPolicy):
         out, indices = switch_rows(index, [exact_step, estimate, sparse], None)
         return out, (indices, state[1])
 
-    def select(self, q, k, kv_len, lse=None, *, prefix_lse=None):
+    def estimate(self, q, k, v, kv_len):
+        """A block's first step in a sparse layer: (exact out [B, n, Hq, D] f32, its selection [B, Hkv, k])."""
+        out, lse, prefix_lse, *logits = split_exact_attention(q, k, v, kv_len, self.backend,
+                                                               return_logits=self.scores_from == "logits")
+        return out, self.select(q, k, kv_len, lse, prefix_lse=prefix_lse, logits=logits[0] if logits else None)
+
+    def select(self, q, k, kv_len, lse=None, *, prefix_lse=None, logits=None):
         """`select_prefix` for a block step against one layer's whole cache buffer k. `lse` (over
         prefix + block) and `prefix_lse` (over the prefix alone; see `split_exact_attention`) are what
-        the caller already has; the one `softmax_over` needs is used, and computed here when not given."""
+        the caller already has; the one `softmax_over` needs is used, and computed here when not given.
+        `logits`: the prefix pass's (`split_exact_attention(..., return_logits=True)`), used with that LSE."""
         given = prefix_lse if self.softmax_over == "prefix" else lse
         return select_prefix(q, k, prefix_len=jnp.asarray(kv_len) - q.shape[1], k=self.k, backend=self.backend,
-                             lse=given, softmax_over=self.softmax_over, select_by=self.select_by)
+                             lse=given, softmax_over=self.softmax_over, select_by=self.select_by, logits=logits)
 
     def selection(self, state):
         """(indices [B, Hkv, k], exact) of one layer's state: what `dllm_jax.analysis` compares."""
