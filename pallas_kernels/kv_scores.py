@@ -118,20 +118,73 @@ def kv_scores(q, k, lse, *, scale=None, kv_len=None, interpret=False, block_kv=6
                       interpret=interpret)
 
 
-def kv_scores_from_logits(logits, lse, *, kv_len=None):
-    """`kv_scores` from the logits a split-KV pass already computed (`split_kv_attention(...,
-    return_logits=True)`: f32 [B, Hkv, G * Nq, Nk], its folded query rows) and their LSE f32 [B, Hq, Nq], without
-    reading the keys again: 4 * G * Nq bytes per key instead of the key's 2 * D (bf16). kv_len: None, int or int
-    [B]; keys at or beyond it score 0 (the logits there are unspecified). Plain jnp: XLA fuses it into one pass."""
+FROM_LOGITS_SPAN = 1024  # keys per program of `kv_scores_from_logits` (at most; a power of two)
+
+
+def _from_logits_kernel(kvlen_ref, shift_ref, logits_ref, out_ref, *, span, num_rows):
+    num_keys = logits_ref.shape[1]  # any width >= span: the last program loads the last span columns instead
+    start = pl.program_id(0) * span
+    first = jnp.minimum(start, num_keys - span)
+    valid = first + jnp.arange(span) < kvlen_ref[0]
+
+    def row(r, total):  # one folded query row at a time: the row count need not be a power of two
+        p = jnp.exp(logits_ref[r, pl.ds(first, span)] - shift_ref[r])
+        return total + jnp.where(valid, p, 0.0)  # a select: unwritten logits past kv_len may hold NaN
+
+    total = jax.lax.fori_loop(0, num_rows, row, jnp.zeros((span,), jnp.float32))
+    out_ref[pl.ds(first, span)] = total / num_rows  # a last program overlapping its neighbour writes its values
+
+
+@functools.partial(jax.jit, static_argnames=("span", "num_warps", "interpret"))
+def _kv_scores_from_logits(logits, shift, kv_len, *, span, num_warps, interpret):
     b, hkv, rows, nk = logits.shape
+    return pl.pallas_call(
+        functools.partial(_from_logits_kernel, span=span, num_rows=rows),
+        grid=(c.cdiv(nk, span), b, hkv),
+        in_specs=[
+            pl.BlockSpec((None, 1), lambda s, bi, h: (bi, 0)),
+            pl.BlockSpec((None, None, rows), lambda s, bi, h: (bi, h, 0)),
+            pl.BlockSpec((None, None, rows, nk), lambda s, bi, h: (bi, h, 0, 0)),  # the whole row, read in place
+        ],
+        out_specs=pl.BlockSpec((None, None, nk), lambda s, bi, h: (bi, h, 0)),
+        out_shape=jax.ShapeDtypeStruct((b, hkv, nk), jnp.float32),
+        compiler_params=c.compiler_params(64, num_warps, 1),
+        interpret=interpret,
+        name="kv_scores_from_logits",
+    )(kv_len[:, None], shift, logits)
+
+
+def _check_logits(logits, lse, kv_len):
+    b, hkv, rows, nk = logits.shape
+    if logits.dtype != jnp.float32:
+        raise ValueError(f"logits must be float32 [B, Hkv, G * Nq, Nk], got {logits.dtype} {logits.shape}")
     if lse.ndim != 3 or lse.shape[0] != b or lse.shape[1] % hkv or lse.shape[1] // hkv * lse.shape[2] != rows:
         raise ValueError(f"lse must be [B, Hq, Nq] with (Hq / Hkv) * Nq = {rows} folded rows for logits "
                          f"{logits.shape}, got {lse.shape}")
-    lengths = c.kv_lengths(kv_len, b, nk)
-    folded = lse.reshape(b, hkv, rows)  # row g * Nq + n: head h * G + g, query n, as the logits
-    shift = jnp.where(folded == -jnp.inf, jnp.inf, folded)  # a row without keys contributes 0, not NaN
+    # row g * Nq + n: head h * G + g, query n, as the logits; a row without keys contributes 0, not NaN
+    folded = lse.reshape(b, hkv, rows)
+    return jnp.where(folded == -jnp.inf, jnp.inf, folded), c.kv_lengths(kv_len, b, nk)
+
+
+def kv_scores_from_logits(logits, lse, *, kv_len=None, interpret=False, num_warps=None):
+    """`kv_scores` from the logits a split-KV pass already computed (`split_kv_attention(...,
+    return_logits=True)`: f32 [B, Hkv, G * Nq, Nk], its folded query rows) and their LSE f32 [B, Hq, Nq], without
+    reading the keys again: 4 * G * Nq bytes per key instead of the key's 2 * D (bf16). kv_len: None, int or int
+    [B]; keys at or beyond it score 0 (the logits there are unspecified, NaN included). Grid (key spans, batch,
+    KV heads): each program sums its span of up to FROM_LOGITS_SPAN keys over the rows, one row at a time. (XLA's
+    own fusion of the same jnp, `kv_scores_from_logits_reference`, read the logits at ~0.5-1.1 TB/s in MAGE's loop on
+    an H200.) Returns f32 [B, Hkv, Nk]."""
+    shift, lengths = _check_logits(logits, lse, kv_len)
+    span = min(FROM_LOGITS_SPAN, 1 << (logits.shape[-1].bit_length() - 1))  # the largest power of two <= Nk
+    return _kv_scores_from_logits(logits, shift, lengths, span=span, num_warps=num_warps, interpret=interpret)
+
+
+def kv_scores_from_logits_reference(logits, lse, *, kv_len=None, interpret=False, num_warps=None):
+    """The same function as `kv_scores_from_logits`, in jnp."""
+    del interpret, num_warps
+    shift, lengths = _check_logits(logits, lse, kv_len)
     scores = jnp.mean(jnp.exp(logits - shift[..., None]), axis=2)
-    return jnp.where(jnp.arange(nk) < lengths[:, None, None], scores, 0.0)
+    return jnp.where(jnp.arange(logits.shape[-1]) < lengths[:, None, None], scores, 0.0)
 
 
 def kv_scores_reference(q, k, lse, *, scale=None, kv_len=None, interpret=False, block_kv=64,

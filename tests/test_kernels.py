@@ -197,8 +197,30 @@ class KernelChecks:
         filled = np.arange(nk) < (np.full(2, nk) if kv_len is None else np.asarray(kv_len))[:, None]
         below = np.broadcast_to(filled[:, None, None, :], got.shape)
         np.testing.assert_allclose(got[below], want[below], rtol=1e-5, atol=1e-5)
-        scores = pk.kv_scores_from_logits(logits, lse, kv_len=lengths)
+        scores = pk.kv_scores_from_logits(logits, lse, kv_len=lengths, interpret=self.INTERPRET)
         assert_scores_close(scores, pk.kv_scores_reference(q, k, lse_ref, kv_len=lengths))
+
+    @pytest.mark.parametrize("b,hkv,rows,nk,kv_len", [
+        (2, 2, 16, 300, [0, 217]),     # an empty row; a last span overlapping its neighbour (300 = 256 + 44)
+        (1, 3, 20, 2500, [2333]),      # 20 rows (not a power of two), spans of 1024 with a partial last one
+        (2, 1, 12, 20, None),          # fewer keys than a span of 16: two overlapping spans
+    ])
+    def test_kv_scores_from_logits(self, rng, b, hkv, rows, nk, kv_len):
+        """The Pallas reduction equals the jnp one; NaN logits past kv_len (the pass leaves them unwritten) score 0,
+        and every key gets its score (interpret-mode outputs start as NaN)."""
+        lengths = np.full(b, nk) if kv_len is None else np.asarray(kv_len)
+        logits = rng.standard_normal((b, hkv, rows, nk)).astype(np.float32) * 4
+        logits = np.where(np.arange(nk) < lengths[:, None, None, None], logits, np.nan)
+        with np.errstate(divide="ignore"):  # the rows' own LSE: -inf where they have no keys
+            lse = np.log(np.exp(np.nan_to_num(logits, nan=-np.inf)).sum(-1))
+        lse = lse.reshape(b, hkv * 2, rows // 2)
+        got = pk.kv_scores_from_logits(jnp.asarray(logits), jnp.asarray(lse), kv_len=None if kv_len is None else
+                                       jnp.asarray(lengths), interpret=self.INTERPRET)
+        want = pk.kv_scores_from_logits_reference(jnp.asarray(logits), jnp.asarray(lse), kv_len=jnp.asarray(lengths))
+        assert got.shape == (b, hkv, nk) and np.isfinite(np.asarray(got)).all()
+        np.testing.assert_allclose(got, want, rtol=1e-5, atol=1e-7)
+        past = np.broadcast_to(np.arange(nk)[None, None, :] >= lengths[:, None, None], got.shape)
+        assert (np.asarray(got)[past] == 0).all()
 
     @pytest.mark.parametrize("dtype", [F32, BF16])
     @pytest.mark.parametrize("nq,width,splits", [(4, 70, 2), (16, 200, 5), (3, 16, 1)])
@@ -488,6 +510,8 @@ def test_split_kv_reads_a_cache_of_any_capacity_in_place(rng, nk):
 def test_kv_scores_from_logits_names_an_lse_that_does_not_fold_onto_the_logits():
     with pytest.raises(ValueError, match=r"lse must be \[B, Hq, Nq\] with \(Hq / Hkv\) \* Nq = 16 folded rows"):
         pk.kv_scores_from_logits(jnp.zeros((1, 2, 16, 40)), jnp.zeros((1, 4, 3)))
+    with pytest.raises(ValueError, match="logits must be float32"):
+        pk.kv_scores_from_logits(jnp.zeros((1, 2, 16, 40), jnp.bfloat16), jnp.zeros((1, 4, 8)))
 
 
 @pytest.mark.parametrize("nk", [200, 256, 131200])

@@ -55,7 +55,8 @@ def test_select_prefix_matches_eq3(rng, n, hq, hkv, prefix, k, select_by):
 
 def test_the_policy_selects_by_eq3_and_optionally_by_the_earlier_rule(rng):
     """MAGE's first step (prefix part + block part merged by LSE, the prefix LSE feeding the scores, made
-    from the prefix pass's logits or from the keys read again) selects what Eq. 3 selects; softmax_over="prefix+block" what the earlier rule selects."""
+    from the prefix pass's logits or from the keys read again) selects what Eq. 3 selects;
+    softmax_over="prefix+block" what the earlier rule selects."""
     n, hq, hkv, prefix, cap, k = 4, 4, 2, 45, 56, 6
     q = jnp.asarray(rng.standard_normal((2, n, hq, 32)), jnp.float32)
     kc, vc = (jnp.asarray(rng.standard_normal((2, cap, hkv, 32)), jnp.float32) for _ in range(2))

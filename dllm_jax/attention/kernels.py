@@ -108,6 +108,11 @@ def kv_scores(q, k, lse, kv_len, backend: str, scale=None):
     return call(pk.kv_scores, pk.kv_scores_reference, backend, q, k, lse, kv_len=kv_len, scale=scale)
 
 
+def kv_scores_from_logits(logits, lse, kv_len, backend: str):
+    """`kv_scores` from the logits of a split-KV pass (`split_kv(..., return_logits=True)`) and its LSE [B, Hkv, S]."""
+    return call(pk.kv_scores_from_logits, pk.kv_scores_from_logits_reference, backend, logits, lse, kv_len=kv_len)
+
+
 def flash(q, k, v, backend: str):
     """Dense attention with its LSE: (o, lse)."""
     return call(pk.flash_attention, pk.flash_attention_reference, backend, q, k, v, return_lse=True)

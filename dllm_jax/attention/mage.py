@@ -67,7 +67,7 @@ def select_prefix(q_block, k_cache, *, prefix_len, k: int, scale=None, backend: 
     first step does: its prefix part). `select_by`: how the top k are found, "sort", "tiles" or "threshold"
     (`dllm_jax.attention.select`: the same positions). `logits`: the scaled prefix logits f32 [B, Hkv, G * n, S]
     of a split-KV pass over at least the prefix (`kernels.split_kv(..., return_logits=True)`) with `lse`: the
-    scores are then made from them (`pk.kv_scores_from_logits`) instead of reading the keys again.
+    scores are then made from them (`kernels.kv_scores_from_logits`) instead of reading the keys again.
     """
     check_softmax_over(softmax_over)
     b, n = q_block.shape[:2]
@@ -76,10 +76,8 @@ def select_prefix(q_block, k_cache, *, prefix_len, k: int, scale=None, backend: 
     if logits is not None:
         if lse is None:
             raise ValueError("select_prefix takes logits together with the LSE they were normalised by")
-        # columns past the prefix score 0 there and are not ranked below, whichever softmax_over. The barrier keeps
-        # this pass over the logits a fusion of its own: in MAGE's loop on an H200, XLA fused it with the selection's
-        # reductions into one that read them at ~1.1 TB/s (0.23 ms per layer at 128k, batch 4)
-        scores = jax.lax.optimization_barrier(pk.kv_scores_from_logits(logits, lse, kv_len=prefix_len))
+        # columns past the prefix score 0 there and are not ranked below, whichever softmax_over
+        scores = kernels.kv_scores_from_logits(logits, lse, prefix_len, backend)
     else:
         if lse is None:  # only the LSE is used
             _, lse = kernels.split_kv(q_block, k_cache, k_cache, kv_len, backend, scale)
