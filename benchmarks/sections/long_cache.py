@@ -124,8 +124,8 @@ def block_bytes(policy, config, *, batch: int, prefix: int, steps: int, forwards
     """The bytes an output block must read, the method's byte ideal: the weights once per forward, and per row and
     layer the whole prefix's K and V in every segment (`block_modes`) but the SPARSE ones, where a selection of k
     keys (MAGE's; FlashBlock alone reads none) and the block's own are read instead; a method's exact layers read
-    the whole prefix in every segment. What a method could fuse away is not counted (MAGE's Eq. 3 scores, which
-    read the keys again after its first step's pass)."""
+    the whole prefix in every segment. What a method reads or writes besides is not counted (MAGE's Eq. 3 scores:
+    the logits its first step's pass writes and reads back, or the keys read again with scores_from="keys")."""
     selector = getattr(policy, "inner", None) or policy  # FlashBlock + MAGE: MAGE's selection and exact layers
     exact, k = getattr(selector, "exact_layers", 0), getattr(selector, "k", 0)
     modes = block_modes(policy, steps)
