@@ -39,6 +39,7 @@ from pallas_kernels.split_kv import (
     split_kv_attention_reference,
     split_kv_gather_attention,
     split_kv_gather_attention_reference,
+    split_kv_gather_width,
 )
 
 __all__ = [
@@ -57,5 +58,5 @@ __all__ = [
     "pv_skip_attention", "pv_skip_attention_reference",
     "sparge_attention", "sparge_attention_reference",
     "split_kv_attention", "split_kv_attention_reference",
-    "split_kv_gather_attention", "split_kv_gather_attention_reference",
+    "split_kv_gather_attention", "split_kv_gather_attention_reference", "split_kv_gather_width",
 ]

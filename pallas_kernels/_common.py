@@ -54,12 +54,12 @@ def is_concrete(*xs) -> bool:
 PIPELINE_SMEM = 200 * 1024
 
 
-def fitting_stages(preferred: int, *, rows: int, head_dim: int, dtype) -> int:
+def fitting_stages(preferred: int, *, rows: int, head_dim: int, dtype, reserved: int = 0) -> int:
     """`preferred` pipeline stages, fewer where that many K and V tiles of `rows` x `head_dim` would not
-    fit in shared memory (float32 at head_dim 128 with 128-row tiles: 3 stages ask 384 KiB and the
-    launch fails with RESOURCE_EXHAUSTED)."""
+    fit in shared memory beside `reserved` bytes the kernel needs besides (float32 at head_dim 128 with 128-row
+    tiles: 3 stages ask 384 KiB and the launch fails with RESOURCE_EXHAUSTED)."""
     per_stage = 2 * rows * head_dim * jnp.dtype(dtype).itemsize
-    return max(1, min(preferred, PIPELINE_SMEM // per_stage))
+    return max(1, min(preferred, (PIPELINE_SMEM - reserved) // per_stage))
 
 
 def compiler_params(head_dim: int, num_warps: int | None, num_stages: int | None):

@@ -37,6 +37,7 @@ TARGET_PROGRAMS = 264  # two waves on a 132-SM H100/H200
 # on, as before).
 MIN_TILES_PER_SPLIT = 1
 MAX_BLOCK_ROWS = 256  # G * Nq query rows folded into one tile: the most the kernels take
+BLOCK_KV = 128  # key tile of both kernels unless a call gives its own
 NUM_STAGES = 3  # measured on H200 (benchmarks/results/attention_*): 3 stages beat 2 by ~30% here
 
 
@@ -77,13 +78,16 @@ def _dense_kernel(kvlen_ref, q_ref, k_ref, v_ref, o_ref, lse_ref, *logits_ref, s
     o_ref[...], lse_ref[...] = c.finalize(carry)
 
 
-def _gather_kernel(cnt_ref, idx_ref, q_ref, k_ref, v_ref, o_ref, lse_ref, *, scale_log2, block_kv, num_splits):
+def _gather_kernel(cnt_ref, idx_ref, q_ref, k_ref, v_ref, o_ref, lse_ref, *, scale_log2, block_kv, num_splits,
+                   entries):
     q = q_ref[...]
-    lo, hi = _share(cnt_ref[0], num_splits, block_kv)
+    # traced lists are clamped here, not by an XLA op before the call: a sparse step then launches the kernel alone;
+    # a count stops at the list's own entries (`entries`: the width before padding to whole tiles)
+    lo, hi = _share(jnp.clip(cnt_ref[0], 0, entries), num_splits, block_kv)
 
     def tile(j, carry):
         start = pl.multiple_of(lo + j * block_kv, block_kv)
-        cols = idx_ref[pl.ds(start, block_kv)]
+        cols = jnp.clip(idx_ref[pl.ds(start, block_kv)], 0, k_ref.shape[0] - 1)
         k = k_ref[cols, :]
         v = v_ref[cols, :]
         valid = start + jnp.arange(block_kv) < hi  # entries past the count are padding
@@ -138,8 +142,10 @@ def _launch(kernel, lead, q, k, v, *, block_kv, num_splits, num_warps, num_stage
         ],
         out_specs=out_specs,
         out_shape=out_shape,
+        # the logits' f32 [rows, block_kv] tile passes through shared memory on its way out (at 128 query rows,
+        # bf16 and head_dim 128, 3 stages then asked 288 KiB of the H200's 227: RESOURCE_EXHAUSTED)
         compiler_params=c.compiler_params(d, num_warps, num_stages if num_stages is not None else c.fitting_stages(
-            NUM_STAGES, rows=block_kv, head_dim=d, dtype=k.dtype)),
+            NUM_STAGES, rows=block_kv, head_dim=d, dtype=k.dtype, reserved=rows * block_kv * 4 if logits else 0)),
         interpret=interpret,
         name=name,
     )(*(x for _, x in lead), folded, k, v)
@@ -166,14 +172,21 @@ def _split_kv(q, k, v, kv_len, *, scale, block_kv, num_splits, num_warps, num_st
 @functools.partial(jax.jit, static_argnames=("scale", "block_kv", "num_splits", "num_warps", "num_stages",
                                              "interpret"))
 def _split_kv_gather(q, k, v, indices, counts, *, scale, block_kv, num_splits, num_warps, num_stages, interpret):
-    width = c.cdiv(indices.shape[-1], block_kv) * block_kv
+    entries = indices.shape[-1]
+    width = split_kv_gather_width(entries, block_kv)
     indices = c.pad_last_repeat(indices, width)
     kernel = functools.partial(_gather_kernel, scale_log2=scale * c.LOG2E, block_kv=block_kv,
-                               num_splits=num_splits)
+                               num_splits=num_splits, entries=entries)
     lead = [(pl.BlockSpec((None, None, 1), lambda s, bi, h: (bi, h, 0)), counts[..., None]),
             (pl.BlockSpec((None, None, width), lambda s, bi, h: (bi, h, 0)), indices)]
     return _launch(kernel, lead, q, k, v, block_kv=block_kv, num_splits=num_splits, num_warps=num_warps,
                    num_stages=num_stages, interpret=interpret, name="split_kv_gather_attention")
+
+
+def split_kv_gather_width(entries: int, block_kv: int = BLOCK_KV) -> int:
+    """The width the gathered kernel reads an index list of `entries` entries at (whole key tiles): a list this
+    wide is read as it is; a narrower one is padded by repeating its last entry, a copy at every call."""
+    return c.cdiv(entries, block_kv) * block_kv
 
 
 def default_num_splits(batch: int, kv_heads: int, keys: int, block_kv: int) -> int:
@@ -198,7 +211,7 @@ def _check_block_queries(q, k, block_kv, num_splits):
         raise ValueError(f"num_splits={num_splits!r} must be a positive int")
 
 
-def split_kv_attention(q, k, v, *, kv_len=None, scale=None, return_lse=False, interpret=False, block_kv=128,
+def split_kv_attention(q, k, v, *, kv_len=None, scale=None, return_lse=False, interpret=False, block_kv=BLOCK_KV,
                        num_splits=None, num_warps=None, num_stages=None, return_logits=False):
     """Dense attention of a short query block over a long KV cache, split along the keys.
 
@@ -236,7 +249,8 @@ def _returned(o, lse, logits: list, return_lse: bool):
 
 
 def split_kv_attention_reference(q, k, v, *, kv_len=None, scale=None, return_lse=False, interpret=False,
-                                 block_kv=128, num_splits=None, num_warps=None, num_stages=None, return_logits=False):
+                                 block_kv=BLOCK_KV, num_splits=None, num_warps=None, num_stages=None,
+                                 return_logits=False):
     """The same function as `split_kv_attention`, computed densely in fp32 jnp (logits at or beyond kv_len: -inf)."""
     scale = c.check_scale(scale)
     del interpret, num_warps, num_stages
@@ -263,13 +277,13 @@ def _check_gather(q, k, v, kv_indices, kv_counts, block_kv, num_splits):
     if kv_indices.shape[1] != hkv:
         raise ValueError(f"kv_indices has {kv_indices.shape[1]} heads; the gathered form takes one list per "
                          f"KV head ({hkv})")
-    indices, counts = c.check_index_lists(kv_indices[:, :, None], kv_counts[:, :, None], name="kv",
-                                          lead=(b, 1), heads=(hkv,), limit=nk)
-    return indices[:, :, 0], counts[:, :, 0], d
+    # traced lists are clamped inside the kernel (`_gather_kernel`); the reference clamps them the same way
+    c.check_index_lists(kv_indices[:, :, None], kv_counts[:, :, None], name="kv", lead=(b, 1), heads=(hkv,), limit=nk)
+    return kv_indices.astype(jnp.int32), kv_counts.astype(jnp.int32), d
 
 
 def split_kv_gather_attention(q, k, v, kv_indices, kv_counts, *, scale=None, return_lse=False,
-                              interpret=False, block_kv=128, num_splits=None, num_warps=None, num_stages=None):
+                              interpret=False, block_kv=BLOCK_KV, num_splits=None, num_warps=None, num_stages=None):
     """Attention of a short query block over the cache rows listed per KV head (MAGE's sparse step).
 
     Args:
@@ -297,12 +311,13 @@ def gather_mask(kv_indices, kv_counts, *, num_queries, num_keys, num_heads):
 
 
 def split_kv_gather_attention_reference(q, k, v, kv_indices, kv_counts, *, scale=None, return_lse=False,
-                                        interpret=False, block_kv=128, num_splits=None, num_warps=None,
+                                        interpret=False, block_kv=BLOCK_KV, num_splits=None, num_warps=None,
                                         num_stages=None):
     """The same function as `split_kv_gather_attention`, computed densely in fp32 jnp."""
     scale = c.check_scale(scale)
     del interpret, num_warps, num_stages
     indices, counts, d = _check_gather(q, k, v, kv_indices, kv_counts, block_kv, num_splits)
+    indices, counts = jnp.clip(indices, 0, k.shape[1] - 1), jnp.clip(counts, 0, indices.shape[-1])
     allowed = gather_mask(indices, counts, num_queries=q.shape[1], num_keys=k.shape[1], num_heads=q.shape[2])
     o, lse = c.dense_reference(q, k, v, allowed, c.resolve_scale(scale, d))
     return (o, lse) if return_lse else o

@@ -307,6 +307,24 @@ class KernelChecks:
         ref = pk.block_sparse_attention_reference(q, k, v, idx, cnt, block_q=32, block_kv=32, return_lse=True)
         assert_attention_close(run(q, k, v, idx, cnt), ref, F32)
 
+    def test_traced_gather_lists_are_clamped_in_the_kernel(self, rng):
+        """Traced lists reach the gathered kernel as they are (no clamping op before it, MAGE's sparse steps launch
+        the kernel alone): it clamps live indices into the cache and counts to the width, as the reference does."""
+        q, k, v = qkv(rng, 2, 4, 96, 8, 2, 64, F32)
+        # distinct positions 1..94 (the reference's mask counts a repeat once), two live ones out of range, which
+        # clamp to positions (0 and 95) not listed
+        idx = jnp.asarray([[rng.permutation(94)[:40] + 1 for _ in range(2)] for _ in range(2)], jnp.int32)
+        idx = idx.at[0, 0, 3].set(200).at[1, 1, 0].set(-5)
+        cnt = jnp.asarray([[45, 7], [0, 40]], jnp.int32)  # a count past the width, an empty list
+        got, ref, clamped = (
+            jax.jit(functools.partial(f, return_lse=True, block_kv=16, **kw))(q, k, v, *lists)
+            for f, kw, lists in ((pk.split_kv_gather_attention, {"interpret": self.INTERPRET}, (idx, cnt)),
+                                 (pk.split_kv_gather_attention_reference, {}, (idx, cnt)),
+                                 (pk.split_kv_gather_attention_reference, {},
+                                  (jnp.clip(idx, 0, 95), jnp.minimum(cnt, 40)))))
+        assert_attention_close(got, ref, F32)
+        assert_attention_close(ref, clamped, F32)
+
     # ---- grouped matmul (MoE experts) ----
     @pytest.mark.parametrize("dtype", [F32, BF16])
     @pytest.mark.parametrize("groups,k,n,block_m,tile_groups", [

@@ -10,9 +10,11 @@ import jax.numpy as jnp
 import numpy as np
 import pytest
 
+import pallas_kernels as pk
+
 from dllm_jax import generate
 from dllm_jax.attention.flashblock import FlashBlock
-from dllm_jax.attention.mage import MAGE, select_prefix
+from dllm_jax.attention.mage import MAGE, select_prefix, selection_of
 from dllm_jax.attention.policy import Mode
 from dllm_jax.testing import tiny_sdar_config
 from sdar_methods_testing import OPTIONS, check_generate_command, masked_attention
@@ -64,7 +66,8 @@ def test_the_policy_selects_by_eq3_and_optionally_by_the_earlier_rule(rng):
     for softmax_over, scores_from in itertools.product(("prefix", "prefix+block"), ("logits", "keys")):
         mage = MAGE(k=k, exact_layers=0, softmax_over=softmax_over, scores_from=scores_from)
         state = mage.init_state(batch=2, num_heads=hq, num_kv_heads=hkv, q_len=n, kv_len=cap, head_dim=32)
-        out, (indices, _) = mage.attend(q, kc, vc, state, jnp.int32(Mode.ESTIMATE), kv_len=kv_len)
+        out, (selection, _) = mage.attend(q, kc, vc, state, jnp.int32(Mode.ESTIMATE), kv_len=kv_len)
+        indices = selection.indices
         np.testing.assert_array_equal(indices, mage_numpy(q, kc, prefix, k, softmax_over))
         np.testing.assert_array_equal(mage.select(q, kc, kv_len), indices)  # computes its own LSE
         np.testing.assert_allclose(out, masked_attention(q, kc, vc, np.arange(cap) < prefix + n), atol=1e-5)
@@ -101,15 +104,27 @@ def test_sparse_step_attends_to_the_selection_and_the_block(rng):
     k, v = (jnp.asarray(rng.standard_normal((1, cap, hkv, 32)), jnp.float32) for _ in range(2))
     mage = MAGE(k=8, exact_layers=0)
     kv_len = jnp.int32(prefix + n)
-    out, state = mage.attend(q, k, v, (jnp.zeros((1, hkv, 8), jnp.int32), jnp.bool_(False)),
-                             jnp.int32(Mode.ESTIMATE), kv_len=kv_len)
+    fresh = mage.init_state(batch=1, num_heads=hq, num_kv_heads=hkv, q_len=n, kv_len=cap, head_dim=32)
+    out, state = mage.attend(q, k, v, fresh, jnp.int32(Mode.ESTIMATE), kv_len=kv_len)
     np.testing.assert_allclose(out, masked_attention(q, k, v, np.arange(cap) < prefix + n), atol=1e-5)  # exact
     sparse, _ = mage.attend(q, k, v, state, jnp.int32(Mode.SPARSE), kv_len=kv_len)
     keep = np.zeros((1, hq, 1, cap), bool)
     for g in range(hkv):
-        keep[0, g * 2:(g + 1) * 2, 0, np.asarray(state[0])[0, g]] = True
+        keep[0, g * 2:(g + 1) * 2, 0, np.asarray(state[0].indices)[0, g]] = True
     keep[..., prefix:prefix + n] = True
     np.testing.assert_allclose(sparse, masked_attention(q, k, v, keep), atol=1e-5)
+    # the first step stored the list the later steps read: the selection, the block's rows, padded to key tiles
+    listed = np.asarray(state[0].listed)
+    assert listed.shape == (1, hkv, pk.split_kv_gather_width(8 + n))
+    np.testing.assert_array_equal(listed[..., :8], state[0].indices)
+    block_rows = np.minimum(prefix + np.arange(listed.shape[-1] - 8), prefix + n - 1)
+    np.testing.assert_array_equal(listed[..., 8:], np.broadcast_to(block_rows, (1, hkv, block_rows.size)))
+    np.testing.assert_array_equal(state[0].counts, 8 + n)
+    # ...and a sparse step attends through the stored list as it is: here every row, so exactly
+    every_row = state[0].replace(listed=jnp.minimum(jnp.arange(listed.shape[-1]), prefix + n - 1)[None, None]
+                                 .repeat(hkv, 1), counts=jnp.full((1, hkv), prefix + n, jnp.int32))
+    sparse, _ = mage.attend(q, k, v, (every_row, state[1]), jnp.int32(Mode.SPARSE), kv_len=kv_len)
+    np.testing.assert_allclose(sparse, masked_attention(q, k, v, np.arange(cap) < prefix + n), atol=1e-5)
 
 
 def mode_switches(jaxpr) -> int:
@@ -136,7 +151,8 @@ def test_a_static_layer_and_mode_pick_the_branch_while_tracing(rng):
     kv_len = jnp.full((2,), prefix + n, jnp.int32)
     indices = jnp.asarray(np.sort([[rng.permutation(prefix)[:6] for _ in range(2)] for _ in range(2)]), jnp.int32)
     for layer in (0, 1):
-        state = (indices, jnp.bool_(layer < mage.exact_layers))  # what stack_layers gives that layer
+        # what stack_layers gives that layer
+        state = (selection_of(indices, kv_len, n), jnp.bool_(layer < mage.exact_layers))
         for mode in Mode:
             static = jax.make_jaxpr(lambda q: mage.at_layer(layer).attend(q, k, v, state, int(mode), kv_len=kv_len))(q)
             assert mode_switches(static.jaxpr) == 0, (layer, mode)

@@ -11,7 +11,7 @@ import numpy as np
 import pytest
 
 from dllm_jax.attention.flashblock import FlashBlock
-from dllm_jax.attention.mage import MAGE, block_keys
+from dllm_jax.attention.mage import MAGE, block_keys, selection_of
 from dllm_jax.attention import backends
 from dllm_jax.attention.policy import Dense, Mode, switch_rows
 from sdar_methods_testing import masked_attention
@@ -85,7 +85,7 @@ def test_mage_rows_at_different_positions_and_in_different_modes(rng):
     # the first step of every row's block (a scalar mode), each row with its own prefix
     out, state = assert_rows_match_single_calls(mage, q0, k, v, init(mage, 3), Mode.ESTIMATE, kv_len)
     assert_exact(out, q0, k, v, kv_len, range(3))
-    np.testing.assert_array_equal(state[0][1, :, :5], np.broadcast_to(np.arange(5), (HKV, 5)))  # short prefix: all kept
+    np.testing.assert_array_equal(state[0].indices[1, :, :5], np.broadcast_to(np.arange(5), (HKV, 5)))  # short prefix: all kept
     # a uniform per-row mode, then mixed modes: a sparse row, a row starting a block, an exact row
     assert_rows_match_single_calls(mage, q1, k, v, state, [Mode.SPARSE] * 3, kv_len)
     mixed = [Mode.SPARSE, Mode.ESTIMATE, Mode.DENSE]
@@ -99,11 +99,11 @@ def test_mage_exact_layer_stays_exact_in_every_row_mode(rng):
     q, k, v = inputs(rng, 3)
     kv_len = lengths(3)
     indices = jnp.asarray(rng.integers(0, 5, (3, HKV, 4)), jnp.int32)
-    state = (indices, jnp.bool_(True))
+    state = (selection_of(indices, kv_len, N), jnp.bool_(True))
     out, new = mage.attend(q, k, v, state, jnp.asarray([Mode.SPARSE, Mode.ESTIMATE, Mode.DENSE], jnp.int32),
                            kv_len=kv_len)
     assert_exact(out, q, k, v, kv_len, range(3))
-    np.testing.assert_array_equal(new[0], indices)
+    jax.tree.map(np.testing.assert_array_equal, new[0], state[0])
 
 
 @pytest.mark.parametrize("inner", [None, MAGE(k=8, exact_layers=0)])
@@ -132,7 +132,8 @@ def test_per_row_modes_match_with_the_interpret_kernels(rng):
     q, k, v = inputs(rng, 3)
     kv_len = lengths(3)
     mixed = jnp.asarray([Mode.SPARSE, Mode.ESTIMATE, Mode.DENSE], jnp.int32)
-    state = (jnp.broadcast_to(jnp.arange(8, dtype=jnp.int32), (3, HKV, 8)), jnp.bool_(False))
+    state = (selection_of(jnp.broadcast_to(jnp.arange(8, dtype=jnp.int32), (3, HKV, 8)), kv_len, N),
+             jnp.bool_(False))
     results = [jax.jit(MAGE(k=8, exact_layers=0, backend=backend).attend)(q, k, v, state, mixed, kv_len=kv_len)
                for backend in ("reference", "interpret")]
     jax.tree.map(lambda x, y: np.testing.assert_allclose(x, y, atol=2e-5), *results)

@@ -151,16 +151,16 @@ class FlashBlock(AttentionPolicy):
             return out, (inner, cached_o, cached_lse)
 
         mage = self.inner
-        indices, exact_layer = inner
+        selection, exact_layer = inner
 
-        def residual(indices):
+        def residual(selection):
             """(o, lse) over the prefix keys the selection leaves out."""
-            left_out, counts = complement_indices(indices, prefix, k.shape[-3])
+            left_out, counts = complement_indices(selection.indices, prefix, k.shape[-3])
             return kernels.split_kv_gather(q, k, v, left_out, counts, self.backend)
 
-        # branches return (out, indices, cached_o, cached_lse): every leaf batch-first
+        # branches return (out, selection, cached_o, cached_lse): every leaf batch-first
         def exact(_):
-            return kernels.split_kv(q, k, v, kv_len, self.backend)[0], indices, cached_o, cached_lse
+            return kernels.split_kv(q, k, v, kv_len, self.backend)[0], selection, cached_o, cached_lse
 
         def estimate(_):
             out, selected = mage.estimate(q, k, v, kv_len)
@@ -168,21 +168,20 @@ class FlashBlock(AttentionPolicy):
             return out.astype(q.dtype), selected, o_res.astype(jnp.float32), lse_res
 
         def refresh(_):
-            o_res, lse_res = residual(indices)
-            out, _ = pk.merge_attention(*selected_attention(q, k, v, indices, kv_len, self.backend), o_res, lse_res)
-            return out.astype(q.dtype), indices, o_res.astype(jnp.float32), lse_res
+            o_res, lse_res = residual(selection)
+            out, _ = pk.merge_attention(*selected_attention(q, k, v, selection, self.backend), o_res, lse_res)
+            return out.astype(q.dtype), selection, o_res.astype(jnp.float32), lse_res
 
         def reuse(_):
-            out, _ = pk.merge_attention(*selected_attention(q, k, v, indices, kv_len, self.backend), cached_o,
-                                        cached_lse)
-            return out.astype(q.dtype), indices, cached_o, cached_lse
+            out, _ = pk.merge_attention(*selected_attention(q, k, v, selection, self.backend), cached_o, cached_lse)
+            return out.astype(q.dtype), selection, cached_o, cached_lse
 
         branch = jnp.select([mode == int(Mode.ESTIMATE), mode == int(Mode.REFRESH), mode == int(Mode.SPARSE)],
                             [1, 2, 3], 0)
-        out, indices, cached_o, cached_lse = switch_rows(jnp.where(exact_layer, 0, branch),
-                                                         [exact, estimate, refresh, reuse], None)
-        return out, ((indices, exact_layer), cached_o, cached_lse)
+        out, selection, cached_o, cached_lse = switch_rows(jnp.where(exact_layer, 0, branch),
+                                                           [exact, estimate, refresh, reuse], None)
+        return out, ((selection, exact_layer), cached_o, cached_lse)
 
     def selection(self, state):
         """MAGE's (indices, exact) when combined; None for FlashBlock alone (it selects nothing)."""
-        return None if self.inner is None else state[0]
+        return None if self.inner is None else self.inner.selection(state[0])

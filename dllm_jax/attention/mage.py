@@ -13,8 +13,10 @@ keeps this project's earlier rule (the softmax over prefix + block keys, i.e. ea
 by its attention mass on the prefix); the two rankings differ when queries split their mass
 unevenly between prefix and block.
 Steps 2..T of the block attend to those k prefix entries plus the whole current block in one gathered
-split-KV pass (the block's rows listed after the selection). Layers below `exact_layers` stay exact; a
-prefix of at most k positions is kept whole, so attention is then exact too.
+split-KV pass (the block's rows listed after the selection: a `Selection` made once at step 1 and kept in
+the state, so a later step launches the gathered kernel alone). Layers below `exact_layers` stay exact; a
+prefix of at most k positions is kept whole, so attention is then exact too. Every row's first forward of
+a block estimates (`first_steps_estimate`): no per-layer conditional on the mode there.
 
 Batched rows may sit at different positions: `kv_len` is per row (int32 [B]; a scalar applies to
 every row) and so are the prefix lengths, the block's rows in the cache and the counts. `mode` may be
@@ -27,6 +29,7 @@ import dataclasses
 
 import jax
 import jax.numpy as jnp
+from flax import struct
 from jax.sharding import PartitionSpec as P
 
 import pallas_kernels as pk
@@ -109,26 +112,48 @@ def block_keys(k, v, kv_len, n: int):
     return rows(k, start), rows(v, start)
 
 
-def with_block_rows(indices, kv_len, n: int):
-    """(indices [B, Hkv, k + n], counts [B, Hkv]): each row's selection of its prefix `indices` [B, Hkv, k]
+def with_block_rows(indices, kv_len, n: int, *, width: int | None = None):
+    """(indices [B, Hkv, width], counts [B, Hkv]): each row's selection of its prefix `indices` [B, Hkv, k]
     (`select_prefix`'s layout) with the current block's n cache rows [kv_len - n, kv_len) listed right after
     its valid entries, so one gathered pass attends to both. Entries past the count repeat the block's last
-    row (in range, masked by the kernel)."""
+    row (in range, masked by the kernel). width: at least k + n (the default)."""
     b, hkv, k = indices.shape
+    width = k + n if width is None else width
+    if width < k + n:
+        raise ValueError(f"width={width} cannot list k + n = {k + n} entries")
     kv_len = row_lengths(kv_len, b)[:, None, None]
     count = prefix_counts(kv_len - n, k)
-    slot = jnp.arange(k + n)
+    slot = jnp.arange(width)
     block_row = jnp.minimum(kv_len - n + (slot - count), kv_len - 1)
-    padded = jnp.pad(indices, ((0, 0), (0, 0), (0, n)))
+    padded = jnp.pad(indices, ((0, 0), (0, 0), (0, width - k)))
     listed = jnp.where(slot < count, padded, block_row).astype(jnp.int32)
     return listed, jnp.broadcast_to(count[..., 0] + n, (b, hkv))
 
 
-def selected_attention(q, k, v, indices, kv_len, backend: str):
-    """(o, lse) over the selected prefix rows `indices` [B, Hkv, k] plus the whole current block, in one
-    gathered split-KV pass (a separate block pass merged by LSE cost six small kernels per layer and step)."""
-    listed, counts = with_block_rows(indices, kv_len, q.shape[1])
-    return kernels.split_kv_gather(q, k, v, listed, counts, backend)
+@struct.dataclass
+class Selection:
+    """One layer's selection, every leaf batch-first. indices int32 [B, Hkv, k]: the prefix positions
+    (`select_prefix`'s layout); listed int32 [B, Hkv, W] and counts int32 [B, Hkv]: the same positions with the
+    block's n cache rows after them (`with_block_rows`), padded to the gathered kernel's whole key tiles
+    (`pk.split_kv_gather_width`). Made once, at a block's first step: its later steps and its commit attend
+    through the list as it is, one kernel per layer (the list rebuilt and padded per step cost three more)."""
+
+    indices: jax.Array
+    listed: jax.Array
+    counts: jax.Array
+
+
+def selection_of(indices, kv_len, n: int) -> Selection:
+    """The `Selection` of prefix positions `indices` [B, Hkv, k] for a block of n queries whose cache holds
+    kv_len rows (int scalar or int32 [B]: the block's rows end there)."""
+    listed, counts = with_block_rows(indices, kv_len, n, width=pk.split_kv_gather_width(indices.shape[-1] + n))
+    return Selection(indices=indices, listed=listed, counts=counts)
+
+
+def selected_attention(q, k, v, selection: Selection, backend: str):
+    """(o, lse) over the selected prefix rows plus the whole current block, in one gathered split-KV pass (a
+    separate block pass merged by LSE cost six small kernels per layer and step)."""
+    return kernels.split_kv_gather(q, k, v, selection.listed, selection.counts, backend)
 
 
 def split_exact_attention(q, k, v, kv_len, backend: str, *, return_logits: bool = False):
@@ -185,14 +210,20 @@ class MAGE(AttentionPolicy):
                              f"got {self.layer_is_exact!r}")
 
     def init_state(self, *, batch, num_heads, num_kv_heads, q_len, kv_len, head_dim):
-        return jnp.zeros((batch, num_kv_heads, self.k), jnp.int32), jnp.zeros((), bool)
+        """(Selection, exact): nothing selected yet (a sparse step before any first step attends to no key)."""
+        width = pk.split_kv_gather_width(self.k + q_len)
+        empty = Selection(indices=jnp.zeros((batch, num_kv_heads, self.k), jnp.int32),
+                          listed=jnp.zeros((batch, num_kv_heads, width), jnp.int32),
+                          counts=jnp.zeros((batch, num_kv_heads), jnp.int32))
+        return empty, jnp.zeros((), bool)
 
     def stack_layers(self, states):
-        indices, exact = states
-        return indices, jnp.arange(exact.shape[0]) < self.exact_layers
+        selection, exact = states
+        return selection, jnp.arange(exact.shape[0]) < self.exact_layers
 
     def state_partition(self):
-        return P("dp", "tp", None), P()  # (selected positions per KV head, exact layer)
+        # (the selection per KV head, exact layer)
+        return Selection(indices=P("dp", "tp", None), listed=P("dp", "tp", None), counts=P("dp", "tp")), P()
 
     def mode(self, step):
         return jnp.where(step == 0, int(Mode.ESTIMATE), int(Mode.SPARSE))  # step: within the block
@@ -207,6 +238,11 @@ class MAGE(AttentionPolicy):
     def later_steps_sparse(self) -> bool:
         return True  # `mode`: every step after a block's first reuses its selection
 
+    def first_steps_estimate(self) -> bool:
+        # a waiting row re-selects for its own cache instead of keeping a list made for another block (which would
+        # name that block's rows); its output is not used. No per-layer conditional at a block's first forward
+        return True
+
     def commits_sparse(self) -> bool:
         return True  # `block_mode(..., commit=True)`
 
@@ -216,19 +252,19 @@ class MAGE(AttentionPolicy):
         kernels.check_masks("MAGE", masks)
         if kv_len is None:
             raise ValueError("MAGE attends a query block against a KV cache: it needs kv_len (SDAR block steps)")
-        indices, exact = state
+        selection, exact = state
         kv_len = row_lengths(kv_len, q.shape[0])
 
         def exact_step(_):
-            return kernels.split_kv(q, k, v, kv_len, self.backend)[0], indices
+            return kernels.split_kv(q, k, v, kv_len, self.backend)[0], selection
 
         def estimate(_):
             out, selected = self.estimate(q, k, v, kv_len)
             return out.astype(q.dtype), selected
 
         def sparse(_):  # leaves the selection unchanged (rows waiting for the others' blocks get SPARSE)
-            out, _ = selected_attention(q, k, v, indices, kv_len, self.backend)
-            return out.astype(q.dtype), indices
+            out, _ = selected_attention(q, k, v, selection, self.backend)
+            return out.astype(q.dtype), selection
 
         # DENSE (and REFRESH, which has nothing to refresh here) attend exactly
         if self.layer_is_exact is not None:
@@ -241,14 +277,15 @@ class MAGE(AttentionPolicy):
             mode = jnp.asarray(mode)
             branch = jnp.where(mode == int(Mode.ESTIMATE), 1, jnp.where(mode == int(Mode.SPARSE), 2, 0))
             index = jnp.where(exact, 0, branch)
-        out, indices = switch_rows(index, [exact_step, estimate, sparse], None)
-        return out, (indices, state[1])
+        out, selection = switch_rows(index, [exact_step, estimate, sparse], None)
+        return out, (selection, state[1])
 
     def estimate(self, q, k, v, kv_len):
-        """A block's first step in a sparse layer: (exact out [B, n, Hq, D] f32, its selection [B, Hkv, k])."""
+        """A block's first step in a sparse layer: (exact out [B, n, Hq, D] f32, its `Selection`)."""
         out, lse, prefix_lse, *logits = split_exact_attention(q, k, v, kv_len, self.backend,
                                                                return_logits=self.scores_from == "logits")
-        return out, self.select(q, k, kv_len, lse, prefix_lse=prefix_lse, logits=logits[0] if logits else None)
+        indices = self.select(q, k, kv_len, lse, prefix_lse=prefix_lse, logits=logits[0] if logits else None)
+        return out, selection_of(indices, kv_len, q.shape[1])
 
     def select(self, q, k, kv_len, lse=None, *, prefix_lse=None, logits=None):
         """`select_prefix` for a block step against one layer's whole cache buffer k. `lse` (over
@@ -261,4 +298,4 @@ class MAGE(AttentionPolicy):
 
     def selection(self, state):
         """(indices [B, Hkv, k], exact) of one layer's state: what `dllm_jax.analysis` compares."""
-        return state
+        return state[0].indices, state[1]

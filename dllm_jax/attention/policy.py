@@ -48,6 +48,10 @@ models, loops and diagnostics call them unconditionally:
   later_steps_sparse()       -> True when every forward of an SDAR block after its first runs SPARSE,
                                 whatever the rows' progress (MAGE); the block loop then passes that
                                 mode as a Python int. Default: False (`block_mode` decides per row).
+  first_steps_estimate()     -> True when the first forward of every SDAR block may run ESTIMATE in every row,
+                                rows that wait included (MAGE: such a row selects afresh for its own cache,
+                                which is what its next forwards read); the block loop then passes ESTIMATE as
+                                a Python int. Default: False (`block_mode` decides per row).
   commits_sparse()           -> True when every commit of a finished SDAR block runs SPARSE (MAGE: its
                                 `block_mode(..., commit=True)`); the loops then pass the commit's mode
                                 as a Python int. Default: False.
@@ -109,6 +113,9 @@ class AttentionPolicy(abc.ABC):
         return self
 
     def later_steps_sparse(self) -> bool:
+        return False
+
+    def first_steps_estimate(self) -> bool:
         return False
 
     def commits_sparse(self) -> bool:

@@ -75,6 +75,9 @@ class Sharded(AttentionPolicy):
     def later_steps_sparse(self) -> bool:
         return self.inner.later_steps_sparse()
 
+    def first_steps_estimate(self) -> bool:
+        return self.inner.first_steps_estimate()
+
     def commits_sparse(self) -> bool:
         return self.inner.commits_sparse()
 

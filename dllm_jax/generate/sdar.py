@@ -220,7 +220,8 @@ def denoise_block(params, cur, cache, policy_state, key, draws, active, finished
     s = BlockCarry(rows=RowBlock(cur=cur, draws=draws, row_step=zeros, unmasked=zeros), cache=cache,
                    policy_state=policy_state, step=jnp.int32(0))
     denoising = denoising_rows(s)
-    mode = row_modes(policy, s.rows, denoising)
+    # a Python int where every row's first forward may estimate: the policy's per-layer switch is then no conditional
+    mode = int(Mode.ESTIMATE) if policy.first_steps_estimate() else row_modes(policy, s.rows, denoising)
     logits, cache, policy_state = sampler.commit_and_step(params, finished.ids, finished.pending & active, cur,
                                                           s.cache, s.policy_state, static_commit_mode(policy, finished),
                                                           mode, config=config, policy=policy)
