@@ -85,7 +85,8 @@ def test_mage_rows_at_different_positions_and_in_different_modes(rng):
     # the first step of every row's block (a scalar mode), each row with its own prefix
     out, state = assert_rows_match_single_calls(mage, q0, k, v, init(mage, 3), Mode.ESTIMATE, kv_len)
     assert_exact(out, q0, k, v, kv_len, range(3))
-    np.testing.assert_array_equal(state[0].indices[1, :, :5], np.broadcast_to(np.arange(5), (HKV, 5)))  # short prefix: all kept
+    # a short prefix: all kept
+    np.testing.assert_array_equal(state[0].indices[1, :, :5], np.broadcast_to(np.arange(5), (HKV, 5)))
     # a uniform per-row mode, then mixed modes: a sparse row, a row starting a block, an exact row
     assert_rows_match_single_calls(mage, q1, k, v, state, [Mode.SPARSE] * 3, kv_len)
     mixed = [Mode.SPARSE, Mode.ESTIMATE, Mode.DENSE]

@@ -282,8 +282,10 @@ def attend_layer(policy: AttentionPolicy, mode, q, k, v, states, layer, **masks)
     if isinstance(layer, int):  # the unrolled layers: what differs by layer is known while tracing
         policy = policy.at_layer(layer)
     state = jax.tree.map(lambda s: s[layer], states)
-    out, state = policy.attend(q, k, v, state, mode, **masks)
-    return out, jax.tree.map(lambda s, new: s.at[layer].set(new), states, state)
+    out, new = policy.attend(q, k, v, state, mode, **masks)
+    # a leaf the policy returns as it got it is not written back: each write is a copy (a device memcpy on a GPU:
+    # ~10 per state array and output block in MAGE's loop at 128k, where its sparse steps change nothing)
+    return out, jax.tree.map(lambda s, old, leaf: s if leaf is old else s.at[layer].set(leaf), states, state, new)
 
 
 def check_policy(policy) -> None:
