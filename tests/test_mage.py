@@ -92,7 +92,7 @@ def test_eq3_differs_from_the_prefix_plus_block_ranking():
     np.testing.assert_array_equal(got, earlier)
     with pytest.raises(ValueError, match="softmax_over='block'"):
         MAGE(softmax_over="block")
-    with pytest.raises(ValueError, match="scores_from='lse'"):
+    with pytest.raises(ValueError, match=r"MAGE.scores_from must be one of \('logits', 'keys'\), got 'lse'"):
         MAGE(scores_from="lse")
     with pytest.raises(ValueError, match="logits together with the LSE"):
         select_prefix(jnp.asarray(q), jnp.asarray(cache), prefix_len=prefix, k=1, logits=jnp.zeros((1, 1, 2, 12)))

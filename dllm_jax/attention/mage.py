@@ -203,8 +203,7 @@ class MAGE(AttentionPolicy):
         check_softmax_over(self.softmax_over, field_label(self, "softmax_over"))
         check_backend(self)
         check_method(self.select_by, field_label(self, "select_by"))
-        if not isinstance(self.scores_from, str) or self.scores_from not in SCORES_FROM:
-            raise ValueError(f"{field_label(self, 'scores_from')}={self.scores_from!r} is not one of {SCORES_FROM}")
+        check_field(self, "scores_from", validation.choice, choices=SCORES_FROM)
         if not (self.layer_is_exact is None or isinstance(self.layer_is_exact, bool)):
             raise ValueError(f"{field_label(self, 'layer_is_exact')} must be None or a bool, "
                              f"got {self.layer_is_exact!r}")

@@ -17,7 +17,7 @@ position, as in `lax.top_k`'s stable order, and values compare in IEEE total ord
   one `lax.top_k`) hold the whole top k: a key outside them has k tile maxima at or above it, each ranking
   ahead of it (ties too: tiles are ranked with ties to the lower tile, which holds the lower positions). The
   top k of those k * tile candidates, gathered in position order, is the answer. At 128k keys, k = 512 and
-  tiles of 16 that is one `lax.top_k` over 8,192 maxima and one over 8,192 candidates per row, where "sort"
+  tiles of 8 that is one `lax.top_k` over 2,048 maxima and two over 4,096 candidates per row, where "sort"
   ranks 32 chunks of 4,096 and then 16,384 candidates. Values are compared as their IEEE total-order keys
   (`ordered_keys`), so a tile's maximum ranks as `lax.top_k` would rank it. A row of at most k tiles is ranked
   by one `lax.top_k`, and so is every row off a GPU unless `tile` is given (a tournament compiles into a larger
@@ -39,10 +39,10 @@ import jax
 import jax.numpy as jnp
 
 METHODS = ("sort", "tiles", "threshold")
-# "tiles": positions per tile on a GPU. 4, 8 and 16 within 8% of each other alone at 128k (H200, session 18: 16 the
-# fastest at batch 1); 16 ranks 8,192 maxima and then 8,192 candidates per row, two top k and two sorts where 8 needs
-# three of each: fewer launches in MAGE's launch-bound loop
-TILE = 16
+# "tiles": positions per tile on a GPU. 4, 8 and 16 within 8% of each other alone at 128k (H200, session 18). In
+# MAGE's loop (session 20, `_s20e_`) 16 took the sort kernels from 3.0 to 2.6 ms per block but launched 136 more
+# kernels (XLA sorts 8,192 entries in several launches) and added 0.2-0.3 ms of GPU time in all: not kept
+TILE = 8
 SORT_CHUNK = 4096  # "sort": the longest row sorted whole (the fastest of 2048-16384 at 128k, batches 1 and 4:
 # benchmarks/mage_select.py, H200, session 18)
 
