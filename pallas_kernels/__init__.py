@@ -23,7 +23,7 @@ from pallas_kernels.column_sparse import column_sparse_attention, column_sparse_
 from pallas_kernels.flash import flash_attention, flash_attention_reference
 from pallas_kernels.grouped_matmul import grouped_matmul, grouped_matmul_reference
 from pallas_kernels.kv_scores import (kv_scores, kv_scores_from_logits, kv_scores_from_logits_reference,
-                                      kv_scores_reference)
+                                      kv_scores_from_probs, kv_scores_from_probs_reference, kv_scores_reference)
 from pallas_kernels.merge import merge_attention, merge_attention_reference
 from pallas_kernels.quantized_matmul import quantized_matmul, quantized_matmul_reference
 from pallas_kernels.sparge import (
@@ -51,7 +51,8 @@ __all__ = [
     "column_sparse_attention", "column_sparse_attention_reference",
     "flash_attention", "flash_attention_reference",
     "grouped_matmul", "grouped_matmul_reference",
-    "kv_scores", "kv_scores_from_logits", "kv_scores_from_logits_reference", "kv_scores_reference",
+    "kv_scores", "kv_scores_from_logits", "kv_scores_from_logits_reference", "kv_scores_from_probs",
+    "kv_scores_from_probs_reference", "kv_scores_reference",
     "merge_attention", "merge_attention_reference",
     "quantized_matmul", "quantized_matmul_reference",
     "SpargeSparsity", "predict_block_map",

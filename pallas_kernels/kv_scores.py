@@ -22,7 +22,7 @@ from jax.experimental import pallas as pl
 
 from pallas_kernels import _common as c
 from pallas_kernels.block_scores import probabilities
-from pallas_kernels.split_kv import _fold_queries
+from pallas_kernels.split_kv import BLOCK_KV, _fold_queries
 
 TILES_PER_PROGRAM = 1  # 1-16 tiles of 64 keys timed at 128k, batches 1 and 4 (H200, session 18): 1 the fastest,
 # 8% above 8 at batch 1 (3.37 against 3.11 TB/s), 4% at batch 4 (3.81 against 3.67)
@@ -154,15 +154,21 @@ def _kv_scores_from_logits(logits, shift, kv_len, *, span, num_warps, interpret)
     )(kv_len[:, None], shift, logits)
 
 
+def _folded_lse(lse, rows_of):
+    """lse f32 [B, Hq, Nq] as [B, Hkv, G * Nq]: row g * Nq + n is head h * G + g, query n, as the folded rows of
+    `rows_of` [B, Hkv, G * Nq, Nk] (the logits or probabilities a split-KV pass wrote)."""
+    b, hkv, rows, _ = rows_of.shape
+    if lse.ndim != 3 or lse.shape[0] != b or lse.shape[1] % hkv or lse.shape[1] // hkv * lse.shape[2] != rows:
+        raise ValueError(f"lse must be [B, Hq, Nq] with (Hq / Hkv) * Nq = {rows} folded rows for "
+                         f"{tuple(rows_of.shape)}, got {lse.shape}")
+    return lse.reshape(b, hkv, rows)
+
+
 def _check_logits(logits, lse, kv_len):
     b, hkv, rows, nk = logits.shape
     if logits.dtype != jnp.float32:
         raise ValueError(f"logits must be float32 [B, Hkv, G * Nq, Nk], got {logits.dtype} {logits.shape}")
-    if lse.ndim != 3 or lse.shape[0] != b or lse.shape[1] % hkv or lse.shape[1] // hkv * lse.shape[2] != rows:
-        raise ValueError(f"lse must be [B, Hq, Nq] with (Hq / Hkv) * Nq = {rows} folded rows for logits "
-                         f"{logits.shape}, got {lse.shape}")
-    # row g * Nq + n: head h * G + g, query n, as the logits; a row without keys contributes 0, not NaN
-    folded = lse.reshape(b, hkv, rows)
+    folded = _folded_lse(lse, logits)  # a row without keys contributes 0, not NaN
     return jnp.where(folded == -jnp.inf, jnp.inf, folded), c.kv_lengths(kv_len, b, nk)
 
 
@@ -185,6 +191,78 @@ def kv_scores_from_logits_reference(logits, lse, *, kv_len=None, interpret=False
     shift, lengths = _check_logits(logits, lse, kv_len)
     scores = jnp.mean(jnp.exp(logits - shift[..., None]), axis=2)
     return jnp.where(jnp.arange(logits.shape[-1]) < lengths[:, None, None], scores, 0.0)
+
+
+def _from_probs_kernel(kvlen_ref, shift_ref, probs_ref, tile_max_ref, out_ref, *, span, num_rows, block_kv):
+    num_keys = probs_ref.shape[1]  # as `_from_logits_kernel`: the last program loads the last span columns
+    first = jnp.minimum(pl.program_id(0) * span, num_keys - span)
+    columns = first + jnp.arange(span)
+    valid = columns < kvlen_ref[0]
+    tiles = columns // block_kv  # each column's tile, whose maximum its probability is relative to
+
+    def row(r, total):
+        p = probs_ref[r, pl.ds(first, span)].astype(jnp.float32) * jnp.exp2(tile_max_ref[r, tiles] - shift_ref[r])
+        return total + jnp.where(valid, p, 0.0)  # a select: probabilities past kv_len are unspecified
+
+    total = jax.lax.fori_loop(0, num_rows, row, jnp.zeros((span,), jnp.float32))
+    out_ref[pl.ds(first, span)] = total / num_rows
+
+
+@functools.partial(jax.jit, static_argnames=("span", "block_kv", "num_warps", "interpret"))
+def _kv_scores_from_probs(probs, tile_max, shift, kv_len, *, span, block_kv, num_warps, interpret):
+    b, hkv, rows, nk = probs.shape
+    tiles = tile_max.shape[-1]
+    return pl.pallas_call(
+        functools.partial(_from_probs_kernel, span=span, num_rows=rows, block_kv=block_kv),
+        grid=(c.cdiv(nk, span), b, hkv),
+        in_specs=[
+            pl.BlockSpec((None, 1), lambda s, bi, h: (bi, 0)),
+            pl.BlockSpec((None, None, rows), lambda s, bi, h: (bi, h, 0)),
+            pl.BlockSpec((None, None, rows, nk), lambda s, bi, h: (bi, h, 0, 0)),  # the whole row, read in place
+            pl.BlockSpec((None, None, rows, tiles), lambda s, bi, h: (bi, h, 0, 0)),
+        ],
+        out_specs=pl.BlockSpec((None, None, nk), lambda s, bi, h: (bi, h, 0)),
+        out_shape=jax.ShapeDtypeStruct((b, hkv, nk), jnp.float32),
+        compiler_params=c.compiler_params(64, num_warps, 1),
+        interpret=interpret,
+        name="kv_scores_from_probs",
+    )(kv_len[:, None], shift, probs, tile_max)
+
+
+def _check_probs(probs, tile_max, lse, kv_len, block_kv):
+    """(the base-2 shift per folded row, the lengths [B]) of `kv_scores_from_probs`' inputs, or ValueError."""
+    c.check_block("block_kv", block_kv)
+    b, hkv, rows, nk = probs.shape
+    if probs.dtype != jnp.float16 or tile_max.dtype != jnp.float32:
+        raise ValueError(f"probs must be float16 and tile_max float32, got {probs.dtype} and {tile_max.dtype}")
+    tiles = (b, hkv, rows, c.cdiv(nk, block_kv))
+    if tile_max.shape != tiles:
+        raise ValueError(f"tile_max must be [B, Hkv, G * Nq, ceil(Nk / block_kv)] = {tiles} for probs {probs.shape} "
+                         f"and block_kv={block_kv}, got {tile_max.shape}")
+    return c.prob_shift(_folded_lse(lse, probs)), c.kv_lengths(kv_len, b, nk)
+
+
+def kv_scores_from_probs(probs, tile_max, lse, *, kv_len=None, block_kv=BLOCK_KV, interpret=False, num_warps=None):
+    """`kv_scores_from_logits` from the float16 form a split-KV pass writes with `return_probs=True`: probs f16
+    [B, Hkv, G * Nq, Nk] relative to their key tile's maximum, tile_max f32 [B, Hkv, G * Nq, ceil(Nk / block_kv)]
+    (base 2), and the LSE f32 [B, Hq, Nq]: 2 bytes per key and row read instead of 4. kv_len: None, int or int [B];
+    keys at or beyond it score 0. The scores agree with the float32 logits' to float16's rounding of each
+    probability (2**-11 relative). Returns f32 [B, Hkv, Nk]."""
+    shift, lengths = _check_probs(probs, tile_max, lse, kv_len, block_kv)
+    span = min(FROM_LOGITS_SPAN, 1 << (probs.shape[-1].bit_length() - 1))
+    return _kv_scores_from_probs(probs, tile_max, shift, lengths, span=span, block_kv=block_kv,
+                                 num_warps=num_warps, interpret=interpret)
+
+
+def kv_scores_from_probs_reference(probs, tile_max, lse, *, kv_len=None, block_kv=BLOCK_KV, interpret=False,
+                                   num_warps=None):
+    """The same function as `kv_scores_from_probs`, in jnp."""
+    del interpret, num_warps
+    shift, lengths = _check_probs(probs, tile_max, lse, kv_len, block_kv)
+    nk = probs.shape[-1]
+    scale = jnp.exp2(jnp.repeat(tile_max, block_kv, axis=-1)[..., :nk] - shift[..., None])
+    valid = jnp.arange(nk) < lengths[:, None, None, None]
+    return jnp.mean(jnp.where(valid, probs.astype(jnp.float32) * scale, 0.0), axis=2)
 
 
 def kv_scores_reference(q, k, lse, *, scale=None, kv_len=None, interpret=False, block_kv=64,

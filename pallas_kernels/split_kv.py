@@ -24,6 +24,7 @@ import functools
 import jax
 import jax.numpy as jnp
 from jax.experimental import pallas as pl
+from jax.experimental.pallas import triton as plt
 
 from pallas_kernels import _common as c
 from pallas_kernels.merge import combine_partials
@@ -48,7 +49,8 @@ def _share(total, num_splits: int, block_kv: int):
     return lo, jnp.minimum(lo + span, total)
 
 
-def _dense_kernel(kvlen_ref, q_ref, k_ref, v_ref, o_ref, lse_ref, *logits_ref, scale_log2, block_kv, num_splits):
+def _dense_kernel(kvlen_ref, q_ref, k_ref, v_ref, o_ref, lse_ref, *store_refs, scale_log2, block_kv, num_splits,
+                  store=None):
     q = q_ref[...]
     lo, hi = _share(kvlen_ref[0], num_splits, block_kv)
     n = jnp.maximum(hi - lo, 0)
@@ -66,9 +68,11 @@ def _dense_kernel(kvlen_ref, q_ref, k_ref, v_ref, o_ref, lse_ref, *logits_ref, s
         k = k_ref[pl.ds(first, block_kv), :]
         v = v_ref[pl.ds(first, block_kv), :]
         s = c.logits(q, k, scale_log2)
-        if logits_ref:  # every key below kv_len lies in one program's share and gets its logit; a last tile
-            # loaded from below its start rewrites its neighbours' columns with the same values
-            logits_ref[0][:, pl.ds(first, block_kv)] = s * c.LN2
+        if store == "logits":  # every key below kv_len lies in one program's share and gets its logit; a last
+            # tile loaded from below its start rewrites its neighbours' columns with the same values
+            store_refs[0][:, pl.ds(first, block_kv)] = s * c.LN2
+        elif store == "probs":
+            _store_probs(*store_refs, s, first, start // block_kv, block_kv, valid)
         return c.masked_update(carry, s, v, valid)
 
     carry = jax.lax.fori_loop(0, n // block_kv, functools.partial(tile, masked=False),
@@ -76,6 +80,22 @@ def _dense_kernel(kvlen_ref, q_ref, k_ref, v_ref, o_ref, lse_ref, *logits_ref, s
     carry = jax.lax.fori_loop(n // block_kv, (n + block_kv - 1) // block_kv,
                               functools.partial(tile, masked=True), carry)
     o_ref[...], lse_ref[...] = c.finalize(carry)
+
+
+def _store_probs(probs_ref, tile_max_ref, s, first: int, tile: int, block_kv: int, valid):
+    """A tile's probabilities relative to its own maximum per row, in float16 (1 at the maximum: 11 significant
+    bits of every probability, half the bytes of float32 logits), and that maximum (base 2). The columns of a last
+    tile loaded from below its start belong to the tile before it, normalised by that tile's maximum: only the
+    tile's own columns are written there."""
+    if valid is not None:
+        s = jnp.where(valid[None, :], s, -jnp.inf)
+    top = jnp.max(s, axis=1)
+    p = jnp.exp2(s - top[:, None]).astype(jnp.float16)
+    if valid is None:
+        probs_ref[:, pl.ds(first, block_kv)] = p
+    else:
+        plt.store(probs_ref.at[:, pl.ds(first, block_kv)], p, mask=jnp.broadcast_to(valid[None, :], p.shape))
+    tile_max_ref[:, pl.ds(tile, 1)] = top[:, None]
 
 
 def _gather_kernel(cnt_ref, idx_ref, q_ref, k_ref, v_ref, o_ref, lse_ref, *, scale_log2, block_kv, num_splits,
@@ -113,12 +133,13 @@ def _unfold(o, lse, shape):
     return o.reshape(b, nq, hq, d), lse
 
 
-def _launch(kernel, lead, q, k, v, *, block_kv, num_splits, num_warps, num_stages, interpret, name, logits=False):
+def _launch(kernel, lead, q, k, v, *, block_kv, num_splits, num_warps, num_stages, interpret, name, store=None):
     """Runs `kernel` on (lead inputs..., folded q, k, v); `lead` is a list of (BlockSpec, array).
 
     Each program sees its (batch, KV head)'s whole cache row [Nk, D] of k and v and reads its share
-    of it in place. Returns (o, lse), and with `logits` the kernel's third output: f32 [B, Hkv, G * Nq, Nk]
-    (the folded query rows, see `split_kv_attention`).
+    of it in place. Returns (o, lse), and with `store` the kernel's further outputs over the folded query rows (see
+    `split_kv_attention`): "logits" f32 [B, Hkv, G * Nq, Nk]; "probs" f16 [B, Hkv, G * Nq, Nk] and their tiles'
+    maxima f32 [B, Hkv, G * Nq, ceil(Nk / block_kv)].
     """
     b, nq, hq, d = q.shape
     nk, hkv = k.shape[1], k.shape[2]
@@ -128,9 +149,16 @@ def _launch(kernel, lead, q, k, v, *, block_kv, num_splits, num_warps, num_stage
                  pl.BlockSpec((None, None, None, rows), lambda s, bi, h: (bi, h, s, 0))]
     out_shape = [jax.ShapeDtypeStruct((b, hkv, num_splits, rows, d), jnp.float32),
                  jax.ShapeDtypeStruct((b, hkv, num_splits, rows), jnp.float32)]
-    if logits:  # every split writes its share of the (batch, KV head)'s whole row
+    if store is not None:  # every split writes its share of the (batch, KV head)'s whole row
         out_specs.append(pl.BlockSpec((None, None, rows, nk), lambda s, bi, h: (bi, h, 0, 0)))
-        out_shape.append(jax.ShapeDtypeStruct((b, hkv, rows, nk), jnp.float32))
+        out_shape.append(jax.ShapeDtypeStruct((b, hkv, rows, nk), jnp.float32 if store == "logits" else jnp.float16))
+    if store == "probs":
+        tiles = c.cdiv(nk, block_kv)
+        out_specs.append(pl.BlockSpec((None, None, rows, tiles), lambda s, bi, h: (bi, h, 0, 0)))
+        out_shape.append(jax.ShapeDtypeStruct((b, hkv, rows, tiles), jnp.float32))
+    # the stored tile [rows, block_kv] passes through shared memory on its way out (f32 logits at 128 query rows,
+    # bf16 and head_dim 128: 3 stages asked 288 KiB of the H200's 227, RESOURCE_EXHAUSTED)
+    reserved = rows * block_kv * {None: 0, "logits": 4, "probs": 2}[store]
     o, lse, *rest = pl.pallas_call(
         kernel,
         grid=(num_splits, b, hkv),
@@ -142,10 +170,8 @@ def _launch(kernel, lead, q, k, v, *, block_kv, num_splits, num_warps, num_stage
         ],
         out_specs=out_specs,
         out_shape=out_shape,
-        # the logits' f32 [rows, block_kv] tile passes through shared memory on its way out (at 128 query rows,
-        # bf16 and head_dim 128, 3 stages then asked 288 KiB of the H200's 227: RESOURCE_EXHAUSTED)
         compiler_params=c.compiler_params(d, num_warps, num_stages if num_stages is not None else c.fitting_stages(
-            NUM_STAGES, rows=block_kv, head_dim=d, dtype=k.dtype, reserved=rows * block_kv * 4 if logits else 0)),
+            NUM_STAGES, rows=block_kv, head_dim=d, dtype=k.dtype, reserved=reserved)),
         interpret=interpret,
         name=name,
     )(*(x for _, x in lead), folded, k, v)
@@ -155,18 +181,20 @@ def _launch(kernel, lead, q, k, v, *, block_kv, num_splits, num_warps, num_stage
 
 
 @functools.partial(jax.jit, static_argnames=("scale", "block_kv", "num_splits", "num_warps", "num_stages",
-                                             "interpret", "logits"))
-def _split_kv(q, k, v, kv_len, *, scale, block_kv, num_splits, num_warps, num_stages, interpret, logits=False):
+                                             "interpret", "store"))
+def _split_kv(q, k, v, kv_len, *, scale, block_kv, num_splits, num_warps, num_stages, interpret, store=None):
     # any capacity of at least one tile is read in place (the kernel's last tile stays in bounds); a
     # smaller cache is padded to one tile, a copy of fewer than block_kv rows
     nk = k.shape[1]
     k, v = c.pad_axis(k, 1, max(nk, block_kv)), c.pad_axis(v, 1, max(nk, block_kv))
     kernel = functools.partial(_dense_kernel, scale_log2=scale * c.LOG2E, block_kv=block_kv,
-                               num_splits=num_splits)
+                               num_splits=num_splits, store=store)
     lead = [(pl.BlockSpec((None, 1), lambda s, bi, h: (bi, 0)), kv_len[:, None])]
     out = _launch(kernel, lead, q, k, v, block_kv=block_kv, num_splits=num_splits, num_warps=num_warps,
-                  num_stages=num_stages, interpret=interpret, name="split_kv_attention", logits=logits)
-    return (*out[:2], out[2][..., :nk]) if logits else out
+                  num_stages=num_stages, interpret=interpret, name="split_kv_attention", store=store)
+    if store is None:
+        return out
+    return (*out[:2], out[2][..., :nk], *out[3:])
 
 
 @functools.partial(jax.jit, static_argnames=("scale", "block_kv", "num_splits", "num_warps", "num_stages",
@@ -212,7 +240,7 @@ def _check_block_queries(q, k, block_kv, num_splits):
 
 
 def split_kv_attention(q, k, v, *, kv_len=None, scale=None, return_lse=False, interpret=False, block_kv=BLOCK_KV,
-                       num_splits=None, num_warps=None, num_stages=None, return_logits=False):
+                       num_splits=None, num_warps=None, num_stages=None, return_logits=False, return_probs=False):
     """Dense attention of a short query block over a long KV cache, split along the keys.
 
     Args:
@@ -228,18 +256,30 @@ def split_kv_attention(q, k, v, *, kv_len=None, scale=None, return_lse=False, in
         of KV head h is query n of head h * G + g, column j its logit (scale * q.k) against key j; columns at or
         beyond kv_len are unspecified. With the LSE they give every key's probabilities without reading the keys
         again (MAGE's Eq. 3 scores: `kv_scores_from_logits`).
+      return_probs: instead, the same in half the bytes: (probs f16 [B, Hkv, G * Nq, Nk], tile_max f32 [B, Hkv,
+        G * Nq, ceil(Nk / block_kv)]) with probs[..., r, j] = 2 ** (s[r, j] - tile_max[r, j // block_kv]), s the
+        logit in base 2 (logit * log2(e)) and tile_max the largest s of its key tile below kv_len: every
+        probability to 11 significant bits, 1 at its tile's maximum (`kv_scores_from_probs`). Columns at or
+        beyond kv_len, and the maxima of tiles wholly beyond it, are unspecified.
 
-    Returns o [B, Nq, Hq, D] in q.dtype, or (o, lse) / (o, logits) / (o, lse, logits).
+    Returns o [B, Nq, Hq, D] in q.dtype, or (o, lse), then the logits or (probs, tile_max) where asked.
     """
     scale = c.check_scale(scale)
     b, nq, nk, hq, hkv, d = c.check_qkv(q, k, v)
     _check_block_queries(q, k, block_kv, num_splits)
+    store = _stored(return_logits, return_probs)
     lengths = c.kv_lengths(kv_len, b, nk)
     splits = num_splits or default_num_splits(b, hkv, nk, block_kv)
-    o, lse, *logits = _split_kv(q, k, v, lengths, scale=c.resolve_scale(scale, d), block_kv=block_kv,
+    o, lse, *stored = _split_kv(q, k, v, lengths, scale=c.resolve_scale(scale, d), block_kv=block_kv,
                                 num_splits=splits, num_warps=num_warps, num_stages=num_stages, interpret=interpret,
-                                logits=bool(return_logits))
-    return _returned(o, lse, logits, return_lse)
+                                store=store)
+    return _returned(o, lse, stored, return_lse)
+
+
+def _stored(return_logits, return_probs):
+    if return_logits and return_probs:
+        raise ValueError("return_logits and return_probs are two forms of the same thing: ask for one")
+    return "logits" if return_logits else "probs" if return_probs else None
 
 
 def _returned(o, lse, logits: list, return_lse: bool):
@@ -250,22 +290,37 @@ def _returned(o, lse, logits: list, return_lse: bool):
 
 def split_kv_attention_reference(q, k, v, *, kv_len=None, scale=None, return_lse=False, interpret=False,
                                  block_kv=BLOCK_KV, num_splits=None, num_warps=None, num_stages=None,
-                                 return_logits=False):
-    """The same function as `split_kv_attention`, computed densely in fp32 jnp (logits at or beyond kv_len: -inf)."""
+                                 return_logits=False, return_probs=False):
+    """The same function as `split_kv_attention`, computed densely in fp32 jnp (logits at or beyond kv_len: -inf;
+    probabilities there 0, the maxima of tiles wholly beyond it -inf)."""
     scale = c.check_scale(scale)
     del interpret, num_warps, num_stages
     b, nq, nk, hq, hkv, d = c.check_qkv(q, k, v)
     _check_block_queries(q, k, block_kv, num_splits)
+    store = _stored(return_logits, return_probs)
     lengths = c.kv_lengths(kv_len, b, nk)
     allowed = (jnp.arange(nk)[None, :] < lengths[:, None])[:, None, None, :]
     o, lse = c.dense_reference(q, k, v, allowed, c.resolve_scale(scale, d))
-    logits = []
-    if return_logits:
+    stored = []
+    if store is not None:
         # row g * Nq + n of KV head h: query n of head h * G + g
         s = jnp.einsum("bnhgd,bkhd->bhgnk", q.astype(jnp.float32).reshape(b, nq, hkv, hq // hkv, d),
                        k.astype(jnp.float32), precision="highest") * c.resolve_scale(scale, d)
-        logits = [jnp.where(allowed, s.reshape(b, hkv, hq // hkv * nq, nk), -jnp.inf)]
-    return _returned(o, lse, logits, return_lse)
+        logits = jnp.where(allowed, s.reshape(b, hkv, hq // hkv * nq, nk), -jnp.inf)
+        stored = [logits] if store == "logits" else list(tile_probs(logits * c.LOG2E, block_kv))
+    return _returned(o, lse, stored, return_lse)
+
+
+def tile_probs(s, block_kv: int):
+    """(probs f16, tile_max f32) of base-2 logits s [..., Nk] (-inf where ignored) by key tiles of block_kv, as
+    `split_kv_attention(..., return_probs=True)` gives them."""
+    nk = s.shape[-1]
+    tiles = c.cdiv(nk, block_kv)
+    padded = c.pad_axis(s, s.ndim - 1, tiles * block_kv, -jnp.inf)
+    tile_max = jnp.max(padded.reshape(*s.shape[:-1], tiles, block_kv), axis=-1)
+    shift = jnp.repeat(tile_max, block_kv, axis=-1)[..., :nk]
+    probs = jnp.where(s == -jnp.inf, 0.0, jnp.exp2(s - jnp.where(shift == -jnp.inf, 0.0, shift)))
+    return probs.astype(jnp.float16), tile_max
 
 
 def _check_gather(q, k, v, kv_indices, kv_counts, block_kv, num_splits):

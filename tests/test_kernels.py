@@ -27,6 +27,14 @@ LSE_TOL = 2e-4
 SCORE_TOL = 1e-5  # max |score - ref| / max |ref|
 
 
+LOGITS_CASES = [  # the split-KV pass storing its logits (as float32 or float16 probabilities)
+    (4, 4, 2, 300, [0, 217], 3),     # an empty cache row, a length inside a tile
+    (4, 4, 2, 300, [300, 290], 3),   # the last tile loaded from below its start (capacity 9.4 tiles)
+    (4, 2, 1, 20, [20, 7], 2),       # a capacity below one tile (padded to one)
+    (5, 8, 2, 100, None, 4),         # G * Nq = 20 rows, folded into a tile of 32
+]
+
+
 def qkv(rng, b, nq, nk, hq, hkv, d, dtype):
     q = jnp.asarray(rng.standard_normal((b, nq, hq, d)), dtype)
     k = jnp.asarray(rng.standard_normal((b, nk, hkv, d)), dtype)
@@ -177,12 +185,7 @@ class KernelChecks:
                              block_kv=32, num_splits=splits)
         assert_attention_close(out, ref, dtype)
 
-    @pytest.mark.parametrize("nq,hq,hkv,nk,kv_len,splits", [
-        (4, 4, 2, 300, [0, 217], 3),     # an empty cache row, a length inside a tile
-        (4, 4, 2, 300, [300, 290], 3),   # the last tile loaded from below its start (capacity 9.4 tiles)
-        (4, 2, 1, 20, [20, 7], 2),       # a capacity below one tile (padded to one)
-        (5, 8, 2, 100, None, 4),         # G * Nq = 20 rows, folded into a tile of 32
-    ])
+    @pytest.mark.parametrize("nq,hq,hkv,nk,kv_len,splits", LOGITS_CASES)
     def test_split_kv_logits_give_the_eq3_scores(self, rng, nq, hq, hkv, nk, kv_len, splits):
         """The pass's logits (every column below kv_len written: interpret-mode outputs start as NaN) equal the
         reference's, and with the LSE they give MAGE's scores without reading the keys again."""
@@ -199,6 +202,34 @@ class KernelChecks:
         np.testing.assert_allclose(got[below], want[below], rtol=1e-5, atol=1e-5)
         scores = pk.kv_scores_from_logits(logits, lse, kv_len=lengths, interpret=self.INTERPRET)
         assert_scores_close(scores, pk.kv_scores_reference(q, k, lse_ref, kv_len=lengths))
+
+    @pytest.mark.parametrize("nq,hq,hkv,nk,kv_len,splits", LOGITS_CASES)
+    def test_split_kv_probs_give_the_eq3_scores_to_float16_rounding(self, rng, nq, hq, hkv, nk, kv_len, splits):
+        """The pass's float16 form of its logits (probabilities relative to each key tile's maximum, and the
+        maxima) equals the reference's below kv_len, every column there written (a last tile loaded from below its
+        start writes only its own columns: the ones below belong to the tile before, normalised by its maximum),
+        and with the LSE it gives MAGE's scores to float16's rounding."""
+        q, k, v = qkv(rng, 2, nq, nk, hq, hkv, 64, F32)
+        lengths = None if kv_len is None else jnp.asarray(kv_len)
+        kwargs = dict(kv_len=lengths, return_lse=True, return_probs=True, block_kv=32, num_splits=splits)
+        o, lse, probs, tile_max = pk.split_kv_attention(q, k, v, interpret=self.INTERPRET, **kwargs)
+        o_ref, lse_ref, probs_ref, tile_max_ref = pk.split_kv_attention_reference(q, k, v, **kwargs)
+        assert_attention_close((o, lse), (o_ref, lse_ref), F32)
+        rows, tiles = hq // hkv * nq, -(-nk // 32)
+        assert probs.shape == (2, hkv, rows, nk) and probs.dtype == jnp.float16
+        assert tile_max.shape == (2, hkv, rows, tiles) and tile_max.dtype == jnp.float32
+        filled = np.full(2, nk) if kv_len is None else np.asarray(kv_len)
+        below = np.broadcast_to((np.arange(nk) < filled[:, None])[:, None, None, :], probs.shape)
+        got, want = np.asarray(probs, np.float32), np.asarray(probs_ref, np.float32)
+        np.testing.assert_allclose(got[below], want[below], rtol=2e-3, atol=0)
+        used = np.broadcast_to((np.arange(tiles) * 32 < filled[:, None])[:, None, None, :], tile_max.shape)
+        np.testing.assert_allclose(np.asarray(tile_max)[used], np.asarray(tile_max_ref)[used], rtol=1e-5, atol=1e-5)
+        scores = pk.kv_scores_from_probs(probs, tile_max, lse, kv_len=lengths, block_kv=32, interpret=self.INTERPRET)
+        want = pk.kv_scores_reference(q, k, lse_ref, kv_len=lengths)
+        assert np.isfinite(np.asarray(scores)).all()
+        np.testing.assert_allclose(scores, want, rtol=2e-3, atol=1e-9)
+        np.testing.assert_allclose(pk.kv_scores_from_probs_reference(probs, tile_max, lse, kv_len=lengths, block_kv=32),
+                                   scores, rtol=1e-5, atol=1e-9)
 
     @pytest.mark.parametrize("b,hkv,rows,nk,kv_len", [
         (2, 2, 16, 300, [0, 217]),     # an empty row; a last span overlapping its neighbour (300 = 256 + 44)
@@ -523,6 +554,20 @@ def test_split_kv_reads_a_cache_of_any_capacity_in_place(rng, nk):
     calls = [e for e in equations if e.primitive.name == "pallas_call"]
     assert calls and all(x.aval.shape == k.shape for e in calls for x in e.invars[-2:])
     assert not [e for e in equations if e.primitive.name == "pad" and e.invars[0].aval.shape == k.shape]
+
+
+def test_kv_scores_from_probs_names_what_does_not_fit():
+    probs, tile_max = jnp.zeros((1, 2, 16, 40), jnp.float16), jnp.zeros((1, 2, 16, 2), jnp.float32)
+    with pytest.raises(ValueError, match=r"tile_max must be \[B, Hkv, G \* Nq, ceil\(Nk / block_kv\)\] = "
+                                         r"\(1, 2, 16, 1\)"):
+        pk.kv_scores_from_probs(probs, tile_max, jnp.zeros((1, 4, 8)), block_kv=64)
+    with pytest.raises(ValueError, match="probs must be float16"):
+        pk.kv_scores_from_probs(probs.astype(jnp.float32), tile_max, jnp.zeros((1, 4, 8)), block_kv=32)
+    with pytest.raises(ValueError, match=r"lse must be \[B, Hq, Nq\] with \(Hq / Hkv\) \* Nq = 16 folded rows"):
+        pk.kv_scores_from_probs(probs, tile_max, jnp.zeros((1, 4, 3)), block_kv=32)
+    with pytest.raises(ValueError, match="two forms of the same thing"):
+        pk.split_kv_attention(jnp.zeros((1, 4, 4, 64)), *(jnp.zeros((1, 64, 2, 64)),) * 2, return_logits=True,
+                              return_probs=True)
 
 
 def test_kv_scores_from_logits_names_an_lse_that_does_not_fold_onto_the_logits():

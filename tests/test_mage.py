@@ -63,7 +63,7 @@ def test_the_policy_selects_by_eq3_and_optionally_by_the_earlier_rule(rng):
     q = jnp.asarray(rng.standard_normal((2, n, hq, 32)), jnp.float32)
     kc, vc = (jnp.asarray(rng.standard_normal((2, cap, hkv, 32)), jnp.float32) for _ in range(2))
     kv_len = jnp.int32(prefix + n)
-    for softmax_over, scores_from in itertools.product(("prefix", "prefix+block"), ("logits", "keys")):
+    for softmax_over, scores_from in itertools.product(("prefix", "prefix+block"), ("logits", "probs", "keys")):
         mage = MAGE(k=k, exact_layers=0, softmax_over=softmax_over, scores_from=scores_from)
         state = mage.init_state(batch=2, num_heads=hq, num_kv_heads=hkv, q_len=n, kv_len=cap, head_dim=32)
         out, (selection, _) = mage.attend(q, kc, vc, state, jnp.int32(Mode.ESTIMATE), kv_len=kv_len)
@@ -92,7 +92,7 @@ def test_eq3_differs_from_the_prefix_plus_block_ranking():
     np.testing.assert_array_equal(got, earlier)
     with pytest.raises(ValueError, match="softmax_over='block'"):
         MAGE(softmax_over="block")
-    with pytest.raises(ValueError, match=r"MAGE.scores_from must be one of \('logits', 'keys'\), got 'lse'"):
+    with pytest.raises(ValueError, match=r"MAGE.scores_from must be one of \('logits', 'probs', 'keys'\), got 'lse'"):
         MAGE(scores_from="lse")
     with pytest.raises(ValueError, match="logits together with the LSE"):
         select_prefix(jnp.asarray(q), jnp.asarray(cache), prefix_len=prefix, k=1, logits=jnp.zeros((1, 1, 2, 12)))

@@ -90,11 +90,12 @@ def column_scores(q, k, group: int, scale, backend: str):
     return call(pk.column_scores, pk.column_scores_reference, backend, q, k, lse, group_size=group, scale=scale)
 
 
-def split_kv(q, k, v, kv_len, backend: str, scale=None, *, return_logits: bool = False):
+def split_kv(q, k, v, kv_len, backend: str, scale=None, *, return_logits: bool = False, return_probs: bool = False):
     """Dense attention of a query block over one layer's KV cache [B, S, Hkv, D] below kv_len: (o, lse), and
-    with return_logits the pass's scaled logits f32 [B, Hkv, G * Nq, S] (`pk.split_kv_attention`'s layout)."""
+    with return_logits the pass's scaled logits f32 [B, Hkv, G * Nq, S], with return_probs their float16 form
+    (probs, tile_max) (`pk.split_kv_attention`'s layouts)."""
     return call(pk.split_kv_attention, pk.split_kv_attention_reference, backend, q, k, v, kv_len=kv_len,
-                scale=scale, return_lse=True, return_logits=return_logits)
+                scale=scale, return_lse=True, return_logits=return_logits, return_probs=return_probs)
 
 
 def split_kv_gather(q, k, v, indices, counts, backend: str):
@@ -111,6 +112,12 @@ def kv_scores(q, k, lse, kv_len, backend: str, scale=None):
 def kv_scores_from_logits(logits, lse, kv_len, backend: str):
     """`kv_scores` from the logits of a split-KV pass (`split_kv(..., return_logits=True)`) and its LSE [B, Hkv, S]."""
     return call(pk.kv_scores_from_logits, pk.kv_scores_from_logits_reference, backend, logits, lse, kv_len=kv_len)
+
+
+def kv_scores_from_probs(probs, tile_max, lse, kv_len, backend: str):
+    """`kv_scores` from the float16 form of a split-KV pass's logits (`split_kv(..., return_probs=True)`)."""
+    return call(pk.kv_scores_from_probs, pk.kv_scores_from_probs_reference, backend, probs, tile_max, lse,
+                kv_len=kv_len)
 
 
 def flash(q, k, v, backend: str):

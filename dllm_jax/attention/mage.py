@@ -40,8 +40,9 @@ from dllm_jax.attention.select import check_method, top_k_positions
 
 
 SOFTMAX_OVER = ("prefix", "prefix+block")  # Eq. 3 (the default); this project's earlier rule
-# where Eq. 3's probabilities come from: the logits the step's exact prefix pass wrote (default), or the keys read again
-SCORES_FROM = ("logits", "keys")
+# where Eq. 3's probabilities come from: the logits the step's exact prefix pass wrote (default), their float16 form
+# relative to each key tile's maximum (half the bytes), or the keys read again
+SCORES_FROM = ("logits", "probs", "keys")
 
 
 def check_softmax_over(softmax_over: str, name: str = "softmax_over") -> None:
@@ -55,7 +56,7 @@ def row_lengths(lengths, batch: int):
 
 
 def select_prefix(q_block, k_cache, *, prefix_len, k: int, scale=None, backend: str = "auto", lse=None,
-                  softmax_over: str = "prefix", select_by: str = "tiles", logits=None):
+                  softmax_over: str = "prefix", select_by: str = "tiles", logits=None, probs=None):
     """MAGE's selection: int32 [B, Hkv, k], ascending.
 
     q_block [B, n, Hq, D]; k_cache [B, S, Hkv, D] (one layer) holding row b's committed prefix in
@@ -70,17 +71,20 @@ def select_prefix(q_block, k_cache, *, prefix_len, k: int, scale=None, backend: 
     first step does: its prefix part). `select_by`: how the top k are found, "sort", "tiles" or "threshold"
     (`dllm_jax.attention.select`: the same positions). `logits`: the scaled prefix logits f32 [B, Hkv, G * n, S]
     of a split-KV pass over at least the prefix (`kernels.split_kv(..., return_logits=True)`) with `lse`: the
-    scores are then made from them (`kernels.kv_scores_from_logits`) instead of reading the keys again.
+    scores are then made from them (`kernels.kv_scores_from_logits`) instead of reading the keys again. `probs`:
+    instead, the pass's float16 form (probs, tile_max) (`kernels.split_kv(..., return_probs=True)`), with `lse`.
     """
     check_softmax_over(softmax_over)
     b, n = q_block.shape[:2]
     prefix_len = row_lengths(prefix_len, b)
     kv_len = prefix_len + (n if softmax_over == "prefix+block" else 0)
+    if (logits is not None or probs is not None) and lse is None:
+        raise ValueError("select_prefix takes logits together with the LSE they were normalised by")
+    # from a pass's logits: columns past the prefix score 0 there and are not ranked below, whichever softmax_over
     if logits is not None:
-        if lse is None:
-            raise ValueError("select_prefix takes logits together with the LSE they were normalised by")
-        # columns past the prefix score 0 there and are not ranked below, whichever softmax_over
         scores = kernels.kv_scores_from_logits(logits, lse, prefix_len, backend)
+    elif probs is not None:
+        scores = kernels.kv_scores_from_probs(*probs, lse, prefix_len, backend)
     else:
         if lse is None:  # only the LSE is used
             _, lse = kernels.split_kv(q_block, k_cache, k_cache, kv_len, backend, scale)
@@ -156,13 +160,14 @@ def selected_attention(q, k, v, selection: Selection, backend: str):
     return kernels.split_kv_gather(q, k, v, selection.listed, selection.counts, backend)
 
 
-def split_exact_attention(q, k, v, kv_len, backend: str, *, return_logits: bool = False):
+def split_exact_attention(q, k, v, kv_len, backend: str, *, return_logits: bool = False, return_probs: bool = False):
     """Exact attention of a block step as its prefix part and its block part merged by LSE:
     (o, lse over prefix + block, prefix_lse over the prefix alone, what Eq. 3's softmax needs), and with
-    return_logits the prefix pass's logits (`kernels.split_kv`'s; columns past the prefix unspecified)."""
+    return_logits the prefix pass's logits, with return_probs their float16 form (probs, tile_max)
+    (`kernels.split_kv`'s; columns past the prefix unspecified)."""
     n = q.shape[1]
     o_prefix, prefix_lse, *logits = kernels.split_kv(q, k, v, row_lengths(kv_len, q.shape[0]) - n, backend,
-                                                     return_logits=return_logits)
+                                                     return_logits=return_logits, return_probs=return_probs)
     k_block, v_block = block_keys(k, v, kv_len, n)
     o, lse = pk.merge_attention(o_prefix, prefix_lse, *kernels.flash(q, k_block, v_block, backend))
     return (o, lse, prefix_lse, *logits)
@@ -182,8 +187,10 @@ class MAGE(AttentionPolicy):
       search for the k-th score, no sort); the same positions (`dllm_jax.attention.select`). At 128k keys, batch 4
       (H200) "tiles" found them in 0.11 ms per layer against "sort"'s 0.34 ms.
     scores_from: where Eq. 3's probabilities come from: "logits" (default: the logits the first step's exact
-      prefix pass writes, 4 G n bytes per key) or "keys" (`kv_scores`: the keys read again, 2 D bytes per key).
-      The same scores up to float rounding.
+      prefix pass writes, 4 G n bytes per key), "probs" (their float16 form relative to each key tile's maximum,
+      2 G n bytes per key: each probability to float16's rounding, 2**-11 relative, where it is at least 2**-14
+      of its tile's largest) or "keys" (`kv_scores`: the keys read again, 2 D bytes per key). "logits" and "keys"
+      give the same scores up to float32 rounding.
     """
 
     k: int = 512
@@ -281,19 +288,23 @@ class MAGE(AttentionPolicy):
 
     def estimate(self, q, k, v, kv_len):
         """A block's first step in a sparse layer: (exact out [B, n, Hq, D] f32, its `Selection`)."""
-        out, lse, prefix_lse, *logits = split_exact_attention(q, k, v, kv_len, self.backend,
-                                                               return_logits=self.scores_from == "logits")
-        indices = self.select(q, k, kv_len, lse, prefix_lse=prefix_lse, logits=logits[0] if logits else None)
+        out, lse, prefix_lse, *stored = split_exact_attention(q, k, v, kv_len, self.backend,
+                                                               return_logits=self.scores_from == "logits",
+                                                               return_probs=self.scores_from == "probs")
+        indices = self.select(q, k, kv_len, lse, prefix_lse=prefix_lse,
+                              logits=stored[0] if self.scores_from == "logits" else None,
+                              probs=stored if self.scores_from == "probs" else None)
         return out, selection_of(indices, kv_len, q.shape[1])
 
-    def select(self, q, k, kv_len, lse=None, *, prefix_lse=None, logits=None):
+    def select(self, q, k, kv_len, lse=None, *, prefix_lse=None, logits=None, probs=None):
         """`select_prefix` for a block step against one layer's whole cache buffer k. `lse` (over
         prefix + block) and `prefix_lse` (over the prefix alone; see `split_exact_attention`) are what
         the caller already has; the one `softmax_over` needs is used, and computed here when not given.
         `logits`: the prefix pass's (`split_exact_attention(..., return_logits=True)`), used with that LSE."""
         given = prefix_lse if self.softmax_over == "prefix" else lse
         return select_prefix(q, k, prefix_len=jnp.asarray(kv_len) - q.shape[1], k=self.k, backend=self.backend,
-                             lse=given, softmax_over=self.softmax_over, select_by=self.select_by, logits=logits)
+                             lse=given, softmax_over=self.softmax_over, select_by=self.select_by, logits=logits,
+                             probs=probs)
 
     def selection(self, state):
         """(indices [B, Hkv, k], exact) of one layer's state: what `dllm_jax.analysis` compares."""
