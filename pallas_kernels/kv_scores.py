@@ -247,7 +247,8 @@ def kv_scores_from_probs(probs, tile_max, lse, *, kv_len=None, block_kv=BLOCK_KV
     [B, Hkv, G * Nq, Nk] relative to their key tile's maximum, tile_max f32 [B, Hkv, G * Nq, ceil(Nk / block_kv)]
     (base 2), and the LSE f32 [B, Hq, Nq]: 2 bytes per key and row read instead of 4. kv_len: None, int or int [B];
     keys at or beyond it score 0. The scores agree with the float32 logits' to float16's rounding of each
-    probability (2**-11 relative). Returns f32 [B, Hkv, Nk]."""
+    probability (2**-11 relative where it is at least 2**-14 of its tile's maximum, 2**-24 of that maximum absolute
+    below). Returns f32 [B, Hkv, Nk]."""
     shift, lengths = _check_probs(probs, tile_max, lse, kv_len, block_kv)
     span = min(FROM_LOGITS_SPAN, 1 << (probs.shape[-1].bit_length() - 1))
     return _kv_scores_from_probs(probs, tile_max, shift, lengths, span=span, block_kv=block_kv,
