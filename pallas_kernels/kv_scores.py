@@ -135,23 +135,32 @@ def _from_logits_kernel(kvlen_ref, shift_ref, logits_ref, out_ref, *, span, num_
     out_ref[pl.ds(first, span)] = total / num_rows  # a last program overlapping its neighbour writes its values
 
 
-@functools.partial(jax.jit, static_argnames=("span", "num_warps", "interpret"))
-def _kv_scores_from_logits(logits, shift, kv_len, *, span, num_warps, interpret):
-    b, hkv, rows, nk = logits.shape
+def _row_reduction(kernel, name: str, kv_len, shift, rows_of, *per_row, num_warps, interpret):
+    """The scores f32 [B, Hkv, Nk] by `kernel`(kvlen_ref, shift_ref, rows_of_ref, *per_row_refs, out_ref, *, span,
+    num_rows) over the folded rows a split-KV pass stored, `rows_of` [B, Hkv, rows, Nk], and arrays of per-row
+    values beside them ([B, Hkv, rows, any]), each (batch, KV head)'s whole row read in place. Grid (key spans of
+    up to FROM_LOGITS_SPAN, batch, KV heads)."""
+    b, hkv, rows, nk = rows_of.shape
+    span = min(FROM_LOGITS_SPAN, 1 << (nk.bit_length() - 1))  # the largest power of two <= Nk
+    whole_rows = [pl.BlockSpec((None, None, rows, x.shape[-1]), lambda s, bi, h: (bi, h, 0, 0))
+                  for x in (rows_of, *per_row)]
     return pl.pallas_call(
-        functools.partial(_from_logits_kernel, span=span, num_rows=rows),
+        functools.partial(kernel, span=span, num_rows=rows),
         grid=(c.cdiv(nk, span), b, hkv),
-        in_specs=[
-            pl.BlockSpec((None, 1), lambda s, bi, h: (bi, 0)),
-            pl.BlockSpec((None, None, rows), lambda s, bi, h: (bi, h, 0)),
-            pl.BlockSpec((None, None, rows, nk), lambda s, bi, h: (bi, h, 0, 0)),  # the whole row, read in place
-        ],
+        in_specs=[pl.BlockSpec((None, 1), lambda s, bi, h: (bi, 0)),
+                  pl.BlockSpec((None, None, rows), lambda s, bi, h: (bi, h, 0)), *whole_rows],
         out_specs=pl.BlockSpec((None, None, nk), lambda s, bi, h: (bi, h, 0)),
         out_shape=jax.ShapeDtypeStruct((b, hkv, nk), jnp.float32),
         compiler_params=c.compiler_params(64, num_warps, 1),
         interpret=interpret,
-        name="kv_scores_from_logits",
-    )(kv_len[:, None], shift, logits)
+        name=name,
+    )(kv_len[:, None], shift, rows_of, *per_row)
+
+
+@functools.partial(jax.jit, static_argnames=("num_warps", "interpret"))
+def _kv_scores_from_logits(logits, shift, kv_len, *, num_warps, interpret):
+    return _row_reduction(_from_logits_kernel, "kv_scores_from_logits", kv_len, shift, logits, num_warps=num_warps,
+                          interpret=interpret)
 
 
 def _folded_lse(lse, rows_of):
@@ -181,8 +190,7 @@ def kv_scores_from_logits(logits, lse, *, kv_len=None, interpret=False, num_warp
     own fusion of the same jnp, `kv_scores_from_logits_reference`, read the logits at ~0.5-1.1 TB/s in MAGE's loop on
     an H200.) Returns f32 [B, Hkv, Nk]."""
     shift, lengths = _check_logits(logits, lse, kv_len)
-    span = min(FROM_LOGITS_SPAN, 1 << (logits.shape[-1].bit_length() - 1))  # the largest power of two <= Nk
-    return _kv_scores_from_logits(logits, shift, lengths, span=span, num_warps=num_warps, interpret=interpret)
+    return _kv_scores_from_logits(logits, shift, lengths, num_warps=num_warps, interpret=interpret)
 
 
 def kv_scores_from_logits_reference(logits, lse, *, kv_len=None, interpret=False, num_warps=None):
@@ -208,25 +216,10 @@ def _from_probs_kernel(kvlen_ref, shift_ref, probs_ref, tile_max_ref, out_ref, *
     out_ref[pl.ds(first, span)] = total / num_rows
 
 
-@functools.partial(jax.jit, static_argnames=("span", "block_kv", "num_warps", "interpret"))
-def _kv_scores_from_probs(probs, tile_max, shift, kv_len, *, span, block_kv, num_warps, interpret):
-    b, hkv, rows, nk = probs.shape
-    tiles = tile_max.shape[-1]
-    return pl.pallas_call(
-        functools.partial(_from_probs_kernel, span=span, num_rows=rows, block_kv=block_kv),
-        grid=(c.cdiv(nk, span), b, hkv),
-        in_specs=[
-            pl.BlockSpec((None, 1), lambda s, bi, h: (bi, 0)),
-            pl.BlockSpec((None, None, rows), lambda s, bi, h: (bi, h, 0)),
-            pl.BlockSpec((None, None, rows, nk), lambda s, bi, h: (bi, h, 0, 0)),  # the whole row, read in place
-            pl.BlockSpec((None, None, rows, tiles), lambda s, bi, h: (bi, h, 0, 0)),
-        ],
-        out_specs=pl.BlockSpec((None, None, nk), lambda s, bi, h: (bi, h, 0)),
-        out_shape=jax.ShapeDtypeStruct((b, hkv, nk), jnp.float32),
-        compiler_params=c.compiler_params(64, num_warps, 1),
-        interpret=interpret,
-        name="kv_scores_from_probs",
-    )(kv_len[:, None], shift, probs, tile_max)
+@functools.partial(jax.jit, static_argnames=("block_kv", "num_warps", "interpret"))
+def _kv_scores_from_probs(probs, tile_max, shift, kv_len, *, block_kv, num_warps, interpret):
+    return _row_reduction(functools.partial(_from_probs_kernel, block_kv=block_kv), "kv_scores_from_probs", kv_len,
+                          shift, probs, tile_max, num_warps=num_warps, interpret=interpret)
 
 
 def _check_probs(probs, tile_max, lse, kv_len, block_kv):
@@ -250,9 +243,8 @@ def kv_scores_from_probs(probs, tile_max, lse, *, kv_len=None, block_kv=BLOCK_KV
     probability (2**-11 relative where it is at least 2**-14 of its tile's maximum, 2**-24 of that maximum absolute
     below). Returns f32 [B, Hkv, Nk]."""
     shift, lengths = _check_probs(probs, tile_max, lse, kv_len, block_kv)
-    span = min(FROM_LOGITS_SPAN, 1 << (probs.shape[-1].bit_length() - 1))
-    return _kv_scores_from_probs(probs, tile_max, shift, lengths, span=span, block_kv=block_kv,
-                                 num_warps=num_warps, interpret=interpret)
+    return _kv_scores_from_probs(probs, tile_max, shift, lengths, block_kv=block_kv, num_warps=num_warps,
+                                 interpret=interpret)
 
 
 def kv_scores_from_probs_reference(probs, tile_max, lse, *, kv_len=None, block_kv=BLOCK_KV, interpret=False,

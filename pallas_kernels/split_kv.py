@@ -282,9 +282,9 @@ def _stored(return_logits, return_probs):
     return "logits" if return_logits else "probs" if return_probs else None
 
 
-def _returned(o, lse, logits: list, return_lse: bool):
+def _returned(o, lse, stored: list, return_lse: bool):
     out = (o, lse) if return_lse else (o,)
-    out += tuple(logits)
+    out += tuple(stored)
     return out if len(out) > 1 else o
 
 
@@ -324,6 +324,7 @@ def tile_probs(s, block_kv: int):
 
 
 def _check_gather(q, k, v, kv_indices, kv_counts, block_kv, num_splits):
+    """(the lists clamped into range, as the kernel reads them, head_dim) of valid inputs, else ValueError."""
     b, nq, nk, hq, hkv, d = c.check_qkv(q, k, v)
     _check_block_queries(q, k, block_kv, num_splits)
     if kv_indices.ndim != 3 or kv_counts.ndim != 2:
@@ -332,9 +333,9 @@ def _check_gather(q, k, v, kv_indices, kv_counts, block_kv, num_splits):
     if kv_indices.shape[1] != hkv:
         raise ValueError(f"kv_indices has {kv_indices.shape[1]} heads; the gathered form takes one list per "
                          f"KV head ({hkv})")
-    # traced lists are clamped inside the kernel (`_gather_kernel`); the reference clamps them the same way
-    c.check_index_lists(kv_indices[:, :, None], kv_counts[:, :, None], name="kv", lead=(b, 1), heads=(hkv,), limit=nk)
-    return kv_indices.astype(jnp.int32), kv_counts.astype(jnp.int32), d
+    indices, counts = c.check_index_lists(kv_indices[:, :, None], kv_counts[:, :, None], name="kv",
+                                          lead=(b, 1), heads=(hkv,), limit=nk)
+    return indices[:, :, 0], counts[:, :, 0], d
 
 
 def split_kv_gather_attention(q, k, v, kv_indices, kv_counts, *, scale=None, return_lse=False,
@@ -350,7 +351,9 @@ def split_kv_gather_attention(q, k, v, kv_indices, kv_counts, *, scale=None, ret
     Returns o [B, Nq, Hq, D] in q.dtype, or (o, lse).
     """
     scale = c.check_scale(scale)
-    indices, counts, d = _check_gather(q, k, v, kv_indices, kv_counts, block_kv, num_splits)
+    d = _check_gather(q, k, v, kv_indices, kv_counts, block_kv, num_splits)[2]
+    # the lists as given: traced ones are clamped inside the kernel (`_gather_kernel`), with no XLA op before it
+    indices, counts = kv_indices.astype(jnp.int32), kv_counts.astype(jnp.int32)
     splits = num_splits or default_num_splits(q.shape[0], k.shape[2], indices.shape[-1], block_kv)
     o, lse = _split_kv_gather(q, k, v, indices, counts, scale=c.resolve_scale(scale, d), block_kv=block_kv,
                               num_splits=splits, num_warps=num_warps, num_stages=num_stages, interpret=interpret)
@@ -372,7 +375,6 @@ def split_kv_gather_attention_reference(q, k, v, kv_indices, kv_counts, *, scale
     scale = c.check_scale(scale)
     del interpret, num_warps, num_stages
     indices, counts, d = _check_gather(q, k, v, kv_indices, kv_counts, block_kv, num_splits)
-    indices, counts = jnp.clip(indices, 0, k.shape[1] - 1), jnp.clip(counts, 0, indices.shape[-1])
     allowed = gather_mask(indices, counts, num_queries=q.shape[1], num_keys=k.shape[1], num_heads=q.shape[2])
     o, lse = c.dense_reference(q, k, v, allowed, c.resolve_scale(scale, d))
     return (o, lse) if return_lse else o

@@ -116,15 +116,14 @@ def block_keys(k, v, kv_len, n: int):
     return rows(k, start), rows(v, start)
 
 
-def with_block_rows(indices, kv_len, n: int, *, width: int | None = None):
-    """(indices [B, Hkv, width], counts [B, Hkv]): each row's selection of its prefix `indices` [B, Hkv, k]
+def with_block_rows(indices, kv_len, n: int):
+    """(indices [B, Hkv, W], counts [B, Hkv]): each row's selection of its prefix `indices` [B, Hkv, k]
     (`select_prefix`'s layout) with the current block's n cache rows [kv_len - n, kv_len) listed right after
-    its valid entries, so one gathered pass attends to both. Entries past the count repeat the block's last
-    row (in range, masked by the kernel). width: at least k + n (the default)."""
+    its valid entries, so one gathered pass attends to both, W = k + n rounded up to the gathered kernel's whole
+    key tiles (`pk.split_kv_gather_width`: read as it is). Entries past the count repeat the block's last row (in
+    range, masked by the kernel)."""
     b, hkv, k = indices.shape
-    width = k + n if width is None else width
-    if width < k + n:
-        raise ValueError(f"width={width} cannot list k + n = {k + n} entries")
+    width = pk.split_kv_gather_width(k + n)
     kv_len = row_lengths(kv_len, b)[:, None, None]
     count = prefix_counts(kv_len - n, k)
     slot = jnp.arange(width)
@@ -138,9 +137,9 @@ def with_block_rows(indices, kv_len, n: int, *, width: int | None = None):
 class Selection:
     """One layer's selection, every leaf batch-first. indices int32 [B, Hkv, k]: the prefix positions
     (`select_prefix`'s layout); listed int32 [B, Hkv, W] and counts int32 [B, Hkv]: the same positions with the
-    block's n cache rows after them (`with_block_rows`), padded to the gathered kernel's whole key tiles
-    (`pk.split_kv_gather_width`). Made once, at a block's first step: its later steps and its commit attend
-    through the list as it is, one kernel per layer (the list rebuilt and padded per step cost three more)."""
+    block's n cache rows after them, padded to the gathered kernel's whole key tiles (`with_block_rows`). Made
+    once, at a block's first step: its later steps and its commit attend through the list as it is, one kernel
+    per layer (the list rebuilt and padded per step cost three more)."""
 
     indices: jax.Array
     listed: jax.Array
@@ -150,7 +149,7 @@ class Selection:
 def selection_of(indices, kv_len, n: int) -> Selection:
     """The `Selection` of prefix positions `indices` [B, Hkv, k] for a block of n queries whose cache holds
     kv_len rows (int scalar or int32 [B]: the block's rows end there)."""
-    listed, counts = with_block_rows(indices, kv_len, n, width=pk.split_kv_gather_width(indices.shape[-1] + n))
+    listed, counts = with_block_rows(indices, kv_len, n)
     return Selection(indices=indices, listed=listed, counts=counts)
 
 
@@ -166,11 +165,11 @@ def split_exact_attention(q, k, v, kv_len, backend: str, *, return_logits: bool 
     return_logits the prefix pass's logits, with return_probs their float16 form (probs, tile_max)
     (`kernels.split_kv`'s; columns past the prefix unspecified)."""
     n = q.shape[1]
-    o_prefix, prefix_lse, *logits = kernels.split_kv(q, k, v, row_lengths(kv_len, q.shape[0]) - n, backend,
+    o_prefix, prefix_lse, *stored = kernels.split_kv(q, k, v, row_lengths(kv_len, q.shape[0]) - n, backend,
                                                      return_logits=return_logits, return_probs=return_probs)
     k_block, v_block = block_keys(k, v, kv_len, n)
     o, lse = pk.merge_attention(o_prefix, prefix_lse, *kernels.flash(q, k_block, v_block, backend))
-    return (o, lse, prefix_lse, *logits)
+    return (o, lse, prefix_lse, *stored)
 
 
 @dataclasses.dataclass(frozen=True, kw_only=True)
@@ -300,7 +299,8 @@ class MAGE(AttentionPolicy):
         """`select_prefix` for a block step against one layer's whole cache buffer k. `lse` (over
         prefix + block) and `prefix_lse` (over the prefix alone; see `split_exact_attention`) are what
         the caller already has; the one `softmax_over` needs is used, and computed here when not given.
-        `logits`: the prefix pass's (`split_exact_attention(..., return_logits=True)`), used with that LSE."""
+        `logits` or `probs`: the prefix pass's (`split_exact_attention(..., return_logits=True)` or
+        `return_probs=True`), used with that LSE."""
         given = prefix_lse if self.softmax_over == "prefix" else lse
         return select_prefix(q, k, prefix_len=jnp.asarray(kv_len) - q.shape[1], k=self.k, backend=self.backend,
                              lse=given, softmax_over=self.softmax_over, select_by=self.select_by, logits=logits,
