@@ -70,6 +70,7 @@ from typing import Any
 
 import jax
 import jax.numpy as jnp
+from flax import struct
 
 from dllm_jax import validation
 from dllm_jax.attention import backends, kernels
@@ -277,8 +278,31 @@ def stacked_state(policy: AttentionPolicy, num_layers: int, **shapes):
     return policy.stack_layers(jax.tree.map(lambda s: jnp.broadcast_to(s, (num_layers, *jnp.shape(s))), one))
 
 
+@struct.dataclass
+class LayerStates:
+    """A policy's states as one entry per layer (`unstack_states`): what a loop over the unrolled layers carries, so
+    that a layer reads its state as it is (a layer's slice of a stacked state that feeds a kernel is a device copy
+    per layer and forward on a GPU)."""
+
+    layers: tuple
+
+
+def unstack_states(states, num_layers: int) -> LayerStates:
+    """Stacked states (a leading layer axis on every leaf) as `LayerStates`."""
+    return LayerStates(layers=tuple(jax.tree.map(lambda s, i=i: s[i], states) for i in range(num_layers)))
+
+
+def stack_states(states: LayerStates):
+    """`LayerStates` as stacked states again."""
+    return jax.tree.map(lambda *layers: jnp.stack(layers), *states.layers)
+
+
 def attend_layer(policy: AttentionPolicy, mode, q, k, v, states, layer, **masks):
-    """`policy.attend` on layer `layer`'s slice of the stacked states; returns (out, states)."""
+    """`policy.attend` on layer `layer`'s slice of the stacked states (or its entry of `LayerStates`, `layer` then
+    a Python int); returns (out, states)."""
+    if isinstance(states, LayerStates):
+        out, new = policy.at_layer(layer).attend(q, k, v, states.layers[layer], mode, **masks)
+        return out, states.replace(layers=states.layers[:layer] + (new,) + states.layers[layer + 1:])
     if isinstance(layer, int):  # the unrolled layers: what differs by layer is known while tracing
         policy = policy.at_layer(layer)
     state = jax.tree.map(lambda s: s[layer], states)

@@ -49,7 +49,8 @@ import numpy as np
 from flax import struct
 
 from dllm_jax import validation as check
-from dllm_jax.attention.policy import AttentionPolicy, Dense, Mode, check_policy, unmasked_since_refresh
+from dllm_jax.attention.policy import (AttentionPolicy, Dense, Mode, check_policy, stack_states, unmasked_since_refresh,
+                                      unstack_states)
 from dllm_jax.config import SDARConfig
 from dllm_jax.generate.progress import progress_bar, tick
 from dllm_jax.generate.requests import (ProbeLoop, answer_window, as_array, check_context, check_prompt, make_options,
@@ -212,6 +213,10 @@ def denoise_block(params, cur, cache, policy_state, key, draws, active, finished
     """
     b, n = cur.shape
     sample, steps = bound_sampler(key, b, n, config=config, options=options, sampler=sampler, rows=rows)
+    # unrolled layers carry one state per layer through the block's forwards (no per-layer slice of a stacked state)
+    per_layer = isinstance(params["layers"], tuple) and bool(jax.tree.leaves(policy_state))
+    if per_layer:
+        policy_state = unstack_states(policy_state, len(params["layers"]))
 
     def denoising_rows(s: BlockCarry):
         return jnp.any(s.rows.cur == config.mask_token_id, axis=1) & active
@@ -241,8 +246,8 @@ def denoise_block(params, cur, cache, policy_state, key, draws, active, finished
     # the official loops denoise for at most `steps` forwards, then commit
     s = jax.lax.while_loop(lambda s: jnp.any(denoising_rows(s)) & (s.step < steps), body, s)
     r = s.rows
-    return r.cur, s.cache, s.policy_state, r.draws, Finished(ids=r.cur, pending=active,
-                                                            mode=commit_modes(policy, r, b))
+    policy_state = stack_states(s.policy_state) if per_layer else s.policy_state
+    return r.cur, s.cache, policy_state, r.draws, Finished(ids=r.cur, pending=active, mode=commit_modes(policy, r, b))
 
 
 def row_modes(policy: AttentionPolicy, r: RowBlock, denoising):
