@@ -35,8 +35,8 @@ BITS = (2, 4)  # 1 bit per pass measured slower at batches 1 and 4 (H100 probe, 
 
 def top_k_rows(batch: int, length: int, k: int) -> list[dict]:
     """The top k alone over [batch, kv_heads, length] f32 scores: sort with the whole row sorted, sort by each of
-    CHUNKS (`select.SORT_CHUNK` is the default), the tournament over tile maxima at each TILES, then the threshold at
-    each BITS."""
+    CHUNKS (`select.SORT_CHUNK` is the default), the tournament over tile maxima at each TILES, the threshold at
+    each BITS, then the Pallas kernel."""
     scores = jax.random.uniform(jax.random.key(length + batch), (batch, SHAPE["kv_heads"], length), jnp.float32)
     point = dict(part="top-k", batch=batch, length=length, k=k)
     sort = jax.jit(functools.partial(top_k_positions, k=k, method="sort", chunk=length))  # one sort per row
@@ -54,6 +54,9 @@ def top_k_rows(batch: int, length: int, k: int) -> list[dict]:
         fn = jax.jit(functools.partial(top_k_positions, k=k, method="threshold", bits=bits))
         rows.append(dict(point, method=f"threshold/{bits}", ms=time_calls(fn, scores) * 1e3,
                          equal=bool(np.array_equal(np.asarray(fn(scores)), want))))
+    fn = jax.jit(functools.partial(top_k_positions, k=k, method="kernel"))
+    rows.append(dict(point, method="kernel", ms=time_calls(fn, scores) * 1e3,
+                     equal=bool(np.array_equal(np.asarray(fn(scores)), want))))
     return rows
 
 

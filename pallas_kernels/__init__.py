@@ -1,5 +1,6 @@
 """Pallas GPU attention kernels (and two matmuls: the grouped one of mixture-of-experts layers, and decode's
-GEMM of int8 / FP8 weights), one per module, each with a pure-JAX `<name>_reference` of the same signature computing the same function densely. Triton-lowered kernels run on any CUDA GPU
+GEMM of int8 / FP8 weights; and MAGE's top-k selection without a sort), one per module, each with a pure-JAX
+`<name>_reference` of the same signature computing the same function densely. Triton-lowered kernels run on any CUDA GPU
 (and in interpret mode on CPU); on Hopper (sm90+) `flash_attention`, `block_sparse_attention` and
 `flash_block_mass` run a warp-specialised Mosaic GPU kernel (`pallas_kernels.mosaic`; their
 `backend` argument picks: "auto", "mosaic" or "triton"; the dllm_jax policies resolve their own
@@ -41,6 +42,7 @@ from pallas_kernels.split_kv import (
     split_kv_gather_attention_reference,
     split_kv_gather_width,
 )
+from pallas_kernels.top_k import top_k_positions, top_k_positions_reference
 
 __all__ = [
     "check_scale",
@@ -60,4 +62,5 @@ __all__ = [
     "sparge_attention", "sparge_attention_reference",
     "split_kv_attention", "split_kv_attention_reference",
     "split_kv_gather_attention", "split_kv_gather_attention_reference", "split_kv_gather_width",
+    "top_k_positions", "top_k_positions_reference",
 ]

@@ -96,7 +96,7 @@ def select_prefix(q_block, k_cache, *, prefix_len, k: int, scale=None, backend: 
                                 constant_values=-jnp.inf)
     # ascending; with fewer than k prefix positions, all of them come first (every other score is -inf
     # and its ties go to the lower positions, those of the block and the free rows after the prefix)
-    ordered = top_k_positions(ranked_scores, k, method=select_by)
+    ordered = top_k_positions(ranked_scores, k, method=select_by, backend=backend)
     count = prefix_counts(prefix_len, k)[:, None, None]
     # the first `count` picks are the prefix positions; repeat the last one after them
     last = jnp.take_along_axis(ordered, jnp.maximum(count - 1, 0) * jnp.ones_like(ordered[..., :1]), axis=-1)

@@ -3,7 +3,12 @@ by `lax.top_k` directly).
 
 `top_k_positions(scores, k)` equals `jnp.sort(jax.lax.top_k(scores, k)[1])` (ties go to the lower
 position, as in `lax.top_k`'s stable order, and values compare in IEEE total order as there: -0.0 below
-0.0), computed one of three ways:
+0.0), computed one of four ways:
+
+- "kernel": `pallas_kernels.top_k_positions`, two Pallas kernels per row block and no sort (a bound from the tile
+  maxima, the keys above it listed, then the positions written in order by a running count). Its
+  `backend` resolves as any kernel's (`dllm_jax.attention.backends`: "auto" is the kernel on a GPU, the jnp
+  reference, one `lax.top_k`, elsewhere).
 
 - "sort": `lax.top_k` then a sort of the k picks. XLA:GPU sorts a row to find its top k, so
   there a row longer than `chunk` is cut into chunks (the last padded with -inf): the top k of each chunk, then the
@@ -38,7 +43,9 @@ from __future__ import annotations
 import jax
 import jax.numpy as jnp
 
-METHODS = ("sort", "tiles", "threshold")
+from dllm_jax.attention import kernels
+
+METHODS = ("sort", "tiles", "threshold", "kernel")
 # "tiles": positions per tile on a GPU. 4, 8 and 16 within 8% of each other alone at 128k (H200, session 18). In
 # MAGE's loop (session 20, `_s20e_`) 16 took the sort kernels from 3.0 to 2.6 ms per block but launched 136 more
 # kernels (XLA sorts 8,192 entries in several launches) and added 0.2-0.3 ms of GPU time in all: not kept
@@ -53,12 +60,13 @@ def check_method(method: str, name: str = "method") -> None:
 
 
 def top_k_positions(scores, k: int, *, method: str = "sort", bits: int = 4, chunk: int | None = None,
-                    tile: int | None = None):
+                    tile: int | None = None, backend: str = "auto"):
     """int32 [..., k]: ascending positions of the k largest entries of each row of float `scores`
     [..., S] (k <= S). `bits` (a divisor of 32) is how many bits of the k-th largest value each
     counting pass of "threshold" fixes: 2**bits - 1 comparisons per entry per pass, 32 / bits passes.
     `chunk`: the longest row "sort" sorts whole (None: SORT_CHUNK on a GPU, any row elsewhere; the module
-    docstring). `tile`: the positions per tile of "tiles" (at least 2; None: TILE on a GPU, the whole row elsewhere)."""
+    docstring). `tile`: the positions per tile of "tiles" (at least 2; None: TILE on a GPU, the whole row elsewhere).
+    `backend`: the code "kernel" runs (`kernels.check_backend`'s vocabulary)."""
     check_method(method)
     s = scores.shape[-1]
     if not 0 < k <= s:
@@ -73,6 +81,9 @@ def top_k_positions(scores, k: int, *, method: str = "sort", bits: int = 4, chun
         tile = TILE if jax.default_backend() == "gpu" else max(s, 2)
     if not isinstance(tile, int) or tile < 2:
         raise ValueError(f"tile={tile!r} must be an int >= 2")
+    if method == "kernel":
+        kernels.check_backend(backend)
+        return kernels.top_k_positions(scores.astype(jnp.float32), k, backend)  # exact widening of any float
     if method == "tiles":
         return jnp.sort(tiled_top_k(signed_keys(scores), k, tile), axis=-1).astype(jnp.int32)
     if method == "sort":
