@@ -7,16 +7,17 @@ with `keys` the float32 values' IEEE total order as int32 (-0.0 below 0.0; ties 
 layer, each launched after a device copy of its operand (208 sort and ~207 copy launches per output block, 3.0 ms
 of GPU time at batch 1 on an H200). Here two kernels, one program per row each, and no sort:
 
-1. `_bound_kernel`: T = the k-th largest of the row's tile maxima (tiles of `tile` keys, the maxima made by XLA
-   beside the scores). At least k keys are >= T (k tiles reach it), so the k-th largest key is >= T; and the keys
-   above T lie in the at most k - 1 tiles whose maximum is above T, so there are fewer than tile * k of them. One
-   pass over the row writes those keys, in position order, to a buffer of that size, and their count.
-2. `_positions_kernel`: the k-th largest key: T where fewer than k keys are above it, else the k-th largest of
-   the buffer. One more pass over the row takes every key above it and, of the keys equal to it, the
-   lowest-positioned ones that complete k, writing their positions in order (a running count: no sort).
+1. `_bound_kernel`: T = the r-th largest of the row's tile maxima (tiles of `tile` keys, the maxima made by XLA
+   beside the scores; r = max_held / tile >= k). At least r keys are >= T (r tiles reach it), so the k-th largest
+   key is >= T; and the keys above T lie in the at most r - 1 tiles whose maximum is above T, so fewer than
+   max_held of them. One pass over the row lists those keys and their positions, in position order, and counts them.
+2. `_positions_kernel`: where k or more keys lie above T (the usual case: r is well above k), the top k are all
+   listed: the k-th largest of the list, then the listed keys above it and the lowest-positioned ties that complete
+   k, their positions written in order by a running count (no sort). Otherwise the k-th largest is T itself, and one
+   more pass over the row takes every key above it and its lowest-positioned ties the same way.
 
 Both k-th largest searches are a bisection over the 32 bits of the int32 key (32 counts over values held in
-registers: at most MAX_HELD of them). The rows are read in chunks of CHUNK keys (a last, partial chunk gathers its
+registers: at most max_held of them). The rows are read in chunks of CHUNK keys (a last, partial chunk gathers its
 keys, the ones past the row loading its last key again and then masked): any row length, read in place.
 """
 
@@ -33,6 +34,8 @@ from pallas_kernels import _common as c
 CHUNK = 4096  # keys per step of a pass over a row (a power of two)
 MAX_HELD = 16384  # the most tile maxima (or keys above the bound) a program ranks in registers
 MIN_TILE = 8  # keys per tile where the maxima fit (the tournament's tile; more tiles mean a tighter bound)
+NUM_WARPS = 8
+NUM_STAGES = 1
 INT_MIN = -(2 ** 31)
 
 
@@ -98,45 +101,56 @@ def _over_row(scores_ref, length: int, chunk: int, body, carry):
     return carry
 
 
-def _bound_kernel(maxima_ref, scores_ref, above_ref, bound_ref, *, k: int, length: int, chunk: int):
+def _bound_kernel(maxima_ref, scores_ref, keys_ref, positions_ref, info_ref, *, rank: int, length: int,
+                  chunk: int):
     maxima = maxima_ref[...]  # padded with INT_MIN, which never exceeds a bound
-    bound = _kth_largest(maxima, jnp.ones(maxima.shape, jnp.bool_), k)
-    held = above_ref.shape[0] - 1  # and a last slot that the chunk's other keys are written to
+    bound = _kth_largest(maxima, jnp.ones(maxima.shape, jnp.bool_), rank)
+    held = keys_ref.shape[0] - 1  # and a last slot that the chunk's other keys are written to
 
     def body(positions, keys, in_row, count):
         above = in_row & (keys > bound)
         slot = count + jnp.cumsum(above.astype(jnp.int32)) - 1
-        above_ref[jnp.where(above & (slot < held), slot, held)] = keys
+        slot = jnp.where(above & (slot < held), slot, held)
+        keys_ref[slot] = keys
+        positions_ref[slot] = positions
         return count + jnp.sum(above.astype(jnp.int32))
 
     count = _over_row(scores_ref, length, chunk, body, jnp.int32(0))
-    bound_ref[...] = jnp.where(jnp.arange(2) == 0, bound, count)
+    info_ref[...] = jnp.where(jnp.arange(2) == 0, bound, count)
 
 
-def _positions_kernel(bound_ref, above_ref, scores_ref, out_ref, *, k: int, length: int, chunk: int):
-    bound, count = bound_ref[0], bound_ref[1]
-    above = above_ref[pl.ds(0, above_ref.shape[0] - 1)]
-    listed = jnp.arange(above.shape[0]) < count  # past the count: never written
-    enough = count >= k
-    kth = jnp.where(enough, _kth_largest(above, listed & enough, k), bound)
-    # the keys above the k-th: all of them listed where it lies above the bound, those counted where it is the bound
-    higher = jnp.where(enough, jnp.sum(jnp.where(listed & (above > kth), 1, 0)), count)
-    room = k - higher  # the ties the top k takes, lowest positions first
-
-    def body(positions, keys, in_row, carry):
-        taken_before, ties_before = carry
-        ties = in_row & (keys == kth)
-        tie_rank = ties_before + jnp.cumsum(ties.astype(jnp.int32)) - 1
-        taken = (in_row & (keys > kth)) | (ties & (tie_rank < room))
-        slot = taken_before + jnp.cumsum(taken.astype(jnp.int32)) - 1
-        out_ref[jnp.where(taken & (slot < k), slot, k)] = positions  # slot k: the chunk's other positions
-        return taken_before + jnp.sum(taken.astype(jnp.int32)), ties_before + jnp.sum(ties.astype(jnp.int32))
-
-    _over_row(scores_ref, length, chunk, body, (jnp.int32(0), jnp.int32(0)))
+def _take(out_ref, kth, room, k: int, positions, keys, valid, carry):
+    """Writes the positions of the keys above `kth`, and of the first `room` equal to it, after the `carry` (taken,
+    ties) already seen: the top k's next positions, in order. Returns the carry."""
+    taken_before, ties_before = carry
+    ties = valid & (keys == kth)
+    tie_rank = ties_before + jnp.cumsum(ties.astype(jnp.int32)) - 1
+    taken = (valid & (keys > kth)) | (ties & (tie_rank < room))
+    slot = taken_before + jnp.cumsum(taken.astype(jnp.int32)) - 1
+    out_ref[jnp.where(taken & (slot < k), slot, k)] = positions  # slot k: the other positions
+    return taken_before + jnp.sum(taken.astype(jnp.int32)), ties_before + jnp.sum(ties.astype(jnp.int32))
 
 
-@functools.partial(jax.jit, static_argnames=("k", "chunk", "max_held", "num_warps", "interpret"))
-def _top_k_positions(scores, *, k, chunk, max_held, num_warps, interpret):
+def _positions_kernel(info_ref, keys_ref, positions_ref, scores_ref, out_ref, *, k: int, length: int, chunk: int):
+    bound, count = info_ref[0], info_ref[1]
+    held = keys_ref.shape[0] - 1
+    start = (jnp.int32(0), jnp.int32(0))
+
+    @pl.when(count >= k)
+    def _from_the_list():  # the k-th largest key lies above the bound: every key of the top k is listed
+        keys = keys_ref[pl.ds(0, held)]
+        listed = jnp.arange(held) < count  # past the count: never written
+        kth = _kth_largest(keys, listed, k)
+        room = k - jnp.sum(jnp.where(listed & (keys > kth), 1, 0))
+        _take(out_ref, kth, room, k, positions_ref[pl.ds(0, held)], keys, listed, start)
+
+    @pl.when(count < k)
+    def _from_the_row():  # the k-th largest is the bound: its ties (not listed) are read off the row with the rest
+        _over_row(scores_ref, length, chunk, functools.partial(_take, out_ref, bound, k - count, k), start)
+
+
+@functools.partial(jax.jit, static_argnames=("k", "chunk", "max_held", "num_warps", "num_stages", "interpret"))
+def _top_k_positions(scores, *, k, chunk, max_held, num_warps, num_stages, interpret):
     lead, length = scores.shape[:-1], scores.shape[-1]
     rows = scores.reshape(-1, length)
     r = rows.shape[0]
@@ -144,31 +158,34 @@ def _top_k_positions(scores, *, k, chunk, max_held, num_warps, interpret):
     tiles = c.cdiv(length, tile)
     maxima = jnp.max(c.pad_axis(keys_of(rows), 1, tiles * tile, INT_MIN).reshape(r, tiles, tile), axis=-1)
     maxima = c.pad_axis(maxima, 1, c.next_pow2(tiles), INT_MIN)
-    held = c.next_pow2(tile * k)
-    params = c.compiler_params(64, num_warps if num_warps is not None else 8, 1)
-    whole_row = pl.BlockSpec((None, length), lambda i: (i, 0))
-    above, bound = pl.pallas_call(
-        functools.partial(_bound_kernel, k=k, length=length, chunk=chunk),
+    # the bound: the rank-th largest maximum, rank >= k as large as the list allows (fewer than tile * rank keys lie
+    # above it), so that the k-th largest key lies above it and the row is read once more only where ties decide
+    rank = max_held // tile
+    params = c.compiler_params(64, num_warps if num_warps is not None else NUM_WARPS,
+                               num_stages if num_stages is not None else NUM_STAGES)
+    per_row = [pl.BlockSpec((None, n), lambda i: (i, 0)) for n in (maxima.shape[1], length, max_held + 1, 2, k + 1)]
+    maxima_spec, row_spec, list_spec, info_spec, out_spec = per_row
+    keys, positions, info = pl.pallas_call(
+        functools.partial(_bound_kernel, rank=rank, length=length, chunk=chunk),
         grid=(r,),
-        in_specs=[pl.BlockSpec((None, maxima.shape[1]), lambda i: (i, 0)), whole_row],
-        out_specs=[pl.BlockSpec((None, held + 1), lambda i: (i, 0)), pl.BlockSpec((None, 2), lambda i: (i, 0))],
-        out_shape=[jax.ShapeDtypeStruct((r, held + 1), jnp.int32), jax.ShapeDtypeStruct((r, 2), jnp.int32)],
+        in_specs=[maxima_spec, row_spec],
+        out_specs=[list_spec, list_spec, info_spec],
+        out_shape=[jax.ShapeDtypeStruct((r, max_held + 1), jnp.int32)] * 2 + [jax.ShapeDtypeStruct((r, 2), jnp.int32)],
         compiler_params=params,
         interpret=interpret,
         name="top_k_bound",
     )(maxima, rows)
-    positions = pl.pallas_call(
+    out = pl.pallas_call(
         functools.partial(_positions_kernel, k=k, length=length, chunk=chunk),
         grid=(r,),
-        in_specs=[pl.BlockSpec((None, 2), lambda i: (i, 0)), pl.BlockSpec((None, held + 1), lambda i: (i, 0)),
-                  whole_row],
-        out_specs=pl.BlockSpec((None, k + 1), lambda i: (i, 0)),
+        in_specs=[info_spec, list_spec, list_spec, row_spec],
+        out_specs=out_spec,
         out_shape=jax.ShapeDtypeStruct((r, k + 1), jnp.int32),
         compiler_params=params,
         interpret=interpret,
         name="top_k_positions",
-    )(bound, above, rows)
-    return positions[:, :k].reshape(*lead, k)
+    )(info, keys, positions, rows)
+    return out[:, :k].reshape(*lead, k)
 
 
 def _check(scores, k, chunk, max_held):
@@ -182,19 +199,20 @@ def _check(scores, k, chunk, max_held):
 
 
 def top_k_positions(scores, k: int, *, chunk: int = CHUNK, max_held: int = MAX_HELD, interpret: bool = False,
-                    num_warps: int | None = None):
+                    num_warps: int | None = None, num_stages: int | None = None):
     """int32 [..., k]: the ascending positions of the k largest entries of each row of float32 `scores` [..., S]
     (values in IEEE total order, ties to the lower position), by the two kernels of the module docstring. Any S;
     k at most max_held / tile (`fits`: 2048 at 128k keys, 1024 at S = 131200). `chunk`: keys per step of a pass
     over a row; `max_held`: the most values a program ranks in registers (powers of two; smaller ones test the
     module's paths on short rows)."""
     _check(scores, k, chunk, max_held)
-    return _top_k_positions(scores, k=k, chunk=chunk, max_held=max_held, num_warps=num_warps, interpret=interpret)
+    return _top_k_positions(scores, k=k, chunk=chunk, max_held=max_held, num_warps=num_warps, num_stages=num_stages,
+                            interpret=interpret)
 
 
 def top_k_positions_reference(scores, k: int, *, chunk: int = CHUNK, max_held: int = MAX_HELD,
-                              interpret: bool = False, num_warps: int | None = None):
+                              interpret: bool = False, num_warps: int | None = None, num_stages: int | None = None):
     """The same function as `top_k_positions`: `lax.top_k` of the keys, then sorted."""
-    del interpret, num_warps
+    del interpret, num_warps, num_stages
     _check(scores, k, chunk, max_held)
     return jnp.sort(jax.lax.top_k(keys_of(scores), k)[1], axis=-1).astype(jnp.int32)
