@@ -5,6 +5,7 @@ import numpy as np
 import pytest
 
 from dllm_jax import load_model
+from dllm_jax.attention.mage import MAGE
 from dllm_jax.generate import generate
 from dllm_jax.models import llada, sdar
 from dllm_jax.models.layers import prepare_params
@@ -42,11 +43,14 @@ def test_pure_functions_take_the_checkpoint_layout(rng):
     assert relative_error(direct, prepared) <= 1e-6
 
 
-def test_sdar_generation_is_the_same_in_both_layouts(tiny_checkpoint, rng):
+@pytest.mark.parametrize("method", [None, MAGE(k=4, exact_layers=1)])
+def test_sdar_generation_is_the_same_in_both_layouts(tiny_checkpoint, rng, method):
+    """Dense and MAGE (whose policy state the unrolled layers carry one entry per layer through a block's forwards,
+    the scanned ones stacked)."""
     config = tiny_sdar_config()
     directory = tiny_checkpoint(config)
     prompt = rng.integers(0, config.mask_token_id, (1, 6))
-    options = dict(max_new_tokens=8, remasking="sequential", top_k=1, seed=0)
+    options = dict(max_new_tokens=8, remasking="sequential", top_k=1, seed=0, method=method)
     unrolled = generate(load_model(directory, dtype="float32", progress=False), prompt, **options)
     scanned = generate(load_model(directory, dtype="float32", progress=False, execution="scan"), prompt, **options)
     np.testing.assert_array_equal(unrolled, scanned)

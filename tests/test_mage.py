@@ -42,7 +42,7 @@ def mage_numpy(q, k_cache, prefix_len, k, softmax_over="prefix"):
     return out
 
 
-@pytest.mark.parametrize("select_by", ["threshold", "tiles", "sort"])
+@pytest.mark.parametrize("select_by", ["threshold", "tiles", "sort", "kernel"])
 @pytest.mark.parametrize("n,hq,hkv,prefix,k", [(4, 4, 2, 60, 8), (8, 8, 2, 100, 32), (4, 4, 4, 5, 8), (16, 4, 1, 40, 40)])
 def test_select_prefix_matches_eq3(rng, n, hq, hkv, prefix, k, select_by):
     q = jnp.asarray(rng.standard_normal((2, n, hq, 32)), jnp.float32)

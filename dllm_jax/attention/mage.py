@@ -182,9 +182,11 @@ class MAGE(AttentionPolicy):
       or "prefix+block" (this project's earlier rule: over the prefix and the block's keys).
     backend: as SparseD's ("auto": Pallas on GPU, references elsewhere).
     select_by: how each layer's top k are found: "tiles" (default: `lax.top_k` over tile maxima, then over the k
-      best tiles' entries), "sort" (`lax.top_k` over the scores, by chunks on a GPU) or "threshold" (a radix
-      search for the k-th score, no sort); the same positions (`dllm_jax.attention.select`). At 128k keys, batch 4
-      (H200) "tiles" found them in 0.11 ms per layer against "sort"'s 0.34 ms.
+      best tiles' entries), "sort" (`lax.top_k` over the scores, by chunks on a GPU), "threshold" (a radix
+      search for the k-th score, no sort) or "kernel" (`pk.top_k_positions`, two Pallas launches, no sort); the same
+      positions (`dllm_jax.attention.select`). At 128k keys, batch 4 (H200) "tiles" found them in 0.11 ms per layer
+      against "sort"'s 0.34 ms; "kernel" ~0.12-0.13 ms, and in MAGE's loop it launched 440 fewer kernels per output
+      block for ~2 ms more GPU time, no faster end to end (session 21).
     scores_from: where Eq. 3's probabilities come from: "logits" (default: the logits the first step's exact
       prefix pass writes, 4 G n bytes per key), "probs" (their float16 form relative to each key tile's maximum,
       2 G n bytes per key: each probability to float16's rounding, 2**-11 relative, where it is at least 2**-14
