@@ -16,7 +16,7 @@ from dllm_jax import generate
 from dllm_jax.attention.flashblock import FlashBlock
 from dllm_jax.attention.mage import MAGE, select_prefix, selection_of
 from dllm_jax.attention.policy import Mode
-from dllm_jax.testing import tiny_sdar_config
+from dllm_jax.testing import jaxpr_equations, tiny_sdar_config
 from sdar_methods_testing import OPTIONS, check_generate_command, masked_attention
 
 pytestmark = pytest.mark.filterwarnings("ignore::DeprecationWarning")
@@ -199,6 +199,36 @@ def test_no_step_of_a_block_has_a_conditional(model):
     assert mode_switches(block) == 0
     _, (body,) = while_bodies(FlashBlock(tau=2))
     assert mode_switches(body) == config.num_layers
+
+
+def test_the_selection_after_the_forward_is_the_same_in_one_top_k(model, rng):
+    """select_after_forward: the same tokens as selecting in each layer (two rows; prompts shorter than k, about k,
+    longer), and a block's program ranks once (one `top_k`) where it ranked per sparse layer."""
+    from dllm_jax.generate import sdar as gen
+
+    for length, k in ((3, 8), (9, 4), (30, 4)):
+        prompt = rng.integers(0, 170, (2, length))
+        method = MAGE(k=k, exact_layers=1)
+        np.testing.assert_array_equal(
+            generate(model, prompt, method=dataclasses.replace(method, select_after_forward=True), **OPTIONS),
+            generate(model, prompt, method=method, **OPTIONS), err_msg=f"prompt {length}, k={k}")
+
+    config, params = model.config, model.params()
+    masks = jnp.full((1, config.block_size), config.mask_token_id, jnp.int32)
+
+    def top_ks(policy):
+        cache = model.init_cache(1, 64)
+        state = gen.sdar_model.init_policy_state(policy, config, 1, 64)
+        pending = gen.Finished(ids=masks, pending=jnp.ones((1,), bool), mode=jnp.full((1,), int(Mode.SPARSE)))
+        jaxpr = jax.make_jaxpr(lambda c, s: gen.denoise_block(
+            params, masks, c, s, jax.random.key(0), jnp.zeros((1,), jnp.int32), jnp.ones((1,), bool), pending,
+            config=config, options=gen.SDAROptions(denoising_steps=4, top_k=1), policy=policy)[0])(cache, state)
+        return sum(eqn.primitive.name == "top_k" for eqn in jaxpr_equations(jaxpr.jaxpr))
+
+    # (the sampler ranks too: the same in both)
+    sparse_layers = config.num_layers - 1
+    assert top_ks(MAGE(k=4, exact_layers=1)) - top_ks(MAGE(k=4, exact_layers=1, select_after_forward=True)) \
+        == sparse_layers - 1
 
 
 def test_small_k_runs_in_the_loop_and_interpret_matches_reference(model, rng):

@@ -74,6 +74,16 @@ def select_prefix(q_block, k_cache, *, prefix_len, k: int, scale=None, backend: 
     scores are then made from them (`kernels.kv_scores_from_logits`) instead of reading the keys again. `probs`:
     instead, the pass's float16 form (probs, tile_max) (`kernels.split_kv(..., return_probs=True)`), with `lse`.
     """
+    ranked = prefix_scores(q_block, k_cache, prefix_len=prefix_len, scale=scale, backend=backend, lse=lse,
+                           softmax_over=softmax_over, logits=logits, probs=probs)
+    return ranked_selection(ranked, row_lengths(prefix_len, q_block.shape[0]), k=k, select_by=select_by,
+                            backend=backend)
+
+
+def prefix_scores(q_block, k_cache, *, prefix_len, scale=None, backend: str = "auto", lse=None,
+                  softmax_over: str = "prefix", logits=None, probs=None):
+    """The scores `select_prefix` ranks, f32 [B, Hkv, S]: Eq. 3's at the prefix positions, -inf elsewhere (its
+    arguments but k and select_by)."""
     check_softmax_over(softmax_over)
     b, n = q_block.shape[:2]
     prefix_len = row_lengths(prefix_len, b)
@@ -89,8 +99,12 @@ def select_prefix(q_block, k_cache, *, prefix_len, k: int, scale=None, backend: 
         if lse is None:  # only the LSE is used
             _, lse = kernels.split_kv(q_block, k_cache, k_cache, kv_len, backend, scale)
         scores = kernels.kv_scores(q_block, k_cache, lse, kv_len, backend, scale)
-    in_prefix = jnp.arange(scores.shape[-1]) < prefix_len[:, None, None]
-    ranked_scores = jnp.where(in_prefix, scores, -jnp.inf)
+    return jnp.where(jnp.arange(scores.shape[-1]) < prefix_len[:, None, None], scores, -jnp.inf)
+
+
+def ranked_selection(ranked_scores, prefix_len, *, k: int, select_by: str = "tiles", backend: str = "auto"):
+    """`select_prefix`'s selection int32 [B, Hkv, k] from its ranked scores f32 [B, Hkv, S] (-inf off the prefix)
+    and the prefix lengths int32 [B]."""
     if k > ranked_scores.shape[-1]:  # k beyond the cache capacity: every prefix position is kept
         ranked_scores = jnp.pad(ranked_scores, ((0, 0), (0, 0), (0, k - ranked_scores.shape[-1])),
                                 constant_values=-jnp.inf)
@@ -153,6 +167,17 @@ def selection_of(indices, kv_len, n: int) -> Selection:
     return Selection(indices=indices, listed=listed, counts=counts)
 
 
+@struct.dataclass
+class Pending:
+    """What a deferring MAGE's block-first forward (`MAGE.deferring`) keeps of one layer for `MAGE.settle`, every
+    leaf batch-first: the ranked scores f32 [B, Hkv, S] (`prefix_scores`) and the cache lengths int32 [B] they were
+    scored at; `block`: the block's query count."""
+
+    scores: jax.Array
+    kv_len: jax.Array
+    block: int = struct.field(pytree_node=False)
+
+
 def selected_attention(q, k, v, selection: Selection, backend: str):
     """(o, lse) over the selected prefix rows plus the whole current block, in one gathered split-KV pass (a
     separate block pass merged by LSE cost six small kernels per layer and step)."""
@@ -192,6 +217,10 @@ class MAGE(AttentionPolicy):
       2 G n bytes per key: each probability to float16's rounding, 2**-11 relative, where it is at least 2**-14
       of its tile's largest) or "keys" (`kv_scores`: the keys read again, 2 D bytes per key). "logits" and "keys"
       give the same scores up to float32 rounding.
+    select_after_forward: find every sparse layer's top k after a block's first forward, in one batched selection
+      over all of them, instead of in each layer (the same positions, a few launches per block instead of a few
+      per layer; where the loop carries one state per layer: SDAR's block loop with unrolled layers, and every row
+      estimating at that forward; elsewhere each layer selects as before).
     """
 
     k: int = 512
@@ -200,6 +229,10 @@ class MAGE(AttentionPolicy):
     backend: str = "auto"
     select_by: str = "tiles"
     scores_from: str = "logits"
+    select_after_forward: bool = False
+    # set by `deferring`: a block-first forward that estimates every row stores each layer's scores (`Pending`) for
+    # `settle` to select from, all layers at once
+    defers: bool = dataclasses.field(default=False, repr=False)
     # set by `at_layer` where the layer index is static: whether this layer attends exactly (None: the
     # state's per-layer flag decides, as in a scan over layers)
     layer_is_exact: bool | None = dataclasses.field(default=None, repr=False)
@@ -212,6 +245,7 @@ class MAGE(AttentionPolicy):
         check_backend(self)
         check_method(self.select_by, field_label(self, "select_by"))
         check_field(self, "scores_from", validation.choice, choices=SCORES_FROM)
+        check_field(self, "select_after_forward", validation.flag)
         if not (self.layer_is_exact is None or isinstance(self.layer_is_exact, bool)):
             raise ValueError(f"{field_label(self, 'layer_is_exact')} must be None or a bool, "
                              f"got {self.layer_is_exact!r}")
@@ -253,6 +287,25 @@ class MAGE(AttentionPolicy):
     def commits_sparse(self) -> bool:
         return True  # `block_mode(..., commit=True)`
 
+    def deferring(self) -> "MAGE | None":
+        return dataclasses.replace(self, defers=True) if self.select_after_forward else None
+
+    def settle(self, layers: tuple) -> tuple:
+        """Every layer's `Selection` from the `Pending` scores a deferring forward left (one state per layer in and
+        out; a layer without any, exact or not deferred, as it is): one top k over all of them."""
+        waiting = [i for i, state in enumerate(layers) if len(state) == 3]
+        if not waiting:
+            return layers
+        first = layers[waiting[0]][2]  # every layer of one forward scored at the same lengths
+        prefix_len = first.kv_len - first.block
+        scores = jnp.stack([layers[i][2].scores for i in waiting])
+        indices = jax.vmap(lambda s: ranked_selection(s, prefix_len, k=self.k, select_by=self.select_by,
+                                                      backend=self.backend))(scores)
+        settled = list(layers)
+        for j, i in enumerate(waiting):
+            settled[i] = (selection_of(indices[j], first.kv_len, first.block), layers[i][1])
+        return tuple(settled)
+
     def attend(self, q, k, v, state, mode, *, kv_len=None, **masks):
         """k, v: one layer's cache [B, S, Hkv, D]; kv_len: int scalar or int32 [B]; mode: int32 scalar
         or [B] (per row: each branch runs only if some row needs it, see `switch_rows`)."""
@@ -266,7 +319,7 @@ class MAGE(AttentionPolicy):
             return kernels.split_kv(q, k, v, kv_len, self.backend)[0], selection
 
         def estimate(_):
-            out, selected = self.estimate(q, k, v, kv_len)
+            out, selected = self.estimate(q, k, v, kv_len, defer=defer)
             return out.astype(q.dtype), selected
 
         def sparse(_):  # leaves the selection unchanged (rows waiting for the others' blocks get SPARSE)
@@ -284,29 +337,42 @@ class MAGE(AttentionPolicy):
             mode = jnp.asarray(mode)
             branch = jnp.where(mode == int(Mode.ESTIMATE), 1, jnp.where(mode == int(Mode.SPARSE), 2, 0))
             index = jnp.where(exact, 0, branch)
-        out, selection = switch_rows(index, [exact_step, estimate, sparse], None)
-        return out, (selection, state[1])
+        defer = self.defers and index == 1 and isinstance(index, int)  # a static ESTIMATE: its one branch alone
+        out, selected = switch_rows(index, [exact_step, estimate, sparse], None)
+        if defer:  # the selection waits for `settle`
+            return out, (selection, state[1], selected)
+        return out, (selected, state[1])
 
-    def estimate(self, q, k, v, kv_len):
-        """A block's first step in a sparse layer: (exact out [B, n, Hq, D] f32, its `Selection`)."""
+    def estimate(self, q, k, v, kv_len, *, defer: bool = False):
+        """A block's first step in a sparse layer: (exact out [B, n, Hq, D] f32, its `Selection`; with `defer`, the
+        `Pending` scores instead)."""
         out, lse, prefix_lse, *stored = split_exact_attention(q, k, v, kv_len, self.backend,
                                                                return_logits=self.scores_from == "logits",
                                                                return_probs=self.scores_from == "probs")
-        indices = self.select(q, k, kv_len, lse, prefix_lse=prefix_lse,
-                              logits=stored[0] if self.scores_from == "logits" else None,
-                              probs=stored if self.scores_from == "probs" else None)
-        return out, selection_of(indices, kv_len, q.shape[1])
+        n = q.shape[1]
+        scores = self.scores(q, k, kv_len, lse, prefix_lse=prefix_lse,
+                             logits=stored[0] if self.scores_from == "logits" else None,
+                             probs=stored if self.scores_from == "probs" else None)
+        if defer:
+            return out, Pending(scores=scores, kv_len=kv_len, block=n)
+        indices = ranked_selection(scores, kv_len - n, k=self.k, select_by=self.select_by, backend=self.backend)
+        return out, selection_of(indices, kv_len, n)
 
     def select(self, q, k, kv_len, lse=None, *, prefix_lse=None, logits=None, probs=None):
-        """`select_prefix` for a block step against one layer's whole cache buffer k. `lse` (over
-        prefix + block) and `prefix_lse` (over the prefix alone; see `split_exact_attention`) are what
+        """`select_prefix` for a block step against one layer's whole cache buffer k (kv_len: int or int32 [B]). `lse`
+        (over prefix + block) and `prefix_lse` (over the prefix alone; see `split_exact_attention`) are what
         the caller already has; the one `softmax_over` needs is used, and computed here when not given.
         `logits` or `probs`: the prefix pass's (`split_exact_attention(..., return_logits=True)` or
         `return_probs=True`), used with that LSE."""
+        kv_len = row_lengths(kv_len, q.shape[0])
+        return ranked_selection(self.scores(q, k, kv_len, lse, prefix_lse=prefix_lse, logits=logits, probs=probs),
+                                kv_len - q.shape[1], k=self.k, select_by=self.select_by, backend=self.backend)
+
+    def scores(self, q, k, kv_len, lse=None, *, prefix_lse=None, logits=None, probs=None):
+        """The ranked scores `select` takes its top k of (`prefix_scores`), from the same arguments."""
         given = prefix_lse if self.softmax_over == "prefix" else lse
-        return select_prefix(q, k, prefix_len=jnp.asarray(kv_len) - q.shape[1], k=self.k, backend=self.backend,
-                             lse=given, softmax_over=self.softmax_over, select_by=self.select_by, logits=logits,
-                             probs=probs)
+        return prefix_scores(q, k, prefix_len=jnp.asarray(kv_len) - q.shape[1], backend=self.backend, lse=given,
+                             softmax_over=self.softmax_over, logits=logits, probs=probs)
 
     def selection(self, state):
         """(indices [B, Hkv, k], exact) of one layer's state: what `dllm_jax.analysis` compares."""

@@ -122,6 +122,17 @@ class AttentionPolicy(abc.ABC):
     def commits_sparse(self) -> bool:
         return False
 
+    def deferring(self) -> "AttentionPolicy | None":
+        """A variant of this policy whose forward at a block's start, every row estimating (a Python int mode), leaves
+        per-layer states of another structure for `settle` to finish all layers at once (MAGE: its scores, for one
+        batched top k); None (the default) where each layer finishes its own."""
+        return None
+
+    def settle(self, layers: tuple) -> tuple:
+        """The deferring variant's states after that forward, one entry per layer, finished: the structure the
+        policy's states have everywhere else."""
+        return layers
+
     def pattern_mask(self, state, *, num_queries: int, num_keys: int, num_heads: int):
         return None
 

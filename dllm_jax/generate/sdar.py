@@ -227,9 +227,14 @@ def denoise_block(params, cur, cache, policy_state, key, draws, active, finished
     denoising = denoising_rows(s)
     # a Python int where every row's first forward may estimate: the policy's per-layer switch is then no conditional
     mode = int(Mode.ESTIMATE) if policy.first_steps_estimate() else row_modes(policy, s.rows, denoising)
+    # where the policy finishes that forward's work for all layers at once (`deferring`: MAGE's batched top k)
+    deferring = policy.deferring() if per_layer and isinstance(mode, int) else None
     logits, cache, policy_state = sampler.commit_and_step(params, finished.ids, finished.pending & active, cur,
                                                           s.cache, s.policy_state, static_commit_mode(policy, finished),
-                                                          mode, config=config, policy=policy)
+                                                          mode, config=config,
+                                                          policy=policy if deferring is None else deferring)
+    if deferring is not None:
+        policy_state = policy_state.replace(layers=deferring.settle(policy_state.layers))
     s = s.replace(rows=sample(s.rows, logits, mode, denoising), cache=cache, policy_state=policy_state,
                   step=jnp.int32(1))
 
