@@ -231,6 +231,17 @@ def test_the_selection_after_the_forward_is_the_same_in_one_top_k(model, rng):
         == sparse_layers - 1
 
 
+@pytest.mark.gpu
+@pytest.mark.parametrize("select_by", ["tiles", "kernel"])
+def test_the_selection_after_the_forward_on_the_gpu(model, rng, select_by):
+    """The batched selection through the Pallas kernels gives the per-layer selection's tokens."""
+    prompt = rng.integers(0, 170, (2, 30))
+    method = MAGE(k=8, exact_layers=1, select_by=select_by)
+    np.testing.assert_array_equal(
+        generate(model, prompt, method=dataclasses.replace(method, select_after_forward=True), **OPTIONS),
+        generate(model, prompt, method=method, **OPTIONS))
+
+
 def test_small_k_runs_in_the_loop_and_interpret_matches_reference(model, rng):
     prompt = rng.integers(0, 170, (1, 14))
     method = MAGE(k=4, exact_layers=1)
