@@ -47,6 +47,7 @@ def long_rows(model, config, plan: Plan, *, baseline: bool, copy: dict | None, d
              "mage/kernel+probs": dataclasses.replace(mage, select_by="kernel", scores_from="probs"),
              "mage/after": dataclasses.replace(mage, select_after_forward=True),
              "mage/after+probs": dataclasses.replace(mage, select_after_forward=True, scores_from="probs"),
+             "mage/after+kernel": dataclasses.replace(mage, select_after_forward=True, select_by="kernel"),
              "mage/keys": dataclasses.replace(mage, scores_from="keys"),
              "mage/probs": dataclasses.replace(mage, scores_from="probs"), **methods}
     policies = {"dense": Dense()} | {name: known[name] for name in plan.long_methods}
