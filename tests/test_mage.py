@@ -166,6 +166,19 @@ def model(tiny_model):
     return tiny_model(tiny_sdar_config(num_layers=3), seed=4)
 
 
+def block_jaxpr(model, policy):
+    """The jaxpr of one output block of SDAR's loop (`denoise_block`, a pending commit fused) under `policy`."""
+    from dllm_jax.generate import sdar as gen
+
+    config, params = model.config, model.params()
+    masks = jnp.full((1, config.block_size), config.mask_token_id, jnp.int32)
+    cache, state = model.init_cache(1, 64), gen.sdar_model.init_policy_state(policy, config, 1, 64)
+    pending = gen.Finished(ids=masks, pending=jnp.ones((1,), bool), mode=jnp.full((1,), int(Mode.SPARSE)))
+    return jax.make_jaxpr(lambda c, s: gen.denoise_block(
+        params, masks, c, s, jax.random.key(0), jnp.zeros((1,), jnp.int32), jnp.ones((1,), bool), pending,
+        config=config, options=gen.SDAROptions(denoising_steps=4, top_k=1), policy=policy)[0])(cache, state).jaxpr
+
+
 def test_everything_kept_equals_dense_generation(model, rng):
     prompt = rng.integers(0, 170, (1, 10))
     dense = generate(model, prompt, **OPTIONS)
@@ -178,34 +191,20 @@ def test_no_step_of_a_block_has_a_conditional(model):
     in every row: the whole block carries no per-layer switch over its modes (each cost the GPU ~0.1 ms idle per
     layer and step, issue 40); FlashBlock, whose later steps reuse or refresh per row, keeps one per layer in the
     body."""
-    from dllm_jax.generate import sdar as gen
-
-    config, params = model.config, model.params()
-    masks = jnp.full((1, config.block_size), config.mask_token_id, jnp.int32)
-    options = gen.SDAROptions(denoising_steps=4, top_k=1)
-
     def while_bodies(policy):
-        cache = model.init_cache(1, 64)
-        state = gen.sdar_model.init_policy_state(policy, config, 1, 64)
-        pending = gen.Finished(ids=masks, pending=jnp.ones((1,), bool), mode=jnp.full((1,), int(Mode.SPARSE)))
-        jaxpr = jax.make_jaxpr(lambda c, s: gen.denoise_block(
-            params, masks, c, s, jax.random.key(0), jnp.zeros((1,), jnp.int32), jnp.ones((1,), bool), pending,
-            config=config, options=options, policy=policy)[0])(cache, state)
-        loops = [eqn.params["body_jaxpr"].jaxpr for eqn in jaxpr.jaxpr.eqns if eqn.primitive.name == "while"]
-        return jaxpr.jaxpr, loops
+        jaxpr = block_jaxpr(model, policy)
+        return jaxpr, [eqn.params["body_jaxpr"].jaxpr for eqn in jaxpr.eqns if eqn.primitive.name == "while"]
 
     block, (body,) = while_bodies(MAGE(k=4, exact_layers=1))
     assert mode_switches(body) == 0
     assert mode_switches(block) == 0
     _, (body,) = while_bodies(FlashBlock(tau=2))
-    assert mode_switches(body) == config.num_layers
+    assert mode_switches(body) == model.config.num_layers
 
 
 def test_the_selection_after_the_forward_is_the_same_in_one_top_k(model, rng):
     """select_after_forward: the same tokens as selecting in each layer (two rows; prompts shorter than k, about k,
     longer), and a block's program ranks once (one `top_k`) where it ranked per sparse layer."""
-    from dllm_jax.generate import sdar as gen
-
     for length, k in ((3, 8), (9, 4), (30, 4)):
         prompt = rng.integers(0, 170, (2, length))
         method = MAGE(k=k, exact_layers=1)
@@ -213,20 +212,11 @@ def test_the_selection_after_the_forward_is_the_same_in_one_top_k(model, rng):
             generate(model, prompt, method=dataclasses.replace(method, select_after_forward=True), **OPTIONS),
             generate(model, prompt, method=method, **OPTIONS), err_msg=f"prompt {length}, k={k}")
 
-    config, params = model.config, model.params()
-    masks = jnp.full((1, config.block_size), config.mask_token_id, jnp.int32)
-
     def top_ks(policy):
-        cache = model.init_cache(1, 64)
-        state = gen.sdar_model.init_policy_state(policy, config, 1, 64)
-        pending = gen.Finished(ids=masks, pending=jnp.ones((1,), bool), mode=jnp.full((1,), int(Mode.SPARSE)))
-        jaxpr = jax.make_jaxpr(lambda c, s: gen.denoise_block(
-            params, masks, c, s, jax.random.key(0), jnp.zeros((1,), jnp.int32), jnp.ones((1,), bool), pending,
-            config=config, options=gen.SDAROptions(denoising_steps=4, top_k=1), policy=policy)[0])(cache, state)
-        return sum(eqn.primitive.name == "top_k" for eqn in jaxpr_equations(jaxpr.jaxpr))
+        return sum(eqn.primitive.name == "top_k" for eqn in jaxpr_equations(block_jaxpr(model, policy)))
 
     # (the sampler ranks too: the same in both)
-    sparse_layers = config.num_layers - 1
+    sparse_layers = model.config.num_layers - 1
     assert top_ks(MAGE(k=4, exact_layers=1)) - top_ks(MAGE(k=4, exact_layers=1, select_after_forward=True)) \
         == sparse_layers - 1
 
