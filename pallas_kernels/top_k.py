@@ -57,15 +57,6 @@ def tile_for(length: int, k: int, max_held: int = MAX_HELD) -> int:
     return tile
 
 
-def fits(length: int, k: int, max_held: int = MAX_HELD) -> bool:
-    """Whether `top_k_positions` takes rows of `length` and this k."""
-    try:
-        tile_for(length, k, max_held)
-    except ValueError:
-        return False
-    return True
-
-
 def _kth_largest(keys, valid, k):
     """int32 scalar: the k-th largest of `keys` where `valid` (at least k of them valid), bit by bit from the top:
     the largest t with k keys >= t, searched as t's unsigned form (t ^ INT_MIN) so that bits are set in order."""
@@ -202,7 +193,7 @@ def top_k_positions(scores, k: int, *, chunk: int = CHUNK, max_held: int = MAX_H
                     num_warps: int | None = None, num_stages: int | None = None):
     """int32 [..., k]: the ascending positions of the k largest entries of each row of float32 `scores` [..., S]
     (values in IEEE total order, ties to the lower position), by the two kernels of the module docstring. Any S;
-    k at most max_held / tile (`fits`: 2048 at 128k keys, 1024 at S = 131200). `chunk`: keys per step of a pass
+    k at most max_held / tile (`tile_for`: 2048 at 128k keys, 1024 at S = 131200). `chunk`: keys per step of a pass
     over a row; `max_held`: the most values a program ranks in registers (powers of two; smaller ones test the
     module's paths on short rows)."""
     _check(scores, k, chunk, max_held)

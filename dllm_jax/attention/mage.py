@@ -293,7 +293,7 @@ class MAGE(AttentionPolicy):
     def settle(self, layers: tuple) -> tuple:
         """Every layer's `Selection` from the `Pending` scores a deferring forward left (one state per layer in and
         out; a layer without any, exact or not deferred, as it is): one top k over all of them."""
-        waiting = [i for i, state in enumerate(layers) if len(state) == 3]
+        waiting = [i for i, state in enumerate(layers) if isinstance(state[-1], Pending)]
         if not waiting:
             return layers
         first = layers[waiting[0]][2]  # every layer of one forward scored at the same lengths
@@ -337,7 +337,7 @@ class MAGE(AttentionPolicy):
             mode = jnp.asarray(mode)
             branch = jnp.where(mode == int(Mode.ESTIMATE), 1, jnp.where(mode == int(Mode.SPARSE), 2, 0))
             index = jnp.where(exact, 0, branch)
-        defer = self.defers and index == 1 and isinstance(index, int)  # a static ESTIMATE: its one branch alone
+        defer = self.defers and isinstance(index, int) and index == 1  # a static ESTIMATE: its one branch alone
         out, selected = switch_rows(index, [exact_step, estimate, sparse], None)
         if defer:  # the selection waits for `settle`
             return out, (selection, state[1], selected)

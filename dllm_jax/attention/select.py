@@ -43,6 +43,7 @@ from __future__ import annotations
 import jax
 import jax.numpy as jnp
 
+import pallas_kernels as pk
 from dllm_jax.attention import kernels
 
 METHODS = ("sort", "tiles", "threshold", "kernel")
@@ -135,8 +136,8 @@ def tiled_top_k(keys, k: int, tile: int):
 
 def signed_keys(scores):
     """int32 keys in the IEEE total order of the float32 values (`ordered_keys` with the sign bit flipped:
-    signed comparison of these is unsigned comparison of those)."""
-    return jax.lax.bitcast_convert_type(ordered_keys(scores) ^ jnp.uint32(1 << 31), jnp.int32)
+    signed comparison of these is unsigned comparison of those), as the top-k kernel ranks them."""
+    return pk.top_k.keys_of(scores.astype(jnp.float32))
 
 
 def ordered_keys(scores):
