@@ -215,6 +215,7 @@ def run(args) -> list[dict]:
                 date=datetime.date.today().isoformat(), package=str(Path(dllm_jax.__file__).parent),
                 budget_s=None if args.budget_s == float("inf") else args.budget_s,
                 baseline=args.baseline, tiny=args.tiny, sections=sections, plan=dataclasses.asdict(plan),
+                xla_flags=os.environ.get("XLA_FLAGS", ""),
                 started=datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds"))
     stem = args.out / f"{meta['benchmark']}_{device.replace(' ', '_')}_{meta['date']}.json"
     rows: list[dict] = json.loads(stem.read_text())["rows"] if args.append and stem.exists() else []

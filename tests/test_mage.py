@@ -203,21 +203,23 @@ def test_no_step_of_a_block_has_a_conditional(model):
 
 
 def test_the_selection_after_the_forward_is_the_same_in_one_top_k(model, rng):
-    """select_after_forward: the same tokens as selecting in each layer (two rows; prompts shorter than k, about k,
-    longer), and a block's program ranks once (one `top_k`) where it ranked per sparse layer."""
+    """select_after_forward (the default): the same tokens as selecting in each layer (two rows; prompts shorter than
+    k, about k, longer), and a block's program ranks once (one `top_k`) where it ranked per sparse layer."""
     for length, k in ((3, 8), (9, 4), (30, 4)):
         prompt = rng.integers(0, 170, (2, length))
         method = MAGE(k=k, exact_layers=1)
+        assert method.select_after_forward
         np.testing.assert_array_equal(
-            generate(model, prompt, method=dataclasses.replace(method, select_after_forward=True), **OPTIONS),
-            generate(model, prompt, method=method, **OPTIONS), err_msg=f"prompt {length}, k={k}")
+            generate(model, prompt, method=method, **OPTIONS),
+            generate(model, prompt, method=dataclasses.replace(method, select_after_forward=False), **OPTIONS),
+            err_msg=f"prompt {length}, k={k}")
 
     def top_ks(policy):
         return sum(eqn.primitive.name == "top_k" for eqn in jaxpr_equations(block_jaxpr(model, policy)))
 
     # (the sampler ranks too: the same in both)
     sparse_layers = model.config.num_layers - 1
-    assert top_ks(MAGE(k=4, exact_layers=1)) - top_ks(MAGE(k=4, exact_layers=1, select_after_forward=True)) \
+    assert top_ks(MAGE(k=4, exact_layers=1, select_after_forward=False)) - top_ks(MAGE(k=4, exact_layers=1)) \
         == sparse_layers - 1
 
 
@@ -228,8 +230,8 @@ def test_the_selection_after_the_forward_on_the_gpu(model, rng, select_by):
     prompt = rng.integers(0, 170, (2, 30))
     method = MAGE(k=8, exact_layers=1, select_by=select_by)
     np.testing.assert_array_equal(
-        generate(model, prompt, method=dataclasses.replace(method, select_after_forward=True), **OPTIONS),
-        generate(model, prompt, method=method, **OPTIONS))
+        generate(model, prompt, method=method, **OPTIONS),
+        generate(model, prompt, method=dataclasses.replace(method, select_after_forward=False), **OPTIONS))
 
 
 def test_small_k_runs_in_the_loop_and_interpret_matches_reference(model, rng):

@@ -37,17 +37,15 @@ def long_rows(model, config, plan: Plan, *, baseline: bool, copy: dict | None, d
     options = gen.SDAROptions(**sdar_options(plan))
     mage = family_methods("SDAR", small=plan.small_methods)["mage"]
     # "mage/sort", "mage/threshold", "mage/kernel": the same selection found by lax.top_k, by the radix threshold and
-    # by the Pallas kernel; "mage/after": every layer's top k in one batched selection after the block's first forward;
-    # "mage/keys": its scores from the keys read again (kv_scores) instead of the exact pass's logits; "mage/probs":
+    # by the Pallas kernel; "mage/per-layer": each sparse layer's top k found in the layer (MAGE's default before
+    # session 22: one batched selection after the block's first forward); "mage/keys": its scores from the keys read again (kv_scores) instead of the exact pass's logits; "mage/probs":
     # from their float16 form (half the bytes written and read)
     methods = family_methods("SDAR", small=plan.small_methods, names=("flashblock", "flashblock+mage"))
     known = {"mage": mage, "mage/sort": dataclasses.replace(mage, select_by="sort"),
              "mage/threshold": dataclasses.replace(mage, select_by="threshold"),
              "mage/kernel": dataclasses.replace(mage, select_by="kernel"),
              "mage/kernel+probs": dataclasses.replace(mage, select_by="kernel", scores_from="probs"),
-             "mage/after": dataclasses.replace(mage, select_after_forward=True),
-             "mage/after+probs": dataclasses.replace(mage, select_after_forward=True, scores_from="probs"),
-             "mage/after+kernel": dataclasses.replace(mage, select_after_forward=True, select_by="kernel"),
+             "mage/per-layer": dataclasses.replace(mage, select_after_forward=False),
              "mage/keys": dataclasses.replace(mage, scores_from="keys"),
              "mage/probs": dataclasses.replace(mage, scores_from="probs"), **methods}
     policies = {"dense": Dense()} | {name: known[name] for name in plan.long_methods}

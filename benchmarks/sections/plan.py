@@ -32,12 +32,11 @@ class Plan:
     # mage128k's methods, each against dense (always timed first): "mage/sort" and "mage/threshold" are MAGE with its
     # top k by lax.top_k over the scores and by the radix threshold instead of its default tile tournament;
     # "mage/keys" MAGE with its scores from the keys read again instead of its exact pass's logits, "mage/probs" from
-    # their float16 form; "mage/kernel" with its top k by the Pallas kernel (no sort), "mage/kernel+probs" both;
-    # "mage/after" with every layer's top k in one batched selection after the block's first forward (+probs, +kernel:
-    # with those too; the kernel then runs one program per row of every layer at once)
+    # their float16 form; "mage/kernel" with its top k by the Pallas kernel (no sort; one program per row of every
+    # sparse layer at once), "mage/kernel+probs" both; "mage/per-layer" with each layer's top k found in the layer
+    # instead of in MAGE's one batched selection after the block's first forward
     long_methods: tuple[str, ...] = ("mage", "mage/sort", "mage/threshold", "mage/kernel", "mage/kernel+probs",
-                                     "mage/after", "mage/after+probs", "mage/after+kernel", "mage/keys", "mage/probs",
-                                     "flashblock", "flashblock+mage")
+                                     "mage/per-layer", "mage/keys", "mage/probs", "flashblock", "flashblock+mage")
     execution: str | None = None  # the models' layer execution (`load_model`'s); None: the package default
     quantize: str | None = None  # the models' weight quantization (`load_model`'s): None, "int8" or "fp8"
 

@@ -15,6 +15,8 @@ def markdown(meta: dict, rows: list[dict]) -> list[str]:
     lines = [f"# Throughput — {meta['device']}, jax {meta['jax']}, {meta['date']}", "",
              f"Random bf16 weights at the real shapes; package `{meta['package']}`"
              + (" (baseline mode: what the pre-issue API runs)" if meta.get("baseline") else "") + ".", ""]
+    if meta.get("xla_flags"):  # e.g. XLA's command buffers (CUDA graphs): every row of the run ran under them
+        lines[-1:-1] = [f"Run with `XLA_FLAGS={meta['xla_flags']}`.", ""]
     quantize = meta.get("plan", {}).get("quantize")
     if quantize:
         lines[-1:-1] = [f"**Linear weights quantized to {quantize}** (`load_model(quantize={quantize!r})`: a scale "

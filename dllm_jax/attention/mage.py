@@ -218,9 +218,10 @@ class MAGE(AttentionPolicy):
       of its tile's largest) or "keys" (`kv_scores`: the keys read again, 2 D bytes per key). "logits" and "keys"
       give the same scores up to float32 rounding.
     select_after_forward: find every sparse layer's top k after a block's first forward, in one batched selection
-      over all of them, instead of in each layer (the same positions, a few launches per block instead of a few
-      per layer; where the loop carries one state per layer: SDAR's block loop with unrolled layers, and every row
-      estimating at that forward; elsewhere each layer selects as before).
+      over all of them (default), instead of in each layer (False): the same positions, a few launches per block
+      instead of a few per layer (at 128k on an H200, session 22: 560 fewer per block at batch 1, 1.31x -> 1.42x
+      dense; 2.18x -> 2.20x at batch 4). It applies where the loop carries one state per layer (SDAR's block loop
+      with unrolled layers) and every row estimates at that forward; elsewhere each layer selects as before.
     """
 
     k: int = 512
@@ -229,7 +230,7 @@ class MAGE(AttentionPolicy):
     backend: str = "auto"
     select_by: str = "tiles"
     scores_from: str = "logits"
-    select_after_forward: bool = False
+    select_after_forward: bool = True
     # set by `deferring`: a block-first forward that estimates every row stores each layer's scores (`Pending`) for
     # `settle` to select from, all layers at once
     defers: bool = dataclasses.field(default=False, repr=False)
