@@ -37,9 +37,10 @@ def long_rows(model, config, plan: Plan, *, baseline: bool, copy: dict | None, d
     options = gen.SDAROptions(**sdar_options(plan))
     mage = family_methods("SDAR", small=plan.small_methods)["mage"]
     # "mage/sort", "mage/threshold", "mage/kernel": the same selection found by lax.top_k, by the radix threshold and
-    # by the Pallas kernel; "mage/per-layer": each sparse layer's top k found in the layer (MAGE's default before
-    # session 22: one batched selection after the block's first forward); "mage/keys": its scores from the keys read again (kv_scores) instead of the exact pass's logits; "mage/probs":
-    # from their float16 form (half the bytes written and read)
+    # by the Pallas kernel; "mage/per-layer": each sparse layer's top k found in the layer (MAGE's default until
+    # session 22, which made one batched selection after the block's first forward the default); "mage/keys": its
+    # scores from the keys read again (kv_scores) instead of the exact pass's logits; "mage/probs": from their
+    # float16 form (half the bytes written and read)
     methods = family_methods("SDAR", small=plan.small_methods, names=("flashblock", "flashblock+mage"))
     known = {"mage": mage, "mage/sort": dataclasses.replace(mage, select_by="sort"),
              "mage/threshold": dataclasses.replace(mage, select_by="threshold"),
