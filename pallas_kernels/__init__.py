@@ -38,6 +38,8 @@ from pallas_kernels.sparge import (
 from pallas_kernels.split_kv import (
     split_kv_attention,
     split_kv_attention_reference,
+    split_kv_combine,
+    split_kv_combine_reference,
     split_kv_gather_attention,
     split_kv_gather_attention_reference,
     split_kv_gather_width,
@@ -60,7 +62,7 @@ __all__ = [
     "SpargeSparsity", "predict_block_map",
     "pv_skip_attention", "pv_skip_attention_reference",
     "sparge_attention", "sparge_attention_reference",
-    "split_kv_attention", "split_kv_attention_reference",
+    "split_kv_attention", "split_kv_attention_reference", "split_kv_combine", "split_kv_combine_reference",
     "split_kv_gather_attention", "split_kv_gather_attention_reference", "split_kv_gather_width",
     "top_k_positions", "top_k_positions_reference",
 ]

@@ -4,8 +4,9 @@ a long KV cache, dense or over a gathered per-KV-head index list.
 One block of queries gives too few query tiles to fill the GPU, so the key axis is split across
 programs instead. Grid (splits, batch, KV heads): each program takes the G query heads of its KV
 head times the block's queries as one [G * Nq, D] tile (every K/V row it loads feeds all of them),
-runs the online softmax over its share of the keys and writes an fp32 partial (o, lse); the
-partials are then merged by LSE in XLA (`merge.combine_partials`). Shares are computed from the
+runs the online softmax over its share of the keys and writes an fp32 partial (o, lse); a second
+kernel merges the partials by LSE and writes the queries' layout (`split_kv_combine`; its reference is
+`merge.combine_partials` and the unfold in jnp). Shares are computed from the
 runtime length, so a mostly empty cache still spreads its live keys over every split.
 
 Gathered form index layout:
@@ -133,6 +134,61 @@ def _unfold(o, lse, shape):
     return o.reshape(b, nq, hq, d), lse
 
 
+def _combine_kernel(o_ref, lse_ref, out_ref, out_lse_ref, *, num_splits: int):
+    # one query head's Nq rows of every split's partial: o [S, Nq, D], lse [S, Nq]; merged online by LSE as
+    # `merge.combine_partials` merges them (empty partials, lse -inf, weigh nothing; +inf or NaN give NaN)
+    def merge(s, carry):
+        m, total, acc, invalid = carry
+        lse = lse_ref[s]
+        invalid = jnp.where((lse != lse) | (lse == jnp.inf), 1.0, invalid)  # lse != lse: NaN
+        new_m = jnp.maximum(m, lse)
+        shift = jnp.where(new_m == -jnp.inf, 0.0, new_m)
+        w = jnp.exp(lse - shift)
+        acc = acc * jnp.exp(m - shift)[:, None] + jnp.where(w[:, None] > 0, w[:, None] * o_ref[s], 0.0)
+        return new_m, total * jnp.exp(m - shift) + w, acc, invalid
+
+    nq, d = out_ref.shape
+    m, total, acc, invalid = jax.lax.fori_loop(
+        0, num_splits, merge, (jnp.full((nq,), -jnp.inf, jnp.float32), jnp.zeros((nq,), jnp.float32),
+                               jnp.zeros((nq, d), jnp.float32), jnp.zeros((nq,), jnp.float32)))
+    empty = total == 0.0
+    o = acc / jnp.where(empty, 1.0, total)[:, None]
+    lse = jnp.where(empty, -jnp.inf, m + jnp.log(jnp.where(empty, 1.0, total)))
+    out_ref[...] = jnp.where(invalid[:, None] > 0, jnp.nan, o).astype(out_ref.dtype)
+    out_lse_ref[...] = jnp.where(invalid > 0, jnp.nan, lse)
+
+
+def split_kv_combine(o, lse, shape, dtype, *, interpret=False):
+    """The split-KV partials merged by LSE and unfolded to the queries' layout, in one launch: o f32 [B, Hkv, S,
+    rows, D] and lse f32 [B, Hkv, S, rows] (row g * Nq + n: query n of head h * G + g; rows past G * Nq ignored)
+    -> (o [B, Nq, Hq, D] in `dtype`, lse f32 [B, Hq, Nq]) for q's shape [B, Nq, Hq, D]. (XLA merged and unfolded
+    them in several small fusions per call: at batch 1 launches, not bytes, bound a block.) Grid (B, Hkv, G); Nq a
+    power of two."""
+    b, nq, hq, d = shape
+    hkv, splits = o.shape[1], o.shape[2]
+    g = hq // hkv
+    return pl.pallas_call(
+        functools.partial(_combine_kernel, num_splits=splits),
+        grid=(b, hkv, g),
+        in_specs=[pl.BlockSpec((None, None, splits, nq, d), lambda bi, h, j: (bi, h, 0, j, 0)),
+                  pl.BlockSpec((None, None, splits, nq), lambda bi, h, j: (bi, h, 0, j))],
+        out_specs=[pl.BlockSpec((None, nq, None, d), lambda bi, h, j: (bi, 0, h * g + j, 0)),
+                   pl.BlockSpec((None, None, nq), lambda bi, h, j: (bi, h * g + j, 0))],
+        out_shape=[jax.ShapeDtypeStruct((b, nq, hq, d), dtype), jax.ShapeDtypeStruct((b, hq, nq), jnp.float32)],
+        compiler_params=c.compiler_params(d, 4, 1),
+        interpret=interpret,
+        name="split_kv_combine",
+    )(o, lse)
+
+
+def split_kv_combine_reference(o, lse, shape, dtype, *, interpret=False):
+    """The same function as `split_kv_combine`, in jnp (`merge.combine_partials`, then the queries' layout)."""
+    del interpret
+    o, lse = combine_partials(o, lse, axis=2)
+    o, lse = _unfold(o, lse, shape)
+    return o.astype(dtype), lse
+
+
 def _launch(kernel, lead, q, k, v, *, block_kv, num_splits, num_warps, num_stages, interpret, name, store=None):
     """Runs `kernel` on (lead inputs..., folded q, k, v); `lead` is a list of (BlockSpec, array).
 
@@ -175,9 +231,9 @@ def _launch(kernel, lead, q, k, v, *, block_kv, num_splits, num_warps, num_stage
         interpret=interpret,
         name=name,
     )(*(x for _, x in lead), folded, k, v)
-    o, lse = combine_partials(o, lse, axis=2)
-    o, lse = _unfold(o, lse, q.shape)
-    return (o.astype(q.dtype), lse, *(x[:, :, :nq * hq // hkv] for x in rest))
+    combine = split_kv_combine if c.is_pow2(nq) else split_kv_combine_reference  # Triton's blocks: powers of two
+    o, lse = combine(o, lse, q.shape, q.dtype, interpret=interpret)
+    return (o, lse, *(x[:, :, :nq * hq // hkv] for x in rest))
 
 
 @functools.partial(jax.jit, static_argnames=("scale", "block_kv", "num_splits", "num_warps", "num_stages",
