@@ -134,23 +134,43 @@ def _unfold(o, lse, shape):
     return o.reshape(b, nq, hq, d), lse
 
 
-def _combine_kernel(o_ref, lse_ref, out_ref, out_lse_ref, *, num_splits: int):
-    # one query head's Nq rows of every split's partial: o [S, Nq, D], lse [S, Nq]; merged online by LSE as
-    # `merge.combine_partials` merges them (empty partials, lse -inf, weigh nothing; +inf or NaN give NaN)
-    def merge(s, carry):
-        m, total, acc, invalid = carry
-        lse = lse_ref[s]
-        invalid = jnp.where((lse != lse) | (lse == jnp.inf), 1.0, invalid)  # lse != lse: NaN
-        new_m = jnp.maximum(m, lse)
-        shift = jnp.where(new_m == -jnp.inf, 0.0, new_m)
-        w = jnp.exp(lse - shift)
-        acc = acc * jnp.exp(m - shift)[:, None] + jnp.where(w[:, None] > 0, w[:, None] * o_ref[s], 0.0)
-        return new_m, total * jnp.exp(m - shift) + w, acc, invalid
+def combine_chunk(num_splits: int, nq: int) -> int:
+    """Splits `split_kv_combine` merges per step: a power of two, at most 8 and at most 32 query rows' worth (the
+    [chunk, Nq, D] partials of a step sit in registers)."""
+    return max(1, min(8, c.next_pow2(num_splits), 32 // max(nq, 1)))
 
+
+def padded_splits(num_splits: int, nq: int) -> int:
+    """The split count the partials are allocated with: whole chunks, so every step's load stays in the array (the
+    splits past num_splits are never written and never weigh)."""
+    chunk = combine_chunk(num_splits, nq)
+    return c.cdiv(num_splits, chunk) * chunk
+
+
+def _combine_kernel(o_ref, lse_ref, out_ref, out_lse_ref, *, num_splits: int, chunk: int):
+    # one query head's Nq rows of every split's partial: o [S', Nq, D], lse [S', Nq] (S' >= S splits, the rest
+    # unwritten), merged by LSE a chunk of splits at a time, as `merge.combine_partials` merges them: empty partials
+    # (lse -inf, o anything) weigh nothing, an LSE of +inf or NaN makes its row NaN
     nq, d = out_ref.shape
+
+    def merge(i, carry):
+        m, total, acc, invalid = carry
+        first = pl.multiple_of(i * chunk, chunk)
+        lse = lse_ref[pl.ds(first, chunk)]
+        lse = jnp.where((first + jnp.arange(chunk) < num_splits)[:, None], lse, -jnp.inf)
+        bad = jnp.where((lse != lse) | (lse == jnp.inf), 1.0, 0.0)  # lse != lse: NaN
+        invalid = jnp.maximum(invalid, jnp.max(bad, axis=0))
+        new_m = jnp.maximum(m, jnp.max(lse, axis=0))
+        shift = jnp.where(new_m == -jnp.inf, 0.0, new_m)
+        w = jnp.exp(lse - shift[None, :])
+        part = jnp.sum(jnp.where(w[:, :, None] > 0, w[:, :, None] * o_ref[pl.ds(first, chunk)], 0.0), axis=0)
+        rescale = jnp.exp(m - shift)
+        return new_m, total * rescale + jnp.sum(w, axis=0), acc * rescale[:, None] + part, invalid
+
     m, total, acc, invalid = jax.lax.fori_loop(
-        0, num_splits, merge, (jnp.full((nq,), -jnp.inf, jnp.float32), jnp.zeros((nq,), jnp.float32),
-                               jnp.zeros((nq, d), jnp.float32), jnp.zeros((nq,), jnp.float32)))
+        0, c.cdiv(num_splits, chunk), merge,
+        (jnp.full((nq,), -jnp.inf, jnp.float32), jnp.zeros((nq,), jnp.float32), jnp.zeros((nq, d), jnp.float32),
+         jnp.zeros((nq,), jnp.float32)))
     empty = total == 0.0
     o = acc / jnp.where(empty, 1.0, total)[:, None]
     lse = jnp.where(empty, -jnp.inf, m + jnp.log(jnp.where(empty, 1.0, total)))
@@ -158,33 +178,39 @@ def _combine_kernel(o_ref, lse_ref, out_ref, out_lse_ref, *, num_splits: int):
     out_lse_ref[...] = jnp.where(invalid > 0, jnp.nan, lse)
 
 
-def split_kv_combine(o, lse, shape, dtype, *, interpret=False):
-    """The split-KV partials merged by LSE and unfolded to the queries' layout, in one launch: o f32 [B, Hkv, S,
-    rows, D] and lse f32 [B, Hkv, S, rows] (row g * Nq + n: query n of head h * G + g; rows past G * Nq ignored)
-    -> (o [B, Nq, Hq, D] in `dtype`, lse f32 [B, Hq, Nq]) for q's shape [B, Nq, Hq, D]. (XLA merged and unfolded
-    them in several small fusions per call: at batch 1 launches, not bytes, bound a block.) Grid (B, Hkv, G); Nq a
-    power of two."""
+def split_kv_combine(o, lse, shape, dtype, *, num_splits=None, interpret=False):
+    """The split-KV partials merged by LSE and unfolded to the queries' layout, in one launch: o f32 [B, Hkv, S',
+    rows, D] and lse f32 [B, Hkv, S', rows] (row g * Nq + n: query n of head h * G + g; rows past G * Nq ignored;
+    splits past `num_splits`, default all S', ignored: never written) -> (o [B, Nq, Hq, D] in `dtype`, lse f32 [B,
+    Hq, Nq]) for q's shape [B, Nq, Hq, D]. (XLA merged and unfolded them in several small fusions per call: at
+    batch 1 launches, not bytes, bound a block.) Grid (B, Hkv, G): each program merges `combine_chunk` splits per
+    step, S' a multiple of it (`padded_splits`); Nq a power of two."""
     b, nq, hq, d = shape
-    hkv, splits = o.shape[1], o.shape[2]
+    hkv, allocated = o.shape[1], o.shape[2]
+    num_splits = allocated if num_splits is None else num_splits
+    chunk = combine_chunk(num_splits, nq)
+    if allocated % chunk or allocated < num_splits:
+        raise ValueError(f"the partials hold {allocated} splits: need whole chunks of {chunk} covering {num_splits} "
+                         f"(padded_splits({num_splits}, {nq}) = {padded_splits(num_splits, nq)})")
     g = hq // hkv
     return pl.pallas_call(
-        functools.partial(_combine_kernel, num_splits=splits),
+        functools.partial(_combine_kernel, num_splits=num_splits, chunk=chunk),
         grid=(b, hkv, g),
-        in_specs=[pl.BlockSpec((None, None, splits, nq, d), lambda bi, h, j: (bi, h, 0, j, 0)),
-                  pl.BlockSpec((None, None, splits, nq), lambda bi, h, j: (bi, h, 0, j))],
+        in_specs=[pl.BlockSpec((None, None, allocated, nq, d), lambda bi, h, j: (bi, h, 0, j, 0)),
+                  pl.BlockSpec((None, None, allocated, nq), lambda bi, h, j: (bi, h, 0, j))],
         out_specs=[pl.BlockSpec((None, nq, None, d), lambda bi, h, j: (bi, 0, h * g + j, 0)),
                    pl.BlockSpec((None, None, nq), lambda bi, h, j: (bi, h * g + j, 0))],
         out_shape=[jax.ShapeDtypeStruct((b, nq, hq, d), dtype), jax.ShapeDtypeStruct((b, hq, nq), jnp.float32)],
-        compiler_params=c.compiler_params(d, 4, 1),
+        compiler_params=c.compiler_params(d, 4, 2),
         interpret=interpret,
         name="split_kv_combine",
     )(o, lse)
 
 
-def split_kv_combine_reference(o, lse, shape, dtype, *, interpret=False):
+def split_kv_combine_reference(o, lse, shape, dtype, *, num_splits=None, interpret=False):
     """The same function as `split_kv_combine`, in jnp (`merge.combine_partials`, then the queries' layout)."""
     del interpret
-    o, lse = combine_partials(o, lse, axis=2)
+    o, lse = combine_partials(o[:, :, :num_splits], lse[:, :, :num_splits], axis=2)
     o, lse = _unfold(o, lse, shape)
     return o.astype(dtype), lse
 
@@ -203,8 +229,10 @@ def _launch(kernel, lead, q, k, v, *, block_kv, num_splits, num_warps, num_stage
     folded = _fold_queries(q, hkv, rows)
     out_specs = [pl.BlockSpec((None, None, None, rows, d), lambda s, bi, h: (bi, h, s, 0, 0)),
                  pl.BlockSpec((None, None, None, rows), lambda s, bi, h: (bi, h, s, 0))]
-    out_shape = [jax.ShapeDtypeStruct((b, hkv, num_splits, rows, d), jnp.float32),
-                 jax.ShapeDtypeStruct((b, hkv, num_splits, rows), jnp.float32)]
+    combine = split_kv_combine if c.is_pow2(nq) else split_kv_combine_reference  # Triton's blocks: powers of two
+    allocated = padded_splits(num_splits, nq) if combine is split_kv_combine else num_splits
+    out_shape = [jax.ShapeDtypeStruct((b, hkv, allocated, rows, d), jnp.float32),
+                 jax.ShapeDtypeStruct((b, hkv, allocated, rows), jnp.float32)]
     if store is not None:  # every split writes its share of the (batch, KV head)'s whole row
         out_specs.append(pl.BlockSpec((None, None, rows, nk), lambda s, bi, h: (bi, h, 0, 0)))
         out_shape.append(jax.ShapeDtypeStruct((b, hkv, rows, nk), jnp.float32 if store == "logits" else jnp.float16))
@@ -231,8 +259,7 @@ def _launch(kernel, lead, q, k, v, *, block_kv, num_splits, num_warps, num_stage
         interpret=interpret,
         name=name,
     )(*(x for _, x in lead), folded, k, v)
-    combine = split_kv_combine if c.is_pow2(nq) else split_kv_combine_reference  # Triton's blocks: powers of two
-    o, lse = combine(o, lse, q.shape, q.dtype, interpret=interpret)
+    o, lse = combine(o, lse, q.shape, q.dtype, num_splits=num_splits, interpret=interpret)
     return (o, lse, *(x[:, :, :nq * hq // hkv] for x in rest))
 
 

@@ -17,6 +17,7 @@ import pytest
 from jax.experimental import pallas as pl
 
 import pallas_kernels as pk
+from pallas_kernels import split_kv
 from dllm_jax.testing import jaxpr_equations
 
 pytestmark = pytest.mark.filterwarnings("ignore::DeprecationWarning")  # the Triton backend warns on use
@@ -194,18 +195,21 @@ class KernelChecks:
     ])
     def test_split_kv_combine(self, rng, dtype, b, hkv, splits, g, nq, d):
         """The partials' merge by LSE, written in the queries' layout: the reference's, with empty partials (lse
-        -inf, their o never written: NaN here), an empty row, and an invalid partial (+inf) giving NaN."""
+        -inf, their o never written: NaN here), an empty row, an invalid partial (+inf) giving NaN, and the
+        splits allocated past the count (whole chunks) holding garbage that must not weigh."""
         rows = max(16, 1 << (g * nq - 1).bit_length())
-        o = rng.standard_normal((b, hkv, splits, rows, d)).astype(np.float32)
-        lse = (rng.standard_normal((b, hkv, splits, rows)) * 3).astype(np.float32)
+        allocated = split_kv.padded_splits(splits, nq)
+        o = rng.standard_normal((b, hkv, allocated, rows, d)).astype(np.float32)
+        lse = (rng.standard_normal((b, hkv, allocated, rows)) * 3).astype(np.float32)
         lse[rng.random(lse.shape) < 0.3] = -np.inf
         o[np.isneginf(lse)] = np.nan
         lse[0, 0, :, 0] = -np.inf
-        lse[-1, -1, -1, g * nq - 1] = np.inf
+        lse[-1, -1, splits - 1, g * nq - 1] = np.inf
+        o[:, :, splits:], lse[:, :, splits:] = np.nan, np.inf  # never written by a split
         o, lse = jnp.asarray(o), jnp.asarray(lse)
         shape = (b, nq, g * hkv, d)
-        out, out_lse = pk.split_kv_combine(o, lse, shape, dtype, interpret=self.INTERPRET)
-        ref, ref_lse = pk.split_kv_combine_reference(o, lse, shape, dtype)
+        out, out_lse = pk.split_kv_combine(o, lse, shape, dtype, num_splits=splits, interpret=self.INTERPRET)
+        ref, ref_lse = pk.split_kv_combine_reference(o, lse, shape, dtype, num_splits=splits)
         assert out.dtype == dtype and out.shape == shape and out_lse.shape == (b, g * hkv, nq)
         assert np.isnan(np.asarray(ref_lse)).sum() == 1 and np.isneginf(np.asarray(ref_lse)).sum() >= 1
         tol = 1e-5 if dtype == F32 else 1e-2
@@ -560,6 +564,8 @@ def _bad_calls():
         "quantized scale": (lambda: qm(qx, qw, qs[:8], block_k=32), "scale [N]"),
         "quantized split": (lambda: qm(qx, qw, qs, block_k=32, split_k=0), "split_k=0"),
         "merge +inf lse": (lambda: pk.merge_attention(q, lse.at[0, 1, 2].set(jnp.inf), q, lse), "lse1[0, 1, 2] = inf"),
+        "combine whole chunks": (lambda: pk.split_kv_combine(jnp.zeros((1, 2, 3, 16, 64)), jnp.zeros((1, 2, 3, 16)),
+                                                             (1, 4, 4, 64), F32), "padded_splits(3, 4) = 4"),
     }
 
 
