@@ -50,9 +50,18 @@ def _share(total, num_splits: int, block_kv: int):
     return lo, jnp.minimum(lo + span, total)
 
 
+def _folded_queries(q_ref, *, queries: int, group: int, rows: int):
+    """This program's KV head's queries as one [rows, D] tile, gathered from q's [Nq * Hq, D] rows (no folded copy of
+    q made before the launch): row g * Nq + n is query n of head h * G + g; rows past G * Nq repeat the last head's
+    (computed, never read)."""
+    r = jnp.arange(rows)
+    head = pl.program_id(2) * group + jnp.minimum(r // queries, group - 1)
+    return q_ref[(r % queries) * (q_ref.shape[0] // queries) + head, :]
+
+
 def _dense_kernel(kvlen_ref, q_ref, k_ref, v_ref, o_ref, lse_ref, *store_refs, scale_log2, block_kv, num_splits,
-                  store=None):
-    q = q_ref[...]
+                  fold, store=None):
+    q = _folded_queries(q_ref, **fold)
     lo, hi = _share(kvlen_ref[0], num_splits, block_kv)
     n = jnp.maximum(hi - lo, 0)
     capacity = k_ref.shape[0]  # >= block_kv (`_split_kv`), not necessarily a multiple of it
@@ -100,8 +109,8 @@ def _store_probs(probs_ref, tile_max_ref, s, first: int, tile: int, block_kv: in
 
 
 def _gather_kernel(cnt_ref, idx_ref, q_ref, k_ref, v_ref, o_ref, lse_ref, *, scale_log2, block_kv, num_splits,
-                   entries):
-    q = q_ref[...]
+                   entries, fold):
+    q = _folded_queries(q_ref, **fold)
     # traced lists are clamped here, not by an XLA op before the call: a sparse step then launches the kernel alone;
     # a count stops at the list's own entries (`entries`: the width before padding to whole tiles)
     lo, hi = _share(jnp.clip(cnt_ref[0], 0, entries), num_splits, block_kv)
@@ -216,9 +225,10 @@ def split_kv_combine_reference(o, lse, shape, dtype, *, num_splits=None, interpr
 
 
 def _launch(kernel, lead, q, k, v, *, block_kv, num_splits, num_warps, num_stages, interpret, name, store=None):
-    """Runs `kernel` on (lead inputs..., folded q, k, v); `lead` is a list of (BlockSpec, array).
+    """Runs `kernel` on (lead inputs..., q as [B, Nq * Hq, D], k, v); `lead` is a list of (BlockSpec, array).
 
-    Each program sees its (batch, KV head)'s whole cache row [Nk, D] of k and v and reads its share
+    Each program folds its KV head's queries into one tile itself (`_folded_queries`: the kernel takes `fold`) and
+    sees its (batch, KV head)'s whole cache row [Nk, D] of k and v and reads its share
     of it in place. Returns (o, lse), and with `store` the kernel's further outputs over the folded query rows (see
     `split_kv_attention`): "logits" f32 [B, Hkv, G * Nq, Nk]; "probs" f16 [B, Hkv, G * Nq, Nk] and their tiles'
     maxima f32 [B, Hkv, G * Nq, ceil(Nk / block_kv)].
@@ -226,7 +236,7 @@ def _launch(kernel, lead, q, k, v, *, block_kv, num_splits, num_warps, num_stage
     b, nq, hq, d = q.shape
     nk, hkv = k.shape[1], k.shape[2]
     rows = max(16, c.next_pow2(nq * hq // hkv))
-    folded = _fold_queries(q, hkv, rows)
+    kernel = functools.partial(kernel, fold=dict(queries=nq, group=hq // hkv, rows=rows))
     out_specs = [pl.BlockSpec((None, None, None, rows, d), lambda s, bi, h: (bi, h, s, 0, 0)),
                  pl.BlockSpec((None, None, None, rows), lambda s, bi, h: (bi, h, s, 0))]
     combine = split_kv_combine if c.is_pow2(nq) else split_kv_combine_reference  # Triton's blocks: powers of two
@@ -248,7 +258,7 @@ def _launch(kernel, lead, q, k, v, *, block_kv, num_splits, num_warps, num_stage
         grid=(num_splits, b, hkv),
         in_specs=[
             *(spec for spec, _ in lead),
-            pl.BlockSpec((None, None, rows, d), lambda s, bi, h: (bi, h, 0, 0)),
+            pl.BlockSpec((None, nq * hq, d), lambda s, bi, h: (bi, 0, 0)),  # the row's queries, as they are
             pl.BlockSpec((None, nk, None, d), lambda s, bi, h: (bi, 0, h, 0)),
             pl.BlockSpec((None, nk, None, d), lambda s, bi, h: (bi, 0, h, 0)),
         ],
@@ -258,7 +268,7 @@ def _launch(kernel, lead, q, k, v, *, block_kv, num_splits, num_warps, num_stage
             NUM_STAGES, rows=block_kv, head_dim=d, dtype=k.dtype, reserved=reserved)),
         interpret=interpret,
         name=name,
-    )(*(x for _, x in lead), folded, k, v)
+    )(*(x for _, x in lead), q.reshape(b, nq * hq, d), k, v)
     o, lse = combine(o, lse, q.shape, q.dtype, num_splits=num_splits, interpret=interpret)
     return (o, lse, *(x[:, :, :nq * hq // hkv] for x in rest))
 
