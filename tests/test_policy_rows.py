@@ -11,7 +11,7 @@ import numpy as np
 import pytest
 
 from dllm_jax.attention.flashblock import FlashBlock
-from dllm_jax.attention.mage import MAGE, block_keys, selection_of
+from dllm_jax.attention.mage import MAGE, block_attention, selection_of
 from dllm_jax.attention import backends
 from dllm_jax.attention.policy import Dense, Mode, switch_rows
 from sdar_methods_testing import masked_attention
@@ -68,13 +68,19 @@ def init(policy, batch):
     return policy.init_state(batch=batch, num_heads=HQ, num_kv_heads=HKV, q_len=N, kv_len=CAP, head_dim=D)
 
 
-def test_block_keys_are_each_rows_own(rng):
-    _, k, v = inputs(rng, 3)
-    kv_len = lengths(3)
-    k_block, v_block = block_keys(k, v, kv_len, N)
-    for b in range(3):
-        np.testing.assert_array_equal(k_block[b], k[b, int(kv_len[b]) - N:int(kv_len[b])])
-        np.testing.assert_array_equal(v_block[b], v[b, int(kv_len[b]) - N:int(kv_len[b])])
+@pytest.mark.parametrize("backend", ["reference", "interpret"])
+def test_block_attention_is_over_each_rows_own_block(rng, backend):
+    """The block part MAGE and FlashBlock merge with the prefix part: attention over rows [kv_len - n, kv_len) of
+    each row's cache, read in place, with its LSE (float64 references over the row's block keys alone)."""
+    q, k, v = inputs(rng, 4)
+    kv_len = lengths(4)
+    o, lse = block_attention(q, k, v, kv_len, backend)
+    for b in range(4):
+        block = (np.arange(CAP) >= int(kv_len[b]) - N) & (np.arange(CAP) < int(kv_len[b]))
+        expected = masked_attention(q[b:b + 1], k[b:b + 1], v[b:b + 1], block)
+        np.testing.assert_allclose(o[b:b + 1], expected, atol=1e-5, err_msg=f"row {b}")
+        s = np.einsum("nhd,khd->hnk", np.float64(q[b]), np.float64(np.repeat(k[b][block], HQ // HKV, axis=1)))
+        np.testing.assert_allclose(lse[b], np.log(np.exp(s / np.sqrt(D)).sum(-1)), atol=1e-5)
 
 
 def test_mage_rows_at_different_positions_and_in_different_modes(rng):

@@ -40,7 +40,7 @@ from jax.sharding import PartitionSpec as P
 import pallas_kernels as pk
 from dllm_jax import validation
 from dllm_jax.attention import kernels
-from dllm_jax.attention.mage import MAGE, block_keys, prefix_counts, row_lengths, selected_attention
+from dllm_jax.attention.mage import MAGE, block_attention, prefix_counts, row_lengths, selected_attention
 from dllm_jax.attention.policy import AttentionPolicy, Mode, check_backend, check_field, switch_rows
 
 
@@ -134,8 +134,7 @@ class FlashBlock(AttentionPolicy):
                 return kernels.split_kv(q, k, v, kv_len, self.backend)[0], cached_o, cached_lse
 
             def internal():
-                k_block, v_block = block_keys(k, v, kv_len, n)
-                return kernels.flash(q, k_block, v_block, self.backend)
+                return block_attention(q, k, v, kv_len, self.backend)
 
             def refresh(_):
                 o_out, lse_out = kernels.split_kv(q, k, v, prefix, self.backend)

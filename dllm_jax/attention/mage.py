@@ -122,12 +122,24 @@ def prefix_counts(prefix_len, k: int):
     return jnp.minimum(jnp.asarray(prefix_len, jnp.int32), k)
 
 
-def block_keys(k, v, kv_len, n: int):
-    """The current block's own keys and values [B, n, Hkv, D]: rows [kv_len[b] - n, kv_len[b]) of
-    each row b of one layer's cache (kv_len: int scalar or int32 [B])."""
-    start = row_lengths(kv_len, k.shape[0]) - n
-    rows = jax.vmap(lambda x, s: jax.lax.dynamic_slice_in_dim(x, s, n, axis=0))
-    return rows(k, start), rows(v, start)
+def block_rows(kv_len, n: int, num_kv_heads: int):
+    """(indices int32 [B, Hkv, W], counts int32 [B, Hkv]): the current block's n cache rows [kv_len[b] - n,
+    kv_len[b]) of each row b (kv_len int32 [B]) as the gathered kernel's list, W = `pk.split_kv_gather_width(n)`
+    (read as it is); entries past the count repeat the block's last row (in range, masked by the kernel)."""
+    kv_len = jnp.asarray(kv_len, jnp.int32)[:, None, None]
+    slot = jnp.arange(pk.split_kv_gather_width(n))
+    rows = jnp.maximum(kv_len - n + jnp.minimum(slot, n - 1), 0)
+    shape = (kv_len.shape[0], num_kv_heads)
+    return jnp.broadcast_to(rows, (*shape, slot.size)).astype(jnp.int32), jnp.full(shape, n, jnp.int32)
+
+
+def block_attention(q, k, v, kv_len, backend: str):
+    """(o, lse) of a block step's queries q [B, n, Hq, D] over the block's own keys, rows [kv_len - n, kv_len) of one
+    layer's cache k, v [B, S, Hkv, D] (kv_len: int scalar or int32 [B]), read in place by the gathered split-KV
+    pass (slicing the rows out for the flash kernel cost two slices and the kernel's padding per layer and step:
+    ~100 pad launches per output block at 128k, batch 1)."""
+    indices, counts = block_rows(row_lengths(kv_len, q.shape[0]), q.shape[1], k.shape[2])
+    return kernels.split_kv_gather(q, k, v, indices, counts, backend)
 
 
 def with_block_rows(indices, kv_len, n: int):
@@ -192,8 +204,7 @@ def split_exact_attention(q, k, v, kv_len, backend: str, *, return_logits: bool 
     n = q.shape[1]
     o_prefix, prefix_lse, *stored = kernels.split_kv(q, k, v, row_lengths(kv_len, q.shape[0]) - n, backend,
                                                      return_logits=return_logits, return_probs=return_probs)
-    k_block, v_block = block_keys(k, v, kv_len, n)
-    o, lse = pk.merge_attention(o_prefix, prefix_lse, *kernels.flash(q, k_block, v_block, backend))
+    o, lse = pk.merge_attention(o_prefix, prefix_lse, *block_attention(q, k, v, kv_len, backend))
     return (o, lse, prefix_lse, *stored)
 
 
