@@ -122,24 +122,14 @@ def prefix_counts(prefix_len, k: int):
     return jnp.minimum(jnp.asarray(prefix_len, jnp.int32), k)
 
 
-def block_rows(kv_len, n: int, num_kv_heads: int):
-    """(indices int32 [B, Hkv, W], counts int32 [B, Hkv]): the current block's n cache rows [kv_len[b] - n,
-    kv_len[b]) of each row b (kv_len int32 [B]) as the gathered kernel's list, W = `pk.split_kv_gather_width(n)`
-    (read as it is); entries past the count repeat the block's last row (in range, masked by the kernel)."""
-    kv_len = jnp.asarray(kv_len, jnp.int32)[:, None, None]
-    slot = jnp.arange(pk.split_kv_gather_width(n))
-    rows = jnp.maximum(kv_len - n + jnp.minimum(slot, n - 1), 0)
-    shape = (kv_len.shape[0], num_kv_heads)
-    return jnp.broadcast_to(rows, (*shape, slot.size)).astype(jnp.int32), jnp.full(shape, n, jnp.int32)
-
-
 def block_attention(q, k, v, kv_len, backend: str):
     """(o, lse) of a block step's queries q [B, n, Hq, D] over the block's own keys, rows [kv_len - n, kv_len) of one
     layer's cache k, v [B, S, Hkv, D] (kv_len: int scalar or int32 [B]), read in place by the gathered split-KV
     pass (slicing the rows out for the flash kernel cost two slices and the kernel's padding per layer and step:
     ~100 pad launches per output block at 128k, batch 1)."""
-    indices, counts = block_rows(row_lengths(kv_len, q.shape[0]), q.shape[1], k.shape[2])
-    return kernels.split_kv_gather(q, k, v, indices, counts, backend)
+    nothing_selected = jnp.zeros((q.shape[0], k.shape[2], 0), jnp.int32)  # the block's rows alone: MAGE's list
+    listed, counts = with_block_rows(nothing_selected, kv_len, q.shape[1])
+    return kernels.split_kv_gather(q, k, v, listed, counts, backend)
 
 
 def with_block_rows(indices, kv_len, n: int):
