@@ -143,48 +143,50 @@ def _unfold(o, lse, shape):
     return o.reshape(b, nq, hq, d), lse
 
 
-def combine_chunk(num_splits: int, nq: int) -> int:
-    """Splits `split_kv_combine` merges per step: a power of two, at most 8 and at most 32 query rows' worth (the
-    [chunk, Nq, D] partials of a step sit in registers)."""
-    return max(1, min(8, c.next_pow2(num_splits), 32 // max(nq, 1)))
+# f32 values of the partials one combine program holds per step ([chunk, D] of its row): 64 registers a thread at
+# 4 warps
+COMBINE_VALUES = 8192
 
 
-def padded_splits(num_splits: int, nq: int) -> int:
+def combine_chunk(num_splits: int, head_dim: int) -> int:
+    """Splits `split_kv_combine` merges per step: a power of two, at most 64 and at most COMBINE_VALUES / head_dim
+    (the step's [chunk, D] partials sit in registers): SDAR-8B's 33 splits at batch 1 and 128k in one step."""
+    return max(1, min(64, c.next_pow2(num_splits), COMBINE_VALUES // head_dim))
+
+
+def padded_splits(num_splits: int, head_dim: int) -> int:
     """The split count the partials are allocated with: whole chunks, so every step's load stays in the array (the
     splits past num_splits are never written and never weigh)."""
-    chunk = combine_chunk(num_splits, nq)
+    chunk = combine_chunk(num_splits, head_dim)
     return c.cdiv(num_splits, chunk) * chunk
 
 
 def _combine_kernel(o_ref, lse_ref, out_ref, out_lse_ref, *, num_splits: int, chunk: int):
-    # one query head's Nq rows of every split's partial: o [S', Nq, D], lse [S', Nq] (S' >= S splits, the rest
-    # unwritten), merged by LSE a chunk of splits at a time, as `merge.combine_partials` merges them: empty partials
-    # (lse -inf, o anything) weigh nothing, an LSE of +inf or NaN makes its row NaN
-    nq, d = out_ref.shape
-
+    # one query row of every split's partial: o [S', D], lse [S'] (S' >= S splits, the rest unwritten), merged by
+    # LSE a chunk of splits at a time, as `merge.combine_partials` merges them: empty partials (lse -inf, o
+    # anything) weigh nothing, an LSE of +inf or NaN makes the row NaN
     def merge(i, carry):
         m, total, acc, invalid = carry
         first = pl.multiple_of(i * chunk, chunk)
         lse = lse_ref[pl.ds(first, chunk)]
-        lse = jnp.where((first + jnp.arange(chunk) < num_splits)[:, None], lse, -jnp.inf)
-        bad = jnp.where((lse != lse) | (lse == jnp.inf), 1.0, 0.0)  # lse != lse: NaN
-        invalid = jnp.maximum(invalid, jnp.max(bad, axis=0))
-        new_m = jnp.maximum(m, jnp.max(lse, axis=0))
+        lse = jnp.where(first + jnp.arange(chunk) < num_splits, lse, -jnp.inf)
+        invalid = jnp.maximum(invalid, jnp.max(jnp.where((lse != lse) | (lse == jnp.inf), 1.0, 0.0)))  # != : NaN
+        new_m = jnp.maximum(m, jnp.max(lse))
         shift = jnp.where(new_m == -jnp.inf, 0.0, new_m)
-        w = jnp.exp(lse - shift[None, :])
-        part = jnp.sum(jnp.where(w[:, :, None] > 0, w[:, :, None] * o_ref[pl.ds(first, chunk)], 0.0), axis=0)
+        w = jnp.exp(lse - shift)
+        part = jnp.sum(jnp.where(w[:, None] > 0, w[:, None] * o_ref[pl.ds(first, chunk), :], 0.0), axis=0)
         rescale = jnp.exp(m - shift)
-        return new_m, total * rescale + jnp.sum(w, axis=0), acc * rescale[:, None] + part, invalid
+        return new_m, total * rescale + jnp.sum(w), acc * rescale + part, invalid
 
+    d = out_ref.shape[-1]
     m, total, acc, invalid = jax.lax.fori_loop(
         0, c.cdiv(num_splits, chunk), merge,
-        (jnp.full((nq,), -jnp.inf, jnp.float32), jnp.zeros((nq,), jnp.float32), jnp.zeros((nq, d), jnp.float32),
-         jnp.zeros((nq,), jnp.float32)))
+        (jnp.float32(-jnp.inf), jnp.float32(0.0), jnp.zeros((d,), jnp.float32), jnp.float32(0.0)))
     empty = total == 0.0
-    o = acc / jnp.where(empty, 1.0, total)[:, None]
+    o = acc / jnp.where(empty, 1.0, total)
     lse = jnp.where(empty, -jnp.inf, m + jnp.log(jnp.where(empty, 1.0, total)))
-    out_ref[...] = jnp.where(invalid[:, None] > 0, jnp.nan, o).astype(out_ref.dtype)
-    out_lse_ref[...] = jnp.where(invalid > 0, jnp.nan, lse)
+    out_ref[...] = jnp.where(invalid > 0, jnp.nan, o).astype(out_ref.dtype)
+    out_lse_ref[...] = jnp.full((1,), jnp.where(invalid > 0, jnp.nan, lse), jnp.float32)
 
 
 def split_kv_combine(o, lse, shape, dtype, *, num_splits=None, interpret=False):
@@ -192,28 +194,29 @@ def split_kv_combine(o, lse, shape, dtype, *, num_splits=None, interpret=False):
     rows, D] and lse f32 [B, Hkv, S', rows] (row g * Nq + n: query n of head h * G + g; rows past G * Nq ignored;
     splits past `num_splits`, default all S', ignored: never written) -> (o [B, Nq, Hq, D] in `dtype`, lse f32 [B,
     Hq, Nq]) for q's shape [B, Nq, Hq, D]. (XLA merged and unfolded them in several small fusions per call: at
-    batch 1 launches, not bytes, bound a block.) Grid (B, Hkv, G): each program merges `combine_chunk` splits per
-    step, S' a multiple of it (`padded_splits`); Nq a power of two."""
+    batch 1 launches, not bytes, bound a block.) Grid (B, Hkv, G * Nq): one program per query row, merging
+    `combine_chunk` splits per step, S' a multiple of it (`padded_splits`)."""
     b, nq, hq, d = shape
     hkv, allocated = o.shape[1], o.shape[2]
     num_splits = allocated if num_splits is None else num_splits
-    chunk = combine_chunk(num_splits, nq)
+    chunk = combine_chunk(num_splits, d)
     if allocated % chunk or allocated < num_splits:
         raise ValueError(f"the partials hold {allocated} splits: need whole chunks of {chunk} covering {num_splits} "
-                         f"(padded_splits({num_splits}, {nq}) = {padded_splits(num_splits, nq)})")
+                         f"(padded_splits({num_splits}, {d}) = {padded_splits(num_splits, d)})")
     g = hq // hkv
-    return pl.pallas_call(
+    out, out_lse = pl.pallas_call(
         functools.partial(_combine_kernel, num_splits=num_splits, chunk=chunk),
-        grid=(b, hkv, g),
-        in_specs=[pl.BlockSpec((None, None, allocated, nq, d), lambda bi, h, j: (bi, h, 0, j, 0)),
-                  pl.BlockSpec((None, None, allocated, nq), lambda bi, h, j: (bi, h, 0, j))],
-        out_specs=[pl.BlockSpec((None, nq, None, d), lambda bi, h, j: (bi, 0, h * g + j, 0)),
-                   pl.BlockSpec((None, None, nq), lambda bi, h, j: (bi, h * g + j, 0))],
-        out_shape=[jax.ShapeDtypeStruct((b, nq, hq, d), dtype), jax.ShapeDtypeStruct((b, hq, nq), jnp.float32)],
+        grid=(b, hkv, g * nq),
+        in_specs=[pl.BlockSpec((None, None, allocated, None, d), lambda bi, h, r: (bi, h, 0, r, 0)),
+                  pl.BlockSpec((None, None, allocated, None), lambda bi, h, r: (bi, h, 0, r))],
+        out_specs=[pl.BlockSpec((None, None, None, d), lambda bi, h, r: (bi, r % nq, h * g + r // nq, 0)),
+                   pl.BlockSpec((None, None, None, 1), lambda bi, h, r: (bi, h * g + r // nq, r % nq, 0))],
+        out_shape=[jax.ShapeDtypeStruct((b, nq, hq, d), dtype), jax.ShapeDtypeStruct((b, hq, nq, 1), jnp.float32)],
         compiler_params=c.compiler_params(d, 4, 2),
         interpret=interpret,
         name="split_kv_combine",
     )(o, lse)
+    return out, out_lse[..., 0]
 
 
 def split_kv_combine_reference(o, lse, shape, dtype, *, num_splits=None, interpret=False):
@@ -239,8 +242,7 @@ def _launch(kernel, lead, q, k, v, *, block_kv, num_splits, num_warps, num_stage
     kernel = functools.partial(kernel, fold=dict(queries=nq, group=hq // hkv, rows=rows))
     out_specs = [pl.BlockSpec((None, None, None, rows, d), lambda s, bi, h: (bi, h, s, 0, 0)),
                  pl.BlockSpec((None, None, None, rows), lambda s, bi, h: (bi, h, s, 0))]
-    combine = split_kv_combine if c.is_pow2(nq) else split_kv_combine_reference  # Triton's blocks: powers of two
-    allocated = padded_splits(num_splits, nq) if combine is split_kv_combine else num_splits
+    allocated = padded_splits(num_splits, d)
     out_shape = [jax.ShapeDtypeStruct((b, hkv, allocated, rows, d), jnp.float32),
                  jax.ShapeDtypeStruct((b, hkv, allocated, rows), jnp.float32)]
     if store is not None:  # every split writes its share of the (batch, KV head)'s whole row
@@ -269,7 +271,7 @@ def _launch(kernel, lead, q, k, v, *, block_kv, num_splits, num_warps, num_stage
         interpret=interpret,
         name=name,
     )(*(x for _, x in lead), q.reshape(b, nq * hq, d), k, v)
-    o, lse = combine(o, lse, q.shape, q.dtype, num_splits=num_splits, interpret=interpret)
+    o, lse = split_kv_combine(o, lse, q.shape, q.dtype, num_splits=num_splits, interpret=interpret)
     return (o, lse, *(x[:, :, :nq * hq // hkv] for x in rest))
 
 

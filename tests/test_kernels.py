@@ -198,7 +198,7 @@ class KernelChecks:
         -inf, their o never written: NaN here), an empty row, an invalid partial (+inf) giving NaN, and the
         splits allocated past the count (whole chunks) holding garbage that must not weigh."""
         rows = max(16, 1 << (g * nq - 1).bit_length())
-        allocated = split_kv.padded_splits(splits, nq)
+        allocated = split_kv.padded_splits(splits, d)
         o = rng.standard_normal((b, hkv, allocated, rows, d)).astype(np.float32)
         lse = (rng.standard_normal((b, hkv, allocated, rows)) * 3).astype(np.float32)
         lse[rng.random(lse.shape) < 0.3] = -np.inf
@@ -565,7 +565,7 @@ def _bad_calls():
         "quantized split": (lambda: qm(qx, qw, qs, block_k=32, split_k=0), "split_k=0"),
         "merge +inf lse": (lambda: pk.merge_attention(q, lse.at[0, 1, 2].set(jnp.inf), q, lse), "lse1[0, 1, 2] = inf"),
         "combine whole chunks": (lambda: pk.split_kv_combine(jnp.zeros((1, 2, 3, 16, 64)), jnp.zeros((1, 2, 3, 16)),
-                                                             (1, 4, 4, 64), F32), "padded_splits(3, 4) = 4"),
+                                                             (1, 4, 4, 64), F32), "padded_splits(3, 64) = 4"),
     }
 
 
