@@ -22,10 +22,18 @@ from jax.experimental import pallas as pl
 
 from pallas_kernels import _common as c
 from pallas_kernels.block_scores import probabilities
-from pallas_kernels.split_kv import BLOCK_KV, _fold_queries
+from pallas_kernels.split_kv import BLOCK_KV
 
 TILES_PER_PROGRAM = 1  # 1-16 tiles of 64 keys timed at 128k, batches 1 and 4 (H200, session 18): 1 the fastest,
 # 8% above 8 at batch 1 (3.37 against 3.11 TB/s), 4% at batch 4 (3.81 against 3.67)
+
+
+def _fold_queries(q, num_kv_heads: int, rows: int):
+    """[B, Nq, Hq, D] -> [B, Hkv, rows, D]: row g * Nq + n holds query n of head h * G + g (the
+    split-KV kernels' row order, which they fold in the kernel)."""
+    b, nq, hq, d = q.shape
+    folded = q.reshape(b, nq, num_kv_heads, hq // num_kv_heads, d).transpose(0, 2, 3, 1, 4)
+    return c.pad_axis(folded.reshape(b, num_kv_heads, -1, d), 2, rows)
 
 
 def _kernel(kvlen_ref, q_ref, lse_ref, k_ref, out_ref, *, scale_log2, block_kv, num_rows, tiles_per_program):

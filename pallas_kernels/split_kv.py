@@ -128,13 +128,6 @@ def _gather_kernel(cnt_ref, idx_ref, q_ref, k_ref, v_ref, o_ref, lse_ref, *, sca
     o_ref[...], lse_ref[...] = c.finalize(carry)
 
 
-def _fold_queries(q, num_kv_heads: int, rows: int):
-    """[B, Nq, Hq, D] -> [B, Hkv, rows, D]: row g * Nq + n holds query n of head h * G + g."""
-    b, nq, hq, d = q.shape
-    folded = q.reshape(b, nq, num_kv_heads, hq // num_kv_heads, d).transpose(0, 2, 3, 1, 4)
-    return c.pad_axis(folded.reshape(b, num_kv_heads, -1, d), 2, rows)
-
-
 def _unfold(o, lse, shape):
     b, nq, hq, d = shape
     hkv = o.shape[1]
