@@ -310,7 +310,9 @@ def test_llada2_requests_share_the_slots_and_each_gets_generate_alone(llada2_che
     model, tokenizer = dllm_jax.load_model(path, dtype="float32", progress=False), ChatTokenizer(path)
     options = dict(block_length=8, steps=4)
     with running(build_app(model, tokenizer, model_name=NAME, slots=3, max_context=96, **options)) as url:
-        requests = [(rng.integers(3, 140, 6 if i % 2 else 9).tolist(), 8 + 4 * i) for i in range(6)]
+        # six (prompt, answer) length pairs over three answer lengths: generate compiles one program per answer
+        # length (prompts share one bucket), ~3 s each here
+        requests = [(rng.integers(3, 140, 6 if i % 2 else 9).tolist(), 8 + 4 * (i % 3)) for i in range(6)]
         with concurrent.futures.ThreadPoolExecutor(6) as pool:
             replies = list(pool.map(lambda r: post(url, "/v1/completions", dict(model=NAME, prompt=r[0],
                                                                                 max_tokens=r[1])), requests))
