@@ -20,7 +20,7 @@ class ChatTokenizer:
     """Encodes prompts (optionally through the chat template) and decodes generated ids."""
 
     def __init__(self, directory, *, limits: RenderLimits = RenderLimits()):
-        directory = Path(directory)
+        self.directory = directory = Path(directory)
         self.tokenizer = read_tokenizer(directory / "tokenizer.json")
         self.config = read_tokenizer_config(directory / "tokenizer_config.json")
         source, self.where = template_source(directory, self.config)
@@ -44,6 +44,7 @@ class ChatTokenizer:
 
     def encode(self, text: str, *, chat: bool = True) -> np.ndarray:
         """int32 [1, P] token ids of `text` (through the chat template if chat=True)."""
+        text = unicode_text(text, "the prompt")
         prompt = self.render(text) if chat else text
         ids = self.tokenizer.encode(prompt, add_special_tokens=not chat).ids
         if not ids:
@@ -52,6 +53,8 @@ class ChatTokenizer:
 
     def encode_messages(self, messages: list[dict]) -> list[int]:
         """Token ids of a conversation through the chat template (`render_messages`)."""
+        for message in messages:
+            unicode_text(message.get("content"), f"a {message.get('role')} message")
         ids = self.tokenizer.encode(self.render_messages(messages), add_special_tokens=False).ids
         if not ids:
             raise ValueError("the messages encode to no tokens")
@@ -60,6 +63,18 @@ class ChatTokenizer:
     def decode(self, ids, *, skip: tuple[int, ...] = ()) -> str:
         """Text of `ids`, without special tokens and without the ids in `skip` (e.g. the mask)."""
         return self.tokenizer.decode([int(i) for i in ids if int(i) not in skip], skip_special_tokens=True)
+
+
+def unicode_text(text, what: str):
+    """`text` if it is a string that UTF-8 can encode; a ValueError naming `what` for one holding a lone surrogate
+    (a JSON escape such as "\\ud800", or a command-line argument with bytes that are not UTF-8)."""
+    if isinstance(text, str):
+        try:
+            text.encode("utf-8")
+        except UnicodeEncodeError as e:
+            raise ValueError(f"{what} is not valid UTF-8 text: U+{ord(text[e.start]):04X} at character {e.start} is a "
+                             "lone surrogate (an undecodable byte, or half of a UTF-16 pair)") from None
+    return text
 
 
 def read_text(path: Path) -> str:

@@ -3,6 +3,10 @@
 from __future__ import annotations
 
 import argparse
+import errno
+import ipaddress
+import os
+import socket
 import sys
 from pathlib import Path
 
@@ -10,6 +14,8 @@ from dllm_jax.cli.common import add_quantize_flag, dtype_parent
 from dllm_jax.cli.methods import methods_parent
 from dllm_jax.flags import fraction, non_negative_int, number, positive_int
 
+API_KEY_VARIABLE = "DLLM_JAX_API_KEY"  # the environment variable --api-key defaults to (kept out of `ps` listings)
+MAX_REQUEST_BYTES = 4 * 2**20  # dllm_jax.serve.app's default, repeated here so that --help needs no FastAPI
 temperature_flag = number(float, "a number in [0, 2]", lambda v: 0 <= v <= 2)
 # the sampling flags (-> the generate option each sets) and those that apply to each family ("--gen-length" sets
 # the family's answer option: the lockstep families decode one answer length for every request)
@@ -35,7 +41,13 @@ def add_parser(subparsers) -> None:
     serve.add_argument("--model-name", default=None, help="the model id clients send (default: the directory's name)")
     serve.add_argument("--host", default="127.0.0.1", help="address to listen on (default 127.0.0.1)")
     serve.add_argument("--port", type=number(int, "a port in [0, 65535]", lambda v: 0 <= v <= 65535), default=8000,
-                       help="port (default 8000)")
+                       help="port (default 8000; 0: any free port, printed at start-up)")
+    serve.add_argument("--api-key", default=None, metavar="KEY",
+                       help=f"requests to /v1 must send 'Authorization: Bearer KEY' (else 401); /health and /metrics "
+                            f"stay open. Default: the {API_KEY_VARIABLE} environment variable, else no key (a warning "
+                            "when --host is not a loopback address)")
+    serve.add_argument("--max-request-bytes", type=positive_int, default=MAX_REQUEST_BYTES, metavar="N",
+                       help=f"a request body past N bytes gets 413 before the rest is read (default {MAX_REQUEST_BYTES:,})")
     serve.add_argument("--slots", type=positive_int, default=8, help="requests decoded together (default 8)")
     serve.add_argument("--max-context", type=positive_int, default=None, metavar="L",
                        help="prompt + answer tokens a slot holds (default: the model's context)")
@@ -97,12 +109,53 @@ def run(args: argparse.Namespace) -> None:
     options = {family.answer_option if flag == "--gen-length" else FLAGS[flag]: getattr(args, FLAGS[flag])
                for flag in given}
     method = method_from_args(args)
+    api_key = args.api_key if args.api_key is not None else os.environ.get(API_KEY_VARIABLE) or None
+    if api_key is not None and not (api_key.strip() and api_key.isprintable()):
+        raise ValueError(f"--api-key (or {API_KEY_VARIABLE}) must be a non-empty key of printable characters")
     tokenizer = ChatTokenizer(args.model)
-    model = load_model(args.model, dtype=args.dtype, quantize=args.quantize)
-    name = args.model_name or args.model.resolve().name
-    app = build_app(model, tokenizer, model_name=name, slots=args.slots, max_context=args.max_context, method=method,
-                    max_queue=args.max_queue, temperature=args.temperature, top_p=args.top_p, top_k=args.top_k,
-                    max_top_k=args.max_top_k, schedule=args.schedule, **options)
-    print(f"[dllm-jax serve: {name} on http://{args.host}:{args.port}/v1, {args.slots} slots]", file=sys.stderr,
-          flush=True)
-    uvicorn.run(app, host=args.host, port=args.port, log_level=args.log_level)
+    listening = bound_socket(args.host, args.port)  # a port in use is refused now, not after the weights load
+    try:
+        host, port = listening.getsockname()[:2]
+        if api_key is None and not loopback(host):
+            print(f"dllm-jax serve: warning: listening on {args.host} (not a loopback address) with no API key: anyone "
+                  f"who can reach port {port} can use the server; pass --api-key or set {API_KEY_VARIABLE}",
+                  file=sys.stderr, flush=True)
+        model = load_model(args.model, dtype=args.dtype, quantize=args.quantize)
+        name = args.model_name or args.model.resolve().name
+        app = build_app(model, tokenizer, model_name=name, slots=args.slots, max_context=args.max_context,
+                        method=method, max_queue=args.max_queue, temperature=args.temperature, top_p=args.top_p,
+                        top_k=args.top_k, max_top_k=args.max_top_k, schedule=args.schedule, api_key=api_key,
+                        max_request_bytes=args.max_request_bytes, **options)
+        shown = f"[{host}]" if ":" in host else host
+        print(f"[dllm-jax serve: {name} on http://{shown}:{port}/v1, {args.slots} slots"
+              f"{', API key required' if api_key else ''}]", file=sys.stderr, flush=True)
+        uvicorn.Server(uvicorn.Config(app, log_level=args.log_level)).run(sockets=[listening])
+    finally:
+        listening.close()
+
+
+def bound_socket(host: str, port: int) -> socket.socket:
+    """A TCP socket bound to (host, port), as uvicorn binds one; ValueError naming the address if it cannot be."""
+    try:
+        infos = socket.getaddrinfo(host, port, type=socket.SOCK_STREAM, flags=socket.AI_PASSIVE)
+    except socket.gaierror as e:
+        raise ValueError(f"--host {host}: not an address this machine can listen on ({e.strerror})") from None
+    family, kind, proto, _, address = infos[0]
+    listening = socket.socket(family, kind, proto)
+    listening.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+    try:
+        listening.bind(address)
+    except OSError as e:
+        listening.close()
+        raise ValueError(f"cannot listen on {host} port {port}: {e.strerror}"
+                         + (" (another server holds it? pick another --port, or 0 for any free one)"
+                            if e.errno == errno.EADDRINUSE else "")) from None
+    return listening
+
+
+def loopback(host: str) -> bool:
+    """Whether a bound address is reachable only from this machine."""
+    try:
+        return ipaddress.ip_address(host).is_loopback
+    except ValueError:
+        return False

@@ -2,17 +2,21 @@
 checkpoint's chat template; `stream: true` sends each decoded block as a server-sent event), `GET /v1/models`,
 `GET /health` and Prometheus `GET /metrics`, over one `Worker` (the engine's thread).
 
-Bad requests (malformed JSON, unknown or mistyped fields, out-of-range values, a prompt that does not fit the
-context, a sampled request to a greedy lockstep server) get HTTP 400 with OpenAI's error object; an unknown model
-404; a full queue 429; a server that is shutting down or whose engine failed 503. A client that disconnects
-frees its slot.
+Bad requests (malformed JSON, unknown or mistyped fields, out-of-range values, text that is not valid Unicode, a
+prompt that does not fit the context, a sampled request to a greedy lockstep server) get HTTP 400 with OpenAI's
+error object; a missing or wrong API key (`api_key` set) 401; an unknown model or path 404; a body past
+`max_request_bytes` 413; a full queue 429; an unexpected failure 500 (its details in the server's log, none sent);
+a server that is shutting down or whose engine failed 503. A client that disconnects, streaming or not, cancels
+its request: its slot is free at the next step, and the metrics count it as cancelled.
 """
 
 from __future__ import annotations
 
 import asyncio
+import concurrent.futures
 import contextlib
 import json
+import logging
 import secrets
 import socket
 import threading
@@ -23,15 +27,23 @@ from fastapi import FastAPI, Request
 from fastapi.exceptions import RequestValidationError
 from fastapi.responses import JSONResponse, Response, StreamingResponse
 from prometheus_client import CONTENT_TYPE_LATEST, CollectorRegistry, Counter, Gauge, Histogram, generate_latest
+from starlette.exceptions import HTTPException
 
 from dllm_jax import validation as check
 from dllm_jax.families import family_of
 from dllm_jax.serve import protocol
 from dllm_jax.serve.engine import Engine
+from dllm_jax.serve.guards import ApiKey, BodyLimit
 from dllm_jax.serve.lockstep import LockstepEngine
 from dllm_jax.serve.worker import Draining, Event, Job, Observer, QueueFull, Ticket, Worker
 
 LATENCY_BUCKETS = (0.05, 0.1, 0.25, 0.5, 1, 2, 4, 8, 16, 32, 64, 128)
+MAX_REQUEST_BYTES = 4 * 2**20  # a request body's default limit: a 128k-token prompt as text or as ids fits
+TOKENIZE_SECONDS = 30.0  # a prompt's tokenization (and chat template) that takes longer is refused
+TOKENIZE_THREADS = 2  # prompts tokenized at once, off the event loop: a huge one cannot hold up the others' replies
+POLL_SECONDS = 0.25  # how often a non-streaming handler looks for its client's disconnect between events
+CLIENT_CLOSED = 499  # the status logged for a request whose client went away (nginx's); nobody receives it
+log = logging.getLogger("dllm_jax.serve")
 
 
 class ApiError(Exception):
@@ -59,7 +71,11 @@ class Metrics:
             self.latency.observe(seconds)
             self.tokens.inc(tokens)
 
-        return Observer(first_block=self.first_block.observe, finished=finished)
+        return Observer(first_block=self.first_block.observe, finished=finished, cancelled=lambda: self.count("cancelled"))
+
+    def count(self, outcome) -> None:
+        """One request ended: "200", an error status, or "cancelled" (its client went away first)."""
+        self.requests.labels(outcome=str(outcome)).inc()
 
     def watch(self, worker: Worker) -> None:
         r = self.registry
@@ -71,13 +87,13 @@ class Metrics:
 def build_app(model, tokenizer, *, model_name: str, slots: int = 8, max_context: int | None = None, method=None,
               max_queue: int = 256, temperature: float = 0.0, top_p: float = 1.0, top_k: int = 0,
               max_top_k: int | None = None, overlap: bool | None = None, schedule: str | None = None,
-              **options) -> FastAPI:
+              api_key: str | None = None, max_request_bytes: int = MAX_REQUEST_BYTES, **options) -> FastAPI:
     """An engine for `model`, its worker and the app over them: the slot `Engine` for the block-diffusion families
     (SDAR, LLaDA2; `options`: the family's other generate options; `temperature`, `top_p` and `top_k` are the
     defaults of a request that sets none, each request sampling with its own: temperature 0 decodes greedily,
     SDAR with top-k 1; a request's top-k at most `max_top_k`, `Engine`'s), or for the others a `LockstepEngine`
     (greedy; `options`: the family's generate options, its answer length included). `overlap` and `schedule`:
-    `Engine`'s (None: its defaults, on and "forward")."""
+    `Engine`'s (None: its defaults, on and "forward"). `api_key`, `max_request_bytes`: `create_app`'s."""
     max_queue = check.integer("max_queue", max_queue, minimum=1)
     temperature = check.real("temperature", temperature, low=0, high=2)
     top_p = check.real("top_p", top_p, low=0, high=1, low_open=True)
@@ -102,16 +118,22 @@ def build_app(model, tokenizer, *, model_name: str, slots: int = 8, max_context:
                     observer=metrics.observer())
     metrics.watch(worker)
     app = create_app(worker, tokenizer, model_name=model_name, metrics=metrics, temperature=temperature, top_p=top_p,
-                     top_k=top_k)
+                     top_k=top_k, api_key=api_key, max_request_bytes=max_request_bytes)
     app.state.engine = engine  # for callers that warm it up (benchmarks/serving.py)
     return app
 
 
 def create_app(worker: Worker, tokenizer, *, model_name: str, metrics: Metrics, temperature: float,
-               top_p: float = 1.0, top_k: int = 0) -> FastAPI:
+               top_p: float = 1.0, top_k: int = 0, api_key: str | None = None,
+               max_request_bytes: int = MAX_REQUEST_BYTES) -> FastAPI:
     """The app over a worker whose observer is `metrics.observer()` (`build_app`); the worker starts and stops
-    with it."""
+    with it. `api_key`: the key every /v1 request must carry (`guards.ApiKey`; None: none asked); a request body
+    past `max_request_bytes` gets 413 (`guards.BodyLimit`)."""
     engine = worker.engine
+    max_request_bytes = check.integer("max_request_bytes", max_request_bytes, minimum=1)
+    if api_key is not None and not (isinstance(api_key, str) and api_key.strip() and api_key.isprintable()):
+        raise ValueError("api_key must be a non-empty string of printable characters (or None for no key)")
+    tokenizing = concurrent.futures.ThreadPoolExecutor(TOKENIZE_THREADS, thread_name_prefix="dllm-jax-tokenize")
 
     @contextlib.asynccontextmanager
     async def lifespan(app):
@@ -119,20 +141,37 @@ def create_app(worker: Worker, tokenizer, *, model_name: str, metrics: Metrics, 
         yield
         worker.stop()  # uvicorn has finished the open requests by now; the rest of the queue ends too
         await asyncio.to_thread(worker.thread.join)
+        tokenizing.shutdown(wait=False, cancel_futures=True)
 
     app = FastAPI(title="dllm-jax", lifespan=lifespan)
+    app.add_middleware(BodyLimit, limit=max_request_bytes, refused=metrics.count)
+    if api_key is not None:  # added last: the outermost, so a request without the key is refused before its body is read
+        app.add_middleware(ApiKey, key=api_key.strip(), refused=metrics.count)
 
     @app.exception_handler(ApiError)
     async def api_error(request: Request, e: ApiError):
-        metrics.requests.labels(outcome=str(e.status)).inc()
+        metrics.count(e.status)
         return JSONResponse(e.body, status_code=e.status)
+
+    @app.exception_handler(HTTPException)
+    async def http_error(request: Request, e: HTTPException):  # an unknown path (404), a wrong method (405)
+        metrics.count(e.status_code)
+        message = f"{e.detail}: {request.method} {request.url.path}"
+        return JSONResponse(protocol.error_body(message, code=str(e.status_code)), status_code=e.status_code,
+                            headers=e.headers)
+
+    @app.exception_handler(Exception)
+    async def unexpected(request: Request, e: Exception):
+        metrics.count(500)  # the traceback goes to the server's log (uvicorn's), never to the client
+        return JSONResponse(protocol.error_body("the server failed on this request (its log has the details)",
+                                                kind="server_error"), status_code=500)
 
     @app.exception_handler(RequestValidationError)
     async def invalid(request: Request, e: RequestValidationError):
         first = e.errors()[0]
         where = ".".join(str(p) for p in first.get("loc", ()) if p != "body")
         message = f"{where}: {first.get('msg')}" if where else str(first.get("msg"))
-        metrics.requests.labels(outcome="400").inc()
+        metrics.count(400)
         return JSONResponse(protocol.error_body(message, param=where or None), status_code=400)
 
     def job(body: protocol.Sampling, prompt_ids, max_tokens: int | None) -> Job:
@@ -155,11 +194,20 @@ def create_app(worker: Worker, tokenizer, *, model_name: str, metrics: Metrics, 
         return Job(prompt, max_tokens, seed, stop, temperature=sampling.temperature, top_p=sampling.top_p,
                    top_k=sampling.top_k)
 
-    def encoded(text: str) -> list[int]:
+    def public(message: str) -> str:
+        """An error message as a client may read it: the checkpoint's files named without the server's path."""
+        return message.replace(f"{tokenizer.directory}/", "").replace(f"{tokenizer.directory.resolve()}/", "")
+
+    async def tokenized(encode, param: str) -> list[int]:
+        """`encode()` on a tokenizing thread (the event loop serves the other clients meanwhile), bounded in time."""
         try:
-            return tokenizer.encode(text, chat=False)[0].tolist()
+            future = asyncio.get_running_loop().run_in_executor(tokenizing, encode)
+            return await asyncio.wait_for(future, TOKENIZE_SECONDS)
+        except TimeoutError:
+            raise ApiError(400, f"the {param} took more than {TOKENIZE_SECONDS:.0f} s to tokenize: send a shorter "
+                           "one", param=param) from None
         except ValueError as e:
-            raise ApiError(400, str(e), param="prompt") from None
+            raise ApiError(400, public(str(e)), param=param) from None
 
     @app.post("/v1/completions")
     async def completions(body: protocol.CompletionRequest, request: Request):
@@ -168,15 +216,14 @@ def create_app(worker: Worker, tokenizer, *, model_name: str, metrics: Metrics, 
             if len(prompt) != 1:
                 raise ApiError(400, f"prompt holds {len(prompt)} texts: send one prompt per request", param="prompt")
             prompt = prompt[0]
-        ids = encoded(prompt) if isinstance(prompt, str) else prompt
-        return await answer(job(body, ids, body.max_tokens), body, request, chat=False)
+        if isinstance(prompt, str):
+            prompt = await tokenized(lambda: tokenizer.encode(prompt, chat=False)[0].tolist(), "prompt")
+        return await answer(job(body, prompt, body.max_tokens), body, request, chat=False)
 
     @app.post("/v1/chat/completions")
     async def chat(body: protocol.ChatRequest, request: Request):
-        try:
-            ids = tokenizer.encode_messages([m.model_dump() for m in body.messages])
-        except ValueError as e:
-            raise ApiError(400, str(e), param="messages") from None
+        messages = [m.model_dump() for m in body.messages]
+        ids = await tokenized(lambda: tokenizer.encode_messages(messages), "messages")
         return await answer(job(body, ids, body.max_completion_tokens or body.max_tokens), body, request, chat=True)
 
     async def answer(job: Job, body: protocol.Sampling, request: Request, *, chat: bool):
@@ -185,34 +232,39 @@ def create_app(worker: Worker, tokenizer, *, model_name: str, metrics: Metrics, 
         except QueueFull as e:
             raise ApiError(429, str(e), kind="rate_limit_error") from None
         except Draining as e:
-            raise ApiError(503, str(e), kind="server_error") from None
+            raise ApiError(503, public(str(e)), kind="server_error") from None
         rid = protocol.new_id("chatcmpl" if chat else "cmpl")
         if body.stream:
             usage = body.stream_options is not None and body.stream_options.include_usage
             return StreamingResponse(stream(ticket, rid, len(job.prompt_ids), chat=chat, usage=usage),
                                      media_type="text/event-stream")
-        text, final = await collect(ticket, request)
+        collected = await collect(ticket, request)
+        if collected is None:  # the client went away: its request is cancelled, and nobody reads this reply
+            return Response(status_code=CLIENT_CLOSED)
+        text, final = collected
         if final.error is not None:
             raise ApiError(500, final.error, kind="server_error")
-        metrics.requests.labels(outcome="200").inc()
+        metrics.count(200)
         reply = protocol.completion(rid, model_name, text, final.finish_reason, chat=chat, chunk=False)
         return reply | {"usage": protocol.usage(len(job.prompt_ids), final.completion_tokens)}
 
-    async def collect(ticket: Ticket, request: Request) -> tuple[str, Event]:
-        """The ticket's whole text and final event; a client that disconnects meanwhile cancels it."""
+    async def collect(ticket: Ticket, request: Request) -> tuple[str, Event] | None:
+        """The ticket's whole text and final event; None if the client disconnects first (the ticket is cancelled).
+        The disconnect is looked for after every event as well as between them: a fast engine sends an event every
+        block, so a wait for a quiet moment might never end."""
         parts = []
         while True:
             try:
-                event = await asyncio.wait_for(ticket.queue.get(), timeout=0.25)
+                event = await asyncio.wait_for(ticket.queue.get(), timeout=POLL_SECONDS)
             except TimeoutError:
-                if await request.is_disconnected():
-                    worker.cancel(ticket)
-                    metrics.requests.labels(outcome="disconnected").inc()
-                    raise asyncio.CancelledError from None
-                continue
-            parts.append(event.delta)
-            if event.final:
-                return "".join(parts), event
+                event = None
+            if event is not None:
+                parts.append(event.delta)
+                if event.final:
+                    return "".join(parts), event
+            if await request.is_disconnected():
+                worker.cancel(ticket)
+                return None
 
     async def stream(ticket: Ticket, rid: str, prompt_tokens: int, *, chat: bool, usage: bool):
         done = False
@@ -221,6 +273,7 @@ def create_app(worker: Worker, tokenizer, *, model_name: str, metrics: Metrics, 
                 event = await ticket.queue.get()
                 done = event.final
                 if event.error is not None:
+                    metrics.count(500)
                     yield sse(protocol.error_body(event.error, kind="server_error"))
                     break
                 if event.delta or done:
@@ -231,11 +284,11 @@ def create_app(worker: Worker, tokenizer, *, model_name: str, metrics: Metrics, 
                                "created": int(time.time()), "model": model_name, "choices": [],
                                "usage": protocol.usage(prompt_tokens, event.completion_tokens)})
             yield "data: [DONE]\n\n"
-            metrics.requests.labels(outcome="200").inc()
+            if event.error is None:
+                metrics.count(200)
         finally:
-            if not done:  # the client went away (or the engine failed): free the slot
+            if not done:  # the client went away: free the slot (the worker counts it as cancelled)
                 worker.cancel(ticket)
-                metrics.requests.labels(outcome="disconnected").inc()
 
     @app.get("/v1/models")
     async def models():

@@ -21,7 +21,7 @@ class SamplingValues:
     top_k: int = 0  # 0: no top-k filter
 
 
-@dataclasses.dataclass(frozen=True)
+@dataclasses.dataclass(frozen=True, eq=False)  # identity: two requests are never "equal" by their arrays
 class Request:
     request_id: int
     prompt_ids: np.ndarray  # int32 [P]
@@ -85,8 +85,8 @@ class RequestQueue:
 
     def cancel(self, request_id: int) -> bool:
         """Drops a queued request; False if none has this id."""
-        for request in self.queue:
+        for i, request in enumerate(self.queue):
             if request.request_id == request_id:
-                self.queue.remove(request)
+                del self.queue[i]
                 return True
         return False

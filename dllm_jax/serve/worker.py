@@ -6,13 +6,16 @@ queue receives the request's `Event`s: text deltas as blocks are decoded, then o
 why it ended) or an error. Between engine steps the thread takes new jobs and cancellations (a client that went
 away frees its slot at the next step), decodes every running request's final tokens so far (a decoded block
 never changes), cuts at stop strings, and ends finished requests. Every accepted job ends with exactly one
-final event: its completion, or an error if the engine fails.
+final event: its completion, or an error. A failure that belongs to one request (the engine refuses it, its
+text cannot be decoded) ends that request alone with its error; only a failing engine step ends them all.
+Tickets are tracked by identity (a job holds a numpy prompt, which has no truth value to compare by).
 """
 
 from __future__ import annotations
 
 import asyncio
 import dataclasses
+import logging
 import threading
 import time
 from collections.abc import Callable
@@ -20,6 +23,8 @@ from collections.abc import Callable
 import numpy as np
 
 from dllm_jax.serve.engine import Engine
+
+log = logging.getLogger("dllm_jax.serve")
 
 
 class QueueFull(Exception):
@@ -30,7 +35,7 @@ class Draining(Exception):
     """The server is shutting down and takes no new jobs (HTTP 503)."""
 
 
-@dataclasses.dataclass(frozen=True)
+@dataclasses.dataclass(frozen=True, eq=False)
 class Job:
     prompt_ids: np.ndarray  # int32 [P], checked by Engine.check
     max_tokens: int
@@ -55,7 +60,7 @@ class Event:
         return self.finish_reason is not None or self.error is not None
 
 
-@dataclasses.dataclass
+@dataclasses.dataclass(eq=False)
 class Ticket:
     """One accepted job as the engine thread tracks it (mutated only on that thread, except `queue`'s reader)."""
 
@@ -68,7 +73,10 @@ class Ticket:
     first_block: float | None = None  # when the first decoded block arrived
 
     def put(self, event: Event) -> None:
-        self.loop.call_soon_threadsafe(self.queue.put_nowait, event)
+        try:
+            self.loop.call_soon_threadsafe(self.queue.put_nowait, event)
+        except RuntimeError:  # the event loop has closed (the server stopped): nobody is left to read it
+            pass
 
 
 @dataclasses.dataclass(frozen=True)
@@ -77,6 +85,7 @@ class Observer:
 
     first_block: Callable[[float], None] = lambda seconds: None
     finished: Callable[[float, int], None] = lambda seconds, tokens: None  # latency, generated tokens
+    cancelled: Callable[[], None] = lambda: None  # a request left before its end (its client went away)
 
 
 class Worker:
@@ -153,17 +162,21 @@ class Worker:
             new, self.inbox = self.inbox, []
             cancelled, self.cancelled = self.cancelled, []
             for ticket in cancelled:
-                if ticket in new:
+                if ticket in new:  # by identity (Ticket's eq=False)
                     new.remove(ticket)
-                elif ticket.request_id is not None and self.tickets.pop(ticket.request_id, None) is not None:
+                    self.observer.cancelled()
+                elif ticket.request_id is not None and self.tickets.get(ticket.request_id) is ticket:
+                    del self.tickets[ticket.request_id]
                     self.engine.cancel(ticket.request_id)
+                    self.observer.cancelled()
+                # else it has ended already (answered or failed): nothing to free
             for ticket in new:
                 job = ticket.job
                 try:
                     ticket.request_id = self.engine.submit(job.prompt_ids, job.max_tokens, job.seed, job.temperature,
                                                            job.top_p, job.top_k)
-                except ValueError as e:  # checked by the handler already; still, the job ends with the reason
-                    ticket.put(Event(error=str(e)))
+                except Exception as e:  # noqa: BLE001  (checked by the handler already; still, it fails alone)
+                    self.fail(ticket, e)
                     continue
                 self.tickets[ticket.request_id] = ticket
         if not self.tickets:
@@ -172,9 +185,38 @@ class Worker:
         progress = self.engine.progress() | completions
         for request_id, tokens in progress.items():
             ticket = self.tickets.get(request_id)
-            if ticket is not None:
+            if ticket is None:
+                continue
+            try:
                 self.report(ticket, tokens, done=request_id in completions)
+            except Exception as e:  # noqa: BLE001  (a request whose text fails ends alone; the others go on)
+                with self.lock:
+                    self.tickets.pop(request_id, None)
+                if request_id not in completions:
+                    self.engine.cancel(request_id)
+                self.fail(ticket, e)
         return True
+
+    def covering(self, tokens: np.ndarray, length: int) -> int:
+        """The fewest of `tokens` whose text holds its first `length` characters (a prefix's text grows with it)."""
+        low, high = 0, len(tokens)
+        while low < high:
+            middle = (low + high) // 2
+            if len(self.decode(tokens[:middle])) >= length:
+                high = middle
+            else:
+                low = middle + 1
+        return low
+
+    def fail(self, ticket: Ticket, error: Exception) -> None:
+        """Ends one request with its error: a ValueError's message (a refusal) as it is; anything else is logged
+        with its traceback and named to the client by its type only."""
+        if isinstance(error, ValueError):
+            message = str(error)
+        else:
+            log.error("a request failed", exc_info=error)
+            message = f"the request failed ({type(error).__name__}); the server's log has the details"
+        ticket.put(Event(error=message))
 
     def report(self, ticket: Ticket, tokens: np.ndarray, *, done: bool) -> None:
         """Sends the ticket's new text; ends it at a stop string, a stop token or max_tokens."""
@@ -185,10 +227,11 @@ class Worker:
             self.observer.first_block(now - ticket.submitted)
         kept = tokens[:job.max_tokens]
         text = self.decode(kept)
-        cut = min((i for i in (text.find(s) for s in job.stop) if i >= 0), default=-1)
+        cut, stop = min(((text.find(s), s) for s in job.stop if s in text), default=(-1, ""))
         stop_token = len(kept) and int(kept[-1]) in self.engine.config.stop_ids
-        if cut >= 0:
+        if cut >= 0:  # the answer's tokens end with the one that completes the stop string (vLLM's count)
             reason, text = "stop", text[:cut]
+            kept = kept[:self.covering(kept, cut + len(stop))]
         elif done or len(tokens) >= job.max_tokens:
             reason = "stop" if stop_token else "length"
         else:  # still running: hold back what could be the start of a stop string
