@@ -17,6 +17,7 @@ import json
 from pathlib import Path
 
 from dllm_jax.eval import TASKS, load_tokenizer, make_samples
+from dllm_jax.files import write_atomic
 
 YAML = """task: {name}
 dataset_path: json
@@ -59,13 +60,14 @@ def main(argv=None) -> None:
     name = f"dllm_{args.task}_{args.context}"
     args.out.mkdir(parents=True, exist_ok=True)
     data = (args.out / f"{name}.jsonl").absolute()
-    with data.open("w") as f:
-        for sample in samples:
-            text = tokenizer.decode(sample.prompt_ids.tolist(), skip_special_tokens=False)
-            if tokenizer.encode(text).ids != sample.prompt_ids.tolist():
-                raise ValueError(f"{args.checkpoint}'s tokenizer does not encode a prompt's text back to its ids")
-            f.write(json.dumps({"prompt": text, "answer": sample.answer}) + "\n")
-    (args.out / f"{name}.yaml").write_text(YAML.format(name=name, data=data, answer_tokens=args.answer_tokens))
+    lines = []
+    for sample in samples:
+        text = tokenizer.decode(sample.prompt_ids.tolist(), skip_special_tokens=False)
+        if tokenizer.encode(text).ids != sample.prompt_ids.tolist():
+            raise ValueError(f"{args.checkpoint}'s tokenizer does not encode a prompt's text back to its ids")
+        lines.append(json.dumps({"prompt": text, "answer": sample.answer}) + "\n")
+    write_atomic(data, "".join(lines))
+    write_atomic(args.out / f"{name}.yaml", YAML.format(name=name, data=data, answer_tokens=args.answer_tokens))
     print(f"task {name}: {len(samples)} samples in {data}; lm_eval --include_path {args.out} --tasks {name}")
 
 

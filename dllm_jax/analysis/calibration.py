@@ -25,7 +25,6 @@ from __future__ import annotations
 
 import dataclasses
 import json
-from pathlib import Path
 
 import jax
 import jax.numpy as jnp
@@ -35,6 +34,7 @@ from tqdm.auto import tqdm
 import pallas_kernels as pk
 from dllm_jax.attention import kernels
 from dllm_jax.attention.sparge import DENSE_HEAD
+from dllm_jax.files import write_atomic
 from dllm_jax.models.llada import logits_through
 
 
@@ -176,4 +176,4 @@ def save_calibration(path, calibration: Calibration) -> None:
     """Writes the calibration as JSON (values per layer and head, the settings they assume)."""
     data = {name: np.asarray(getattr(calibration, name)).tolist()
             for name in ("simthreshd1", "cdfthreshd", "pvthreshd", "sparsity", "l1")}
-    Path(path).write_text(json.dumps(dict(data, **calibration.settings), indent=1) + "\n")
+    write_atomic(path, json.dumps(dict(data, **calibration.settings), indent=1) + "\n")

@@ -43,7 +43,11 @@ def add_parser(subparsers) -> None:
 
 def run(args) -> None:
     """Generates under a pattern probe and writes the diagnostics plots and a summary."""
-    import matplotlib
+    try:
+        import matplotlib
+    except ImportError:
+        raise ValueError("analyze draws its plots with matplotlib, which is not installed: pip install "
+                         "'dllm-jax[analysis]'") from None
 
     matplotlib.use("Agg")  # files only: no display needed
 

@@ -64,10 +64,17 @@ def checked_out_dir(path: Path) -> Path:
 
 
 def checked_out_file(path: Path, flag: str) -> Path:
-    """`path` if a file can be written there: not a directory, in a directory that exists or can be created
-    and can be written into (nothing is created here: a refused run leaves nothing behind)."""
+    """`path` if a file can be written there: missing or a regular file (a symbolic link: its target, as
+    `dllm_jax.files.write_atomic` writes it), in a directory that exists or can be created and can be written into
+    (nothing is created here: a refused run leaves nothing behind)."""
+    from dllm_jax.files import replaceable
+
     if path.is_dir():
         raise ValueError(f"{flag} {path} is a directory: name the file to write")
+    try:
+        path = replaceable(path)
+    except ValueError as e:
+        raise ValueError(f"{flag}: {e}") from None
     nearest = next(p for p in (path.parent, *path.parent.parents) if p.exists())
     if not nearest.is_dir():
         raise ValueError(f"{flag} {path} cannot be written: {nearest} is a file, not a directory")

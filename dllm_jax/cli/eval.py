@@ -102,10 +102,37 @@ def check_eval_size(args, config) -> None:
     if args.samples > MAX_EVAL_SAMPLES:
         raise ValueError(f"--samples {args.samples} exceeds {MAX_EVAL_SAMPLES:,}, the most one eval builds: split the "
                          "run over several --seed values")
+    check_eval_memory(args, config, prompt + window)
     if args.samples * prompt > MAX_EVAL_TOKENS:
         raise ValueError(f"--samples {args.samples} x {prompt} prompt tokens (--context {args.context}) = "
                          f"{args.samples * prompt:,} tokens exceeds the {MAX_EVAL_TOKENS:,} one eval holds in memory: "
                          f"pass --samples <= {MAX_EVAL_TOKENS // prompt}")
+
+
+def check_eval_memory(args, config, length: int) -> None:
+    """A ValueError, before the samples are built, when one forward of --batch-size rows of `length` positions
+    cannot fit the memory the device (the host's, on CPU) has free besides the weights, by a lower bound
+    (`dllm_jax.generate.budget.least_step_bytes`): the process would otherwise be killed without a message."""
+    import jax
+
+    from dllm_jax.generate import budget
+
+    have = budget.available_bytes()
+    if have is None:
+        return
+    devices = (args.mesh or {}).get("dp", 1)
+    rows = -(-min(args.batch_size, args.samples) // devices)
+    scores = jax.default_backend() == "cpu"
+    free = have - budget.weight_bytes(config, args.dtype) // (args.mesh or {}).get("tp", 1)
+    need = budget.least_step_bytes(config, length, rows, scores=scores)
+    if need > free:
+        fits = max(0, free) // budget.least_step_bytes(config, length, 1, scores=scores) * devices
+        held = " (one layer's attention scores, as the CPU computes them)" if scores else ""
+        advice = (f"pass a smaller --batch-size (this bound alone allows {fits}; the run holds more than it counts)"
+                  if fits else "pass a shorter --context")
+        raise ValueError(f"--batch-size {args.batch_size} at {length} positions (--context {args.context} and the "
+                         f"answer) needs at least {need / 2**30:.1f} GiB for one forward{held}, and "
+                         f"{free / 2**30:.1f} GiB is free besides the weights: {advice}")
 
 
 def ordinal(n: int) -> str:

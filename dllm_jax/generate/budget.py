@@ -50,3 +50,25 @@ def activation_budget(config, dtype, *, tensor_parallel: int = 1, device=None) -
 def rows_that_fit(config, length: int, budget: int) -> int:
     """The most rows of `length` positions within `budget` bytes, from 1 (one row always runs) to MAX_ROWS."""
     return max(1, min(MAX_ROWS, budget // row_bytes(config, length)))
+
+
+def least_step_bytes(config, length: int, rows: int, *, scores: bool) -> int:
+    """A lower bound on what one forward over `rows` rows of `length` positions holds at once: every position's
+    float32 hidden state and, with `scores` (attention as XLA's dense reference, as on the CPU backend), one
+    layer's float32 attention scores [rows, num_heads, length, length]. A batch past it cannot run; the estimate
+    of `row_bytes` is the one to size a batch by."""
+    return 4 * rows * length * (config.hidden_size + (config.num_heads * length if scores else 0))
+
+
+def available_bytes(device=None) -> int | None:
+    """Bytes free on `device` (default the first): jax's `memory_stats()` where the backend reports it, else the
+    host's available memory (/proc/meminfo MemAvailable); None where neither is known."""
+    stats = (device or jax.devices()[0]).memory_stats() or {}
+    if "bytes_limit" in stats:
+        return stats["bytes_limit"] - stats.get("bytes_in_use", 0)
+    try:
+        with open("/proc/meminfo") as meminfo:
+            fields = dict(line.split(":", 1) for line in meminfo if ":" in line)
+        return int(fields["MemAvailable"].split()[0]) * 1024
+    except (OSError, KeyError, ValueError, IndexError):
+        return None
