@@ -24,6 +24,7 @@ conversion again) and cost disk space.
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import re
@@ -60,7 +61,13 @@ def make_temp_tree(out_dir: Path) -> Path:
     0o777 leaves the permissions to the umask (tempfile.mkdtemp would force 0700)."""
     tmp = sibling_name(out_dir, "tmp")
     os.mkdir(tmp, 0o777)
-    write_writer(tmp, files=None)
+    try:
+        write_writer(tmp, files=None)
+    except BaseException:  # a full disk, say: leave no empty sibling behind
+        with contextlib.suppress(OSError):
+            (tmp / WRITER).unlink(missing_ok=True)
+            os.rmdir(tmp)
+        raise
     return tmp
 
 

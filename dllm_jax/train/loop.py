@@ -41,7 +41,7 @@ from tqdm.auto import tqdm
 from dllm_jax.checkpoint.api import SIDE_FILES
 from dllm_jax.checkpoint.hf import hf_name, invert_transform, rules_for, tree_get
 from dllm_jax.checkpoint.hf_write import INDEX_FILE, write_hf_files
-from dllm_jax.checkpoint.manifest import CHUNK_BYTES, tree_checksums
+from dllm_jax.checkpoint.manifest import CHUNK_BYTES, file_checksum, files_under, tree_checksums
 from dllm_jax.checkpoint.orbax import tree_paths
 from dllm_jax.config import LLaDAConfig, SDARConfig
 from dllm_jax.models.layers import lm_param_shapes
@@ -409,7 +409,7 @@ def train(config: TrainConfig, batches: Callable[[int], Batch], *, params: dict 
         if manager is not None:
             if manager.latest_step() != int(state.step):
                 run.save(manager, state, history)
-            manager.wait_until_finished()
+            run.record_files(manager)  # waits for the last save to commit
             run.write_history(history, plot=True)
     finally:
         if manager is not None:
@@ -608,15 +608,53 @@ class Run:
                            f"{step}; not saved, the last checkpoint is step {manager.latest_step()}")
         # the checksums are recorded before the checkpoint commits: a kill between the two leaves a record of
         # a step that does not exist, never a step without its record
+        self.record_files(manager)  # the saves before this one, committed (Orbax waits for them before a new one)
         self.record_checksums(step, tree_checksums(jax.device_get(tree)), keep=manager.all_steps())
         manager.save(step, args=ocp.args.StandardSave(tree))
         self.write_history([r for r in history if r["step"] <= step], plot=False)
 
-    def record_checksums(self, step: int, checksums: dict, *, keep) -> None:
+    def checksums(self) -> dict:
+        """The checksums file: {"steps": {step: array checksums}, "files": {step: {file: [bytes, CRC-32]}}}."""
         path = self.directory / CHECKSUMS_FILE
-        steps = read_json(path, "checkpoint checksums")["steps"] if path.is_file() else {}
-        steps = {s: v for s, v in steps.items() if int(s) in set(keep)} | {str(step): checksums}
-        write_atomic(path, json.dumps({"checksum": "crc32", "chunk_bytes": CHUNK_BYTES, "steps": steps}) + "\n")
+        return read_json(path, "checkpoint checksums") if path.is_file() else {}
+
+    def write_checksums(self, steps: dict, files: dict) -> None:
+        write_atomic(self.directory / CHECKSUMS_FILE, json.dumps({"checksum": "crc32", "chunk_bytes": CHUNK_BYTES,
+                                                                  "steps": steps, "files": files}) + "\n")
+
+    def record_checksums(self, step: int, checksums: dict, *, keep) -> None:
+        record, kept = self.checksums(), {int(s) for s in keep}
+        steps = {s: v for s, v in record.get("steps", {}).items() if int(s) in kept} | {str(step): checksums}
+        self.write_checksums(steps, {s: v for s, v in record.get("files", {}).items() if int(s) in kept})
+
+    def record_files(self, manager: ocp.CheckpointManager) -> None:
+        """Records each committed checkpoint's files (bytes and CRC-32) once, after waiting for the save in flight:
+        `restore` checks them before Orbax reads any (a damaged file then fails by name, not inside Orbax's
+        asynchronous reads, whose abandoned tasks print tracebacks as the process exits)."""
+        manager.wait_until_finished()
+        record = self.checksums()
+        files = record.get("files", {})
+        new = {str(step): {name: [(self.directory / CHECKPOINTS / str(step) / name).stat().st_size,
+                                  file_checksum(self.directory / CHECKPOINTS / str(step) / name)]
+                           for name in files_under(self.directory / CHECKPOINTS / str(step))}
+               for step in manager.all_steps() if str(step) not in files}
+        if new:
+            self.write_checksums(record.get("steps", {}), files | new)
+
+    def check_files(self, step: int, where: Path, remedy: str) -> None:
+        """ValueError naming the first file of checkpoint `step` that is missing or differs from its record
+        (a checkpoint recorded before file records existed is checked by Orbax's reads alone)."""
+        recorded = self.checksums().get("files", {}).get(str(step), {})
+        for name, (size, crc) in recorded.items():
+            path = where / name
+            if not path.is_file():
+                raise ValueError(f"checkpoint {where} is damaged: its file {name} is missing; {remedy}")
+            if path.stat().st_size != size:
+                raise ValueError(f"checkpoint {where} is damaged: its file {name} holds {path.stat().st_size:,} bytes, "
+                                 f"{size:,} when it was written (truncated?); {remedy}")
+            if file_checksum(path) != crc:
+                raise ValueError(f"checkpoint {where} is damaged: the bytes of its file {name} differ from those "
+                                 f"written (CRC-32); {remedy}")
 
     def restore(self, manager: ocp.CheckpointManager, like: TrainState) -> TrainState:
         """The latest checkpoint, restored into the structure, shapes and dtypes of `like`, checked against
@@ -625,13 +663,15 @@ class Run:
         where = self.directory / CHECKPOINTS / str(step)
         remedy = (f"remove {where} to resume from the checkpoint before it, or start a new run")
         abstract = jax.tree.map(ocp.utils.to_shape_dtype_struct, dataclasses.asdict(like))
+        self.check_files(step, where, remedy)
         try:
             restored = manager.restore(step, args=ocp.args.StandardRestore(abstract))
         except Exception as e:  # Orbax / TensorStore raise many types for a truncated or corrupt file
+            said = str(e).splitlines()[0].split(" See full TensorStore details")[0] if str(e) else ""
             raise ValueError(f"checkpoint {where} cannot be read (damaged or truncated: {type(e).__name__}: "
-                             f"{str(e).splitlines()[0] if str(e) else ''}); {remedy}") from None
+                             f"{said}); {remedy}") from None
         path = self.directory / CHECKSUMS_FILE
-        recorded = read_json(path, "checkpoint checksums")["steps"].get(str(step)) if path.is_file() else None
+        recorded = self.checksums().get("steps", {}).get(str(step))
         if recorded is None:
             print(f"warning: {path} records no checksums of step {step} (a run written before they existed): "
                   "its values are checked for NaN/Inf only", file=sys.stderr)
