@@ -3,11 +3,15 @@ socket). Greedy requests from 16 concurrent clients each get exactly what `gener
 (and a request with its own temperature, top-p and seed what `generate` gives it with them);
 streamed deltas concatenate to the full text; the official `openai` client works; bad input gets 400 with
 OpenAI's error object; a full queue 429; a client that disconnects frees its slot; SIGTERM finishes the running
-requests, then the process exits."""
+requests, then the process exits. And what a hostile client tries: disconnects racing arrivals never stop the
+engine, an API key is enforced, an oversized body gets 413 before it is read, text that is not Unicode gets 400,
+and no error body carries a traceback or a server path."""
 
+import asyncio
 import concurrent.futures
 import json
 import os
+import re
 import signal
 import socket
 import subprocess
@@ -22,6 +26,9 @@ import pytest
 
 import dllm_jax
 from dllm_jax.serve.app import build_app, running
+from dllm_jax.serve.engine import Engine
+from dllm_jax.serve.lockstep import LockstepEngine
+from dllm_jax.serve.worker import Job, Worker
 from dllm_jax.testing import tiny_llada2_config, write_hf_checkpoint, write_tiny_tokenizer
 from dllm_jax.tokenizer import ChatTokenizer
 
@@ -107,7 +114,7 @@ def test_with_overlapped_steps_clients_get_generate_alone_and_a_disconnect_frees
         with httpx.stream("POST", url + "/v1/completions", json=long, timeout=60) as streaming:
             next(streaming.iter_lines())
         wait_for(lambda: httpx.get(url + "/health").json()["active"] == 0, "the slot to be free")
-        assert 'dllm_requests_total{outcome="disconnected"} 1.0' in httpx.get(url + "/metrics").text
+        assert 'dllm_requests_total{outcome="cancelled"} 1.0' in httpx.get(url + "/metrics").text
 
 
 def test_streamed_deltas_concatenate_to_the_full_text(url):
@@ -227,24 +234,32 @@ def test_a_full_queue_answers_429_and_a_disconnected_client_frees_its_slot(sdar)
             next(streaming.iter_lines())
         wait_for(lambda: httpx.get(url + "/health").json()["active"] == 0, "the slot to be free")
         metrics = httpx.get(url + "/metrics").text
-        assert 'dllm_requests_total{outcome="disconnected"} 1.0' in metrics
+        assert 'dllm_requests_total{outcome="cancelled"} 1.0' in metrics
         assert 'dllm_requests_total{outcome="429"}' in metrics
         assert post(url, "/v1/completions", body).status_code == 200
 
 
 def test_sigterm_finishes_the_running_requests_then_exits(checkpoints):
-    sock = socket.socket()
-    sock.bind(("127.0.0.1", 0))
-    port = sock.getsockname()[1]
-    sock.close()
+    """Also what it prints as it starts on every address (--host 0.0.0.0) and a port the kernel picks (--port 0):
+    a warning that no API key guards it, then the port it really listens on."""
     env = dict(os.environ, PYTHONPATH=os.pathsep.join([str(Path(__file__).parents[1]),
                                                        os.environ.get("PYTHONPATH", "")]))
+    env.pop("DLLM_JAX_API_KEY", None)
     server = subprocess.Popen([sys.executable, "-m", "dllm_jax.cli", "serve", "--model", str(checkpoints[1]),
-                               "--port", str(port), "--dtype", "float32", "--slots", "2", "--max-context", "96",
-                               "--log-level", "warning"], env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
-                              text=True)
-    url = f"http://127.0.0.1:{port}"
+                               "--host", "0.0.0.0", "--port", "0", "--dtype", "float32", "--slots", "2",
+                               "--max-context", "96", "--log-level", "warning"], env=env, stdout=subprocess.PIPE,
+                              stderr=subprocess.STDOUT, text=True)
     try:
+        printed = []
+        while not printed or not printed[-1].startswith("[dllm-jax serve:"):
+            printed.append(server.stdout.readline())
+            assert printed[-1], printed  # the server ended before its start-up line
+        assert any("warning: listening on 0.0.0.0 (not a loopback address) with no API key" in line
+                   for line in printed), printed
+        port = int(re.search(r"on http://0\.0\.0\.0:(\d+)/v1", printed[-1]).group(1))
+        assert port != 0
+        url = f"http://127.0.0.1:{port}"
+
         def up():
             assert server.poll() is None, server.stdout.read()
             try:
@@ -349,3 +364,192 @@ def test_lockstep_serving_refuses_sampling(checkpoints):
     for given in (dict(max_top_k=8), dict(schedule="block")):
         with pytest.raises(ValueError, match="max_top_k, overlap and schedule are the slot engine's"):
             build_app(model, ChatTokenizer(checkpoints[0]), model_name=NAME, gen_length=16, **given)
+
+
+# --- what a hostile client tries ---
+
+@pytest.mark.parametrize("family", ["sdar", "llada"])
+def test_a_cancellation_in_the_turn_a_new_job_arrives_ends_only_that_request(family, checkpoints):
+    """A client goes away in the moment another request arrives: the worker's next turn takes the new job and the
+    running request's cancellation together. Tickets are told apart by identity (two jobs' numpy prompts have no truth value to
+    compare by), so the cancelled request leaves, the new one is answered and the engine goes on; on the slot
+    engine and on the lockstep engine alike."""
+    model = dllm_jax.load_model(checkpoints[0 if family == "llada" else 1], dtype="float32", progress=False)
+    engine = (LockstepEngine(model, slots=3, max_context=96, **LOCKSTEP) if family == "llada"
+              else Engine(model, slots=4, max_context=96))
+    worker = Worker(engine, lambda ids: " ".join(str(int(i)) for i in ids), max_queue=8)
+
+    async def arrive_as_another_leaves():
+        leaving = worker.submit(Job(np.array([5, 6, 7], np.int32), 8, 0))
+        worker.turn()  # in the engine now
+        arriving = worker.submit(Job(np.array([8, 9, 10, 11], np.int32), 8, 0))
+        worker.cancel(leaving)
+        while worker.turn() and (worker.tickets or worker.inbox):
+            pass
+        await asyncio.sleep(0)  # the events the engine thread (here: this one) handed to the loop
+        return leaving.queue, arriving.queue
+
+    leaving, arriving = asyncio.run(arrive_as_another_leaves())
+    left = [leaving.get_nowait() for _ in range(leaving.qsize())]  # a lockstep batch answered it whole at once
+    assert all(e.error is None for e in left) and sum(e.final for e in left) <= 1, left
+    events = [arriving.get_nowait() for _ in range(arriving.qsize())]
+    assert events[-1].finish_reason in ("stop", "length") and events[-1].error is None, events
+    assert not engine.queue and engine.busy == 0
+
+
+def test_disconnects_racing_arrivals_never_stop_the_engine(url):
+    """50 rounds of a streaming client that leaves after its first event while two requests arrive: every
+    arrival is answered and /health stays 200 after each round."""
+    body = dict(model=NAME, prompt=[5, 6, 7, 8], max_tokens=12)
+
+    def leave_early():
+        with httpx.stream("POST", url + "/v1/completions", json=dict(body, max_tokens=60, stream=True),
+                          timeout=60) as streaming:
+            next(streaming.iter_lines())
+
+    with concurrent.futures.ThreadPoolExecutor(3) as pool:
+        for round_ in range(50):
+            leaving = pool.submit(leave_early)
+            arriving = [pool.submit(post, url, "/v1/completions", dict(body, prompt=[5, 6, 7, 8 + i]))
+                        for i in range(2)]
+            leaving.result()
+            assert [a.result().status_code for a in arriving] == [200, 200], round_
+            assert httpx.get(url + "/health").status_code == 200, round_
+
+
+def test_a_non_streaming_client_that_hangs_up_is_cancelled_not_served(sdar):
+    """A client that closes its connection while its (non-streamed) answer is decoded frees its slot and is
+    counted as cancelled: no 200, no generated tokens. The engine sends an event every block, so the handler
+    must look for the disconnect between events too, not only when none comes."""
+    _, model, tokenizer = sdar
+    with running(build_app(model, tokenizer, model_name=NAME, slots=1, max_context=512)) as url:
+        host, port = url.removeprefix("http://").split(":")
+        body = json.dumps(dict(model=NAME, prompt=[5, 6, 7, 8], max_tokens=480)).encode()
+        client = socket.create_connection((host, int(port)))
+        client.sendall(b"POST /v1/completions HTTP/1.1\r\nhost: x\r\ncontent-type: application/json\r\n"
+                       b"content-length: %d\r\n\r\n%s" % (len(body), body))
+        wait_for(lambda: httpx.get(url + "/health").json()["active"] == 1, "the request to take the slot")
+        client.close()
+        wait_for(lambda: httpx.get(url + "/health").json()["active"] == 0, "the slot to be free")
+        metrics = httpx.get(url + "/metrics").text
+        assert 'dllm_requests_total{outcome="cancelled"} 1.0' in metrics, metrics
+        assert 'outcome="200"' not in metrics and "dllm_generated_tokens_total 0.0" in metrics
+
+
+def test_an_api_key_guards_v1_and_a_body_past_the_limit_gets_413_unread(sdar):
+    """With api_key set, /v1 requests without `Authorization: Bearer <key>` get 401 in OpenAI's error format
+    (the official client with the key works); /health and /metrics stay open. A body past max_request_bytes
+    gets 413: by its Content-Length, or, chunked, once the bytes received pass the limit."""
+    _, model, tokenizer = sdar
+    app = build_app(model, tokenizer, model_name=NAME, slots=4, max_context=96, api_key="s3cret",
+                    max_request_bytes=4096)
+    with running(app) as url:
+        body = dict(model=NAME, prompt=[5, 6, 7, 8, 9, 10], max_tokens=12)
+        for headers in ({}, {"Authorization": "Bearer wrong"}, {"Authorization": "s3cret"}):
+            refused = post(url, "/v1/completions", body, headers=headers)
+            assert refused.status_code == 401, (headers, refused.text)
+            assert refused.json()["error"]["code"] == "invalid_api_key"
+        assert httpx.get(url + "/v1/models").status_code == 401
+        key = {"Authorization": "Bearer s3cret"}
+        assert post(url, "/v1/completions", body, headers=key).status_code == 200
+        client = openai.OpenAI(base_url=url + "/v1", api_key="s3cret", max_retries=0)
+        assert [m.id for m in client.models.list().data] == [NAME]
+        assert httpx.get(url + "/health").json()["status"] == "ok"
+        big = dict(body, prompt="w5 " * 2000)  # 6,000 bytes of prompt
+        sized = post(url, "/v1/completions", big, headers=key)
+        assert sized.status_code == 413 and "limit of 4,096 bytes" in sized.json()["error"]["message"]
+        chunked = httpx.post(url + "/v1/completions", content=iter([json.dumps(big).encode()[i:i + 1000]
+                                                                   for i in range(0, 7000, 1000)]),
+                             headers=key | {"content-type": "application/json"}, timeout=60)
+        assert chunked.status_code == 413 and "limit of 4,096 bytes" in chunked.json()["error"]["message"]
+        metrics = httpx.get(url + "/metrics").text
+        assert 'dllm_requests_total{outcome="401"} 4.0' in metrics and 'outcome="413"} 2.0' in metrics
+        assert post(url, "/v1/completions", body, headers=key).status_code == 200  # the engine goes on
+
+
+def test_text_that_is_not_unicode_and_unknown_paths_get_openai_errors(url):
+    """A lone surrogate (JSON's "\\ud800") in a prompt or a message: 400, not a plain-text 500 with a traceback;
+    an unknown path 404 and a wrong method 405, each as OpenAI's error object."""
+    for path, text in (("/v1/completions", '{"model": "tiny", "prompt": "w5 \\ud800", "max_tokens": 4}'),
+                       ("/v1/chat/completions", '{"model": "tiny", "messages": [{"role": "user", "content": '
+                                                '"w5 \\udcff w6"}], "max_tokens": 4}')):
+        reply = httpx.post(url + path, content=text, headers={"content-type": "application/json"})
+        assert reply.status_code == 400, reply.text
+        assert "not valid UTF-8 text" in reply.json()["error"]["message"]
+    for method, path, status in (("GET", "/v1/nothing", 404), ("GET", "/v1/completions", 405)):
+        reply = httpx.request(method, url + path)
+        assert reply.status_code == status and reply.json()["error"]["message"].endswith(f"{method} {path}")
+    assert httpx.get(url + "/health").json()["status"] == "ok"
+
+
+def test_a_failing_chat_template_is_reported_without_the_servers_paths(sdar, tmp_path):
+    """The checkpoint's template refuses the conversation (transformers' `raise_exception`): 400 naming the file
+    as the checkpoint names it, never the server's directory."""
+    path, model, _ = sdar
+    served = tmp_path / "served-checkpoint"
+    served.mkdir()
+    write_tiny_tokenizer(served, 160, mask_token_id=150, eos_token_id=141,
+                         chat_template="{{ raise_exception('system messages are not supported') }}")
+    with running(build_app(model, ChatTokenizer(served), model_name=NAME, slots=4, max_context=96)) as url:
+        reply = post(url, "/v1/chat/completions", dict(model=NAME, messages=[{"role": "user", "content": "w5"}]))
+        message = reply.json()["error"]["message"]
+        assert reply.status_code == 400 and "system messages are not supported" in message, message
+        assert str(tmp_path) not in message and "tokenizer_config.json" in message
+
+
+def test_completion_tokens_end_with_the_token_that_completes_a_stop_string(url, sdar):
+    """`usage.completion_tokens` counts the answer's tokens up to the one that completes the stop string (as
+    vLLM counts), not the decoded block's tokens past the cut."""
+    _, model, tokenizer = sdar
+    prompt = [5, 6, 7, 8, 9, 10]
+    out = np.asarray(dllm_jax.generate(model, np.asarray(prompt)[None], max_new_tokens=12, top_k=1))[0][6:]
+    words = [tokenizer.decode([t], skip=(model.config.mask_token_id,)) for t in out]
+    at = next(i for i in range(3, 12) if words[i] and all(words[i] not in w for w in words[:i]))
+    reply = post(url, "/v1/completions", dict(model=NAME, prompt=prompt, max_tokens=12, stop=[words[at]])).json()
+    assert reply["choices"][0]["finish_reason"] == "stop"
+    assert reply["usage"]["completion_tokens"] == at + 1, (words, at, reply)
+
+
+def test_a_huge_prompt_is_tokenized_off_the_event_loop_and_refused_by_its_length(url):
+    """A 3 MB text prompt (under the 4 MiB body limit, far past the context): /health answers while it is
+    tokenized (on a thread, not the event loop), and it is refused with 400 for its token count, before any
+    engine work."""
+    huge = dict(model=NAME, prompt="w5 w6 w7 " * 350_000, max_tokens=4)
+    with concurrent.futures.ThreadPoolExecutor(1) as pool:
+        pending = pool.submit(post, url, "/v1/completions", huge)
+        answered_meanwhile = 0
+        while not pending.done():
+            answered_meanwhile += httpx.get(url + "/health", timeout=60).status_code == 200
+        reply = pending.result()
+    assert reply.status_code == 400 and "1050000 tokens, longer than" in reply.json()["error"]["message"], reply.text
+    assert answered_meanwhile >= 1
+
+
+def test_a_port_in_use_is_refused_before_the_weights_load(checkpoints, tmp_path, capsys):
+    """One line naming the port, exit 2; the checkpoint here has no weights, so reaching the load would fail on
+    them instead."""
+    from dllm_jax.cli import main
+
+    for name in ("config.json", "tokenizer.json", "tokenizer_config.json"):
+        (tmp_path / name).write_bytes((checkpoints[1] / name).read_bytes())
+    with socket.socket() as held:
+        held.bind(("127.0.0.1", 0))
+        held.listen()
+        port = held.getsockname()[1]
+        assert main(["serve", "--model", str(tmp_path), "--port", str(port)]) == 2
+    lines = capsys.readouterr().err.strip().splitlines()
+    assert len(lines) == 1 and f"cannot listen on 127.0.0.1 port {port}" in lines[0], lines
+
+
+def test_the_api_key_comes_from_the_flag_else_the_environment():
+    from dllm_jax.cli import build_parser
+    from dllm_jax.cli.serve import api_key_of
+
+    def key(argv, environ):
+        return api_key_of(build_parser().parse_args(["serve", "--model", "m", *argv]), environ)
+
+    assert key([], {}) is None and key([], {"DLLM_JAX_API_KEY": ""}) is None
+    assert key([], {"DLLM_JAX_API_KEY": "from-env"}) == "from-env"
+    assert key(["--api-key", "flag"], {"DLLM_JAX_API_KEY": "from-env"}) == "flag"
+    with pytest.raises(ValueError, match="printable"):
+        key(["--api-key", "bad\nkey"], {})

@@ -109,9 +109,7 @@ def run(args: argparse.Namespace) -> None:
     options = {family.answer_option if flag == "--gen-length" else FLAGS[flag]: getattr(args, FLAGS[flag])
                for flag in given}
     method = method_from_args(args)
-    api_key = args.api_key if args.api_key is not None else os.environ.get(API_KEY_VARIABLE) or None
-    if api_key is not None and not (api_key.strip() and api_key.isprintable()):
-        raise ValueError(f"--api-key (or {API_KEY_VARIABLE}) must be a non-empty key of printable characters")
+    api_key = api_key_of(args, os.environ)
     tokenizer = ChatTokenizer(args.model)
     listening = bound_socket(args.host, args.port)  # a port in use is refused now, not after the weights load
     try:
@@ -132,6 +130,14 @@ def run(args: argparse.Namespace) -> None:
         uvicorn.Server(uvicorn.Config(app, log_level=args.log_level)).run(sockets=[listening])
     finally:
         listening.close()
+
+
+def api_key_of(args: argparse.Namespace, environ) -> str | None:
+    """--api-key, else the environment's DLLM_JAX_API_KEY, else None (no key); a ValueError for an unusable one."""
+    key = args.api_key if args.api_key is not None else environ.get(API_KEY_VARIABLE) or None
+    if key is not None and not (key.strip() and key.isprintable()):
+        raise ValueError(f"--api-key (or {API_KEY_VARIABLE}) must be a non-empty key of printable characters")
+    return key
 
 
 def bound_socket(host: str, port: int) -> socket.socket:
