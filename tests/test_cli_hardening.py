@@ -1,6 +1,8 @@
-"""`dllm-jax` hardening of issue 37: prompts files streamed in bounded batches, eval's checks before any work,
-bench results that never replace one another, LLaDA/Dream steps bounded by the tokens they unmask, and side
-files written whole (dllm_jax.files.write_atomic). Each refusal is one line naming the flag or the file."""
+"""`dllm-jax` hardening: prompts files streamed in bounded batches, eval's checks before any work (its memory
+among them), bench results that never replace one another, LLaDA/Dream steps bounded by the tokens they
+unmask, side files written whole (dllm_jax.files.write_atomic) and only ever as regular files (never over a
+device, a FIFO or a directory; through a link to its target), prompts that are not UTF-8, analyze without
+matplotlib. Each refusal is one line naming the flag or the file."""
 
 import json
 import os
@@ -12,6 +14,7 @@ import pytest
 
 from dllm_jax.cli import main
 from dllm_jax.cli.common import write_files
+from dllm_jax.files import write_atomic
 from dllm_jax.eval import build_tokenizer
 from dllm_jax.generate import DreamOptions, LLaDAOptions
 from dllm_jax.testing import tiny_dream_config, tiny_llada_config, tiny_sdar_config
@@ -225,3 +228,79 @@ def test_side_files_are_replaced_whole_never_written_in_place(tmp_path):
     write_files(directory, {"summary.json": b"{}\n"})
     assert (tmp_path / "old-summary").read_text() == "old" and (directory / "summary.json").read_bytes() == b"{}\n"
     assert not [p for p in directory.iterdir() if p.name.startswith(".")]  # no temporary left behind
+
+
+@pytest.mark.parametrize("kind", ["character device", "FIFO", "directory"])
+def test_the_results_writer_refuses_anything_but_a_regular_file(tmp_path, kind):
+    if kind == "character device":
+        target = "/dev/null"
+    elif kind == "FIFO":
+        target = tmp_path / "fifo"
+        os.mkfifo(target)
+    else:
+        target = tmp_path / "dir"
+        target.mkdir()
+    before = os.stat(target)
+    with pytest.raises(ValueError, match=f"is a {kind}.*results are written only as a regular file"):
+        write_atomic(target, "{}\n")
+    after = os.stat(target)
+    assert (after.st_ino, after.st_mode, after.st_rdev) == (before.st_ino, before.st_mode, before.st_rdev)
+    assert sorted(p.name for p in tmp_path.iterdir()) == ([] if kind == "character device" else [target.name])
+
+
+def test_the_results_writer_writes_through_a_link_to_its_target(tmp_path):
+    """The link stays a link and reads the new content; its target is replaced whole (a rename beside it); a link
+    to a device is refused like the device."""
+    (tmp_path / "results").mkdir()
+    target = tmp_path / "results" / "run.json"
+    target.write_text("old")
+    link = tmp_path / "latest.json"
+    link.symlink_to(target)
+    assert write_atomic(link, "new") == target
+    assert link.is_symlink() and link.read_text() == "new" and target.read_text() == "new"
+    dangling = tmp_path / "next.json"
+    dangling.symlink_to(tmp_path / "results" / "next.json")
+    write_atomic(dangling, "first")
+    assert dangling.is_symlink() and (tmp_path / "results" / "next.json").read_text() == "first"
+    (tmp_path / "full").symlink_to("/dev/full")
+    with pytest.raises(ValueError, match="/dev/full \\(the target of the link .*full\\) is a character device"):
+        write_atomic(tmp_path / "full", "x")
+    assert sorted(p.name for p in (tmp_path / "results").iterdir()) == ["next.json", "run.json"]
+
+
+def test_eval_refuses_a_json_path_that_is_not_a_file_before_any_work(tmp_path, capsys):
+    """Refused from config.json alone: the directory has no tokenizer and no weights, so a check that came later
+    would fail on those instead."""
+    model = config_only(tmp_path / "llada", tiny_llada_config())
+    run = ["eval", "--model", model, "--task", "passkey", "--context", "128", "--samples", "2"]
+    os.mkfifo(tmp_path / "fifo")
+    (tmp_path / "link").symlink_to("/dev/full")
+    for path, kind in (("/dev/full", "a character device"), (tmp_path / "fifo", "a FIFO"),
+                       (tmp_path / "link", "a character device")):
+        line = refusal(capsys, [*run, "--json", str(path)])
+        assert line.startswith("dllm-jax eval: error: --json: ") and kind in line, line
+    assert os.path.exists("/dev/full") and not os.path.isfile("/dev/full")
+
+
+def test_a_prompt_whose_bytes_are_not_utf8_is_one_line(checkpoints, capsys):
+    """What a shell passes for $'w5 \\xff': Python decodes argv with surrogateescape, so the prompt holds U+DCFF."""
+    line = refusal(capsys, ["generate", "--model", str(checkpoints[1]), "--prompt", "w5 \udcff", "--gen-length", "4"])
+    assert line == ("dllm-jax generate: error: the prompt is not valid UTF-8 text: U+DCFF at character 3 is a lone "
+                    "surrogate (an undecodable byte, or half of a UTF-16 pair)")
+
+
+def test_analyze_without_matplotlib_says_what_to_install(checkpoints, capsys, monkeypatch):
+    monkeypatch.setitem(sys.modules, "matplotlib", None)  # what `import matplotlib` meets where it is not installed
+    line = refusal(capsys, ["analyze", "--model", str(checkpoints[0]), "--prompt", "w5", "--method", "sparsed"])
+    assert line == ("dllm-jax analyze: error: analyze draws its plots with matplotlib, which is not installed: pip "
+                    "install 'dllm-jax[analysis]'")
+
+
+def test_an_eval_batch_that_cannot_fit_in_memory_is_refused_before_any_work(tmp_path, capsys):
+    """On the CPU one layer's attention scores [batch, heads, positions, positions] alone pass any machine's
+    memory here (about 1.6 TB); the run would otherwise be killed by the kernel with no message."""
+    model = config_only(tmp_path / "llada", tiny_llada_config(max_position_embeddings=2048))
+    line = refusal(capsys, ["eval", "--model", model, "--task", "passkey", "--context", "1024",
+                            "--samples", "100000", "--batch-size", "100000"])
+    assert line.startswith("dllm-jax eval: error: --batch-size 100000 at 1030 positions (--context 1024 and the "
+                           "answer) needs at least ") and "GiB is free besides the weights" in line, line

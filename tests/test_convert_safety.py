@@ -10,6 +10,7 @@ import shutil
 import signal
 import socket
 import subprocess
+import sys
 import time
 import warnings
 import zlib
@@ -418,6 +419,34 @@ def test_kill_during_conversion_leaves_old_or_new_tree(kill_setup, overwrite, po
     removed = [str(w.message) for w in caught if str(w.message).startswith("removed")]
     assert len(removed) == len(stale)
     assert sorted(p.name for p in parent.iterdir()) == sorted({"next"} | ({"out"} if out.exists() else set()))
+
+
+FULL_DISK = """
+import resource, signal, sys
+signal.signal(signal.SIGXFSZ, signal.SIG_IGN)  # a write past the limit then fails with EFBIG, as on a full disk
+resource.setrlimit(resource.RLIMIT_FSIZE, (int(sys.argv[3]), int(sys.argv[3])))
+from dllm_jax.cli import main
+sys.exit(main(["convert", sys.argv[1], sys.argv[2], "--overwrite", "--quiet"]))
+"""
+
+
+def test_a_conversion_that_runs_out_of_disk_leaves_the_old_tree_and_nothing_hidden(kill_setup, tmp_path):
+    """`convert --overwrite` whose very first write fails (the writer file of its temp tree; no file may grow: a
+    full disk as the process sees it) exits 2 with one line, out_dir keeps the old tree, and no hidden temp tree
+    is left behind."""
+    limit = 0
+    out = tmp_path / "out"
+    shutil.copytree(kill_setup["root"] / "ref-old", out)
+    before = digest_tree(out)
+    env = {k: v for k, v in os.environ.items() if not k.startswith("JAX_COMPILATION_CACHE")}
+    env["PYTHONPATH"] = os.pathsep.join([str(Path(__file__).parents[1]), env.get("PYTHONPATH", "")])
+    child = subprocess.run([sys.executable, "-c", FULL_DISK, str(kill_setup["sources"]["new"]), str(out), str(limit)],
+                           env=env, capture_output=True, text=True, timeout=300)
+    assert child.returncode == 2, child.stderr
+    lines = child.stderr.strip().splitlines()
+    assert len(lines) == 1 and lines[0].startswith("dllm-jax convert: error:"), lines
+    assert digest_tree(out) == before
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["out"]
 
 
 def test_out_dir_that_appears_during_a_conversion_is_not_replaced(tmp_path, hf):

@@ -71,13 +71,15 @@ def checked_out_file(path: Path, flag: str) -> Path:
 
     if path.is_dir():
         raise ValueError(f"{flag} {path} is a directory: name the file to write")
-    try:
-        path = replaceable(path)
-    except ValueError as e:
-        raise ValueError(f"{flag}: {e}") from None
     nearest = next(p for p in (path.parent, *path.parent.parents) if p.exists())
     if not nearest.is_dir():
         raise ValueError(f"{flag} {path} cannot be written: {nearest} is a file, not a directory")
+    try:
+        target = replaceable(path)
+    except ValueError as e:
+        raise ValueError(f"{flag}: {e}") from None
+    if target != path:
+        return checked_out_file(target, flag)
     if not os.access(nearest, os.W_OK | os.X_OK):
         raise ValueError(f"{flag} {path} is not writable: no write permission in {nearest}")
     return path
