@@ -553,3 +553,19 @@ def test_the_api_key_comes_from_the_flag_else_the_environment():
     assert key(["--api-key", "flag"], {"DLLM_JAX_API_KEY": "from-env"}) == "flag"
     with pytest.raises(ValueError, match="printable"):
         key(["--api-key", "bad\nkey"], {})
+
+
+def test_an_unexpected_failure_is_a_500_error_object_without_details(sdar):
+    """A failure nobody anticipated (here the tokenizer raising a RuntimeError that names a server path) gets 500
+    as OpenAI's error object, never a plain-text page or the exception's text; the engine goes on."""
+    path, model, tokenizer = sdar
+
+    class Failing(ChatTokenizer):
+        def encode(self, text, *, chat=True):
+            raise RuntimeError("/srv/secret/tokenizer.json exploded")
+
+    with running(build_app(model, Failing(path), model_name=NAME, slots=4, max_context=96)) as url:
+        reply = post(url, "/v1/completions", dict(model=NAME, prompt="w5 w6", max_tokens=4))
+        assert reply.status_code == 500 and reply.headers["content-type"] == "application/json", reply.text
+        assert reply.json()["error"]["type"] == "server_error" and "/srv" not in reply.text
+        assert post(url, "/v1/completions", dict(model=NAME, prompt=[5, 6, 7, 8, 9, 10], max_tokens=12)).status_code == 200
