@@ -7,6 +7,8 @@ matplotlib. Each refusal is one line naming the flag or the file."""
 import json
 import os
 import re
+import socket
+import stat
 import subprocess
 import sys
 
@@ -230,22 +232,35 @@ def test_side_files_are_replaced_whole_never_written_in_place(tmp_path):
     assert not [p for p in directory.iterdir() if p.name.startswith(".")]  # no temporary left behind
 
 
-@pytest.mark.parametrize("kind", ["character device", "FIFO", "directory"])
-def test_the_results_writer_refuses_anything_but_a_regular_file(tmp_path, kind):
+def special_file(directory, kind: str):
+    """A node of `kind` made in `directory` (never a system one: a writer that wrongly replaced it would replace
+    only this): a character device like /dev/full (needs root; skipped without), a FIFO, a socket or a directory."""
+    path = directory / kind.replace(" ", "-")
     if kind == "character device":
-        target = "/dev/null"
+        try:
+            os.mknod(path, 0o600 | stat.S_IFCHR, os.makedev(1, 7))
+        except PermissionError:
+            pytest.skip("making a device node needs root")
     elif kind == "FIFO":
-        target = tmp_path / "fifo"
-        os.mkfifo(target)
+        os.mkfifo(path)
+    elif kind == "socket":
+        listener = socket.socket(socket.AF_UNIX)
+        listener.bind(str(path))
+        listener.close()
     else:
-        target = tmp_path / "dir"
-        target.mkdir()
-    before = os.stat(target)
+        path.mkdir()
+    return path
+
+
+@pytest.mark.parametrize("kind", ["character device", "FIFO", "socket", "directory"])
+def test_the_results_writer_refuses_anything_but_a_regular_file(tmp_path, kind):
+    target = special_file(tmp_path, kind)
+    before = os.lstat(target)
     with pytest.raises(ValueError, match=f"is a {kind}.*results are written only as a regular file"):
         write_atomic(target, "{}\n")
-    after = os.stat(target)
+    after = os.lstat(target)
     assert (after.st_ino, after.st_mode, after.st_rdev) == (before.st_ino, before.st_mode, before.st_rdev)
-    assert sorted(p.name for p in tmp_path.iterdir()) == ([] if kind == "character device" else [target.name])
+    assert [p.name for p in tmp_path.iterdir()] == [target.name]
 
 
 def test_the_results_writer_writes_through_a_link_to_its_target(tmp_path):
@@ -262,10 +277,11 @@ def test_the_results_writer_writes_through_a_link_to_its_target(tmp_path):
     dangling.symlink_to(tmp_path / "results" / "next.json")
     write_atomic(dangling, "first")
     assert dangling.is_symlink() and (tmp_path / "results" / "next.json").read_text() == "first"
-    (tmp_path / "full").symlink_to("/dev/full")
-    with pytest.raises(ValueError, match="/dev/full \\(the target of the link .*full\\) is a character device"):
-        write_atomic(tmp_path / "full", "x")
-    assert sorted(p.name for p in (tmp_path / "results").iterdir()) == ["next.json", "run.json"]
+    fifo = special_file(tmp_path / "results", "FIFO")
+    (tmp_path / "pipe.json").symlink_to(fifo)
+    with pytest.raises(ValueError, match=f"{fifo} \\(the target of the link .*pipe.json\\) is a FIFO"):
+        write_atomic(tmp_path / "pipe.json", "x")
+    assert sorted(p.name for p in (tmp_path / "results").iterdir()) == ["FIFO", "next.json", "run.json"]
 
 
 def test_eval_refuses_a_json_path_that_is_not_a_file_before_any_work(tmp_path, capsys):
@@ -273,13 +289,12 @@ def test_eval_refuses_a_json_path_that_is_not_a_file_before_any_work(tmp_path, c
     would fail on those instead."""
     model = config_only(tmp_path / "llada", tiny_llada_config())
     run = ["eval", "--model", model, "--task", "passkey", "--context", "128", "--samples", "2"]
-    os.mkfifo(tmp_path / "fifo")
-    (tmp_path / "link").symlink_to("/dev/full")
-    for path, kind in (("/dev/full", "a character device"), (tmp_path / "fifo", "a FIFO"),
-                       (tmp_path / "link", "a character device")):
+    fifo = special_file(tmp_path, "FIFO")
+    (tmp_path / "link").symlink_to(fifo)
+    for path in (fifo, tmp_path / "link", special_file(tmp_path, "socket")):
         line = refusal(capsys, [*run, "--json", str(path)])
-        assert line.startswith("dllm-jax eval: error: --json: ") and kind in line, line
-    assert os.path.exists("/dev/full") and not os.path.isfile("/dev/full")
+        assert line.startswith("dllm-jax eval: error: --json: ") and "results are written only as a regular" in line
+    assert stat.S_ISFIFO(os.lstat(fifo).st_mode) and (tmp_path / "link").is_symlink()
 
 
 def test_a_prompt_whose_bytes_are_not_utf8_is_one_line(checkpoints, capsys):
