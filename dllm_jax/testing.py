@@ -176,8 +176,9 @@ def write_tiny_tokenizer(directory, vocab_size: int, *, mask_token_id: int, eos_
 
 
 @contextlib.contextmanager
-def no_compilation():
-    """Fails if JAX compiles anything inside the block (a refused input must cost no compilation)."""
+def compile_events():
+    """Yields the list of JAX's compile events inside the block (tracing a program, lowering it, compiling it for
+    the backend): a program traced anew appears here even where the persistent cache spares its compilation."""
     events = []
 
     def listen(event, duration, **kwargs):
@@ -186,9 +187,16 @@ def no_compilation():
 
     jax.monitoring.register_event_duration_secs_listener(listen)
     try:
-        yield
+        yield events
     finally:
         jax.monitoring.unregister_event_duration_listener(listen)
+
+
+@contextlib.contextmanager
+def no_compilation():
+    """Fails if JAX compiles anything inside the block (a refused input must cost no compilation)."""
+    with compile_events() as events:
+        yield
     assert not events, f"refused input still compiled: {events}"
 
 

@@ -43,8 +43,9 @@ from dllm_jax.attention.policy import AttentionPolicy, Dense, check_policy
 from dllm_jax.config import LLaDA2Config
 from dllm_jax.generate.progress import progress_bar, tick
 from dllm_jax.generate.requests import (ProbeLoop, as_array, check_context, check_prompt, make_options, on_devices,
-                                        on_mesh, until_stop)
-from dllm_jax.generate.sampling import RowSampling, commit_top, sample_tokens, sample_tokens_per_row, transfer_counts
+                                        on_mesh, rows_on_mesh, until_stop)
+from dllm_jax.generate.sampling import (RowSampling, commit_top, row_sampling, row_threshold, sample_tokens,
+                                        sample_tokens_per_row, top_k_bound, transfer_counts)
 from dllm_jax.generate.sdar import PROMPT_BUCKET, BlockSampler, SlotLoop, cache_capacity, decode_blocks
 from dllm_jax.models import llada2 as llada2_model
 from dllm_jax.sharding import shard_kv_cache, to_host, tracing_on
@@ -52,8 +53,10 @@ from dllm_jax.sharding import shard_kv_cache, to_host, tracing_on
 
 @dataclasses.dataclass(frozen=True, kw_only=True)
 class LLaDA2Options:
-    """Static options of LLaDA2 generation (the official generate's arguments; a change recompiles).
-    top_k=0 and top_p=1.0 stand for the official None (no filter)."""
+    """Options of LLaDA2 generation (the official generate's arguments). top_k=0 and top_p=1.0 stand for the
+    official None (no filter). The sampling values (temperature, top_k, top_p, threshold) are inputs of the
+    compiled loop (`RowSampling`): a new value compiles nothing, a top_k past 64 only a loop with a larger bound
+    (`top_k_bound`); a new gen_length, block_length, steps or minimal_topk compiles a new loop."""
 
     gen_length: int = 2048
     block_length: int = 32
@@ -79,6 +82,17 @@ class LLaDA2Options:
         store("top_p", check.real("top_p", self.top_p, low=0, high=1, low_open=True))
         store("threshold", check.real("threshold", self.threshold, low=0, high=1))
 
+    def sampling(self, batch: int) -> RowSampling:
+        """The sampling values in every row of a batch: the loop's traced inputs."""
+        return row_sampling(batch, temperature=self.temperature, top_p=self.top_p, top_k=self.top_k,
+                            threshold=self.threshold)
+
+    def structure(self, vocab_size: int) -> "LLaDA2Options":
+        """The options as the compiled loop sees them with `sampling`'s values traced: those values replaced by one
+        canonical set (options that differ only in them are one static argument), top_k by its static bound."""
+        return dataclasses.replace(self, temperature=0.0, top_p=1.0, threshold=0.0,
+                                   top_k=top_k_bound(self.top_k, vocab_size))
+
     @property
     def greedy(self) -> bool:
         return self.temperature == 0 and self.top_k == 0 and self.top_p >= 1.0
@@ -97,12 +111,12 @@ def sample(logits, u, options: LLaDA2Options):
     return sample_tokens(logits, u, temperature=temperature, top_k=options.top_k, top_p=options.top_p)
 
 
-def transfer_mask(mask_index, confidence, count, threshold: float):
-    """bool [B, n]: every masked position of confidence > threshold if there are >= count of them,
-    else the min(count, masks) most confident masked ones (ties: lower position)."""
+def transfer_mask(mask_index, confidence, count, threshold):
+    """bool [B, n]: every masked position of confidence > threshold (a number, or float32 [B] per row) if there
+    are >= count of them, else the min(count, masks) most confident masked ones (ties: lower position)."""
     count = jnp.broadcast_to(count, mask_index.shape[:1])
     confidence = jnp.where(mask_index, confidence, -jnp.inf)
-    high = confidence > threshold
+    high = confidence > row_threshold(threshold)
     top = commit_top(confidence, jnp.minimum(count, jnp.sum(mask_index, axis=1)))
     return jnp.where(jnp.sum(high, axis=1, keepdims=True) >= count[:, None], high, top)
 
@@ -119,37 +133,47 @@ def argmax_tokens(logits):
 
 
 def sample_rows(logits, u, options: LLaDA2Options, rows: RowSampling):
-    """`sample` with each row's own temperature, top-p and top-k (a serving slot's request's; the options' top_k is
-    their static bound): a row is greedy where `options | {"temperature": t, "top_p": p, "top_k": k}` would be
-    (its argmax), else it samples as that would."""
+    """`sample` with each row's own temperature, top-p and top-k (`generate`'s traced values, or a serving slot's
+    request's; the options' top_k is their static bound): a row is greedy where `options | {"temperature": t,
+    "top_p": p, "top_k": k}` would be (its argmax), else it samples as that would. Where every row is greedy the
+    draw is not computed."""
     greedy = (rows.temperature == 0) & (rows.top_k == 0) & (rows.top_p >= 1.0)
-    sampled, sampled_p = sample_tokens_per_row(logits, u, temperature=jnp.where(rows.temperature > 0,
-                                                                                 rows.temperature, 1.0),
+    tokens, probs = argmax_tokens(logits)
+
+    def sampled(logits):
+        drawn, drawn_p = sample_tokens_per_row(logits, u, temperature=jnp.where(rows.temperature > 0,
+                                                                               rows.temperature, 1.0),
                                                top_k=rows.top_k, max_top_k=options.top_k, top_p=rows.top_p,
                                                keep_max=jnp.zeros_like(greedy))
-    tokens, probs = argmax_tokens(logits)
-    return jnp.where(greedy[:, None], tokens, sampled), jnp.where(greedy[:, None], probs, sampled_p)
+        return jnp.where(greedy[:, None], tokens, drawn), jnp.where(greedy[:, None], probs, drawn_p)
+
+    return jax.lax.cond(jnp.all(greedy), lambda logits: (tokens, probs), sampled, logits)
 
 
 def commit(logits, u, mask_index, count, options: LLaDA2Options, rows: RowSampling | None = None):
-    """The official step: sample every block position (`sample`, or `sample_rows` with a serving engine's
-    per-row `rows`), commit by `transfer_mask`."""
-    x0, x0_p = sample(logits, u, options) if rows is None else sample_rows(logits, u, options, rows)
-    return x0, transfer_mask(mask_index, x0_p, count, options.threshold)
+    """The official step: sample every block position (`sample`, or `sample_rows` with per-row `rows`: `generate`'s
+    traced values or a serving engine's), commit by `transfer_mask` (at the rows' own thresholds where given)."""
+    if rows is None:
+        (x0, x0_p), threshold = sample(logits, u, options), options.threshold
+    else:
+        (x0, x0_p), threshold = sample_rows(logits, u, options, rows), rows.threshold
+    return x0, transfer_mask(mask_index, x0_p, count, threshold)
 
 
 SAMPLER = BlockSampler(schedule=schedule, commit=commit, commit_and_step=llada2_model.commit_and_step,
                        block_step=llada2_model.block_step)
 
 
-def generate_llada2(params, prompt_ids, seed, run_id=0, prompt_length=None, *, config: LLaDA2Config,
-                    options: LLaDA2Options, policy: AttentionPolicy = Dense(), on_step=None,
+def generate_llada2(params, prompt_ids, seed, run_id=0, prompt_length=None, rows: RowSampling | None = None, *,
+                    config: LLaDA2Config, options: LLaDA2Options, policy: AttentionPolicy = Dense(), on_step=None,
                     return_policy_state: bool = False, mesh=None):
     """The whole generation, traceable as one function: prompt_ids int32 [B, P] (no padding) ->
     (x int32 [B, width], stopped bool [B]); x holds the prompt, the decoded blocks and masks after a
     row's stop. width = ceil((P + gen_length) / block_length) * block_length. `prompt_length` (int32, traced;
     None: P): the prompt's length when prompt_ids holds mask ids after it (`run` pads prompts to a multiple of
-    PROMPT_BUCKET so that nearby lengths share one program); every row has that length. `on_step(run_id, i)`
+    PROMPT_BUCKET so that nearby lengths share one program); every row has that length. `rows` (traced;
+    `LLaDA2Options.sampling`): the rows' sampling values, with `options` then as `LLaDA2Options.structure` gives
+    them; None: the options' own values, static. `on_step(run_id, i)`
     (static, optional) runs on the host after every decoded block. With `return_policy_state` (static),
     the final per-layer policy state comes third (for diagnostics: dllm_jax.analysis)."""
     check_policy(policy)
@@ -164,18 +188,18 @@ def generate_llada2(params, prompt_ids, seed, run_id=0, prompt_length=None, *, c
         cache = llada2_model.init_cache(config, b, cache_capacity(width, bl), params["embed"].dtype)
         cache = shard_kv_cache(cache, mesh)
         # every row at the same positions: the shared scan with one prompt length, first and last block
-        rows = functools.partial(jnp.full, (b,), dtype=jnp.int32)
+        per_row = functools.partial(jnp.full, (b,), dtype=jnp.int32)
         if n // bl:  # the complete prompt blocks (a dynamic count of chunks: none where first is 0)
-            cache = llada2_model.prefill(params, x[:, :n // bl * bl], cache, rows(first * bl), config=config,
+            cache = llada2_model.prefill(params, x[:, :n // bl * bl], cache, per_row(first * bl), config=config,
                                          block_length=bl)
         # a traced length: the most blocks any length of the bucket decodes (one ending just past a block boundary
         # needs one more than its share of the answer); a row's extra iterations idle
         iterations = num_blocks - first if prompt_length is None else -(-(bl - 1 + o.gen_length) // bl)
         policy_state = llada2_model.init_policy_state(policy, config, b, width, block_length=bl)
-        carry = decode_blocks(params, x, cache, policy_state, jax.random.key(seed), lengths=rows(p), first=rows(first),
-                              last=rows(num_blocks), iterations=iterations, block_length=bl,
+        carry = decode_blocks(params, x, cache, policy_state, jax.random.key(seed), lengths=per_row(p),
+                              first=per_row(first), last=per_row(num_blocks), iterations=iterations, block_length=bl,
                               stop_ids=jnp.asarray([config.eos_token_id], jnp.int32), config=config, options=o,
-                              policy=policy, sampler=SAMPLER, on_step=on_step, run_id=run_id)
+                              policy=policy, sampler=SAMPLER, on_step=on_step, run_id=run_id, rows=rows)
         if return_policy_state:
             return carry.x, carry.stopped, carry.policy_state
         return carry.x, carry.stopped
@@ -235,10 +259,11 @@ def run(model, prompt_ids, attention_mask, seed: int, method, progress: bool, re
     # (traced), so nearby lengths share one program
     padded = np.pad(prompt_ids, ((0, 0), (0, -p % PROMPT_BUCKET)), constant_values=model.config.mask_token_id)
     placed_ids, _ = on_mesh(mesh, padded, None)
+    sampling = rows_on_mesh(mesh, opts.sampling(len(placed_ids)))
     with progress_bar(blocks, "LLaDA2 blocks", progress) as run_id:
-        x, _ = generate_llada2_jit(model.params(), placed_ids, seed, np.int32(run_id), np.int32(p),
-                                   config=model.config, options=opts, policy=method,
-                                   on_step=tick if progress else None, mesh=mesh)
+        x, _ = generate_llada2_jit(model.params(), placed_ids, seed, np.int32(run_id), np.int32(p), sampling,
+                                   config=model.config, options=opts.structure(model.config.vocab_size),
+                                   policy=method, on_step=tick if progress else None, mesh=mesh)
         x = to_host(x)
     rows = answers(x, p, opts, model.config.eos_token_id)
     if len(rows) == 1:

@@ -117,6 +117,12 @@ def on_devices(mesh, method: AttentionPolicy, length: int | None) -> AttentionPo
     return Sharded(method, mesh)
 
 
+def rows_on_mesh(mesh, rows):
+    """A tree of per-row arrays [B] (the rows' sampling values) over the mesh's "dp" axis, as `on_mesh` places the
+    prompts (unchanged without a mesh)."""
+    return rows if mesh is None else jax.device_put(rows, batch_sharding(mesh, 1))
+
+
 def on_mesh(mesh, prompt_ids: np.ndarray, mask):
     """The prompt (and mask) with rows over the mesh's "dp" axis (unchanged without a mesh); ValueError
     unless dp divides the batch."""

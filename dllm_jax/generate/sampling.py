@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import jax
 import jax.numpy as jnp
+import numpy as np
 from flax import struct
 
 
@@ -86,15 +87,36 @@ def inverse_cdf_draw(logits, u):
     return tokens, jnp.take_along_axis(probs, tokens[..., None], axis=-1)[..., 0]
 
 
+# the smallest static bound of a traced top-k: every top-k up to it shares one compiled loop (the selection of
+# that many candidates runs only in steps where some row asks for a top-k)
+MIN_TOP_K_BOUND = 64
+
+
 @struct.dataclass
 class RowSampling:
-    """A temperature, a top-p and a top-k per row (a serving slot's request's own): float32 [B], float32 [B],
-    int32 [B] (0: no top-k filter). What a temperature of 0 means is the family's (its sampler's `commit`: SDAR's
-    greedy top-k 1, LLaDA2's argmax)."""
+    """The sampling values of each row, inputs of the compiled loop rather than part of its program (a new value
+    compiles nothing): a temperature, a top-p, a top-k and a confidence threshold per row (a `generate` call's
+    values in every row, or a serving slot's request's own): float32 [B], float32 [B], int32 [B] (0: no top-k
+    filter; at most the loop's static bound), float32 [B]. What a temperature of 0 means is the family's (its
+    sampler's `commit`: SDAR's greedy top-k 1, LLaDA2's argmax)."""
 
     temperature: jax.Array
     top_p: jax.Array
     top_k: jax.Array
+    threshold: jax.Array
+
+
+def row_sampling(batch: int, *, temperature: float, top_p: float, top_k: int, threshold: float) -> RowSampling:
+    """One call's values in every row of a batch, as host arrays (the jitted loop's traced inputs)."""
+    full = lambda value, dtype: np.full((batch,), value, dtype)  # noqa: E731
+    return RowSampling(temperature=full(temperature, np.float32), top_p=full(top_p, np.float32),
+                       top_k=full(top_k, np.int32), threshold=full(threshold, np.float32))
+
+
+def top_k_bound(top_k: int, vocab_size: int) -> int:
+    """The static bound of a traced top-k: MIN_TOP_K_BOUND, or the next power of two that holds `top_k`, at most the
+    vocabulary; so the top-k values a user sweeps share one program (a bound past 64 is its own program)."""
+    return min(max(MIN_TOP_K_BOUND, 1 << max(top_k - 1, 0).bit_length()), vocab_size)
 
 
 def row_top_k_floor(logits, top_k, max_top_k: int):
@@ -133,9 +155,15 @@ def sample_tokens_per_row(logits, u, *, temperature, top_k, max_top_k: int, top_
     return inverse_cdf_draw(logits, u)
 
 
-def transfer_mask(strategy: str, mask_index, x0_p, count, threshold: float):
+def row_threshold(threshold):
+    """A confidence threshold to compare with confidences [B, n]: a number as it is, a float32 [B] per row as [B, 1]."""
+    return threshold[:, None] if jnp.ndim(threshold) else threshold
+
+
+def transfer_mask(strategy: str, mask_index, x0_p, count, threshold):
     """bool [B, n]: the positions an SDAR step commits under remasking `strategy` ("sequential",
-    "low_confidence_static" or "low_confidence_dynamic"); `count` int32 scalar or [B] per row."""
+    "low_confidence_static" or "low_confidence_dynamic"); `count` int32 scalar or [B] per row; `threshold` a number
+    or float32 [B] per row."""
     count = jnp.broadcast_to(count, mask_index.shape[:1])
     if strategy == "sequential":
         n = mask_index.shape[1]
@@ -146,5 +174,5 @@ def transfer_mask(strategy: str, mask_index, x0_p, count, threshold: float):
     top = commit_top(confidence, count)
     if strategy == "low_confidence_static":
         return top
-    high = confidence > threshold
+    high = confidence > row_threshold(threshold)
     return jnp.where(jnp.sum(high, axis=1, keepdims=True) >= count[:, None], high, top)

@@ -54,9 +54,9 @@ from dllm_jax.attention.policy import (AttentionPolicy, Dense, Mode, check_polic
 from dllm_jax.config import SDARConfig
 from dllm_jax.generate.progress import progress_bar, tick
 from dllm_jax.generate.requests import (ProbeLoop, answer_window, as_array, check_context, check_prompt, make_options,
-                                        on_devices, on_mesh, until_stop)
-from dllm_jax.generate.sampling import (RowSampling, sample_tokens, sample_tokens_per_row, transfer_counts,
-                                        transfer_mask)
+                                        on_devices, on_mesh, rows_on_mesh, until_stop)
+from dllm_jax.generate.sampling import (RowSampling, row_sampling, sample_tokens, sample_tokens_per_row, top_k_bound,
+                                        transfer_counts, transfer_mask)
 from dllm_jax.models import sdar as sdar_model
 from dllm_jax.sharding import shard_kv_cache, to_host
 
@@ -71,7 +71,10 @@ REMASKING = ("low_confidence_dynamic", "low_confidence_static", "sequential")
 
 @dataclasses.dataclass(frozen=True, kw_only=True)
 class SDAROptions:
-    """Static options of SDAR generation (a change recompiles); see `generate_sdar`."""
+    """Options of SDAR generation; see `generate_sdar`. The sampling values (`TRACED`: temperature, top_k, top_p,
+    confidence_threshold) are inputs of the compiled loop (`RowSampling`): a new value compiles nothing, a top_k
+    past 64 only a loop with a larger bound (`top_k_bound`). The others set the loop's shapes and structure: a new
+    max_new_tokens, denoising_steps or remasking compiles a new loop."""
 
     max_new_tokens: int = 128
     denoising_steps: int = 4
@@ -95,6 +98,17 @@ class SDAROptions:
         store("top_k", check.integer("top_k", self.top_k, minimum=0, hint=" (0 turns the filter off)"))
         store("top_p", check.real("top_p", self.top_p, low=0, high=1, low_open=True))
         store("confidence_threshold", check.real("confidence_threshold", self.confidence_threshold, low=0, high=1))
+
+    def sampling(self, batch: int) -> RowSampling:
+        """The sampling values in every row of a batch: the loop's traced inputs."""
+        return row_sampling(batch, temperature=self.temperature, top_p=self.top_p, top_k=self.top_k,
+                            threshold=self.confidence_threshold)
+
+    def structure(self, vocab_size: int) -> "SDAROptions":
+        """The options as the compiled loop sees them with `sampling`'s values traced: those values replaced by one
+        canonical set (options that differ only in them are one static argument), top_k by its static bound."""
+        return dataclasses.replace(self, temperature=1.0, top_p=1.0, confidence_threshold=0.0,
+                                   top_k=top_k_bound(self.top_k, vocab_size))
 
 
 @struct.dataclass
@@ -176,17 +190,21 @@ def sdar_schedule(options: SDAROptions, config: SDARConfig, n: int):
 
 
 def sdar_commit(logits, u, mask_index, count, options: SDAROptions, rows: RowSampling | None = None):
-    """SDAR's step: sample every position (generate.py's sampler), commit by the remasking strategy. `rows` (a
-    serving engine's): each row's own temperature, top-p and top-k in place of the options' (whose top_k is then
-    the static bound of the rows'), temperature 0 meaning greedy (top-k 1, as `options | {"top_k": 1}` decodes)."""
+    """SDAR's step: sample every position (generate.py's sampler), commit by the remasking strategy. `rows`
+    (`generate`'s traced values, or a serving engine's per slot): each row's own temperature, top-p, top-k and
+    confidence threshold in place of the options' (whose top_k is then the static bound of the rows'),
+    temperature 0 meaning greedy (top-k 1, as `options | {"top_k": 1}` decodes). A top-k of 1 keeps each
+    position's largest logit, as the filter does, without selecting the bound's candidates."""
     if rows is None:
         x0, x0_p = sample_tokens(logits, u, temperature=options.temperature, top_k=options.top_k, top_p=options.top_p)
+        threshold = options.confidence_threshold
     else:
-        greedy = rows.temperature == 0
-        x0, x0_p = sample_tokens_per_row(logits, u, temperature=jnp.where(greedy, 1.0, rows.temperature),
-                                         top_k=rows.top_k, max_top_k=options.top_k, top_p=rows.top_p,
-                                         keep_max=greedy)
-    return x0, transfer_mask(options.remasking, mask_index, x0_p, count, options.confidence_threshold)
+        keep_max = (rows.temperature == 0) | (rows.top_k == 1)
+        x0, x0_p = sample_tokens_per_row(logits, u, temperature=jnp.where(rows.temperature == 0, 1.0, rows.temperature),
+                                         top_k=jnp.where(keep_max, 0, rows.top_k), max_top_k=options.top_k,
+                                         top_p=rows.top_p, keep_max=keep_max)
+        threshold = rows.threshold
+    return x0, transfer_mask(options.remasking, mask_index, x0_p, count, threshold)
 
 
 SDAR_SAMPLER = BlockSampler(schedule=sdar_schedule, commit=sdar_commit, commit_and_step=sdar_model.commit_and_step,
@@ -410,19 +428,20 @@ def no_pending_block(batch: int, block_length: int) -> Finished:
 
 def decode_blocks(params, x, cache, policy_state, key, *, lengths, first, last, iterations: int, block_length: int,
                   stop_ids, config, options, policy: AttentionPolicy, sampler: BlockSampler, on_step=None,
-                  run_id=0) -> DecodeCarry:
+                  run_id=0, rows: RowSampling | None = None) -> DecodeCarry:
     """The scan over blocks shared by the block-diffusion samplers, in row-local coordinates (module
     docstring): iteration i decodes row b's block first[b] + i of x int32 [B, width] (prompt, then masks)
     by `decode_block` (with `sampler`) while it is below last[b] and no stop token (int32 `stop_ids`)
     appeared at or past lengths[b]. `on_step(run_id, i)` (static), if given, is called on the host after
-    every iteration. Returns the final DecodeCarry."""
+    every iteration; `rows`, if given, the rows' traced sampling values (`sampler.commit`'s). Returns the final
+    DecodeCarry."""
     b = x.shape[0]
 
     def decode(carry: DecodeCarry, i) -> DecodeCarry:
         block = first + i
         carry = decode_block(params, carry, key, block, (block < last) & ~carry.stopped, lengths=lengths,
                              block_length=block_length, stop_ids=stop_ids, config=config, options=options,
-                             policy=policy, sampler=sampler)
+                             policy=policy, sampler=sampler, rows=rows)
         if on_step is not None:
             # a count needs no ordering, and an unordered callback adds no sync point per step
             jax.debug.callback(on_step, run_id, i, ordered=False)
@@ -445,13 +464,16 @@ def cache_capacity(width: int, block_length: int) -> int:
     return -(-(width + block_length) // CACHE_TILE) * CACHE_TILE
 
 
-def generate_sdar(params, prompt_ids, attention_mask, seed, run_id=0, *, config: SDARConfig, options: SDAROptions,
-                  policy: AttentionPolicy = Dense(), on_step=None, return_policy_state: bool = False, mesh=None):
+def generate_sdar(params, prompt_ids, attention_mask, seed, run_id=0, rows: RowSampling | None = None, *,
+                  config: SDARConfig, options: SDAROptions, policy: AttentionPolicy = Dense(), on_step=None,
+                  return_policy_state: bool = False, mesh=None):
     """The whole generation, traceable as one function.
 
     prompt_ids int32 [B, P], left-padded as `attention_mask` [B, P] (1 = token, 0 = padding; None:
     no padding) says. `on_step(run_id, block)` (static), if given, is called on the host after every
-    decoding iteration. `policy` (static, Dense() by default) routes the block steps' attention
+    decoding iteration. `rows` (traced; `SDAROptions.sampling`): the rows' sampling values, with `options` then
+    as `SDAROptions.structure` gives them; None: the options' own values, static. `policy` (static, Dense() by
+    default) routes the block steps' attention
     through an attention policy; its per-layer state rides in the carry and its mode is chosen per
     forward by `policy.block_mode` (the prefill stays dense).
     Returns (x int32 [B, width], end int32 [B]) in row-local coordinates (module docstring): row b's
@@ -484,7 +506,7 @@ def generate_sdar(params, prompt_ids, attention_mask, seed, run_id=0, *, config:
     carry = decode_blocks(params, x, cache, sdar_model.init_policy_state(policy, config, b, width),
                           jax.random.key(seed), lengths=lengths, first=first, last=last, iterations=iterations,
                           block_length=bl, stop_ids=jnp.asarray(config.eos_token_ids, jnp.int32), config=config,
-                          options=o, policy=policy, sampler=SDAR_SAMPLER, on_step=on_step, run_id=run_id)
+                          options=o, policy=policy, sampler=SDAR_SAMPLER, on_step=on_step, run_id=run_id, rows=rows)
     if return_policy_state:
         return carry.x, carry.decoded, carry.policy_state
     return carry.x, carry.decoded
@@ -581,10 +603,11 @@ def run(model, prompt_ids, attention_mask, seed: int, method, progress: bool, re
     opts, prompt_ids, mask, blocks = prepare(model, prompt_ids, attention_mask, method, options)
     method = on_devices(mesh, method, None)
     placed_ids, placed_mask = on_mesh(mesh, *bucketed(prompt_ids, mask))
+    sampling = rows_on_mesh(mesh, opts.sampling(len(placed_ids)))
     with progress_bar(blocks, "SDAR blocks", progress) as run_id:
-        x, end = generate_sdar_jit(model.params(), placed_ids, placed_mask, seed, np.int32(run_id),
-                                   config=model.config, options=opts, policy=method,
-                                   on_step=tick if progress else None, mesh=mesh)
+        x, end = generate_sdar_jit(model.params(), placed_ids, placed_mask, seed, np.int32(run_id), sampling,
+                                   config=model.config, options=opts.structure(model.config.vocab_size),
+                                   policy=method, on_step=tick if progress else None, mesh=mesh)
         x, end = to_host(x), to_host(end)
     lengths = np.full(len(x), prompt_ids.shape[1]) if mask is None else mask.sum(axis=1)
     rows = trim(x, end, lengths, set(model.config.stop_ids))

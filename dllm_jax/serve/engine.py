@@ -21,8 +21,8 @@ own temperature, top-p and top-k (per-slot arrays of the step, `dllm_jax.generat
 gets what `generate` gives it with `options | {"temperature": t, "top_p": p, "top_k": k}`, temperature 0
 meaning the family's greedy decoding: SDAR's top-k 1, LLaDA2's argmax). A request's top-k is at most the
 engine's `max_top_k` (the compiled step selects that many candidates, when some slot asks for a top-k). The
-other sampling options (SDAR: remasking, denoising steps, threshold; LLaDA2: block length, steps, threshold)
-are the engine's, static in its compiled step.
+confidence threshold is the engine's, an input of the step like the slots' own values; the other sampling options
+(SDAR: remasking, denoising steps; LLaDA2: block length, steps) are the engine's, static in its compiled step.
 What differs between the families (model functions, sampler, block length, request checks) is the family's
 `SlotLoop` (`dllm_jax.families`: `Family.slots`).
 
@@ -168,17 +168,18 @@ def init_slots(params, *, config, slots: int, width: int, policy: AttentionPolic
     return Slots(carry=carry, keys=jax.random.split(jax.random.key(0), slots), lengths=zeros(), block=zeros(),
                  last=zeros(), busy=jnp.zeros((slots,), bool),
                  rows=RowSampling(temperature=jnp.ones((slots,), jnp.float32), top_p=jnp.ones((slots,), jnp.float32),
-                                  top_k=zeros()),
+                                  top_k=zeros(), threshold=jnp.zeros((slots,), jnp.float32)),
                  progress=BlockProgress(row_step=zeros(), unmasked=zeros()))
 
 
-def insert(params, state: Slots, slot, prompt, length, max_new_tokens, seed, temperature, top_p, top_k, *,
+def insert(params, state: Slots, slot, prompt, length, max_new_tokens, seed, temperature, top_p, top_k, threshold, *,
            config, loop: SlotLoop, block_length: int, chunk: int = INSERT_CHUNK) -> Slots:
     """Slot `slot` takes a request: `prompt` int32 [bucket] (a multiple of the block size; its first
     `length` tokens are the prompt) is prefilled alone into a one-row cache, whose rows replace the
     slot's; the slot's fill length is its complete prompt blocks (what lies past them is scratch, as in
     a left-padded `generate` batch), its tokens, draws, stop flag and pending commit start afresh, its
-    key is `seed`'s, its temperature, top-p and top-k the request's. The prefill runs in chunks of `chunk`
+    key is `seed`'s, its temperature, top-p, top-k and confidence threshold the request's. The prefill runs in
+    chunks of `chunk`
     positions, those the complete prompt blocks need."""
     bl = block_length
     carry = state.carry
@@ -202,7 +203,8 @@ def insert(params, state: Slots, slot, prompt, length, max_new_tokens, seed, tem
                          busy=state.busy.at[slot].set(True),
                          rows=RowSampling(temperature=state.rows.temperature.at[slot].set(temperature),
                                           top_p=state.rows.top_p.at[slot].set(top_p),
-                                          top_k=state.rows.top_k.at[slot].set(top_k)),
+                                          top_k=state.rows.top_k.at[slot].set(top_k),
+                                          threshold=state.rows.threshold.at[slot].set(threshold)),
                          progress=jax.tree.map(lambda a: a.at[slot].set(0), state.progress))
 
 
@@ -294,8 +296,10 @@ class Engine(RequestQueue):
         self.max_top_k = check.integer("max_top_k", max_top_k, minimum=0, maximum=config.vocab_size)
         if options.top_k > self.max_top_k:
             raise ValueError(f"top_k={options.top_k} (the default of a request) exceeds max_top_k={self.max_top_k}")
-        # in the step, the options' top_k is the static bound of the slots' own (`sdar_commit`, LLaDA2's `commit`)
-        self.options = dataclasses.replace(options, top_k=self.max_top_k)
+        # the slots' sampling values are the step's inputs (`RowSampling`): the step compiles for the options'
+        # structure, whose top_k is the static bound of the slots' own (`sdar_commit`, LLaDA2's `commit`)
+        self.threshold = float(options.sampling(1).threshold[0])
+        self.options = dataclasses.replace(options.structure(config.vocab_size), top_k=self.max_top_k)
         self.policy = family.policy(method)
         bl = self.block_length = self.loop.block_length(config, self.options)
         self.width = -(-self.max_context // bl) * bl
@@ -419,7 +423,7 @@ class Engine(RequestQueue):
             self.state = _insert_jit(self.params, self.state, np.int32(slot), prompt, np.int32(n),
                                      np.int32(request.max_new_tokens), np.int32(request.seed),
                                      np.float32(request.sampling.temperature), np.float32(request.sampling.top_p),
-                                     np.int32(request.sampling.top_k), config=self.config,
+                                     np.int32(request.sampling.top_k), np.float32(self.threshold), config=self.config,
                                      loop=self.loop, block_length=self.block_length, chunk=self.prefill_chunk)
             self.running[slot] = request
             self.timing.inserts += 1

@@ -1,0 +1,71 @@
+"""Sampling values are inputs of the compiled loop, not part of its program: after one warm-up call, `generate`
+with other temperatures, top-p, top-k (up to the loop's bound) and confidence thresholds traces and compiles
+nothing (JAX's compile events, counted), and each result equals the loop compiled with those values as static
+options (the program before the values were traced)."""
+
+import numpy as np
+import pytest
+
+import dllm_jax
+from dllm_jax.generate.llada2 import LLaDA2Options, answers, generate_llada2_jit
+from dllm_jax.generate.sampling import top_k_bound
+from dllm_jax.generate.sdar import SDAROptions, generate_sdar_jit, left_padded, trim
+from dllm_jax.testing import compile_events, tiny_llada2_config, tiny_sdar_config
+
+SDAR_SWEEP = [dict(temperature=0.7), dict(temperature=0.5, top_p=0.9), dict(top_p=0.8), dict(top_k=3),
+              dict(top_k=5, temperature=0.9), dict(top_k=1), dict(confidence_threshold=0.5),
+              dict(confidence_threshold=0.95, temperature=1.3)]
+LLADA2_SWEEP = [dict(threshold=0.5), dict(threshold=0.99), dict(temperature=0.7), dict(temperature=0.6, top_p=0.9),
+                dict(top_k=4, temperature=1.0), dict(top_k=2), dict(top_p=0.5)]
+
+
+def sweep(model, prompt, base: dict, values: list[dict]) -> tuple[list, list]:
+    """(outputs of `generate` with base | each values, the compile events of all but the first call)."""
+    first = dllm_jax.generate(model, prompt, seed=3, **base | values[0])
+    with compile_events() as events:
+        rest = [dllm_jax.generate(model, prompt, seed=3, **base | v) for v in values[1:]]
+    return [first, *rest], events
+
+
+@pytest.fixture(scope="module")
+def sdar(tiny_model):
+    return tiny_model(tiny_sdar_config(), 0)
+
+
+def test_sdar_sampling_values_compile_once_and_equal_the_static_loop(sdar, rng):
+    prompt = rng.integers(0, 170, (2, 9)).astype(np.int32)
+    base = dict(max_new_tokens=8, denoising_steps=2)
+    outputs, events = sweep(sdar, prompt, base, SDAR_SWEEP)
+    assert events == [], events
+    assert len({o.tobytes() for o in outputs}) > 3  # the values change the tokens: they reach the loop
+    for values in (SDAR_SWEEP[1], SDAR_SWEEP[4], SDAR_SWEEP[6]):  # the loop of the static options, compiled anew
+        opts = SDAROptions(**base | values)
+        x, end = generate_sdar_jit(sdar.params(), prompt, None, 3, config=sdar.config, options=opts)
+        rows = trim(np.asarray(x), np.asarray(end), [9, 9], set(sdar.config.stop_ids))
+        expected = left_padded(rows, prompt, np.ones_like(prompt), 9 + 8, sdar.config.pad_token_id)
+        np.testing.assert_array_equal(dllm_jax.generate(sdar, prompt, seed=3, **base | values), expected)
+
+
+def test_a_top_k_past_the_bound_compiles_a_loop_with_a_larger_bound(sdar, rng):
+    """top_k up to 64 shares the loop; a larger one selects more candidates: one more program, then none."""
+    prompt = rng.integers(0, 170, (1, 6)).astype(np.int32)
+    dllm_jax.generate(sdar, prompt, max_new_tokens=4, top_k=100)
+    with compile_events() as events:
+        dllm_jax.generate(sdar, prompt, max_new_tokens=4, top_k=90)
+    assert events == [] and top_k_bound(90, 192) == top_k_bound(100, 192) == 128
+
+
+def test_llada2_sampling_values_compile_once_and_equal_the_static_loop(tiny_model, rng):
+    model = tiny_model(tiny_llada2_config(), 1)
+    prompt = rng.integers(0, 140, (2, 5)).astype(np.int32)
+    base = dict(gen_length=8, block_length=4, steps=2)
+    outputs, events = sweep(model, prompt, base, LLADA2_SWEEP)
+    assert events == [], events
+    assert len({o.tobytes() for o in outputs}) > 2
+    for values in (LLADA2_SWEEP[0], LLADA2_SWEEP[3], LLADA2_SWEEP[4]):
+        opts = LLaDA2Options(**base | values)
+        x, _ = generate_llada2_jit(model.params(), prompt, 3, config=model.config, options=opts)
+        expected = np.full((2, 5 + 8), model.config.pad_token_id, np.int32)  # as generate returns a batch
+        for row, answer in zip(expected, answers(np.asarray(x), 5, opts, model.config.eos_token_id)):
+            row[:len(answer)] = answer
+        np.testing.assert_array_equal(dllm_jax.generate(model, prompt, seed=3, **base | values), expected)
