@@ -29,8 +29,9 @@ from dllm_jax.attention.policy import AttentionPolicy, Dense, Mode, check_policy
 from dllm_jax.config import LLaDAConfig
 from dllm_jax.generate.progress import progress_bar, tick
 from dllm_jax.generate.requests import (ProbeLoop, as_array, check_context, check_prompt, full_sequence_probe,
-                                        make_options, on_devices, on_mesh)
-from dllm_jax.generate.sampling import commit_top, factor_counts, gumbel_argmax, transfer_counts
+                                        make_options, on_devices, on_mesh, rows_on_mesh)
+from dllm_jax.generate.sampling import (RowSampling, commit_top, factor_counts, gumbel_argmax, row_sampling,
+                                        transfer_counts)
 from dllm_jax.models import llada as llada_model
 from dllm_jax.sharding import to_host
 
@@ -40,7 +41,10 @@ CACHES = ("prefix", "dual")
 
 @dataclasses.dataclass(frozen=True, kw_only=True)
 class LLaDAOptions:
-    """Static options of LLaDA generation (a change recompiles); see `generate_llada`."""
+    """Options of LLaDA generation; see `generate_llada`. The sampling values (temperature, and Fast-dLLM's
+    threshold or factor where one is set) are inputs of the compiled loop (`RowSampling`): a new value compiles
+    nothing. The others set the loop's shapes and structure (whether a threshold or a factor is set among them):
+    a new one compiles a new loop."""
 
     gen_length: int = 128
     steps: int = 128
@@ -97,6 +101,19 @@ class LLaDAOptions:
         if self.fast and self.cfg_scale > 0:
             raise ValueError("cfg_scale > 0 is not supported with cache=, threshold= or factor= (Fast-dLLM decoding) yet")
 
+    def sampling(self, batch: int) -> RowSampling:
+        """The sampling values in every row of a batch: the loop's traced inputs."""
+        return row_sampling(batch, temperature=self.temperature, threshold=self.threshold or 0.0,
+                            factor=self.factor or 0.0)
+
+    def structure(self, vocab_size: int) -> "LLaDAOptions":
+        """The options as the compiled loop sees them with `sampling`'s values traced: those values replaced by one
+        canonical set (options that differ only in them are one static argument); whether a threshold or a factor
+        is set stays."""
+        del vocab_size  # LLaDA's sampler has no top-k bound
+        return dataclasses.replace(self, temperature=0.0, threshold=None if self.threshold is None else 0.0,
+                                   factor=None if self.factor is None else 1.0)
+
     @property
     def fast(self) -> bool:
         """Fast-dLLM decoding: a KV cache, confidence-aware parallel decoding, or both (`generate_llada_fast`)."""
@@ -125,12 +142,14 @@ class StepCarry:
     policy_state: Any  # the attention policy's per-layer state (leading layer axis)
 
 
-def generate_llada(params, prompt_ids, attention_mask, seed, run_id=0, *, config: LLaDAConfig, options: LLaDAOptions,
-                   prompt_has_masks: bool = False, policy: AttentionPolicy = Dense(), on_step=None,
-                   return_policy_state: bool = False):
+def generate_llada(params, prompt_ids, attention_mask, seed, run_id=0, rows: RowSampling | None = None, *,
+                   config: LLaDAConfig, options: LLaDAOptions, prompt_has_masks: bool = False,
+                   policy: AttentionPolicy = Dense(), on_step=None, return_policy_state: bool = False):
     """The whole generation, traceable as one function. Returns int32 [B, P + gen_length].
 
-    prompt_ids int32 [B, P] (left-padded if rows differ); attention_mask [B, P] or None.
+    prompt_ids int32 [B, P] (left-padded if rows differ); attention_mask [B, P] or None. `rows` (traced;
+    `LLaDAOptions.sampling`): each row's temperature, with `options` then as `LLaDAOptions.structure` gives them;
+    None: the options' own values.
     `on_step(run_id, step)` (static), if given, is called on the host after every step.
     Unless `prompt_has_masks` (static), logits are computed for the answer region only: no other
     position is masked, so no other prediction can be committed. `policy` (static) routes every
@@ -141,6 +160,7 @@ def generate_llada(params, prompt_ids, attention_mask, seed, run_id=0, *, config
     check_policy(policy)
     b, p = prompt_ids.shape
     o = options
+    rows = o.sampling(b) if rows is None else rows
     mask_id = config.mask_token_id
     total = p + o.gen_length
     x = jnp.concatenate([prompt_ids.astype(jnp.int32), jnp.full((b, o.gen_length), mask_id, jnp.int32)], axis=1)
@@ -154,7 +174,7 @@ def generate_llada(params, prompt_ids, attention_mask, seed, run_id=0, *, config
     model = functools.partial(llada_model.forward, config=config, policy=policy, padding=o.padding,
                               logits_from=logits_from)
     positions = positions[logits_from:]
-    rows = 2 * b if o.cfg_scale > 0 else b
+    policy_rows = 2 * b if o.cfg_scale > 0 else b  # guidance runs the unconditional rows beside them
 
     def logits_of(x, policy_state, t):
         if o.cfg_scale > 0:
@@ -176,8 +196,8 @@ def generate_llada(params, prompt_ids, attention_mask, seed, run_id=0, *, config
                            carry.counts)
         logits, policy_state = logits_of(x, carry.policy_state, t)
         logits = suppress_eos(logits, o, config)
-        x0 = gumbel_argmax(logits, o.temperature, jax.random.fold_in(gumbel_key, t), total)
-        x0_p = token_confidence(logits, x0, o, config,
+        x0 = gumbel_argmax(logits, rows.temperature, jax.random.fold_in(gumbel_key, t), total)
+        x0_p = token_confidence(logits, x0, o, config, rows.temperature,
                                 lambda: jax.random.uniform(jax.random.fold_in(random_key, t), (b, total),
                                                            jnp.float32)[:, logits_from:])
         x0_p = jnp.where(positions[None, :] >= block_end, -jnp.inf, x0_p)
@@ -191,7 +211,7 @@ def generate_llada(params, prompt_ids, attention_mask, seed, run_id=0, *, config
         return StepCarry(x=x, counts=counts, policy_state=policy_state), None
 
     carry = StepCarry(x=x, counts=jnp.zeros((b, o.steps_per_block), jnp.int32),
-                      policy_state=llada_model.init_policy_state(policy, config, rows, total))
+                      policy_state=llada_model.init_policy_state(policy, config, policy_rows, total))
     carry, _ = jax.lax.scan(step, carry, jnp.arange(o.steps, dtype=jnp.int32))
     return (carry.x, carry.policy_state) if return_policy_state else carry.x
 
@@ -201,16 +221,17 @@ def suppress_eos(logits, o: LLaDAOptions, config: LLaDAConfig):
     return logits.at[..., config.eos_token_id].set(-jnp.inf) if o.logits_eos_inf else logits
 
 
-def token_confidence(logits, x0, o: LLaDAOptions, config: LLaDAConfig, random_confidence):
+def token_confidence(logits, x0, o: LLaDAOptions, config: LLaDAConfig, temperature, random_confidence):
     """The confidence of each predicted token x0 [B, n] under the remasking strategy: its softmax
-    probability ("low_confidence"), or `random_confidence()` ("random", uniforms [B, n])."""
+    probability ("low_confidence"), or `random_confidence()` ("random", uniforms [B, n]); `temperature` float32
+    [B], each row's."""
     if o.confidence_eos_eot_inf:
         # generate.py: `logits_with_noise[..., EOS] = logits[..., EoT] = -inf`. The confidence
         # softmax reads `logits`, so EoT confidence becomes 0; at T=0 add_gumbel_noise returns
         # `logits` itself, the two names alias, and EOS confidence becomes 0 as well.
         logits = logits.at[..., config.eot_token_id].set(-jnp.inf)
-        if o.temperature == 0:
-            logits = logits.at[..., config.eos_token_id].set(-jnp.inf)
+        eos = config.eos_token_id
+        logits = logits.at[..., eos].set(jnp.where((temperature == 0)[:, None], -jnp.inf, logits[..., eos]))
     if o.remasking == "random":
         return random_confidence()
     probs = jax.nn.softmax(logits, axis=-1)
@@ -230,10 +251,12 @@ class FastCarry:
     has_pattern: jax.Array  # bool: a full forward has built the policy's pattern (ESTIMATE)
 
 
-def generate_llada_fast(params, prompt_ids, attention_mask, seed, run_id=0, *, config: LLaDAConfig,
-                        options: LLaDAOptions, policy: AttentionPolicy = Dense(), on_step=None):
+def generate_llada_fast(params, prompt_ids, attention_mask, seed, run_id=0, rows: RowSampling | None = None, *,
+                        config: LLaDAConfig, options: LLaDAOptions, policy: AttentionPolicy = Dense(), on_step=None):
     """Fast-dLLM decoding (NVlabs/Fast-dLLM llada/generate.py) as one compiled loop: (int32 [B, P +
-    gen_length], int32 number of model forwards).
+    gen_length], int32 number of model forwards). `rows` (traced; `LLaDAOptions.sampling`): each row's
+    temperature, threshold and factor, with `options` then as `LLaDAOptions.structure` gives them; None: the
+    options' own values.
 
     Blocks run in a `lax.scan`; a block's steps in a `lax.while_loop` that stops once no row has a
     mask left in the block (the official `while True`). A block's first step (and, with
@@ -259,6 +282,7 @@ def generate_llada_fast(params, prompt_ids, attention_mask, seed, run_id=0, *, c
     """
     b, p = prompt_ids.shape
     o, bl = options, options.block_length
+    rows = o.sampling(b) if rows is None else rows
     mask_id = config.mask_token_id
     x = jnp.concatenate([prompt_ids.astype(jnp.int32), jnp.full((b, o.gen_length), mask_id, jnp.int32)], axis=1)
     if attention_mask is not None:
@@ -310,16 +334,16 @@ def generate_llada_fast(params, prompt_ids, attention_mask, seed, run_id=0, *, c
         current = jax.lax.dynamic_slice_in_dim(carry.x, start, bl, axis=1)
         masked = current == mask_id
         draws = jax.random.fold_in(gumbel_key, carry.nfe)
-        x0 = gumbel_argmax(logits, o.temperature, draws, bl)
-        x0_p = token_confidence(logits, x0, o, config, lambda: jax.random.uniform(
+        x0 = gumbel_argmax(logits, rows.temperature, draws, bl)
+        x0_p = token_confidence(logits, x0, o, config, rows.temperature, lambda: jax.random.uniform(
             jax.random.fold_in(random_key, carry.nfe), (b, bl), jnp.float32))
         confidence = jnp.where(masked, x0_p, -jnp.inf)
         if o.factor is not None:
-            transfer = commit_top(confidence, factor_counts(confidence, o.factor))
+            transfer = commit_top(confidence, factor_counts(confidence, rows.factor))
         elif o.threshold is None:
             transfer = commit_top(confidence, carry.counts[:, carry.i])
         else:
-            transfer = commit_top(confidence, jnp.ones((b,), jnp.int32)) | (confidence >= o.threshold)
+            transfer = commit_top(confidence, jnp.ones((b,), jnp.int32)) | (confidence >= rows.threshold[:, None])
         transfer &= masked
         x = jax.lax.dynamic_update_slice_in_dim(carry.x, jnp.where(transfer, x0, current), start, axis=1)
         if on_step is not None:
@@ -394,15 +418,17 @@ def run(model, prompt_ids, attention_mask, seed: int, method, progress: bool, re
     method = on_devices(mesh, method, prompt_ids.shape[1] + opts.gen_length)
     mask = None if attention_mask is None else np.asarray(attention_mask, np.int32)
     placed_ids, placed_mask = on_mesh(mesh, prompt_ids, mask)  # the host arrays stay for the checks
+    sampling = rows_on_mesh(mesh, opts.sampling(len(prompt_ids)))
+    structure = opts.structure(model.config.vocab_size)
     if opts.fast:
         with progress_bar(opts.steps, "LLaDA denoising (at most)", progress) as run_id:
             out, nfe = generate_llada_fast_jit(model.params(), placed_ids, placed_mask, seed, np.int32(run_id),
-                                               config=model.config, options=opts, policy=method,
+                                               sampling, config=model.config, options=structure, policy=method,
                                                on_step=tick if progress else None)
             return (to_host(out), int(nfe)) if return_nfe else to_host(out)
     with progress_bar(opts.steps, "LLaDA denoising", progress) as run_id:
-        out = generate_llada_jit(model.params(), placed_ids, placed_mask, seed,
-                                 np.int32(run_id), config=model.config, options=opts,
+        out = generate_llada_jit(model.params(), placed_ids, placed_mask, seed, np.int32(run_id), sampling,
+                                 config=model.config, options=structure,
                                  prompt_has_masks=bool((prompt_ids == model.config.mask_token_id).any()),
                                  policy=method, on_step=tick if progress else None)
         return (to_host(out), opts.steps * (2 if opts.cfg_scale > 0 else 1)) if return_nfe else to_host(out)

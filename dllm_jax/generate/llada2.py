@@ -44,7 +44,7 @@ from dllm_jax.config import LLaDA2Config
 from dllm_jax.generate.progress import progress_bar, tick
 from dllm_jax.generate.requests import (ProbeLoop, as_array, check_context, check_prompt, make_options, on_devices,
                                         on_mesh, rows_on_mesh, until_stop)
-from dllm_jax.generate.sampling import (RowSampling, commit_top, row_sampling, row_threshold, sample_tokens,
+from dllm_jax.generate.sampling import (RowSampling, commit_top, row_sampling, against_rows, sample_tokens,
                                         sample_tokens_per_row, top_k_bound, transfer_counts)
 from dllm_jax.generate.sdar import PROMPT_BUCKET, BlockSampler, SlotLoop, cache_capacity, decode_blocks
 from dllm_jax.models import llada2 as llada2_model
@@ -116,7 +116,7 @@ def transfer_mask(mask_index, confidence, count, threshold):
     are >= count of them, else the min(count, masks) most confident masked ones (ties: lower position)."""
     count = jnp.broadcast_to(count, mask_index.shape[:1])
     confidence = jnp.where(mask_index, confidence, -jnp.inf)
-    high = confidence > row_threshold(threshold)
+    high = confidence > against_rows(threshold)
     top = commit_top(confidence, jnp.minimum(count, jnp.sum(mask_index, axis=1)))
     return jnp.where(jnp.sum(high, axis=1, keepdims=True) >= count[:, None], high, top)
 

@@ -28,9 +28,9 @@ def commit_top(confidence, count):
     return rank < count[:, None]
 
 
-def factor_counts(confidence, factor: float):
+def factor_counts(confidence, factor):
     """int32 [B]: how many positions Fast-dLLM's factor rule (`get_transfer_index_dynamic`) commits per
-    row, from confidence [B, L] (-inf where nothing may be committed).
+    row, from confidence [B, L] (-inf where nothing may be committed); `factor` a number or float32 [B] per row.
 
     With the row's n candidates sorted by confidence c_1 >= ... >= c_n, the i-th (i >= 2) must reach
     1 - factor / (i + 1); the first is always taken. The count is the number taken before the first
@@ -39,21 +39,27 @@ def factor_counts(confidence, factor: float):
     n = jnp.sum(confidence > -jnp.inf, axis=-1)
     ranked = -jnp.sort(-confidence, axis=-1)
     i = jnp.arange(confidence.shape[-1])
-    short = (ranked < 1.0 - factor / (i + 2.0)) & (i >= 1) & (i < n[:, None])
+    short = (ranked < 1.0 - against_rows(factor) / (i + 2.0)) & (i >= 1) & (i < n[:, None])
     first = jnp.where(jnp.any(short, axis=-1), jnp.argmax(short, axis=-1), n)
     return jnp.where(first >= n - 1, n, first).astype(jnp.int32)
 
 
-def gumbel_argmax(logits, temperature: float, key, total: int):
-    """argmax of exp(l) / (-log u)^T, computed as argmax(l - T log(-log u)) (same argmax, no overflow).
+def gumbel_argmax(logits, temperature, key, total: int):
+    """Each row's argmax of exp(l) / (-log u)^T at its own temperature (float32 [B]), computed as
+    argmax(l - T log(-log u)) (same argmax, no overflow); a row at temperature 0 takes the argmax of its logits.
 
-    logits [B, n, V] are the last n of `total` positions; the uniforms are drawn for all `total`
-    positions (so the random stream does not depend on which positions get logits)."""
-    if temperature == 0:
-        return jnp.argmax(logits, axis=-1)
-    b, n, v = logits.shape
-    u = jax.random.uniform(key, (b, total, v), jnp.float32)[:, total - n:]
-    return jnp.argmax(logits - temperature * jnp.log(-jnp.log(u)), axis=-1)
+    logits [B, n, V] are the last n of `total` positions; the uniforms are drawn for all `total` positions (so the
+    random stream does not depend on which positions get logits), and only when some row samples: they are the
+    costly part of a step ([B, total, V])."""
+    greedy = jnp.argmax(logits, axis=-1)
+
+    def noisy(logits):
+        b, n, v = logits.shape
+        u = jax.random.uniform(key, (b, total, v), jnp.float32)[:, total - n:]
+        drawn = jnp.argmax(logits - temperature[:, None, None] * jnp.log(-jnp.log(u)), axis=-1)
+        return jnp.where((temperature > 0)[:, None], drawn, greedy)
+
+    return jax.lax.cond(jnp.any(temperature > 0), noisy, lambda logits: greedy, logits)
 
 
 def sample_tokens(logits, u, *, temperature: float, top_k: int, top_p: float):
@@ -95,22 +101,26 @@ MIN_TOP_K_BOUND = 64
 @struct.dataclass
 class RowSampling:
     """The sampling values of each row, inputs of the compiled loop rather than part of its program (a new value
-    compiles nothing): a temperature, a top-p, a top-k and a confidence threshold per row (a `generate` call's
-    values in every row, or a serving slot's request's own): float32 [B], float32 [B], int32 [B] (0: no top-k
-    filter; at most the loop's static bound), float32 [B]. What a temperature of 0 means is the family's (its
-    sampler's `commit`: SDAR's greedy top-k 1, LLaDA2's argmax)."""
+    compiles nothing): a temperature, a top-p, a top-k, a confidence threshold and Fast-dLLM's factor per row (a
+    `generate` call's values in every row, or a serving slot's request's own): float32 [B], float32 [B], int32 [B]
+    (0: no top-k filter; at most the loop's static bound), float32 [B], float32 [B]. A family reads the ones its
+    sampler has. What a temperature of 0 means is the family's (its sampler's `commit`: SDAR's greedy top-k 1,
+    LLaDA2's and LLaDA's argmax)."""
 
     temperature: jax.Array
     top_p: jax.Array
     top_k: jax.Array
     threshold: jax.Array
+    factor: jax.Array
 
 
-def row_sampling(batch: int, *, temperature: float, top_p: float, top_k: int, threshold: float) -> RowSampling:
+def row_sampling(batch: int, *, temperature: float, top_p: float = 1.0, top_k: int = 0, threshold: float = 0.0,
+                 factor: float = 0.0) -> RowSampling:
     """One call's values in every row of a batch, as host arrays (the jitted loop's traced inputs)."""
     full = lambda value, dtype: np.full((batch,), value, dtype)  # noqa: E731
     return RowSampling(temperature=full(temperature, np.float32), top_p=full(top_p, np.float32),
-                       top_k=full(top_k, np.int32), threshold=full(threshold, np.float32))
+                       top_k=full(top_k, np.int32), threshold=full(threshold, np.float32),
+                       factor=full(factor, np.float32))
 
 
 def top_k_bound(top_k: int, vocab_size: int) -> int:
@@ -155,9 +165,10 @@ def sample_tokens_per_row(logits, u, *, temperature, top_k, max_top_k: int, top_
     return inverse_cdf_draw(logits, u)
 
 
-def row_threshold(threshold):
-    """A confidence threshold to compare with confidences [B, n]: a number as it is, a float32 [B] per row as [B, 1]."""
-    return threshold[:, None] if jnp.ndim(threshold) else threshold
+def against_rows(value):
+    """A value to combine with per-position values [B, n] (a confidence threshold, a factor): a number as it is, a
+    float32 [B] per row as [B, 1]."""
+    return value[:, None] if jnp.ndim(value) else value
 
 
 def transfer_mask(strategy: str, mask_index, x0_p, count, threshold):
@@ -174,5 +185,5 @@ def transfer_mask(strategy: str, mask_index, x0_p, count, threshold):
     top = commit_top(confidence, count)
     if strategy == "low_confidence_static":
         return top
-    high = confidence > row_threshold(threshold)
+    high = confidence > against_rows(threshold)
     return jnp.where(jnp.sum(high, axis=1, keepdims=True) >= count[:, None], high, top)

@@ -168,7 +168,8 @@ def init_slots(params, *, config, slots: int, width: int, policy: AttentionPolic
     return Slots(carry=carry, keys=jax.random.split(jax.random.key(0), slots), lengths=zeros(), block=zeros(),
                  last=zeros(), busy=jnp.zeros((slots,), bool),
                  rows=RowSampling(temperature=jnp.ones((slots,), jnp.float32), top_p=jnp.ones((slots,), jnp.float32),
-                                  top_k=zeros(), threshold=jnp.zeros((slots,), jnp.float32)),
+                                  top_k=zeros(), threshold=jnp.zeros((slots,), jnp.float32),
+                                  factor=jnp.zeros((slots,), jnp.float32)),
                  progress=BlockProgress(row_step=zeros(), unmasked=zeros()))
 
 
@@ -204,7 +205,8 @@ def insert(params, state: Slots, slot, prompt, length, max_new_tokens, seed, tem
                          rows=RowSampling(temperature=state.rows.temperature.at[slot].set(temperature),
                                           top_p=state.rows.top_p.at[slot].set(top_p),
                                           top_k=state.rows.top_k.at[slot].set(top_k),
-                                          threshold=state.rows.threshold.at[slot].set(threshold)),
+                                          threshold=state.rows.threshold.at[slot].set(threshold),
+                                          factor=state.rows.factor),
                          progress=jax.tree.map(lambda a: a.at[slot].set(0), state.progress))
 
 
