@@ -7,10 +7,12 @@ import numpy as np
 import pytest
 
 import dllm_jax
+from dllm_jax.generate.dream import DreamOptions, generate_dream_jit
+from dllm_jax.generate.llada import LLaDAOptions, generate_llada_fast_jit, generate_llada_jit
 from dllm_jax.generate.llada2 import LLaDA2Options, answers, generate_llada2_jit
 from dllm_jax.generate.sampling import top_k_bound
 from dllm_jax.generate.sdar import SDAROptions, generate_sdar_jit, left_padded, trim
-from dllm_jax.testing import compile_events, tiny_llada2_config, tiny_sdar_config
+from dllm_jax.testing import compile_events, tiny_dream_config, tiny_llada2_config, tiny_llada_config, tiny_sdar_config
 
 SDAR_SWEEP = [dict(temperature=0.7), dict(temperature=0.5, top_p=0.9), dict(top_p=0.8), dict(top_k=3),
               dict(top_k=5, temperature=0.9), dict(top_k=1), dict(confidence_threshold=0.5),
@@ -69,3 +71,54 @@ def test_llada2_sampling_values_compile_once_and_equal_the_static_loop(tiny_mode
         for row, answer in zip(expected, answers(np.asarray(x), 5, opts, model.config.eos_token_id)):
             row[:len(answer)] = answer
         np.testing.assert_array_equal(dllm_jax.generate(model, prompt, seed=3, **base | values), expected)
+
+
+LLADA_SWEEP = [dict(temperature=0.0), dict(temperature=0.5), dict(temperature=0.9), dict(temperature=1.3),
+               dict(temperature=0.0, remasking="low_confidence"), dict(temperature=0.2), dict(temperature=2.0)]
+FAST_SWEEP = {"threshold": [0.9, 0.5, 0.7, 0.95, 0.3, 0.8], "factor": [1.0, 0.5, 2.0, 3.0, 0.2, 1.5]}
+
+
+def test_llada_temperatures_compile_once_and_equal_the_static_loop(tiny_model, rng):
+    model = tiny_model(tiny_llada_config(), 0)
+    prompt = rng.integers(0, 120, (2, 5)).astype(np.int32)
+    base = dict(gen_length=8, steps=8, block_length=4)
+    outputs, events = sweep(model, prompt, base, LLADA_SWEEP)
+    assert events == [], events
+    assert len({o.tobytes() for o in outputs}) > 3
+    for values in (LLADA_SWEEP[0], LLADA_SWEEP[2]):
+        static = generate_llada_jit(model.params(), prompt, None, 3, config=model.config,
+                                    options=LLaDAOptions(**base | values))
+        np.testing.assert_array_equal(dllm_jax.generate(model, prompt, seed=3, **base | values), np.asarray(static))
+
+
+@pytest.mark.parametrize("rule", ["threshold", "factor"])
+def test_fast_dllm_thresholds_and_factors_compile_once_per_rule(tiny_model, rng, rule):
+    """Fast-dLLM's dual cache: six thresholds (or six factors) and two temperatures share one program; whether the
+    rule is a threshold or a factor is the program's structure."""
+    model = tiny_model(tiny_llada_config(), 0)
+    prompt = rng.integers(0, 120, (2, 6)).astype(np.int32)
+    base = dict(gen_length=8, steps=8, block_length=4, cache="dual")
+    values = [{rule: v, "temperature": 0.0 if i % 3 else 0.8} for i, v in enumerate(FAST_SWEEP[rule])]
+    outputs, events = sweep(model, prompt, base, values)
+    assert events == [], events
+    for chosen in (values[1], values[3]):
+        static, _ = generate_llada_fast_jit(model.params(), prompt, None, 3, config=model.config,
+                                            options=LLaDAOptions(**base | chosen))
+        np.testing.assert_array_equal(dllm_jax.generate(model, prompt, seed=3, **base | chosen), np.asarray(static))
+
+
+DREAM_SWEEP = [dict(temperature=0.0), dict(temperature=0.7), dict(temperature=0.5, top_p=0.9), dict(top_k=3),
+               dict(top_k=5, temperature=1.1, top_p=0.8), dict(top_p=0.6, temperature=0.9)]
+
+
+def test_dream_sampling_values_compile_once_and_equal_the_static_loop(tiny_model, rng):
+    model = tiny_model(tiny_dream_config(), 0)
+    prompt = rng.integers(0, 160, (2, 5)).astype(np.int32)
+    base = dict(max_new_tokens=6, steps=6, alg="maskgit_plus")
+    outputs, events = sweep(model, prompt, base, DREAM_SWEEP)
+    assert events == [], events
+    assert len({o.tobytes() for o in outputs}) > 3
+    for values in (DREAM_SWEEP[2], DREAM_SWEEP[4]):
+        static = generate_dream_jit(model.params(), prompt, None, 3, config=model.config,
+                                    options=DreamOptions(**base | values))
+        np.testing.assert_array_equal(dllm_jax.generate(model, prompt, seed=3, **base | values), np.asarray(static))

@@ -47,8 +47,9 @@ from dllm_jax.attention.policy import AttentionPolicy, Dense, check_policy
 from dllm_jax.config import DreamConfig
 from dllm_jax.generate.progress import progress_bar, tick
 from dllm_jax.generate.requests import (ProbeLoop, as_array, check_context, check_prompt, full_sequence_probe,
-                                        make_options, on_devices, on_mesh)
-from dllm_jax.generate.sampling import commit_top
+                                        make_options, on_devices, on_mesh, rows_on_mesh)
+from dllm_jax.generate.sampling import (RowSampling, commit_top, outside_nucleus, row_sampling, row_top_k_floor,
+                                        top_k_bound)
 from dllm_jax.models import dream as dream_model
 from dllm_jax.models.llada import init_policy_state
 from dllm_jax.sharding import to_host
@@ -59,7 +60,9 @@ LOWEST = float(np.finfo(np.float32).min)  # the official filters' masked_fill va
 
 @dataclasses.dataclass(frozen=True, kw_only=True)
 class DreamOptions:
-    """Static options of Dream generation (a change recompiles); see the module docstring.
+    """Options of Dream generation; see the module docstring. The sampling values (temperature, top_p, top_k) are
+    inputs of the compiled loop (`RowSampling`): a new value compiles nothing, a top_k past 64 only a loop with a
+    larger bound (`top_k_bound`); a new max_new_tokens, steps, eps, alg or alg_temp compiles a new loop.
 
     The official defaults, except steps (512 there, with max_length 20): max_new_tokens=128, steps=128;
     steps <= max_new_tokens (a step past the last mask would be a forward that commits nothing).
@@ -95,6 +98,16 @@ class DreamOptions:
         if self.alg == "origin" and self.alg_temp:
             raise ValueError(f"alg_temp={self.alg_temp} applies to the confidence-based algs (maskgit_plus, "
                              "topk_margin, entropy); alg='origin' commits random positions")
+
+
+    def sampling(self, batch: int) -> RowSampling:
+        """The sampling values in every row of a batch: the loop's traced inputs."""
+        return row_sampling(batch, temperature=self.temperature, top_p=self.top_p, top_k=self.top_k)
+
+    def structure(self, vocab_size: int) -> "DreamOptions":
+        """The options as the compiled loop sees them with `sampling`'s values traced: those values replaced by one
+        canonical set (options that differ only in them are one static argument), top_k by its static bound."""
+        return dataclasses.replace(self, temperature=0.0, top_p=1.0, top_k=top_k_bound(self.top_k, vocab_size))
 
 
 def timesteps(steps: int, eps: float) -> np.ndarray:
@@ -136,31 +149,31 @@ def step_uniforms(seed, step, shape) -> dict:
             for i, name in enumerate(("token", "transfer", "select"))}
 
 
-def filtered_probs(logits, o: DreamOptions):
-    """The official sample_tokens' distribution: / temperature, top-p, top-k, softmax (float32)."""
-    if o.temperature > 0:
-        logits = logits / o.temperature
-    if o.top_p < 1.0:
-        order = jnp.argsort(-logits, axis=-1, stable=True)
-        sorted_logits = jnp.take_along_axis(logits, order, axis=-1)
-        remove = jnp.cumsum(jax.nn.softmax(sorted_logits, axis=-1), axis=-1) > o.top_p
-        remove = jnp.concatenate([jnp.zeros_like(remove[..., :1]), remove[..., :-1]], axis=-1)
-        removed = jnp.take_along_axis(remove, jnp.argsort(order, axis=-1), axis=-1)  # back to vocab order
-        logits = jnp.where(removed, LOWEST, logits)
-    if o.top_k > 0:
-        kth = jax.lax.top_k(logits, min(o.top_k, logits.shape[-1]))[0][..., -1:]
-        logits = jnp.where(logits < kth, LOWEST, logits)
+def filtered_probs(logits, rows: RowSampling, max_top_k: int):
+    """The official sample_tokens' distribution with each row's values (`rows`; top_k at most the static
+    `max_top_k`): / temperature (where > 0), top-p, top-k, softmax (float32). The nucleus and the top-k selection
+    are computed only where some row asks for them."""
+    logits = logits / jnp.where(rows.temperature > 0, rows.temperature, 1.0)[:, None, None]
+
+    def nucleus(logits):
+        removed = outside_nucleus(logits, rows.top_p[:, None, None]) & (rows.top_p < 1.0)[:, None, None]
+        return jnp.where(removed, LOWEST, logits)
+
+    logits = jax.lax.cond(jnp.any(rows.top_p < 1.0), nucleus, lambda logits: logits, logits)
+    logits = jnp.where(logits < row_top_k_floor(logits, rows.top_k, max_top_k), LOWEST, logits)
     return jax.nn.softmax(logits, axis=-1)
 
 
-def tokens_and_confidence(probs, u, o: DreamOptions):
-    """(tokens, confidence) of probs [B, n, V]: a draw by inverse CDF with uniforms u [B, n] at
-    temperature > 0, else the argmax; the confidence of `o.alg`."""
-    if o.temperature > 0:
+def tokens_and_confidence(probs, u, o: DreamOptions, temperature):
+    """(tokens, confidence) of probs [B, n, V]: a draw by inverse CDF with uniforms u [B, n] in the rows at
+    temperature (float32 [B]) > 0, the argmax in the others; the confidence of `o.alg`."""
+    tokens = jnp.argmax(probs, axis=-1)
+
+    def drawn(probs):
         cdf = jnp.cumsum(probs, axis=-1)
-        tokens = jnp.argmax(cdf >= u[..., None] * cdf[..., -1:], axis=-1)
-    else:
-        tokens = jnp.argmax(probs, axis=-1)
+        return jnp.where((temperature > 0)[:, None], jnp.argmax(cdf >= u[..., None] * cdf[..., -1:], axis=-1), tokens)
+
+    tokens = jax.lax.cond(jnp.any(temperature > 0), drawn, lambda probs: tokens, probs)
     if o.alg == "topk_margin":
         top2 = jax.lax.top_k(probs, 2)[0]
         return tokens, top2[..., 0] - top2[..., 1]
@@ -187,10 +200,12 @@ class DreamCarry:
     policy_state: Any  # the attention policy's per-layer state (leading layer axis)
 
 
-def generate_dream(params, prompt_ids, attention_mask, seed, run_id=0, *, config: DreamConfig, options: DreamOptions,
-                   prompt_has_masks: bool = False, policy: AttentionPolicy = Dense(), on_step=None,
-                   return_policy_state: bool = False):
-    """The whole generation, traceable as one function. Returns int32 [B, P + max_new_tokens].
+def generate_dream(params, prompt_ids, attention_mask, seed, run_id=0, rows: RowSampling | None = None, *,
+                   config: DreamConfig, options: DreamOptions, prompt_has_masks: bool = False,
+                   policy: AttentionPolicy = Dense(), on_step=None, return_policy_state: bool = False):
+    """The whole generation, traceable as one function. Returns int32 [B, P + max_new_tokens]. `rows` (traced;
+    `DreamOptions.sampling`): each row's temperature, top-p and top-k, with `options` then as
+    `DreamOptions.structure` gives them; None: the options' own values.
 
     prompt_ids int32 [B, P] (left-padded if rows differ); attention_mask [B, P] or None (the official
     cumsum positions and hidden padding keys, `dllm_jax.models.dream`). Unless `prompt_has_masks`
@@ -202,6 +217,7 @@ def generate_dream(params, prompt_ids, attention_mask, seed, run_id=0, *, config
     check_policy(policy)
     b, p = prompt_ids.shape
     o = options
+    rows = o.sampling(b) if rows is None else rows
     mask_id = config.mask_token_id
     total = p + o.max_new_tokens
     x = jnp.concatenate([prompt_ids.astype(jnp.int32), jnp.full((b, o.max_new_tokens), mask_id, jnp.int32)], axis=1)
@@ -224,7 +240,8 @@ def generate_dream(params, prompt_ids, attention_mask, seed, run_id=0, *, config
         logits, policy_state = shifted_logits(carry.x, carry.policy_state, i)
         u = step_uniforms(seed, i, (b, total))
         u = {name: value[:, start:] for name, value in u.items()}
-        tokens, confidence = tokens_and_confidence(filtered_probs(logits, o), u["token"], o)
+        tokens, confidence = tokens_and_confidence(filtered_probs(logits, rows, o.top_k), u["token"], o,
+                                                   rows.temperature)
         if o.alg == "origin":
             transfer = masked & (u["transfer"] < ratios[i])
             region = jnp.where(transfer, tokens, region)
@@ -283,9 +300,11 @@ def run(model, prompt_ids, attention_mask, seed: int, method, progress: bool, re
     method = on_devices(mesh, method, prompt_ids.shape[1] + opts.max_new_tokens)
     mask = None if attention_mask is None else np.asarray(attention_mask, np.int32)
     placed_ids, placed_mask = on_mesh(mesh, prompt_ids, mask)
+    sampling = rows_on_mesh(mesh, opts.sampling(len(prompt_ids)))
     with progress_bar(opts.steps, "Dream denoising", progress) as run_id:
         out = generate_dream_jit(
-            model.params(), placed_ids, placed_mask, seed, np.int32(run_id), config=model.config, options=opts,
+            model.params(), placed_ids, placed_mask, seed, np.int32(run_id), sampling, config=model.config,
+            options=opts.structure(model.config.vocab_size),
             prompt_has_masks=bool((prompt_ids == model.config.mask_token_id).any()), policy=method,
             on_step=tick if progress else None)
         return to_host(out)
