@@ -16,7 +16,9 @@ def generate(model, prompt_ids, *, attention_mask=None, seed: int = 0, method=No
     """Generates with `model` from int32 prompt_ids [B, P]; returns int32 [B, P + gen_length].
 
     The family's options (`dllm_jax.families.family_of(model).options_class`):
-    LLaDA options (all static: changing one recompiles; prompt shape changes recompile too):
+    Which options are traced (a new value compiles nothing: the sampling values) and which static (a new value
+    compiles a new loop), per family: docs/generation.md. A new prompt shape compiles a new loop.
+    LLaDA options:
       gen_length=128, steps=128, block_length=128, temperature=0.0, cfg_scale=0.0,
       remasking="low_confidence" | "random", logits_eos_inf=False, confidence_eos_eot_inf=False,
       padding="ignore" | "mask", cache=None | "prefix" | "dual", threshold=None | float in [0, 1],
@@ -28,7 +30,7 @@ def generate(model, prompt_ids, *, attention_mask=None, seed: int = 0, method=No
       from the answer's schedule
       (which counts only each block's own masks, as the official code), so a prompt with k mask
       ids returns k mask ids, in the answer or the prompt.
-    SDAR options (static): max_new_tokens=128, denoising_steps=4,
+    SDAR options: max_new_tokens=128, denoising_steps=4,
       remasking="low_confidence_dynamic" | "low_confidence_static" | "sequential",
       confidence_threshold=0.85, temperature=1.0, top_k=0, top_p=1.0; block length from the config.
       One prompt [1, P] without attention_mask (the official sampler's case) returns int32 [1, n]:
@@ -50,9 +52,9 @@ def generate(model, prompt_ids, *, attention_mask=None, seed: int = 0, method=No
       official sampler, a step commits its n[j] (about block_size / denoising_steps) positions
       without a mask guard: once fewer masks than n[j] remain, prompt tokens of that block can
       be replaced (only with denoising_steps < block_size, where n[j] > 1).
-    LLaDA2 options (static; `dllm_jax.generate.llada2.run`): gen_length=2048, block_length=32, steps=32 (per
+    LLaDA2 options (`dllm_jax.generate.llada2.run`): gen_length=2048, block_length=32, steps=32 (per
       block), temperature=0.0, top_k=0, top_p=1.0, threshold=0.95, minimal_topk=1; prompts of one length.
-    Dream options (static; `dllm_jax.generate.dream`, the official `diffusion_generate`): max_new_tokens=128,
+    Dream options (`dllm_jax.generate.dream`, the official `diffusion_generate`): max_new_tokens=128,
       steps=128, eps=1e-3, alg="origin" | "maskgit_plus" | "topk_margin" | "entropy", alg_temp=0.0,
       temperature=0.0, top_p=1.0, top_k=0 (1.0 / 0: off). Returns int32 [B, P + max_new_tokens] (no stop:
       the tokens after the first EOS are Dream's padding). `attention_mask` [B, P] (padding anywhere, as the
