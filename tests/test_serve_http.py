@@ -29,7 +29,7 @@ from dllm_jax.serve.app import build_app, running
 from dllm_jax.serve.engine import Engine
 from dllm_jax.serve.lockstep import LockstepEngine
 from dllm_jax.serve.worker import Job, Worker
-from dllm_jax.testing import tiny_llada2_config, write_hf_checkpoint, write_tiny_tokenizer
+from dllm_jax.testing import compile_events, tiny_llada2_config, write_hf_checkpoint, write_tiny_tokenizer
 from dllm_jax.tokenizer import ChatTokenizer
 
 NAME = "tiny"
@@ -297,9 +297,9 @@ LOCKSTEP = dict(gen_length=16, steps=16, block_length=16)  # LLaDA's answer regi
 
 
 def test_llada_is_served_in_lockstep_and_each_request_gets_generate_alone(checkpoints, rng):
-    """LLaDA is served in lockstep batches (greedy, the answer length fixed by the server): 6 concurrent clients
+    """LLaDA is served in lockstep batches (the answer length fixed by the server): 6 concurrent greedy clients
     over batches of 3, prompts of two lengths (the batches mix them, left-padded with hidden pad keys), each
-    equal to generate on its prompt alone."""
+    equal to generate on its prompt alone; sampled requests (their own temperature and seed) generated alone."""
     path = checkpoints[0]
     model, tokenizer = dllm_jax.load_model(path, dtype="float32", progress=False), ChatTokenizer(path)
     with running(build_app(model, tokenizer, model_name=NAME, slots=3, max_context=96, **LOCKSTEP)) as url:
@@ -313,8 +313,21 @@ def test_llada_is_served_in_lockstep_and_each_request_gets_generate_alone(checkp
             assert reply.json()["choices"][0]["text"] == tokenizer.decode(kept, skip=(model.config.mask_token_id,))
         too_long = post(url, "/v1/completions", dict(model=NAME, prompt=[5, 6], max_tokens=LOCKSTEP["gen_length"] + 1))
         assert too_long.status_code == 400 and "fixed by the server" in too_long.json()["error"]["message"]
-        sampled = post(url, "/v1/completions", dict(model=NAME, prompt=[5, 6], max_tokens=4, temperature=0.5))
-        assert sampled.status_code == 400
+        # requests with their own temperatures and seeds, concurrent with greedy ones: each is generated alone and
+        # gets what generate gives it; LLaDA has no top_p
+        own = [dict(temperature=0.5, seed=4), dict(temperature=1.2, seed=9), dict(temperature=0.0)]
+        with concurrent.futures.ThreadPoolExecutor(3) as pool:
+            replies = list(pool.map(lambda o: post(url, "/v1/completions", dict(model=NAME, prompt=prompts[0],
+                                                                               max_tokens=12, **o)), own))
+        for values, reply in zip(own, replies):
+            assert reply.status_code == 200, reply.text
+            out = np.asarray(dllm_jax.generate(model, np.asarray(prompts[0])[None], **LOCKSTEP | values))
+            out = out[0][len(prompts[0]):][:12]
+            stops = np.flatnonzero(np.isin(out, model.config.stop_ids))
+            kept = out[:stops[0] + 1] if stops.size else out
+            assert reply.json()["choices"][0]["text"] == tokenizer.decode(kept, skip=(model.config.mask_token_id,))
+        nucleus = post(url, "/v1/completions", dict(model=NAME, prompt=[5, 6], max_tokens=4, top_p=0.5))
+        assert nucleus.status_code == 400 and "samples with temperature only" in nucleus.json()["error"]["message"]
 
 
 def test_llada2_requests_share_the_slots_and_each_gets_generate_alone(llada2_checkpoint, rng):
@@ -357,10 +370,10 @@ def test_every_family_has_its_serve_flags():
         assert ("--gen-length" in FAMILY_FLAGS[name]) == (family.slots is None)
 
 
-def test_lockstep_serving_refuses_sampling(checkpoints):
+def test_lockstep_serving_refuses_the_slot_engines_settings(checkpoints):
     model = dllm_jax.load_model(checkpoints[0], dtype="float32", progress=False)
-    with pytest.raises(ValueError, match="greedy"):
-        build_app(model, ChatTokenizer(checkpoints[0]), model_name=NAME, temperature=0.7, gen_length=16)
+    with pytest.raises(ValueError, match="unknown LLaDA generate options \\['top_p'\\]"):
+        build_app(model, ChatTokenizer(checkpoints[0]), model_name=NAME, top_p=0.7, gen_length=16)
     for given in (dict(max_top_k=8), dict(schedule="block")):
         with pytest.raises(ValueError, match="max_top_k, overlap and schedule are the slot engine's"):
             build_app(model, ChatTokenizer(checkpoints[0]), model_name=NAME, gen_length=16, **given)
@@ -569,3 +582,34 @@ def test_an_unexpected_failure_is_a_500_error_object_without_details(sdar):
         assert reply.status_code == 500 and reply.headers["content-type"] == "application/json", reply.text
         assert reply.json()["error"]["type"] == "server_error" and "/srv" not in reply.text
         assert post(url, "/v1/completions", dict(model=NAME, prompt=[5, 6, 7, 8, 9, 10], max_tokens=12)).status_code == 200
+
+
+def test_requests_with_their_own_temperatures_and_thresholds_share_a_step_without_compiling(url, sdar):
+    """After one warm-up request, four requests with different temperatures and confidence thresholds (this
+    server's `threshold` extension field) run in the same steps without a new compilation (counted), each getting
+    what `generate` gives its prompt alone with those values (SDAR's low_confidence_dynamic remasking, where the
+    threshold decides how many tokens a step commits)."""
+    _, model, tokenizer = sdar
+    prompt = [5, 6, 7, 8, 9, 10]
+
+    def concurrently(values: list[dict]) -> list:
+        with concurrent.futures.ThreadPoolExecutor(len(values)) as pool:
+            return list(pool.map(lambda o: post(url, "/v1/completions", dict(model=NAME, prompt=prompt, seed=7,
+                                                                            max_tokens=12, **o)), values))
+
+    # the warm-up: the same traffic at other values (the host's own small programs compile once here too)
+    assert {r.status_code for r in concurrently([dict(temperature=0.6, threshold=0.2)] * 4)} == {200}
+    own = [dict(temperature=0.8, threshold=0.3), dict(temperature=0.8, threshold=0.95), dict(temperature=1.1),
+           dict(temperature=0.5, threshold=0.6)]
+    with compile_events() as events:
+        replies = concurrently(own)
+    assert events == [], events
+    for values, reply in zip(own, replies):
+        assert reply.status_code == 200, reply.text
+        options = dict(temperature=values["temperature"]) | (
+            {"confidence_threshold": values["threshold"]} if "threshold" in values else {})
+        out = np.asarray(dllm_jax.generate(model, np.asarray(prompt)[None], max_new_tokens=12, seed=7, **options))
+        out = out[0][len(prompt):][:12]
+        stops = np.flatnonzero(np.isin(out, model.config.stop_ids))
+        kept = out[:stops[0] + 1] if stops.size else out
+        assert reply.json()["choices"][0]["text"] == tokenizer.decode(kept, skip=(model.config.mask_token_id,)), values

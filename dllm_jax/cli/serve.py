@@ -32,7 +32,7 @@ def add_parser(subparsers) -> None:
         description="Loads a checkpoint and serves POST /v1/completions and /v1/chat/completions (stream: true "
                     "sends each decoded block), GET /v1/models, /health and /metrics (Prometheus). SDAR and LLaDA2 "
                     "requests share --slots rows of one compiled block step (continuous batching); LLaDA and Dream "
-                    "requests are generated in lockstep batches of up to --slots, greedily, with the answer length "
+                    "requests are generated in lockstep batches of up to --slots (a sampled request alone), with the answer length "
                     "fixed by --gen-length. Each request gets what `dllm_jax.generate` gives its prompt alone. "
                     "Sampling options are the server's (a request may repeat them). SIGTERM or Ctrl-C stops taking "
                     "requests, finishes the running ones, then exits. Needs the serve extra: pip install "
@@ -55,7 +55,7 @@ def add_parser(subparsers) -> None:
                        help="requests waiting for a slot before new ones get 429 (default 256)")
     serve.add_argument("--temperature", type=temperature_flag, default=0.0,
                        help="the temperature of a request that sends none: 0 = greedy (default); a request's own "
-                            "temperature wins (a lockstep server, LLaDA or Dream, is greedy)")
+                            "temperature wins")
     serve.add_argument("--top-p", type=fraction, default=1.0,
                        help="the nucleus filter of a request that sends no top_p (default 1: off)")
     serve.add_argument("--top-k", type=non_negative_int, default=0, metavar="K",

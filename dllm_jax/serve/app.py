@@ -3,7 +3,7 @@ checkpoint's chat template; `stream: true` sends each decoded block as a server-
 `GET /health` and Prometheus `GET /metrics`, over one `Worker` (the engine's thread).
 
 Bad requests (malformed JSON, unknown or mistyped fields, out-of-range values, text that is not valid Unicode, a
-prompt that does not fit the context, a sampled request to a greedy lockstep server) get HTTP 400 with OpenAI's
+prompt that does not fit the context, a sampling value the family has no option for) get HTTP 400 with OpenAI's
 error object; a missing or wrong API key (`api_key` set) 401; an unknown model or path 404; a body past
 `max_request_bytes` 413; a full queue 429; an unexpected failure 500 (its details in the server's log, none sent);
 a server that is shutting down or whose engine failed 503. A client that disconnects, streaming or not, cancels
@@ -92,7 +92,8 @@ def build_app(model, tokenizer, *, model_name: str, slots: int = 8, max_context:
     (SDAR, LLaDA2; `options`: the family's other generate options; `temperature`, `top_p` and `top_k` are the
     defaults of a request that sets none, each request sampling with its own: temperature 0 decodes greedily,
     SDAR with top-k 1; a request's top-k at most `max_top_k`, `Engine`'s), or for the others a `LockstepEngine`
-    (greedy; `options`: the family's generate options, its answer length included). `overlap` and `schedule`:
+    (greedy requests batched, a sampled one generated alone; `options`: the family's generate options, its answer
+    length included). `overlap` and `schedule`:
     `Engine`'s (None: its defaults, on and "forward"). `api_key`, `max_request_bytes`: `create_app`'s."""
     max_queue = check.integer("max_queue", max_queue, minimum=1)
     temperature = check.real("temperature", temperature, low=0, high=2)
@@ -188,11 +189,12 @@ def create_app(worker: Worker, tokenizer, *, model_name: str, metrics: Metrics, 
             if max_tokens is None:  # as much as the context leaves (chat), else OpenAI's default of 16
                 max_tokens = engine.room(len(prompt_ids)) if isinstance(body, protocol.ChatRequest) else 16
             seed = body.seed if body.seed is not None else (0 if t == 0 else secrets.randbelow(2**31))
-            prompt, max_tokens, seed, sampling = engine.check(prompt_ids, max_tokens, seed, t, p, k)
+            prompt, max_tokens, seed, sampling = engine.check(prompt_ids, max_tokens, seed, t, p, k,
+                                                              threshold=body.threshold)
         except ValueError as e:
             raise ApiError(400, str(e)) from None
         return Job(prompt, max_tokens, seed, stop, temperature=sampling.temperature, top_p=sampling.top_p,
-                   top_k=sampling.top_k)
+                   top_k=sampling.top_k, threshold=sampling.threshold)
 
     def public(message: str) -> str:
         """An error message as a client may read it: the checkpoint's files named without the server's path."""

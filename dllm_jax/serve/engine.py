@@ -21,8 +21,9 @@ own temperature, top-p and top-k (per-slot arrays of the step, `dllm_jax.generat
 gets what `generate` gives it with `options | {"temperature": t, "top_p": p, "top_k": k}`, temperature 0
 meaning the family's greedy decoding: SDAR's top-k 1, LLaDA2's argmax). A request's top-k is at most the
 engine's `max_top_k` (the compiled step selects that many candidates, when some slot asks for a top-k). The
-confidence threshold is the engine's, an input of the step like the slots' own values; the other sampling options
-(SDAR: remasking, denoising steps; LLaDA2: block length, steps) are the engine's, static in its compiled step.
+confidence threshold is an input of the step too (a request's own, `submit(threshold=)`, else the engine's); the
+other sampling options (SDAR: remasking, denoising steps; LLaDA2: block length, steps) are the engine's, static in
+its compiled step.
 What differs between the families (model functions, sampler, block length, request checks) is the family's
 `SlotLoop` (`dllm_jax.families`: `Family.slots`).
 
@@ -322,12 +323,14 @@ class Engine(RequestQueue):
         self.timing = EngineTiming()
 
     def check(self, prompt_ids, max_new_tokens: int, seed: int = 0, temperature: float | None = None,
-              top_p: float | None = None, top_k: int | None = None) -> tuple[np.ndarray, int, int, SamplingValues]:
+              top_p: float | None = None, top_k: int | None = None, *,
+              threshold: float | None = None) -> tuple[np.ndarray, int, int, SamplingValues]:
         """(int32 prompt, max_new_tokens, seed, sampling) of a request the engine can take (None: the options'
         temperature, top-p and top-k), or a ValueError naming the problem. Reads only the engine's settings:
         callable from any thread."""
         prompt, max_new_tokens, seed = self.checked_prompt(prompt_ids, max_new_tokens, seed)
-        sampling = self.checked_sampling(temperature, top_p, top_k, self.defaults, max_top_k=self.max_top_k)
+        sampling = self.checked_sampling(temperature, top_p, top_k, self.defaults, max_top_k=self.max_top_k,
+                                         threshold=threshold)
         check_context(self.config, len(prompt), max_new_tokens)
         if len(prompt) + max_new_tokens > self.max_context:
             raise ValueError(f"the prompt ({len(prompt)} tokens) + {max_new_tokens} new tokens = "
@@ -425,7 +428,9 @@ class Engine(RequestQueue):
             self.state = _insert_jit(self.params, self.state, np.int32(slot), prompt, np.int32(n),
                                      np.int32(request.max_new_tokens), np.int32(request.seed),
                                      np.float32(request.sampling.temperature), np.float32(request.sampling.top_p),
-                                     np.int32(request.sampling.top_k), np.float32(self.threshold), config=self.config,
+                                     np.int32(request.sampling.top_k),
+                                     np.float32(self.threshold if request.sampling.threshold is None
+                                                else request.sampling.threshold), config=self.config,
                                      loop=self.loop, block_length=self.block_length, chunk=self.prefill_chunk)
             self.running[slot] = request
             self.timing.inserts += 1

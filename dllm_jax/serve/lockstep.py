@@ -4,21 +4,26 @@ as `Engine` so the HTTP server and its worker take either.
 
 LLaDA and Dream denoise their whole answer region at every step, so a request's answer depends on that
 region's length: the server fixes it (the family's answer option, e.g. `gen_length`) with the rest of the
-sampling options, and a request's `max_new_tokens` only cuts the answer. Decoding is greedy (the families'
-default temperature 0; a request asking for another temperature or top-p is refused): a batch's rows each
-get what `generate` gives their prompt alone (LLaDA's left-padded rows hide their pad keys, `padding="mask"`;
-a family that takes no padding, LLaDA2 if served this way, gets batches of one prompt length, the others
-waiting for the next). A request's answer arrives when its batch ends: no block-by-block progress, and a new
-request waits for the running batch.
+sampling options, and a request's `max_new_tokens` only cuts the answer. Greedy requests (temperature 0, the
+families' default) are generated together, a batch's rows each getting what `generate` gives their prompt alone
+(LLaDA's left-padded rows hide their pad keys, `padding="mask"`; a family that takes no padding, LLaDA2 if served
+this way, gets batches of one prompt length, the others waiting for the next). A request may sample with its own
+temperature (Dream: and top-p, top-k) and seed: a batch draws its noise from one seed over all its rows, so a
+sampled request is generated alone, with its own values and seed, and gets what `generate` gives it; its values
+are inputs of the compiled loop (dllm_jax.generate.sampling.RowSampling), so a new one compiles nothing. A
+request's answer arrives when its batch ends: no block-by-block progress, and a new request waits for the running
+batch.
 """
 
 from __future__ import annotations
+
+import dataclasses
 
 import numpy as np
 
 from dllm_jax.families import family_of
 from dllm_jax.generate import generate
-from dllm_jax.generate.requests import until_stop
+from dllm_jax.generate.requests import make_options, until_stop
 from dllm_jax.serve.engine import Completion
 from dllm_jax.serve.requests import RequestQueue, SamplingValues
 from dllm_jax.tokenizer import left_pad
@@ -34,27 +39,32 @@ class LockstepEngine(RequestQueue):
         super().__init__(model.config, slots=slots, max_context=max_context)
         self.model = model
         self.family = family_of(self.config)
-        if options.get("temperature", 0) != 0:
-            raise ValueError(f"lockstep serving of {type(model).__name__} is greedy (temperature 0): a batch draws "
-                             "from one seed, so sampled requests would not get what they get alone")
         self.method = self.family.policy(method)
         self.options = dict(options)
-        self.answer = getattr(self.family.options_class(**self.options), self.family.answer_option)
+        checked = make_options(self.family.options_class, self.family.label, self.options)
+        self.answer = getattr(checked, self.family.answer_option)
+        # the sampling values a request may set: those its family's generate takes (LLaDA: temperature)
+        self.sampled = tuple(f.name for f in dataclasses.fields(checked) if f.name in ("temperature", "top_p", "top_k"))
+        self.defaults = SamplingValues(**{name: getattr(checked, name) for name in self.sampled})
         self.family.prepare(model, np.full((1, 1), 3, np.int32), None, self.method, self.options)  # options checked
         self.busy = 0
 
     def check(self, prompt_ids, max_new_tokens: int, seed: int = 0, temperature: float | None = None,
-              top_p: float | None = None, top_k: int | None = None) -> tuple[np.ndarray, int, int, SamplingValues]:
+              top_p: float | None = None, top_k: int | None = None, *,
+              threshold: float | None = None) -> tuple[np.ndarray, int, int, SamplingValues]:
         """(int32 prompt, max_new_tokens, seed, sampling) of a request this server can take, or a ValueError
-        naming the problem (any thread). Decoding is greedy: a request may ask for temperature 0, top_p 1 and
-        top_k 0 only."""
+        naming the problem (any thread). A request sets only the sampling values its family's generate takes
+        (LLaDA: temperature; Dream: temperature, top_p, top_k); None takes the server's."""
         prompt, max_new_tokens, seed = self.checked_prompt(prompt_ids, max_new_tokens, seed)
-        sampling = self.checked_sampling(temperature, top_p, top_k, SamplingValues())
-        if sampling != SamplingValues():
-            temperature, top_p, top_k = sampling.temperature, sampling.top_p, sampling.top_k
-            raise ValueError(f"{temperature=}, {top_p=}, {top_k=}: lockstep serving of {self.family.label} is "
-                             "greedy (a batch draws from one seed, so a sampled request would not get what it gets "
-                             "alone); ask for temperature 0")
+        if threshold is not None:
+            raise ValueError(f"threshold={threshold}: a lockstep server ({self.family.label}) decodes every request "
+                             "of a batch with the server's options; a request's own threshold is the slot engine's")
+        sampling = self.checked_sampling(temperature, top_p, top_k, self.defaults)
+        other = {name: getattr(sampling, name) for name in ("temperature", "top_p", "top_k")
+                 if name not in self.sampled and getattr(sampling, name) != getattr(SamplingValues(), name)}
+        if other:
+            raise ValueError(f"{', '.join(f'{k}={v}' for k, v in other.items())}: {self.family.label} samples with "
+                             f"{', '.join(self.sampled)} only (its generate has no such option)")
         if max_new_tokens > self.answer:
             raise ValueError(f"max_new_tokens={max_new_tokens} exceeds the {self.answer} tokens this server decodes "
                              f"per answer ({self.family.answer_option}, fixed by the server: the family denoises "
@@ -62,8 +72,12 @@ class LockstepEngine(RequestQueue):
         if len(prompt) + self.answer > self.max_context:
             raise ValueError(f"the prompt ({len(prompt)} tokens) + the {self.answer}-token answer region exceeds the "
                              f"server's max_context={self.max_context}")
-        self.family.prepare(self.model, prompt[None], None, self.method, self.options)
+        self.family.prepare(self.model, prompt[None], None, self.method, self.options | self.values(sampling))
         return prompt, max_new_tokens, seed, sampling
+
+    def values(self, sampling: SamplingValues) -> dict:
+        """The generate options a request's sampling sets."""
+        return {name: getattr(sampling, name) for name in self.sampled}
 
     def room(self, prompt_length: int) -> int:
         """The most new tokens a request may ask for: the answer region's length."""
@@ -72,22 +86,30 @@ class LockstepEngine(RequestQueue):
     def progress(self) -> dict[int, np.ndarray]:
         return {}  # answers arrive whole, when their batch ends
 
+    def greedy(self, request) -> bool:
+        return request.sampling.temperature == 0
+
     def step(self) -> list[Completion]:
-        """Generates the next batch: up to `slots` queued requests in arrival order (of the first one's prompt
-        length where the family takes no padding)."""
+        """Generates the next batch: up to `slots` queued greedy requests in arrival order (of the first one's
+        prompt length where the family takes no padding), or the first request alone where it samples."""
         if not self.queue:
             return []
         first = self.queue[0]
         padded = self.family.name in PADDED
-        batch = [r for r in self.queue if padded or len(r.prompt_ids) == len(first.prompt_ids)][:self.slots]
+        if self.greedy(first):
+            batch = [r for r in self.queue if self.greedy(r) and (padded or len(r.prompt_ids) == len(first.prompt_ids))]
+            batch = batch[:self.slots]
+        else:
+            batch = [first]
         for request in batch:
             self.queue.remove(request)
         ids, mask = left_pad([r.prompt_ids for r in batch], self.config.pad_token_id)
-        options = self.options | (PADDED[self.family.name] if padded and not mask.all() else {})
+        options = self.options | self.values(first.sampling) | (PADDED[self.family.name] if padded and not mask.all()
+                                                                else {})
         self.busy = len(batch)
         try:
             out = np.asarray(generate(self.model, ids, attention_mask=None if mask.all() else mask, method=self.method,
-                                      **options))
+                                      seed=0 if self.greedy(first) else first.seed, **options))
         finally:
             self.busy = 0
         completions = []

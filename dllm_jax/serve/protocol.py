@@ -2,9 +2,9 @@
 unknown or mistyped fields are refused), response and stream-chunk objects, and the error object.
 
 A request's `temperature`, `top_p` and `top_k` (not OpenAI's field; vLLM's and SGLang's) are its own (the
-server's, `dllm-jax serve --temperature / --top-p / --top-k`, where it sets none; a lockstep server decodes
-greedily and refuses others); the other sampling options are the server's, static in the engine's compiled
-step. `temperature: 0` is greedy.
+server's, `dllm-jax serve --temperature / --top-p / --top-k`, where it sets none; a lockstep server, LLaDA or
+Dream, takes those its family samples with and generates a sampled request alone); the other sampling options
+are the server's. `temperature: 0` is greedy.
 """
 
 from __future__ import annotations
@@ -32,6 +32,7 @@ class Sampling(Strict):
     temperature: float | None = Field(default=None, ge=0, le=2)
     top_p: float | None = Field(default=None, gt=0, le=1)
     top_k: int | None = Field(default=None, ge=0)  # not OpenAI's; vLLM's and SGLang's extension (0: no filter)
+    threshold: float | None = Field(default=None, ge=0, le=1)  # this server's extension: the remasking's threshold
     seed: int | None = Field(default=None, ge=0, le=2**31 - 1)
     stop: str | list[str] | None = None
     stream: bool = False

@@ -44,6 +44,7 @@ class Job:
     temperature: float | None = None  # None: the engine's
     top_p: float | None = None
     top_k: int | None = None
+    threshold: float | None = None  # None: the engine's
 
 
 @dataclasses.dataclass(frozen=True)
@@ -174,7 +175,7 @@ class Worker:
                 job = ticket.job
                 try:
                     ticket.request_id = self.engine.submit(job.prompt_ids, job.max_tokens, job.seed, job.temperature,
-                                                           job.top_p, job.top_k)
+                                                           job.top_p, job.top_k, threshold=job.threshold)
                 except Exception as e:  # noqa: BLE001  (checked by the handler already; still, it fails alone)
                     self.fail(ticket, e)
                     continue
