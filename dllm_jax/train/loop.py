@@ -634,17 +634,20 @@ class Run:
         manager.wait_until_finished()
         record = self.checksums()
         files = record.get("files", {})
-        new = {str(step): {name: [(self.directory / CHECKPOINTS / str(step) / name).stat().st_size,
-                                  file_checksum(self.directory / CHECKPOINTS / str(step) / name)]
-                           for name in files_under(self.directory / CHECKPOINTS / str(step))}
-               for step in manager.all_steps() if str(step) not in files}
+        new = {}
+        for step in manager.all_steps():
+            if str(step) not in files:
+                where = self.directory / CHECKPOINTS / str(step)
+                new[str(step)] = {name: [(where / name).stat().st_size, file_checksum(where / name)]
+                                  for name in files_under(where)}
         if new:
             self.write_checksums(record.get("steps", {}), files | new)
 
-    def check_files(self, step: int, where: Path, remedy: str) -> None:
-        """ValueError naming the first file of checkpoint `step` that is missing or differs from its record
-        (a checkpoint recorded before file records existed is checked by Orbax's reads alone)."""
-        recorded = self.checksums().get("files", {}).get(str(step), {})
+    @staticmethod
+    def check_files(where: Path, recorded: dict, remedy: str) -> None:
+        """ValueError naming the first file of the checkpoint in `where` that is missing or differs from its record
+        (`recorded`: {file: [bytes, CRC-32]}; empty for a checkpoint recorded before file records existed, which
+        Orbax's reads alone check)."""
         for name, (size, crc) in recorded.items():
             path = where / name
             if not path.is_file():
@@ -663,7 +666,8 @@ class Run:
         where = self.directory / CHECKPOINTS / str(step)
         remedy = (f"remove {where} to resume from the checkpoint before it, or start a new run")
         abstract = jax.tree.map(ocp.utils.to_shape_dtype_struct, dataclasses.asdict(like))
-        self.check_files(step, where, remedy)
+        record = self.checksums()
+        self.check_files(where, record.get("files", {}).get(str(step), {}), remedy)
         try:
             restored = manager.restore(step, args=ocp.args.StandardRestore(abstract))
         except Exception as e:  # Orbax / TensorStore raise many types for a truncated or corrupt file
@@ -671,7 +675,7 @@ class Run:
             raise ValueError(f"checkpoint {where} cannot be read (damaged or truncated: {type(e).__name__}: "
                              f"{said}); {remedy}") from None
         path = self.directory / CHECKSUMS_FILE
-        recorded = self.checksums().get("steps", {}).get(str(step))
+        recorded = record.get("steps", {}).get(str(step))
         if recorded is None:
             print(f"warning: {path} records no checksums of step {step} (a run written before they existed): "
                   "its values are checked for NaN/Inf only", file=sys.stderr)
