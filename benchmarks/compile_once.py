@@ -4,8 +4,10 @@ weights, stop tokens disabled), per case
   first call   `dllm_jax.generate`'s first call in this process (compile + run), then a sweep of other
                sampling values (each call's wall time and the compile events it caused: none expected);
   warm loop    tokens/s of the jitted loop with the values traced (`rows`, the options' structure) against the
-               same loop compiled with the values as static options (the program before they were traced), the
-               same inputs, timed alike (median of --repeats synchronised calls), interleaved;
+               same loop compiled with the values as static options (`rows=None`: for SDAR the sampler that takes
+               them as Python numbers, the program before they were traced; for LLaDA the same sampler with the
+               values as constants), the same inputs, timed alike (median of --repeats synchronised calls),
+               interleaved;
   second process  a new process with the persistent compilation cache this process filled: seconds from its
                start to `generate`'s first result, and the programs it compiled (none expected) or loaded.
 

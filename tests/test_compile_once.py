@@ -1,7 +1,9 @@
 """Sampling values are inputs of the compiled loop, not part of its program: after one warm-up call, `generate`
 with other temperatures, top-p, top-k (up to the loop's bound) and confidence thresholds traces and compiles
 nothing (JAX's compile events, counted), and each result equals the loop compiled with those values as static
-options (the program before the values were traced)."""
+options (`rows=None`). For SDAR and LLaDA2 that is the sampler that takes the options' values as Python numbers
+(the program before the values were traced); LLaDA's and Dream's loops have one sampler, fed the options' values
+as constants there, and their tests against the official samplers' ports pin the values' meaning."""
 
 import numpy as np
 import pytest
