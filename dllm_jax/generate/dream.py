@@ -99,7 +99,6 @@ class DreamOptions:
             raise ValueError(f"alg_temp={self.alg_temp} applies to the confidence-based algs (maskgit_plus, "
                              "topk_margin, entropy); alg='origin' commits random positions")
 
-
     def sampling(self, batch: int) -> RowSampling:
         """The sampling values in every row of a batch: the loop's traced inputs."""
         return row_sampling(batch, temperature=self.temperature, top_p=self.top_p, top_k=self.top_k)

@@ -44,7 +44,7 @@ from dllm_jax.config import LLaDA2Config
 from dllm_jax.generate.progress import progress_bar, tick
 from dllm_jax.generate.requests import (ProbeLoop, as_array, check_context, check_prompt, make_options, on_devices,
                                         on_mesh, rows_on_mesh, until_stop)
-from dllm_jax.generate.sampling import (RowSampling, commit_top, row_sampling, against_rows, sample_tokens,
+from dllm_jax.generate.sampling import (RowSampling, against_rows, commit_top, row_sampling, sample_tokens,
                                         sample_tokens_per_row, top_k_bound, transfer_counts)
 from dllm_jax.generate.sdar import PROMPT_BUCKET, BlockSampler, SlotLoop, cache_capacity, decode_blocks
 from dllm_jax.models import llada2 as llada2_model
