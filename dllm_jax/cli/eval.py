@@ -120,10 +120,11 @@ def check_eval_memory(args, config, length: int) -> None:
     have = budget.available_bytes()
     if have is None:
         return
-    devices = (args.mesh or {}).get("dp", 1)
+    mesh = args.mesh or {}
+    devices = mesh.get("dp", 1)
     rows = -(-min(args.batch_size, args.samples) // devices)
     scores = jax.default_backend() == "cpu"
-    free = have - budget.weight_bytes(config, args.dtype) // (args.mesh or {}).get("tp", 1)
+    free = have - budget.weight_bytes(config, args.dtype) // mesh.get("tp", 1)
     need = budget.least_step_bytes(config, length, rows, scores=scores)
     if need > free:
         fits = max(0, free) // budget.least_step_bytes(config, length, 1, scores=scores) * devices

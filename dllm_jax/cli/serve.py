@@ -133,11 +133,12 @@ def run(args: argparse.Namespace) -> None:
 
 
 def api_key_of(args: argparse.Namespace, environ) -> str | None:
-    """--api-key, else the environment's DLLM_JAX_API_KEY, else None (no key); a ValueError for an unusable one."""
+    """--api-key, else the environment's DLLM_JAX_API_KEY, else None (no key); a ValueError for an unusable one
+    (`dllm_jax.serve.guards.checked_key`, before the weights load)."""
+    from dllm_jax.serve.guards import checked_key
+
     key = args.api_key if args.api_key is not None else environ.get(API_KEY_VARIABLE) or None
-    if key is not None and not (key.strip() and key.isprintable()):
-        raise ValueError(f"--api-key (or {API_KEY_VARIABLE}) must be a non-empty key of printable characters")
-    return key
+    return checked_key(key, f"--api-key (or {API_KEY_VARIABLE})")
 
 
 def bound_socket(host: str, port: int) -> socket.socket:

@@ -16,7 +16,6 @@ import asyncio
 import concurrent.futures
 import contextlib
 import json
-import logging
 import secrets
 import socket
 import threading
@@ -33,7 +32,7 @@ from dllm_jax import validation as check
 from dllm_jax.families import family_of
 from dllm_jax.serve import protocol
 from dllm_jax.serve.engine import Engine
-from dllm_jax.serve.guards import ApiKey, BodyLimit
+from dllm_jax.serve.guards import ApiKey, BodyLimit, checked_key
 from dllm_jax.serve.lockstep import LockstepEngine
 from dllm_jax.serve.worker import Draining, Event, Job, Observer, QueueFull, Ticket, Worker
 
@@ -43,7 +42,6 @@ TOKENIZE_SECONDS = 30.0  # a prompt's tokenization (and chat template) that take
 TOKENIZE_THREADS = 2  # prompts tokenized at once, off the event loop: a huge one cannot hold up the others' replies
 POLL_SECONDS = 0.25  # how often a non-streaming handler looks for its client's disconnect between events
 CLIENT_CLOSED = 499  # the status logged for a request whose client went away (nginx's); nobody receives it
-log = logging.getLogger("dllm_jax.serve")
 
 
 class ApiError(Exception):
@@ -132,8 +130,7 @@ def create_app(worker: Worker, tokenizer, *, model_name: str, metrics: Metrics, 
     past `max_request_bytes` gets 413 (`guards.BodyLimit`)."""
     engine = worker.engine
     max_request_bytes = check.integer("max_request_bytes", max_request_bytes, minimum=1)
-    if api_key is not None and not (isinstance(api_key, str) and api_key.strip() and api_key.isprintable()):
-        raise ValueError("api_key must be a non-empty string of printable characters (or None for no key)")
+    api_key = checked_key(api_key, "api_key")
     tokenizing = concurrent.futures.ThreadPoolExecutor(TOKENIZE_THREADS, thread_name_prefix="dllm-jax-tokenize")
 
     @contextlib.asynccontextmanager
@@ -147,7 +144,7 @@ def create_app(worker: Worker, tokenizer, *, model_name: str, metrics: Metrics, 
     app = FastAPI(title="dllm-jax", lifespan=lifespan)
     app.add_middleware(BodyLimit, limit=max_request_bytes, refused=metrics.count)
     if api_key is not None:  # added last: the outermost, so a request without the key is refused before its body is read
-        app.add_middleware(ApiKey, key=api_key.strip(), refused=metrics.count)
+        app.add_middleware(ApiKey, key=api_key, refused=metrics.count)
 
     @app.exception_handler(ApiError)
     async def api_error(request: Request, e: ApiError):

@@ -27,6 +27,16 @@ async def send_error(send, status: int, message: str, kind: str, code: str | Non
     await send({"type": "http.response.body", "body": body})
 
 
+def checked_key(key, name: str) -> str | None:
+    """An API key as `ApiKey` compares it (surrounding blanks dropped), or None for none; a ValueError naming `name`
+    for anything but a non-empty string of printable characters."""
+    if key is None:
+        return None
+    if not (isinstance(key, str) and key.strip() and key.isprintable()):
+        raise ValueError(f"{name} must be a non-empty key of printable characters (or none at all)")
+    return key.strip()
+
+
 def header(scope, name: bytes) -> bytes | None:
     return next((value for key, value in scope["headers"] if key.lower() == name), None)
 
