@@ -12,7 +12,7 @@ weights, stop tokens disabled), per case
                start to `generate`'s first result, and the programs it compiled (none expected) or loaded.
 
 Cases: SDAR-8B dense at batch 1 and 64 (1k prompt, 128 new tokens, 4 steps per block of 4, one token per step),
-SDAR-8B with MAGE at batch 1 (first call only), LLaDA-8B with Fast-dLLM's dual cache at batch 1 (1k prompt, 256
+SDAR-8B with MAGE at batch 1 and with fp8 weights at batch 64 (first call only), LLaDA-8B with Fast-dLLM's dual cache at batch 1 (1k prompt, 256
 new tokens, 64 steps, blocks of 32). Results: <out>/compile_once_<device>_<date>.{json,md}.
 
     DLLM_JAX_CACHE_DIR=/tmp/cache PYTHONPATH=. python -m benchmarks.compile_once --out benchmarks/results
@@ -44,8 +44,10 @@ SDAR_SWEEP = [dict(temperature=0.7, top_k=0), dict(top_k=5), dict(temperature=0.
               dict(confidence_threshold=0.5)]
 LLADA = dict(gen_length=256, steps=64, block_length=32, cache="dual")
 LLADA_SWEEP = [dict(temperature=0.5), dict(temperature=1.0), dict(temperature=0.2)]
-CASES = {"sdar-b1": ("sdar-8b-chat", 1, None), "sdar-b64": ("sdar-8b-chat", 64, None),
-         "sdar-b1-mage": ("sdar-8b-chat", 1, "mage"), "llada-dual-b1": ("llada-8b-instruct", 1, None)}
+# case: (model, batch, attention method, weight quantization)
+CASES = {"sdar-b1": ("sdar-8b-chat", 1, None, None), "sdar-b64": ("sdar-8b-chat", 64, None, None),
+         "sdar-b1-mage": ("sdar-8b-chat", 1, "mage", None), "sdar-b64-fp8": ("sdar-8b-chat", 64, None, "fp8"),
+         "llada-dual-b1": ("llada-8b-instruct", 1, None, None)}
 PROMPT = 1024
 TINY = {"sdar-8b-chat": "tiny-sdar", "llada-8b-instruct": "tiny-llada"}  # --tiny: the same cases on CPU
 TINY_PROMPT = 64
@@ -73,10 +75,11 @@ print(json.dumps(dict(counts, to_model_s=built - start, generate_s=done - built,
 
 def build(case: str, *, tiny: bool = False):
     """(model, prompt ids, options) of a case: random weights, the same in every process."""
-    name, batch, method = CASES[case]
+    name, batch, method, quantize = CASES[case]
     prompt = TINY_PROMPT if tiny else PROMPT
     model, config = model_for(TINY[name] if tiny else name, layers=None, context=prompt + 256,
-                              dtype="float32" if tiny else "bfloat16")
+                              dtype="float32" if tiny else "bfloat16",
+                              quantize="int8" if tiny and quantize else quantize)  # no fp8 dot on CPU
     ids = np.asarray(jax.random.randint(jax.random.key(batch), (batch, prompt), 0, config.mask_token_id), np.int32)
     options = dict(SDAR if name.startswith("sdar") else LLADA)
     if method is not None:
@@ -120,17 +123,17 @@ def timed(fn) -> float:
 
 def case_rows(case: str, repeats: int, second: bool, tiny: bool):
     model, ids, options = build(case, tiny=tiny)
-    name, batch, method = CASES[case]
+    name, batch, method, quantize = CASES[case]
     generated = batch * (SDAR["max_new_tokens"] if name.startswith("sdar") else LLADA["gen_length"])
     row = dict(case=case, model=model.config.family if tiny else name, batch=batch, prompt=ids.shape[1],
-               method=method or "dense", generated=generated)
+               method=method or "dense", quantize=quantize, generated=generated)
     row["first_call_s"] = timed(lambda: call(model, ids, options))
     sweep = SDAR_SWEEP if name.startswith("sdar") else LLADA_SWEEP
     with compile_events() as events:
         row["sweep_s"] = [round(timed(lambda: call(model, ids, options, **v)), 3) for v in sweep]
     row["sweep_compile_events"] = len(events)
     print(json.dumps(row), flush=True)
-    if method is None:
+    if method is None and quantize is None:
         traced, static = loops(model, ids, options)
         row["traced_first_s"] = timed(traced)
         row["static_first_s"] = timed(static)

@@ -56,6 +56,9 @@ class Family:
     run: Callable
     probe_loop: Callable
     answer_option: str  # generate's option giving the answer length
+    # the values of its options' `remasking` that are inputs of the compiled loop (`RowSampling.remasking` indexes
+    # them), so one program serves them all and a serving request may choose among them; () where none is
+    remasking: tuple[str, ...] = ()
     # which attention methods apply and which analysis probes it (dllm_jax.attention.methods.KINDS):
     # BIDIRECTIONAL (full-sequence steps: `analyze`) or BLOCK (block steps over a KV cache: `analyze_blocks`)
     method_kind: str
@@ -132,10 +135,12 @@ class Family:
 FAMILIES: dict[str, Family] = {f.name: f for f in (
     Family(name="llada", config_class=LLaDAConfig, model_class=LLaDA, options_class=gen_llada.LLaDAOptions,
            prepare=gen_llada.prepare, run=gen_llada.run, probe_loop=gen_llada.probe_loop, answer_option="gen_length",
+           remasking=gen_llada.REMASKING,
            method_kind=methods.BIDIRECTIONAL, param_shapes=layers.lm_param_shapes, hf_rules=hf_names.LLADA_RULES,
            param_axes=DECODER_AXES, eval_options=gen_llada.eval_options),
     Family(name="sdar", config_class=SDARConfig, model_class=SDAR, options_class=gen_sdar.SDAROptions,
            prepare=gen_sdar.prepare, run=gen_sdar.run, probe_loop=gen_sdar.probe_loop, answer_option="max_new_tokens",
+           remasking=gen_sdar.REMASKING,
            method_kind=methods.BLOCK, param_shapes=layers.lm_param_shapes, hf_rules=hf_names.SDAR_RULES,
            param_axes=DECODER_AXES, eval_options=gen_sdar.eval_options, stops_field="eos_token_ids",
            slots=gen_sdar.SLOTS),

@@ -1,6 +1,6 @@
 """Sampling values are inputs of the compiled loop, not part of its program: after one warm-up call, `generate`
-with other temperatures, top-p, top-k (up to the loop's bound) and confidence thresholds traces and compiles
-nothing (JAX's compile events, counted), and each result equals the loop compiled with those values as static
+with other temperatures, top-p, top-k (up to the loop's bound), confidence thresholds and remasking rules (SDAR,
+LLaDA) traces and compiles nothing (JAX's compile events, counted), and each result equals the loop compiled with those values as static
 options (`rows=None`). For SDAR and LLaDA2 that is the sampler that takes the options' values as Python numbers
 (the program before the values were traced); LLaDA's and Dream's loops have one sampler, fed the options' values
 as constants there, and their tests against the official samplers' ports pin the values' meaning."""
@@ -18,7 +18,8 @@ from dllm_jax.testing import compile_events, tiny_dream_config, tiny_llada2_conf
 
 SDAR_SWEEP = [dict(temperature=0.7), dict(temperature=0.5, top_p=0.9), dict(top_p=0.8), dict(top_k=3),
               dict(top_k=5, temperature=0.9), dict(top_k=1), dict(confidence_threshold=0.5),
-              dict(confidence_threshold=0.95, temperature=1.3)]
+              dict(confidence_threshold=0.95, temperature=1.3), dict(remasking="low_confidence_static"),
+              dict(remasking="sequential", temperature=0.8)]
 LLADA2_SWEEP = [dict(threshold=0.5), dict(threshold=0.99), dict(temperature=0.7), dict(temperature=0.6, top_p=0.9),
                 dict(top_k=4, temperature=1.0), dict(top_k=2), dict(top_p=0.5)]
 
@@ -42,7 +43,7 @@ def test_sdar_sampling_values_compile_once_and_equal_the_static_loop(sdar, rng):
     outputs, events = sweep(sdar, prompt, base, SDAR_SWEEP)
     assert events == [], events
     assert len({o.tobytes() for o in outputs}) > 3  # the values change the tokens: they reach the loop
-    for values in (SDAR_SWEEP[1], SDAR_SWEEP[4], SDAR_SWEEP[6]):  # the loop of the static options, compiled anew
+    for values in (SDAR_SWEEP[1], SDAR_SWEEP[4], SDAR_SWEEP[6], SDAR_SWEEP[8], SDAR_SWEEP[9]):  # static, compiled anew
         opts = SDAROptions(**base | values)
         x, end = generate_sdar_jit(sdar.params(), prompt, None, 3, config=sdar.config, options=opts)
         rows = trim(np.asarray(x), np.asarray(end), [9, 9], set(sdar.config.stop_ids))
@@ -76,7 +77,8 @@ def test_llada2_sampling_values_compile_once_and_equal_the_static_loop(tiny_mode
 
 
 LLADA_SWEEP = [dict(temperature=0.0), dict(temperature=0.5), dict(temperature=0.9), dict(temperature=1.3),
-               dict(temperature=0.0, remasking="low_confidence"), dict(temperature=0.2), dict(temperature=2.0)]
+               dict(temperature=0.0, remasking="random"), dict(temperature=0.2), dict(temperature=2.0),
+               dict(temperature=0.6, remasking="random")]
 FAST_SWEEP = {"threshold": [0.9, 0.5, 0.7, 0.95, 0.3, 0.8], "factor": [1.0, 0.5, 2.0, 3.0, 0.2, 1.5]}
 
 
@@ -87,7 +89,7 @@ def test_llada_temperatures_compile_once_and_equal_the_static_loop(tiny_model, r
     outputs, events = sweep(model, prompt, base, LLADA_SWEEP)
     assert events == [], events
     assert len({o.tobytes() for o in outputs}) > 3
-    for values in (LLADA_SWEEP[0], LLADA_SWEEP[2]):
+    for values in (LLADA_SWEEP[0], LLADA_SWEEP[2], LLADA_SWEEP[4], LLADA_SWEEP[7]):
         static = generate_llada_jit(model.params(), prompt, None, 3, config=model.config,
                                     options=LLaDAOptions(**base | values))
         np.testing.assert_array_equal(dllm_jax.generate(model, prompt, seed=3, **base | values), np.asarray(static))
@@ -95,12 +97,13 @@ def test_llada_temperatures_compile_once_and_equal_the_static_loop(tiny_model, r
 
 @pytest.mark.parametrize("rule", ["threshold", "factor"])
 def test_fast_dllm_thresholds_and_factors_compile_once_per_rule(tiny_model, rng, rule):
-    """Fast-dLLM's dual cache: six thresholds (or six factors) and two temperatures share one program; whether the
-    rule is a threshold or a factor is the program's structure."""
+    """Fast-dLLM's dual cache: six thresholds (or six factors), two temperatures and both remasking rules share one
+    program; whether the rule is a threshold or a factor is the program's structure."""
     model = tiny_model(tiny_llada_config(), 0)
     prompt = rng.integers(0, 120, (2, 6)).astype(np.int32)
     base = dict(gen_length=8, steps=8, block_length=4, cache="dual")
-    values = [{rule: v, "temperature": 0.0 if i % 3 else 0.8} for i, v in enumerate(FAST_SWEEP[rule])]
+    values = [{rule: v, "temperature": 0.0 if i % 3 else 0.8, "remasking": "random" if i % 2 else "low_confidence"}
+              for i, v in enumerate(FAST_SWEEP[rule])]
     outputs, events = sweep(model, prompt, base, values)
     assert events == [], events
     for chosen in (values[1], values[3]):

@@ -314,9 +314,10 @@ def test_llada_is_served_in_lockstep_and_each_request_gets_generate_alone(checkp
         too_long = post(url, "/v1/completions", dict(model=NAME, prompt=[5, 6], max_tokens=LOCKSTEP["gen_length"] + 1))
         assert too_long.status_code == 400 and "fixed by the server" in too_long.json()["error"]["message"]
         # requests with their own temperatures and seeds, concurrent with greedy ones: each is generated alone and
-        # gets what generate gives it; LLaDA has no top_p
-        own = [dict(temperature=0.5, seed=4), dict(temperature=1.2, seed=9), dict(temperature=0.0)]
-        with concurrent.futures.ThreadPoolExecutor(3) as pool:
+        # gets what generate gives it, with its own remasking rule too; LLaDA has no top_p
+        own = [dict(temperature=0.5, seed=4), dict(temperature=1.2, seed=9), dict(temperature=0.0),
+               dict(temperature=0.0, remasking="random", seed=5), dict(temperature=0.7, remasking="random", seed=2)]
+        with concurrent.futures.ThreadPoolExecutor(len(own)) as pool:
             replies = list(pool.map(lambda o: post(url, "/v1/completions", dict(model=NAME, prompt=prompts[0],
                                                                                max_tokens=12, **o)), own))
         for values, reply in zip(own, replies):
@@ -328,6 +329,10 @@ def test_llada_is_served_in_lockstep_and_each_request_gets_generate_alone(checkp
             assert reply.json()["choices"][0]["text"] == tokenizer.decode(kept, skip=(model.config.mask_token_id,))
         nucleus = post(url, "/v1/completions", dict(model=NAME, prompt=[5, 6], max_tokens=4, top_p=0.5))
         assert nucleus.status_code == 400 and "samples with temperature only" in nucleus.json()["error"]["message"]
+        for wrong, says in ((dict(remasking="sequential"), "remasking must be one of"),
+                            (dict(threshold=0.5), "decodes without a confidence threshold")):
+            refused = post(url, "/v1/completions", dict(model=NAME, prompt=[5, 6], max_tokens=4, **wrong))
+            assert refused.status_code == 400 and says in refused.json()["error"]["message"], refused.text
 
 
 def test_llada2_requests_share_the_slots_and_each_gets_generate_alone(llada2_checkpoint, rng):
@@ -351,6 +356,8 @@ def test_llada2_requests_share_the_slots_and_each_gets_generate_alone(llada2_che
             assert reply.json()["choices"][0]["text"] == tokenizer.decode(out, skip=(model.config.mask_token_id,))
         short = post(url, "/v1/completions", dict(model=NAME, prompt=[5, 6], max_tokens=2))
         assert short.status_code == 400 and "forwards per block" in short.json()["error"]["message"]
+        rule = post(url, "/v1/completions", dict(model=NAME, prompt=[5, 6], max_tokens=8, remasking="sequential"))
+        assert rule.status_code == 400 and "no remasking rule" in rule.json()["error"]["message"]
 
 
 def test_the_step_schedule_reaches_the_engine_and_defaults_to_forward(sdar):
@@ -584,11 +591,11 @@ def test_an_unexpected_failure_is_a_500_error_object_without_details(sdar):
         assert post(url, "/v1/completions", dict(model=NAME, prompt=[5, 6, 7, 8, 9, 10], max_tokens=12)).status_code == 200
 
 
-def test_requests_with_their_own_temperatures_and_thresholds_share_a_step_without_compiling(url, sdar):
-    """After one warm-up request, four requests with different temperatures and confidence thresholds (this
-    server's `threshold` extension field) run in the same steps without a new compilation (counted), each getting
-    what `generate` gives its prompt alone with those values (SDAR's low_confidence_dynamic remasking, where the
-    threshold decides how many tokens a step commits)."""
+def test_requests_with_their_own_temperatures_thresholds_and_rules_share_a_step_without_compiling(url, sdar):
+    """After one warm-up request, five requests with different temperatures, confidence thresholds and remasking
+    rules (this server's `threshold` and `remasking` extension fields) run in the same steps without a new
+    compilation (counted), each getting what `generate` gives its prompt alone with those values (the threshold
+    decides how many tokens a step of SDAR's low_confidence_dynamic remasking commits)."""
     _, model, tokenizer = sdar
     prompt = [5, 6, 7, 8, 9, 10]
 
@@ -600,14 +607,15 @@ def test_requests_with_their_own_temperatures_and_thresholds_share_a_step_withou
     # the warm-up: the same traffic at other values (the host's own small programs compile once here too)
     assert {r.status_code for r in concurrently([dict(temperature=0.6, threshold=0.2)] * 4)} == {200}
     own = [dict(temperature=0.8, threshold=0.3), dict(temperature=0.8, threshold=0.95), dict(temperature=1.1),
-           dict(temperature=0.5, threshold=0.6)]
+           dict(temperature=0.5, threshold=0.6, remasking="sequential"),
+           dict(temperature=0.9, remasking="low_confidence_static")]
     with compile_events() as events:
         replies = concurrently(own)
     assert events == [], events
     for values, reply in zip(own, replies):
         assert reply.status_code == 200, reply.text
-        options = dict(temperature=values["temperature"]) | (
-            {"confidence_threshold": values["threshold"]} if "threshold" in values else {})
+        options = dict(temperature=values["temperature"], remasking=values.get("remasking", "low_confidence_dynamic"))
+        options |= {"confidence_threshold": values["threshold"]} if "threshold" in values else {}
         out = np.asarray(dllm_jax.generate(model, np.asarray(prompt)[None], max_new_tokens=12, seed=7, **options))
         out = out[0][len(prompt):][:12]
         stops = np.flatnonzero(np.isin(out, model.config.stop_ids))

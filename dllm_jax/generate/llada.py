@@ -41,9 +41,9 @@ CACHES = ("prefix", "dual")
 
 @dataclasses.dataclass(frozen=True, kw_only=True)
 class LLaDAOptions:
-    """Options of LLaDA generation; see `generate_llada`. The sampling values (temperature, and Fast-dLLM's
-    threshold or factor where one is set) are inputs of the compiled loop (`RowSampling`): a new value compiles
-    nothing. The others set the loop's shapes and structure (whether a threshold or a factor is set among them):
+    """Options of LLaDA generation; see `generate_llada`. The sampling values (temperature, remasking, and
+    Fast-dLLM's threshold or factor where one is set) are inputs of the compiled loop (`RowSampling`): a new value
+    compiles nothing. The others set the loop's shapes and structure (whether a threshold or a factor is set among them):
     a new one compiles a new loop."""
 
     gen_length: int = 128
@@ -104,7 +104,7 @@ class LLaDAOptions:
     def sampling(self, batch: int) -> RowSampling:
         """The sampling values in every row of a batch: the loop's traced inputs."""
         return row_sampling(batch, temperature=self.temperature, threshold=self.threshold or 0.0,
-                            factor=self.factor or 0.0)
+                            factor=self.factor or 0.0, remasking=REMASKING.index(self.remasking))
 
     def structure(self, vocab_size: int) -> "LLaDAOptions":
         """The options as the compiled loop sees them with `sampling`'s values traced: those values replaced by one
@@ -112,7 +112,7 @@ class LLaDAOptions:
         is set stays."""
         del vocab_size  # LLaDA's sampler has no top-k bound
         return dataclasses.replace(self, temperature=0.0, threshold=None if self.threshold is None else 0.0,
-                                   factor=None if self.factor is None else 1.0)
+                                   factor=None if self.factor is None else 1.0, remasking=REMASKING[0])
 
     @property
     def fast(self) -> bool:
@@ -197,7 +197,7 @@ def generate_llada(params, prompt_ids, attention_mask, seed, run_id=0, rows: Row
         logits, policy_state = logits_of(x, carry.policy_state, t)
         logits = suppress_eos(logits, o, config)
         x0 = gumbel_argmax(logits, rows.temperature, jax.random.fold_in(gumbel_key, t), total)
-        x0_p = token_confidence(logits, x0, o, config, rows.temperature,
+        x0_p = token_confidence(logits, x0, o, config, rows,
                                 lambda: jax.random.uniform(jax.random.fold_in(random_key, t), (b, total),
                                                            jnp.float32)[:, logits_from:])
         x0_p = jnp.where(positions[None, :] >= block_end, -jnp.inf, x0_p)
@@ -221,21 +221,21 @@ def suppress_eos(logits, o: LLaDAOptions, config: LLaDAConfig):
     return logits.at[..., config.eos_token_id].set(-jnp.inf) if o.logits_eos_inf else logits
 
 
-def token_confidence(logits, x0, o: LLaDAOptions, config: LLaDAConfig, temperature, random_confidence):
-    """The confidence of each predicted token x0 [B, n] under the remasking strategy: its softmax
-    probability ("low_confidence"), or `random_confidence()` ("random", uniforms [B, n]); `temperature` float32
-    [B], each row's."""
+def token_confidence(logits, x0, o: LLaDAOptions, config: LLaDAConfig, rows: RowSampling, random_confidence):
+    """The confidence of each predicted token x0 [B, n] under each row's remasking rule (`rows.remasking`, an index
+    into REMASKING): its softmax probability ("low_confidence"), or `random_confidence()` ("random", uniforms
+    [B, n]); the EOS rule reads each row's temperature (`rows.temperature`)."""
     if o.confidence_eos_eot_inf:
         # generate.py: `logits_with_noise[..., EOS] = logits[..., EoT] = -inf`. The confidence
         # softmax reads `logits`, so EoT confidence becomes 0; at T=0 add_gumbel_noise returns
         # `logits` itself, the two names alias, and EOS confidence becomes 0 as well.
         logits = logits.at[..., config.eot_token_id].set(-jnp.inf)
         eos = config.eos_token_id
-        logits = logits.at[..., eos].set(jnp.where((temperature == 0)[:, None], -jnp.inf, logits[..., eos]))
-    if o.remasking == "random":
-        return random_confidence()
+        logits = logits.at[..., eos].set(jnp.where((rows.temperature == 0)[:, None], -jnp.inf, logits[..., eos]))
     probs = jax.nn.softmax(logits, axis=-1)
-    return jnp.take_along_axis(probs, x0[..., None], axis=-1)[..., 0]
+    confidence = jnp.take_along_axis(probs, x0[..., None], axis=-1)[..., 0]
+    # the uniforms are [B, n], drawn whether or not a row remasks at random (a constant rule folds the choice away)
+    return jnp.where((rows.remasking == REMASKING.index("random"))[:, None], random_confidence(), confidence)
 
 
 @struct.dataclass
@@ -335,7 +335,7 @@ def generate_llada_fast(params, prompt_ids, attention_mask, seed, run_id=0, rows
         masked = current == mask_id
         draws = jax.random.fold_in(gumbel_key, carry.nfe)
         x0 = gumbel_argmax(logits, rows.temperature, draws, bl)
-        x0_p = token_confidence(logits, x0, o, config, rows.temperature, lambda: jax.random.uniform(
+        x0_p = token_confidence(logits, x0, o, config, rows, lambda: jax.random.uniform(
             jax.random.fold_in(random_key, carry.nfe), (b, bl), jnp.float32))
         confidence = jnp.where(masked, x0_p, -jnp.inf)
         if o.factor is not None:

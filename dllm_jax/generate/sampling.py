@@ -93,6 +93,9 @@ def inverse_cdf_draw(logits, u):
     return tokens, jnp.take_along_axis(probs, tokens[..., None], axis=-1)[..., 0]
 
 
+# SDAR's remasking rules, in the order of `RowSampling.remasking`'s indices (the first is the Options' default)
+SDAR_REMASKING = ("low_confidence_dynamic", "low_confidence_static", "sequential")
+
 # the smallest static bound of a traced top-k: every top-k up to it shares one compiled loop (the selection of
 # that many candidates runs only in steps where some row asks for a top-k)
 MIN_TOP_K_BOUND = 64
@@ -105,22 +108,24 @@ class RowSampling:
     `generate` call's values in every row, or a serving slot's request's own): float32 [B], float32 [B], int32 [B]
     (0: no top-k filter; at most the loop's static bound), float32 [B], float32 [B]. A family reads the ones its
     sampler has. What a temperature of 0 means is the family's (its sampler's `commit`: SDAR's greedy top-k 1,
-    LLaDA2's and LLaDA's argmax)."""
+    LLaDA2's and LLaDA's argmax). `remasking` int32 [B] is each row's remasking rule, an index into its family's
+    tuple of rules (`REMASKING` of generate/sdar.py and generate/llada.py: the rules that share shapes)."""
 
     temperature: jax.Array
     top_p: jax.Array
     top_k: jax.Array
     threshold: jax.Array
     factor: jax.Array
+    remasking: jax.Array
 
 
 def row_sampling(batch: int, *, temperature: float, top_p: float = 1.0, top_k: int = 0, threshold: float = 0.0,
-                 factor: float = 0.0) -> RowSampling:
+                 factor: float = 0.0, remasking: int = 0) -> RowSampling:
     """One call's values in every row of a batch, as host arrays (the jitted loop's traced inputs)."""
     full = lambda value, dtype: np.full((batch,), value, dtype)  # noqa: E731
     return RowSampling(temperature=full(temperature, np.float32), top_p=full(top_p, np.float32),
                        top_k=full(top_k, np.int32), threshold=full(threshold, np.float32),
-                       factor=full(factor, np.float32))
+                       factor=full(factor, np.float32), remasking=full(remasking, np.int32))
 
 
 def top_k_bound(top_k: int, vocab_size: int) -> int:
@@ -171,11 +176,14 @@ def against_rows(value):
     return value[:, None] if jnp.ndim(value) else value
 
 
-def transfer_mask(strategy: str, mask_index, x0_p, count, threshold):
-    """bool [B, n]: the positions an SDAR step commits under remasking `strategy` ("sequential",
-    "low_confidence_static" or "low_confidence_dynamic"); `count` int32 scalar or [B] per row; `threshold` a number
-    or float32 [B] per row."""
+def transfer_mask(strategy, mask_index, x0_p, count, threshold):
+    """bool [B, n]: the positions an SDAR step commits under remasking `strategy`: one of SDAR_REMASKING
+    ("low_confidence_dynamic", "low_confidence_static", "sequential"), or int32 [B], each row's index into it;
+    `count` int32 scalar or [B] per row; `threshold` a number or float32 [B] per row."""
     count = jnp.broadcast_to(count, mask_index.shape[:1])
+    if not isinstance(strategy, str):  # each row's own rule: the three masks are [B, n] each, computed for every row
+        masks = [transfer_mask(name, mask_index, x0_p, count, threshold) for name in SDAR_REMASKING]
+        return jnp.select([strategy[:, None] == i for i in range(len(masks) - 1)], masks[:-1], masks[-1])
     if strategy == "sequential":
         n = mask_index.shape[1]
         first = jnp.argmax(mask_index, axis=1)[:, None]

@@ -55,8 +55,8 @@ from dllm_jax.config import SDARConfig
 from dllm_jax.generate.progress import progress_bar, tick
 from dllm_jax.generate.requests import (ProbeLoop, answer_window, as_array, check_context, check_prompt, make_options,
                                         on_devices, on_mesh, rows_on_mesh, until_stop)
-from dllm_jax.generate.sampling import (RowSampling, row_sampling, sample_tokens, sample_tokens_per_row, top_k_bound,
-                                        transfer_counts, transfer_mask)
+from dllm_jax.generate.sampling import (SDAR_REMASKING, RowSampling, row_sampling, sample_tokens, sample_tokens_per_row,
+                                        top_k_bound, transfer_counts, transfer_mask)
 from dllm_jax.models import sdar as sdar_model
 from dllm_jax.sharding import shard_kv_cache, to_host
 
@@ -66,15 +66,15 @@ CACHE_TILE = 128
 # loop instead of one each (an evaluation's prompts differ by a few tokens; each program costs tens of seconds to
 # compile at 8B), for at most PROMPT_BUCKET - 1 positions of prefill more
 PROMPT_BUCKET = 64
-REMASKING = ("low_confidence_dynamic", "low_confidence_static", "sequential")
+REMASKING = SDAR_REMASKING  # in the order of RowSampling.remasking's indices
 
 
 @dataclasses.dataclass(frozen=True, kw_only=True)
 class SDAROptions:
-    """Options of SDAR generation; see `generate_sdar`. The sampling values (`TRACED`: temperature, top_k, top_p,
-    confidence_threshold) are inputs of the compiled loop (`RowSampling`): a new value compiles nothing, a top_k
-    past 64 only a loop with a larger bound (`top_k_bound`). The others set the loop's shapes and structure: a new
-    max_new_tokens, denoising_steps or remasking compiles a new loop."""
+    """Options of SDAR generation; see `generate_sdar`. The sampling values (temperature, top_k, top_p,
+    confidence_threshold, remasking) are inputs of the compiled loop (`RowSampling`): a new value compiles nothing,
+    a top_k past 64 only a loop with a larger bound (`top_k_bound`). The others set the loop's shapes: a new
+    max_new_tokens or denoising_steps compiles a new loop."""
 
     max_new_tokens: int = 128
     denoising_steps: int = 4
@@ -102,13 +102,13 @@ class SDAROptions:
     def sampling(self, batch: int) -> RowSampling:
         """The sampling values in every row of a batch: the loop's traced inputs."""
         return row_sampling(batch, temperature=self.temperature, top_p=self.top_p, top_k=self.top_k,
-                            threshold=self.confidence_threshold)
+                            threshold=self.confidence_threshold, remasking=REMASKING.index(self.remasking))
 
     def structure(self, vocab_size: int) -> "SDAROptions":
         """The options as the compiled loop sees them with `sampling`'s values traced: those values replaced by one
         canonical set (options that differ only in them are one static argument), top_k by its static bound."""
         return dataclasses.replace(self, temperature=1.0, top_p=1.0, confidence_threshold=0.0,
-                                   top_k=top_k_bound(self.top_k, vocab_size))
+                                   top_k=top_k_bound(self.top_k, vocab_size), remasking=REMASKING[0])
 
 
 @struct.dataclass
@@ -191,20 +191,19 @@ def sdar_schedule(options: SDAROptions, config: SDARConfig, n: int):
 
 def sdar_commit(logits, u, mask_index, count, options: SDAROptions, rows: RowSampling | None = None):
     """SDAR's step: sample every position (generate.py's sampler), commit by the remasking strategy. `rows`
-    (`generate`'s traced values, or a serving engine's per slot): each row's own temperature, top-p, top-k and
-    confidence threshold in place of the options' (whose top_k is then the static bound of the rows'),
-    temperature 0 meaning greedy (top-k 1, as `options | {"top_k": 1}` decodes). A top-k of 1 keeps each
+    (`generate`'s traced values, or a serving engine's per slot): each row's own temperature, top-p, top-k,
+    confidence threshold and remasking rule in place of the options' (whose top_k is then the static bound of the
+    rows'), temperature 0 meaning greedy (top-k 1, as `options | {"top_k": 1}` decodes). A top-k of 1 keeps each
     position's largest logit, as the filter does, without selecting the bound's candidates."""
     if rows is None:
         x0, x0_p = sample_tokens(logits, u, temperature=options.temperature, top_k=options.top_k, top_p=options.top_p)
-        threshold = options.confidence_threshold
     else:
         keep_max = (rows.temperature == 0) | (rows.top_k == 1)
         x0, x0_p = sample_tokens_per_row(logits, u, temperature=jnp.where(rows.temperature == 0, 1.0, rows.temperature),
                                          top_k=jnp.where(keep_max, 0, rows.top_k), max_top_k=options.top_k,
                                          top_p=rows.top_p, keep_max=keep_max)
-        threshold = rows.threshold
-    return x0, transfer_mask(options.remasking, mask_index, x0_p, count, threshold)
+        return x0, transfer_mask(rows.remasking, mask_index, x0_p, count, rows.threshold)
+    return x0, transfer_mask(options.remasking, mask_index, x0_p, count, options.confidence_threshold)
 
 
 SDAR_SAMPLER = BlockSampler(schedule=sdar_schedule, commit=sdar_commit, commit_and_step=sdar_model.commit_and_step,

@@ -187,11 +187,11 @@ def create_app(worker: Worker, tokenizer, *, model_name: str, metrics: Metrics, 
                 max_tokens = engine.room(len(prompt_ids)) if isinstance(body, protocol.ChatRequest) else 16
             seed = body.seed if body.seed is not None else (0 if t == 0 else secrets.randbelow(2**31))
             prompt, max_tokens, seed, sampling = engine.check(prompt_ids, max_tokens, seed, t, p, k,
-                                                              threshold=body.threshold)
+                                                              threshold=body.threshold, remasking=body.remasking)
         except ValueError as e:
             raise ApiError(400, str(e)) from None
         return Job(prompt, max_tokens, seed, stop, temperature=sampling.temperature, top_p=sampling.top_p,
-                   top_k=sampling.top_k, threshold=sampling.threshold)
+                   top_k=sampling.top_k, threshold=sampling.threshold, remasking=sampling.remasking)
 
     def public(message: str) -> str:
         """An error message as a client may read it: the checkpoint's files named without the server's path."""

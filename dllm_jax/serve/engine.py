@@ -21,9 +21,9 @@ own temperature, top-p and top-k (per-slot arrays of the step, `dllm_jax.generat
 gets what `generate` gives it with `options | {"temperature": t, "top_p": p, "top_k": k}`, temperature 0
 meaning the family's greedy decoding: SDAR's top-k 1, LLaDA2's argmax). A request's top-k is at most the
 engine's `max_top_k` (the compiled step selects that many candidates, when some slot asks for a top-k). The
-confidence threshold is an input of the step too (a request's own, `submit(threshold=)`, else the engine's); the
-other sampling options (SDAR: remasking, denoising steps; LLaDA2: block length, steps) are the engine's, static in
-its compiled step.
+confidence threshold and SDAR's remasking rule are inputs of the step too (a request's own, `submit(threshold=,
+remasking=)`, else the engine's), so requests with different rules share a step; the other sampling options (SDAR:
+denoising steps; LLaDA2: block length, steps) are the engine's, static in its compiled step.
 What differs between the families (model functions, sampler, block length, request checks) is the family's
 `SlotLoop` (`dllm_jax.families`: `Family.slots`).
 
@@ -170,19 +170,18 @@ def init_slots(params, *, config, slots: int, width: int, policy: AttentionPolic
                  last=zeros(), busy=jnp.zeros((slots,), bool),
                  rows=RowSampling(temperature=jnp.ones((slots,), jnp.float32), top_p=jnp.ones((slots,), jnp.float32),
                                   top_k=zeros(), threshold=jnp.zeros((slots,), jnp.float32),
-                                  factor=jnp.zeros((slots,), jnp.float32)),
+                                  factor=jnp.zeros((slots,), jnp.float32), remasking=zeros()),
                  progress=BlockProgress(row_step=zeros(), unmasked=zeros()))
 
 
-def insert(params, state: Slots, slot, prompt, length, max_new_tokens, seed, temperature, top_p, top_k, threshold, *,
-           config, loop: SlotLoop, block_length: int, chunk: int = INSERT_CHUNK) -> Slots:
+def insert(params, state: Slots, slot, prompt, length, max_new_tokens, seed, values: RowSampling, *, config,
+           loop: SlotLoop, block_length: int, chunk: int = INSERT_CHUNK) -> Slots:
     """Slot `slot` takes a request: `prompt` int32 [bucket] (a multiple of the block size; its first
     `length` tokens are the prompt) is prefilled alone into a one-row cache, whose rows replace the
     slot's; the slot's fill length is its complete prompt blocks (what lies past them is scratch, as in
     a left-padded `generate` batch), its tokens, draws, stop flag and pending commit start afresh, its
-    key is `seed`'s, its temperature, top-p, top-k and confidence threshold the request's. The prefill runs in
-    chunks of `chunk`
-    positions, those the complete prompt blocks need."""
+    key is `seed`'s, its sampling values `values` (each field a scalar: the request's row of `RowSampling`). The
+    prefill runs in chunks of `chunk` positions, those the complete prompt blocks need."""
     bl = block_length
     carry = state.carry
     width = carry.x.shape[1]
@@ -203,11 +202,7 @@ def insert(params, state: Slots, slot, prompt, length, max_new_tokens, seed, tem
                          lengths=state.lengths.at[slot].set(length), block=state.block.at[slot].set(first),
                          last=state.last.at[slot].set(-(-(length + max_new_tokens) // bl)),
                          busy=state.busy.at[slot].set(True),
-                         rows=RowSampling(temperature=state.rows.temperature.at[slot].set(temperature),
-                                          top_p=state.rows.top_p.at[slot].set(top_p),
-                                          top_k=state.rows.top_k.at[slot].set(top_k),
-                                          threshold=state.rows.threshold.at[slot].set(threshold),
-                                          factor=state.rows.factor),
+                         rows=jax.tree.map(lambda rows, value: rows.at[slot].set(value), state.rows, values),
                          progress=jax.tree.map(lambda a: a.at[slot].set(0), state.progress))
 
 
@@ -290,6 +285,7 @@ class Engine(RequestQueue):
         # ~4 ms of host time on SDAR-8B that each step and each admission would otherwise pay
         self.params = model.params()
         self.loop = family.slots
+        self.rules = family.remasking
         # the answer length stands at the longest a request can ask for (LLaDA2's steps per block depend on it:
         # a request that would change them is refused by the loop's check)
         options = make_options(family.options_class, family.label, options | {family.answer_option: self.max_context})
@@ -301,7 +297,8 @@ class Engine(RequestQueue):
             raise ValueError(f"top_k={options.top_k} (the default of a request) exceeds max_top_k={self.max_top_k}")
         # the slots' sampling values are the step's inputs (`RowSampling`): the step compiles for the options'
         # structure, whose top_k is the static bound of the slots' own (`sdar_commit`, LLaDA2's `commit`)
-        self.threshold = float(options.sampling(1).threshold[0])
+        defaults = options.sampling(1)
+        self.threshold, self.remasking = float(defaults.threshold[0]), int(defaults.remasking[0])
         self.options = dataclasses.replace(options.structure(config.vocab_size), top_k=self.max_top_k)
         self.policy = family.policy(method)
         bl = self.block_length = self.loop.block_length(config, self.options)
@@ -324,13 +321,14 @@ class Engine(RequestQueue):
 
     def check(self, prompt_ids, max_new_tokens: int, seed: int = 0, temperature: float | None = None,
               top_p: float | None = None, top_k: int | None = None, *,
-              threshold: float | None = None) -> tuple[np.ndarray, int, int, SamplingValues]:
+              threshold: float | None = None,
+              remasking: str | None = None) -> tuple[np.ndarray, int, int, SamplingValues]:
         """(int32 prompt, max_new_tokens, seed, sampling) of a request the engine can take (None: the options'
-        temperature, top-p and top-k), or a ValueError naming the problem. Reads only the engine's settings:
+        temperature, top-p, top-k, threshold and remasking), or a ValueError naming the problem. Reads only the engine's settings:
         callable from any thread."""
         prompt, max_new_tokens, seed = self.checked_prompt(prompt_ids, max_new_tokens, seed)
         sampling = self.checked_sampling(temperature, top_p, top_k, self.defaults, max_top_k=self.max_top_k,
-                                         threshold=threshold)
+                                         threshold=threshold, remasking=remasking, rules=self.rules)
         check_context(self.config, len(prompt), max_new_tokens)
         if len(prompt) + max_new_tokens > self.max_context:
             raise ValueError(f"the prompt ({len(prompt)} tokens) + {max_new_tokens} new tokens = "
@@ -427,14 +425,20 @@ class Engine(RequestQueue):
             prompt[:n] = request.prompt_ids
             self.state = _insert_jit(self.params, self.state, np.int32(slot), prompt, np.int32(n),
                                      np.int32(request.max_new_tokens), np.int32(request.seed),
-                                     np.float32(request.sampling.temperature), np.float32(request.sampling.top_p),
-                                     np.int32(request.sampling.top_k),
-                                     np.float32(self.threshold if request.sampling.threshold is None
-                                                else request.sampling.threshold), config=self.config,
-                                     loop=self.loop, block_length=self.block_length, chunk=self.prefill_chunk)
+                                     self.row_values(request.sampling), config=self.config, loop=self.loop,
+                                     block_length=self.block_length, chunk=self.prefill_chunk)
             self.running[slot] = request
             self.timing.inserts += 1
         self.timing.admit_s += time.perf_counter() - start
+
+    def row_values(self, sampling: SamplingValues) -> RowSampling:
+        """A request's sampling as its slot's row of the step's `RowSampling` (the engine's threshold and remasking
+        where it sets none)."""
+        threshold = self.threshold if sampling.threshold is None else sampling.threshold
+        remasking = self.remasking if sampling.remasking is None else self.rules.index(sampling.remasking)
+        return RowSampling(temperature=np.float32(sampling.temperature), top_p=np.float32(sampling.top_p),
+                           top_k=np.int32(sampling.top_k), threshold=np.float32(threshold), factor=np.float32(0),
+                           remasking=np.int32(remasking))
 
     def step(self) -> list[Completion]:
         """Admits queued requests, decodes one block in every busy slot, retires the finished ones (with

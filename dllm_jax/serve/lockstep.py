@@ -5,12 +5,14 @@ as `Engine` so the HTTP server and its worker take either.
 LLaDA and Dream denoise their whole answer region at every step, so a request's answer depends on that
 region's length: the server fixes it (the family's answer option, e.g. `gen_length`) with the rest of the
 sampling options, and a request's `max_new_tokens` only cuts the answer. Greedy requests (temperature 0, the
-families' default) are generated together, a batch's rows each getting what `generate` gives their prompt alone
+families' default, and no random remasking) are generated together, a batch's rows each getting what `generate` gives their prompt alone
 (LLaDA's left-padded rows hide their pad keys, `padding="mask"`; a family that takes no padding, LLaDA2 if served
 this way, gets batches of one prompt length, the others waiting for the next). A request may sample with its own
 temperature (Dream: and top-p, top-k) and seed: a batch draws its noise from one seed over all its rows, so a
-sampled request is generated alone, with its own values and seed, and gets what `generate` gives it; its values
-are inputs of the compiled loop (dllm_jax.generate.sampling.RowSampling), so a new one compiles nothing. A
+sampled request is generated alone, with its own values and seed, and gets what `generate` gives it. A LLaDA
+request may also choose its remasking rule and, where the server decodes with Fast-dLLM's confidence threshold,
+its own threshold: greedy requests that agree on them are batched together. These values are inputs of the
+compiled loop (dllm_jax.generate.sampling.RowSampling), so a new one compiles nothing. A
 request's answer arrives when its batch ends: no block-by-block progress, and a new request waits for the running
 batch.
 """
@@ -41,7 +43,7 @@ class LockstepEngine(RequestQueue):
         self.family = family_of(self.config)
         self.method = self.family.policy(method)
         self.options = dict(options)
-        checked = make_options(self.family.options_class, self.family.label, self.options)
+        checked = self.checked = make_options(self.family.options_class, self.family.label, self.options)
         self.answer = getattr(checked, self.family.answer_option)
         # the sampling values a request may set: those its family's generate takes (LLaDA: temperature)
         self.sampled = tuple(f.name for f in dataclasses.fields(checked) if f.name in ("temperature", "top_p", "top_k"))
@@ -51,15 +53,18 @@ class LockstepEngine(RequestQueue):
 
     def check(self, prompt_ids, max_new_tokens: int, seed: int = 0, temperature: float | None = None,
               top_p: float | None = None, top_k: int | None = None, *,
-              threshold: float | None = None) -> tuple[np.ndarray, int, int, SamplingValues]:
+              threshold: float | None = None,
+              remasking: str | None = None) -> tuple[np.ndarray, int, int, SamplingValues]:
         """(int32 prompt, max_new_tokens, seed, sampling) of a request this server can take, or a ValueError
         naming the problem (any thread). A request sets only the sampling values its family's generate takes
-        (LLaDA: temperature; Dream: temperature, top_p, top_k); None takes the server's."""
+        (LLaDA: temperature, remasking, and threshold where the server decodes with one; Dream: temperature, top_p,
+        top_k); None takes the server's."""
         prompt, max_new_tokens, seed = self.checked_prompt(prompt_ids, max_new_tokens, seed)
-        if threshold is not None:
-            raise ValueError(f"threshold={threshold}: a lockstep server ({self.family.label}) decodes every request "
-                             "of a batch with the server's options; a request's own threshold is the slot engine's")
-        sampling = self.checked_sampling(temperature, top_p, top_k, self.defaults)
+        if threshold is not None and getattr(self.checked, "threshold", None) is None:
+            raise ValueError(f"threshold={threshold}: this server ({self.family.label}) decodes without a confidence "
+                             "threshold (a server started with the option threshold= takes a request's own)")
+        sampling = self.checked_sampling(temperature, top_p, top_k, self.defaults, threshold=threshold,
+                                         remasking=remasking, rules=self.family.remasking)
         other = {name: getattr(sampling, name) for name in ("temperature", "top_p", "top_k")
                  if name not in self.sampled and getattr(sampling, name) != getattr(SamplingValues(), name)}
         if other:
@@ -77,7 +82,11 @@ class LockstepEngine(RequestQueue):
 
     def values(self, sampling: SamplingValues) -> dict:
         """The generate options a request's sampling sets."""
-        return {name: getattr(sampling, name) for name in self.sampled}
+        values = {name: getattr(sampling, name) for name in self.sampled}
+        for name in ("remasking", "threshold"):
+            if getattr(sampling, name) is not None:
+                values[name] = getattr(sampling, name)
+        return values
 
     def room(self, prompt_length: int) -> int:
         """The most new tokens a request may ask for: the answer region's length."""
@@ -87,7 +96,9 @@ class LockstepEngine(RequestQueue):
         return {}  # answers arrive whole, when their batch ends
 
     def greedy(self, request) -> bool:
-        return request.sampling.temperature == 0
+        """Whether the request draws no random numbers (temperature 0, and no random remasking): its seed is moot."""
+        remasking = request.sampling.remasking or getattr(self.checked, "remasking", None)
+        return request.sampling.temperature == 0 and remasking != "random"
 
     def step(self) -> list[Completion]:
         """Generates the next batch: up to `slots` queued greedy requests in arrival order (of the first one's
@@ -97,7 +108,8 @@ class LockstepEngine(RequestQueue):
         first = self.queue[0]
         padded = self.family.name in PADDED
         if self.greedy(first):
-            batch = [r for r in self.queue if self.greedy(r) and (padded or len(r.prompt_ids) == len(first.prompt_ids))]
+            batch = [r for r in self.queue if self.greedy(r) and self.values(r.sampling) == self.values(first.sampling)
+                     and (padded or len(r.prompt_ids) == len(first.prompt_ids))]
             batch = batch[:self.slots]
         else:
             batch = [first]

@@ -20,6 +20,7 @@ class SamplingValues:
     top_p: float = 1.0  # 1: no nucleus filter
     top_k: int = 0  # 0: no top-k filter
     threshold: float | None = None  # the confidence threshold of the family's remasking; None: the engine's
+    remasking: str | None = None  # the family's remasking rule; None: the engine's
 
 
 @dataclasses.dataclass(frozen=True, eq=False)  # identity: two requests are never "equal" by their arrays
@@ -48,14 +49,16 @@ class RequestQueue:
 
     def check(self, prompt_ids, max_new_tokens: int, seed: int = 0, temperature: float | None = None,
               top_p: float | None = None, top_k: int | None = None, *,
-              threshold: float | None = None) -> tuple[np.ndarray, int, int, SamplingValues]:
+              threshold: float | None = None,
+              remasking: str | None = None) -> tuple[np.ndarray, int, int, SamplingValues]:
         raise NotImplementedError
 
     def checked_sampling(self, temperature, top_p, top_k, defaults: SamplingValues, *,
-                         max_top_k: int | None = None, threshold: float | None = None) -> SamplingValues:
+                         max_top_k: int | None = None, threshold: float | None = None, remasking: str | None = None,
+                         rules: tuple[str, ...] = ()) -> SamplingValues:
         """A request's sampling: each given value checked (temperature in [0, 2], 0 meaning greedy; top_p in
-        (0, 1]; top_k >= 0, at most `max_top_k` where given, 0 meaning no filter; threshold in [0, 1]), None taking
-        the engine's default."""
+        (0, 1]; top_k >= 0, at most `max_top_k` where given, 0 meaning no filter; threshold in [0, 1]; remasking one
+        of `rules`, the engine's family's), None taking the engine's default."""
         temperature = defaults.temperature if temperature is None else check.real("temperature", temperature, low=0,
                                                                                   high=2)
         top_p = defaults.top_p if top_p is None else check.real("top_p", top_p, low=0, high=1, low_open=True)
@@ -64,7 +67,11 @@ class RequestQueue:
             raise ValueError(f"top_k={top_k} exceeds the {max_top_k} this engine was started with (its compiled step "
                              "selects a static number of candidates: max_top_k, dllm-jax serve --max-top-k)")
         threshold = None if threshold is None else float(check.real("threshold", threshold, low=0, high=1))
-        return SamplingValues(float(temperature), float(top_p), int(top_k), threshold)
+        if remasking is not None and not rules:
+            raise ValueError(f"remasking={remasking!r}: this server's model has no remasking rule a request may choose")
+        if remasking is not None:
+            check.choice("remasking", remasking, rules)
+        return SamplingValues(float(temperature), float(top_p), int(top_k), threshold, remasking)
 
     def checked_prompt(self, prompt_ids, max_new_tokens: int, seed: int) -> tuple[np.ndarray, int, int]:
         """(int32 prompt [P], max_new_tokens, seed) after the checks every engine makes."""
@@ -77,12 +84,13 @@ class RequestQueue:
         return prompt.astype(np.int32), max_new_tokens, seed
 
     def submit(self, prompt_ids, max_new_tokens: int, seed: int = 0, temperature: float | None = None,
-               top_p: float | None = None, top_k: int | None = None, *, threshold: float | None = None) -> int:
-        """Queues a request (prompt_ids: int [P], P >= 1; its own temperature, top-p, top-k and confidence
-        threshold, None for the engine's) and returns its id; ValueError before anything is queued for a request
+               top_p: float | None = None, top_k: int | None = None, *, threshold: float | None = None,
+               remasking: str | None = None) -> int:
+        """Queues a request (prompt_ids: int [P], P >= 1; its own temperature, top-p, top-k, confidence
+        threshold and remasking rule, None for the engine's) and returns its id; ValueError before anything is queued for a request
         the model or the engine cannot take (`check`)."""
         request = Request(self.next_id, *self.check(prompt_ids, max_new_tokens, seed, temperature, top_p, top_k,
-                                                    threshold=threshold))
+                                                    threshold=threshold, remasking=remasking))
         self.next_id += 1
         self.queue.append(request)
         return request.request_id

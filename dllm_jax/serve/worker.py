@@ -45,6 +45,7 @@ class Job:
     top_p: float | None = None
     top_k: int | None = None
     threshold: float | None = None  # None: the engine's
+    remasking: str | None = None  # None: the engine's
 
 
 @dataclasses.dataclass(frozen=True)
@@ -175,7 +176,8 @@ class Worker:
                 job = ticket.job
                 try:
                     ticket.request_id = self.engine.submit(job.prompt_ids, job.max_tokens, job.seed, job.temperature,
-                                                           job.top_p, job.top_k, threshold=job.threshold)
+                                                           job.top_p, job.top_k, threshold=job.threshold,
+                                                           remasking=job.remasking)
                 except Exception as e:  # noqa: BLE001  (checked by the handler already; still, it fails alone)
                     self.fail(ticket, e)
                     continue
