@@ -8,18 +8,18 @@ PY := $(VENV)/bin/python
 demo: $(VENV)/.installed-core
 	$(PY) -m dllm_jax.cli demo
 
-# Two workers (CI has 2 cores; each is a JAX process of 2-4 GB), whole files per worker so a file's
-# module fixtures and compiled programs are made once, not once per worker; the longest files first
-# (tests/conftest.py's LONGEST_FIRST, not xdist's order by test count) so that both workers end together. Most of the suite's time is
-# XLA:CPU compiling small programs: LLVM at -O0 (TEST_XLA_FLAGS) cuts the compile-bound files by about a
-# quarter (measured per file, 2026-11-26); the notebooks run as users run them, without it
-# (tests/test_notebooks.py).
+# Two workers (CI has 2 cores; each is a JAX process of 2-4 GB), whole files per worker (--dist loadfile) so a
+# file's module fixtures and compiled programs are made once, not once per worker; the longest files first
+# (tests/conftest.py's LONGEST_FIRST, not xdist's order by test count) so that both workers end together. Most of
+# the suite's time is XLA:CPU compiling small programs: LLVM at -O0 (TEST_XLA_FLAGS) cuts the compile-bound files
+# by about a quarter; the notebooks run as users run them, without it (tests/test_notebooks.py).
 # JAX's persistent compilation cache (.cache/jax) keeps every compiled program, keyed by its HLO, flags and
 # jax version: the test files each clear the in-memory cache (tests/conftest.py), so a program two files
-# (or both workers, or a test's subprocess) compile is built once. On a fresh clone that saves about 5%
-# (12m58s -> 12m19s on 2 cores, 2026-11-27); a rerun with the package unchanged finds nearly everything
-# cached (6m33s). Entries written more than 7 days ago are dropped before each run (JAX's own size limit
-# rescans the whole directory on every write, which made the suite slower than no cache at all).
+# (or both workers, or a test's subprocess) compile is built once. On a fresh clone that saves about 5% of the
+# suite's time; a rerun with the package unchanged finds nearly everything cached and takes about half as long.
+# Entries older than 7 days are deleted before each run, which bounds the cache's size (programs of code since
+# changed are never read again) without JAX's own size limit: that rescans the whole directory on every write and
+# makes the suite slower than no cache at all.
 TEST_XLA_FLAGS := --xla_backend_optimization_level=0
 TEST_JAX_CACHE := JAX_COMPILATION_CACHE_DIR="$(CURDIR)/.cache/jax" JAX_PERSISTENT_CACHE_MIN_COMPILE_TIME_SECS=0 \
 	JAX_PERSISTENT_CACHE_MIN_ENTRY_SIZE_BYTES=0

@@ -1,14 +1,13 @@
 """Weight quantization of the linear layers: int8 (any device) and FP8 e4m3 (GPUs with FP8 tensor cores).
 
-Decoding a dLLM at small batch reads every weight once per forward, so halving the weight bytes is the
-lever (issue 42). Each quantized weight holds its values in the storage dtype and one float32 scale per
-output channel, `<name>_scale`: w ~= values * scale over the output axes, the scale being the channel's
-largest magnitude over the representable maximum (127 for int8, 448 for e4m3). Per output channel keeps
-the fused inference layout exact: fusing q/k/v or gate/up concatenates columns, and their scales
+Decoding a dLLM at small batch reads every weight once per forward, so storing the weights in one byte halves
+the bytes that bound its speed. Each quantized weight holds its values in the storage dtype and one float32
+scale per output channel, `<name>_scale`: w ~= values * scale over the output axes, the scale being the
+channel's largest magnitude over the representable maximum (127 for int8, 448 for e4m3). Per output channel
+keeps the fused inference layout exact: fusing q/k/v or gate/up concatenates columns, and their scales
 concatenate the same way (`dllm_jax.models.layers.fuse_layers`). In the inference layout a quantized weight
 is stored transposed, [..., out, in] (`transpose_quantized`): the contracted axis minor, which FP8 tensor-core
-GEMMs require and which made the weight-only GEMMs at decode shapes faster (issue 42's probe, H100: 3.03 ms
-against 3.59 ms for the 36 layers' GEMMs at 4 rows).
+GEMMs require and which also makes the weight-only GEMMs faster at decode shapes.
 
 Which tensors: the projections of attention and MLP and an untied LM head (each family's `Family.quantized`
 table names them in the checkpoint layout with the axes a GEMM contracts). Norms, the embedding table (a
@@ -20,16 +19,15 @@ The GEMM (`linear`, gemm="auto"), chosen by the rows it multiplies (static under
   * below `W8A8_MIN_ROWS` rows: weight-only in XLA. The weight is cast to the activations' dtype inside the
     jitted function and the scale applied to the GEMM's float32 output; XLA:GPU fuses the cast into its
     Triton GEMM's operand load, so the GEMM reads the 1-byte values and the cast is never a tensor in
-    memory. At decode's few rows this is bandwidth-bound, which is the point. A Pallas kernel for the same
-    (`pallas_kernels.quantized_matmul`, gemm="pallas", up to 16 rows) was measured against it and is not
-    chosen: on an H100 at 4 rows it read SDAR-8B's int8 qkv and o weights faster (63% / 56% of copy against
-    59% / 45%) but its MLP, LM head and every FP8 weight slower, and SDAR-8B batch-1 generation with it on
-    the qkv and o projections ran at 228.2 tok/s against 233.0 through XLA alone (issue 42, session 12).
+    memory. At decode's few rows this is bandwidth-bound, which is the point. The Pallas kernel for the same
+    (`pallas_kernels.quantized_matmul`, gemm="pallas", up to 16 rows) is not chosen: end to end, SDAR-8B
+    batch-1 generation runs slower with it than through XLA alone.
   * from `W8A8_MIN_ROWS` rows (prefill, LLaDA's full forwards, large batches): the activations are quantized
     too, per row on the fly (each row's absmax onto the storage range), and the GEMM runs on the 1-byte
-    tensor cores (int8 x int8 -> int32, or FP8 x FP8 -> float32), both scales applied to its product. The
-    weight-only GEMM is compute-bound there: issue 42's probe on an H100, 36 (8) layers' GEMMs at 256 rows,
-    took 10.8 (2.40) ms weight-only int8 against 6.9 ms bf16, and 1.47 ms int8 x int8, 1.18 ms FP8 x FP8 for 8.
+    tensor cores (int8 x int8 -> int32, or FP8 x FP8 -> float32), both scales applied to its product, because
+    the weight-only GEMM is compute-bound there and slower than bf16.
+
+The measurements behind these choices are in docs/quantization.md.
 """
 
 from __future__ import annotations
@@ -46,7 +44,7 @@ SCALE = "_scale"
 # CUDA compute capability from which a GPU has FP8 tensor cores (Ada 8.9, Hopper 9.0 and later)
 FP8_CAPABILITY = (8, 9)
 # rows of activations from which the activations are quantized too and the GEMM runs on 1-byte tensor cores
-# (module docstring; issue 42's probe: weight-only and FP8 x FP8 equal at 64 rows)
+# (module docstring; on an H100 weight-only and FP8 x FP8 GEMMs take the same time at 64 rows)
 W8A8_MIN_ROWS = 128
 # what `linear` runs: "auto" (module docstring), "xla" (weight-only, XLA's GEMM), "pallas" (weight-only, the
 # quantized matmul kernel; "interpret": the same in Pallas interpret mode, for CPU tests), "w8a8"

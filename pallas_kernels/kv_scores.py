@@ -24,8 +24,8 @@ from pallas_kernels import _common as c
 from pallas_kernels.block_scores import probabilities
 from pallas_kernels.split_kv import BLOCK_KV
 
-TILES_PER_PROGRAM = 1  # 1-16 tiles of 64 keys timed at 128k, batches 1 and 4 (H200, session 18): 1 the fastest,
-# 8% above 8 at batch 1 (3.37 against 3.11 TB/s), 4% at batch 4 (3.81 against 3.67)
+TILES_PER_PROGRAM = 1  # the fastest of 1-16 tiles of 64 keys at 128k, batches 1 and 4, on an H200: 8% above 8 at
+# batch 1 (3.37 against 3.11 TB/s), 4% at batch 4 (3.81 against 3.67) (docs/benchmarks.md)
 
 
 def _fold_queries(q, num_kv_heads: int, rows: int):
@@ -195,7 +195,7 @@ def kv_scores_from_logits(logits, lse, *, kv_len=None, interpret=False, num_warp
     reading the keys again: 4 * G * Nq bytes per key instead of the key's 2 * D (bf16). kv_len: None, int or int
     [B]; keys at or beyond it score 0 (the logits there are unspecified, NaN included). Grid (key spans, batch,
     KV heads): each program sums its span of up to FROM_LOGITS_SPAN keys over the rows, one row at a time. (XLA's
-    own fusion of the same jnp, `kv_scores_from_logits_reference`, read the logits at ~0.5-1.1 TB/s in MAGE's loop on
+    own fusion of the same jnp, `kv_scores_from_logits_reference`, reads the logits at ~0.5-1.1 TB/s in MAGE's loop on
     an H200.) Returns f32 [B, Hkv, Nk]."""
     shift, lengths = _check_logits(logits, lse, kv_len)
     return _kv_scores_from_logits(logits, shift, lengths, num_warps=num_warps, interpret=interpret)

@@ -11,9 +11,10 @@ steps, casts each tile to x's dtype in registers and multiplies it on the tensor
 in memory as a bf16 tensor). With split_k = 1 the program applies the scale and writes the output; otherwise
 it writes float32 partial sums that one small XLA fusion adds, scales and casts.
 
-Why a kernel: XLA's own weight-only GEMM (the 1-byte weight cast inside its Triton GEMM fusion) read the 36
-SDAR-8B layers' weights at 78% of the copy bandwidth where bf16 reaches 93% (issue 42, H100), and at one to a
-few rows the GEMM is all weight read.
+Why a kernel: XLA's own weight-only GEMM (the 1-byte weight cast inside its Triton GEMM fusion) reads the 36
+SDAR-8B layers' weights at 78% of the copy bandwidth where bf16 reaches 93% (H100), and at one to a few rows the
+GEMM is all weight read. `dllm_jax.quantize.linear` runs it only when asked (gemm="pallas"): end to end, SDAR-8B
+generation is slower with it than with XLA's GEMM (docs/quantization.md).
 """
 
 from __future__ import annotations

@@ -31,12 +31,11 @@ from pallas_kernels import _common as c
 from pallas_kernels.merge import combine_partials
 
 TARGET_PROGRAMS = 264  # two waves on a 132-SM H100/H200
-# At least this many key tiles per split. It was 8 ("fewer makes the fp32 partials and their merge cost more than
-# they save"), which left a short cache's tiles in one program per (batch, KV head): at batch 1 and a 1k prompt,
-# SDAR-8B's 8 KV heads ran 8 programs. Measured end to end on an H100 (issue 42, session 12: SDAR-8B batch 1, 1k
-# prompt, 128 new tokens): bf16 142.9 tok/s at 8, 148.2 at 5, 151.7 at 2, 153.1 at 1; int8 209.6 at 8, 225.1 at
-# 5, 230.5-233.0 at 1. Long caches are capped by TARGET_PROGRAMS first (batch 1, 8 KV heads: from 33k positions
-# on, as before).
+# At least this many key tiles per split. A floor above 1 leaves a short cache's tiles in one program per (batch,
+# KV head): with 8, SDAR-8B at batch 1 and a 1k prompt runs its 8 KV heads as 8 programs on a 132-SM GPU. End to
+# end on an H100 (SDAR-8B batch 1, 1k prompt, 128 new tokens) a floor of 1 runs bf16 at 153.1 tok/s against 142.9
+# with 8, int8 at 233.0 against 209.6 (docs/benchmarks.md): the extra fp32 partials and their merge cost less than
+# the idle SMs. Long caches are capped by TARGET_PROGRAMS instead (batch 1, 8 KV heads: from 33k positions on).
 MIN_TILES_PER_SPLIT = 1
 MAX_BLOCK_ROWS = 256  # G * Nq query rows folded into one tile: the most the kernels take
 BLOCK_KV = 128  # key tile of both kernels unless a call gives its own

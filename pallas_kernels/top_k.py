@@ -3,7 +3,7 @@
   top_k_positions(scores, k) == jnp.sort(lax.top_k(keys(scores), k)[1])
 
 with `keys` the float32 values' IEEE total order as int32 (-0.0 below 0.0; ties go to the lower position, as in
-`lax.top_k`). XLA:GPU finds a top k by sorting: at 128k keys and k = 512 MAGE's tile tournament took six sorts per
+`lax.top_k`). XLA:GPU finds a top k by sorting: at 128k keys and k = 512 MAGE's tile tournament takes six sorts per
 layer, each launched after a device copy of its operand (208 sort and ~207 copy launches per output block, 3.0 ms
 of GPU time at batch 1 on an H200). Here two kernels, one program per row each, and no sort:
 
@@ -31,10 +31,10 @@ from jax.experimental import pallas as pl
 
 from pallas_kernels import _common as c
 
-CHUNK = 16384  # keys per step of a pass over a row (a power of two; 4096 and 16384 timed, session 21)
+CHUNK = 16384  # keys per step of a pass over a row (a power of two; 4096 and 16384 within 10% at 128k)
 MAX_HELD = 16384  # the most tile maxima (or keys above the bound) a program ranks in registers
 MIN_TILE = 8  # keys per tile where the maxima fit (the tournament's tile; more tiles mean a tighter bound)
-NUM_WARPS = 16  # 4, 8 and 16 timed at 128k (H200, session 21): 16 the fastest, 4 about twice as slow
+NUM_WARPS = 16  # the fastest of 4, 8 and 16 at 128k on an H200, 4 about twice as slow (docs/benchmarks.md)
 NUM_STAGES = 1
 INT_MIN = -(2 ** 31)
 

@@ -45,9 +45,9 @@ def xla_attention(q, k, v, *, key_mask=None, mask=None, kv_len=None, scale=None)
     scale = d ** -0.5 if scale is None else scale
     precision = matmul_precision(q.dtype)
     # head-major operands ([B, Hkv, ...]): both products are then batched matmuls over leading axes, which
-    # XLA:CPU runs far faster than the sequence-major einsums it had (2-core machine, bf16, query chunks:
-    # [10, 1030] with 8:4 heads of 32 363 -> 208 ms a layer; [10, 4096] block-causal with heads of 64
-    # 3.49 -> 1.91 s; 10 trained-LLaDA passkey samples at 1k 27.5 -> 12.7 s). GPUs choose their own layouts.
+    # XLA:CPU runs far faster than sequence-major einsums (2-core machine, bf16, query chunks: [10, 1030] with
+    # 8:4 heads of 32 208 against 363 ms a layer; [10, 4096] block-causal with heads of 64 1.91 against 3.49 s;
+    # 10 trained-LLaDA passkey samples at 1k 12.7 against 27.5 s). GPUs choose their own layouts.
     qh = jnp.transpose(q.reshape(b, n, hkv, hq // hkv, d), (0, 2, 3, 1, 4))  # [B, Hkv, G, L, D]
     kh, vh = (jnp.transpose(x, (0, 2, 1, 3)) for x in (k, v))  # [B, Hkv, S, D]
     logits = jnp.einsum("bkgld,bksd->bkgls", qh, kh, preferred_element_type=jnp.float32,
@@ -62,16 +62,14 @@ def xla_attention(q, k, v, *, key_mask=None, mask=None, kv_len=None, scale=None)
 
 
 # Query rows per chunk of the "xla" backend on a CPU. Streaming [.., L, S] fp32 logits through memory is what
-# long rows cost there; a chunk's [.., C, S] logits stay in cache: 2.2-2.3x faster attention at [8, 1024] and
-# [10, 4096] (bf16, with and without a block-causal mask; 128 beat 256 and 512) on a 2-core machine, measured
-# with the sequence-major einsums. Head-major (xla_attention) narrowed it: at [10, 1030] 208 ms chunked against
-# 226 one pass (4k not re-measured; 128 still beat 256). A GPU keeps one pass: there the chunks would run one
-# after another.
+# long rows cost there; a chunk's [.., C, S] logits stay in cache (2-core machine, bf16, head-major
+# `xla_attention`: 208 ms a layer at [10, 1030] in chunks of 128 against 226 ms in one pass; 128 beats 256 and
+# 512). A GPU keeps one pass: there the chunks would run one after another.
 CPU_QUERY_CHUNK = 128
 # Under a mask (SDAR's block-causal prefill) a query chunk often sees only a prefix of the keys: from this many
 # keys on, each chunk attends to the shortest of KEY_BUCKETS static prefixes that holds every key its rows may
-# see: about 3/8 of a causal mask's work skipped (10 samples of tiny-sdar-long at 4k on 2 cores: 62 -> 48 s;
-# 8 prefixes gave 49 s, compiling more).
+# see: about 3/8 of a causal mask's work skipped (10 samples of tiny-sdar-long at 4k on 2 cores: 48 s against 62 s
+# without; 8 prefixes take 49 s and compile more programs).
 KEY_BUCKETS = 4
 KEY_BUCKET_MIN_KEYS = 2048
 

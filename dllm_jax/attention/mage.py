@@ -9,8 +9,8 @@ and KV head, keeps the top-k prefix positions by the paper's Eq. 3 (`select_pref
 
 the softmax taken over the N prefix keys only (A in R^{G x B x N}). The prefix part's LSE is what
 that softmax needs, so the selection costs no extra attention pass. `softmax_over="prefix+block"`
-keeps this project's earlier rule (the softmax over prefix + block keys, i.e. each query weighted
-by its attention mass on the prefix); the two rankings differ when queries split their mass
+takes the softmax over prefix + block keys instead (i.e. each query weighted by its attention mass
+on the prefix); the two rankings differ when queries split their mass
 unevenly between prefix and block.
 Steps 2..T of the block attend to those k prefix entries plus the whole current block in one gathered
 split-KV pass (the block's rows listed after the selection: a `Selection` made once at step 1 and kept in
@@ -39,7 +39,7 @@ from dllm_jax.attention.policy import AttentionPolicy, Mode, check_backend, chec
 from dllm_jax.attention.select import check_method, top_k_positions
 
 
-SOFTMAX_OVER = ("prefix", "prefix+block")  # Eq. 3 (the default); this project's earlier rule
+SOFTMAX_OVER = ("prefix", "prefix+block")  # Eq. 3 (the default); the softmax over prefix + block keys
 # where Eq. 3's probabilities come from: the logits the step's exact prefix pass wrote (default), their float16 form
 # relative to each key tile's maximum (half the bytes), or the keys read again
 SCORES_FROM = ("logits", "probs", "keys")
@@ -205,14 +205,14 @@ class MAGE(AttentionPolicy):
     k: prefix positions kept per (layer, KV head) (256, 512 or 1024 in the paper; 512 by default).
     exact_layers: the first layers that always attend exactly (2).
     softmax_over: "prefix" (the paper's Eq. 3: the selection's softmax over the prefix keys alone)
-      or "prefix+block" (this project's earlier rule: over the prefix and the block's keys).
+      or "prefix+block" (the softmax over the prefix and the block's keys together).
     backend: as SparseD's ("auto": Pallas on GPU, references elsewhere).
     select_by: how each layer's top k are found: "tiles" (default: `lax.top_k` over tile maxima, then over the k
       best tiles' entries), "sort" (`lax.top_k` over the scores, by chunks on a GPU), "threshold" (a radix
       search for the k-th score, no sort) or "kernel" (`pk.top_k_positions`, two Pallas launches, no sort); the same
-      positions (`dllm_jax.attention.select`). At 128k keys, batch 4 (H200) "tiles" found them in 0.11 ms per layer
-      against "sort"'s 0.34 ms; "kernel" ~0.12-0.13 ms, and in MAGE's loop it launched 440 fewer kernels per output
-      block for ~2 ms more GPU time, no faster end to end (session 21).
+      positions (`dllm_jax.attention.select`). "tiles" is the default because it is the fastest: at 128k keys,
+      batch 4 on an H200, about a third of "sort"'s time per layer; "kernel" launches fewer kernels but spends
+      more GPU time per block and is no faster end to end (docs/benchmarks.md).
     scores_from: where Eq. 3's probabilities come from: "logits" (default: the logits the first step's exact
       prefix pass writes, 4 G n bytes per key), "probs" (their float16 form relative to each key tile's maximum,
       2 G n bytes per key: each probability to float16's rounding, 2**-11 relative, where it is at least 2**-14
@@ -220,9 +220,9 @@ class MAGE(AttentionPolicy):
       give the same scores up to float32 rounding.
     select_after_forward: find every sparse layer's top k after a block's first forward, in one batched selection
       over all of them (default), instead of in each layer (False): the same positions, a few launches per block
-      instead of a few per layer (at 128k on an H200, session 22: 560 fewer per block at batch 1, 1.31x -> 1.42x
-      dense; 2.18x -> 2.20x at batch 4). It applies where the loop carries one state per layer (SDAR's block loop
-      with unrolled layers) and every row estimates at that forward; elsewhere each layer selects as before.
+      instead of a few per layer, which gains most at batch 1, where the fixed cost of each launch weighs most
+      (docs/benchmarks.md). It applies where the loop carries one state per layer (SDAR's block loop with
+      unrolled layers) and every row estimates at that forward; elsewhere each layer selects its own.
     """
 
     k: int = 512

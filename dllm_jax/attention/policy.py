@@ -57,8 +57,8 @@ models, loops and diagnostics call them unconditionally:
                                 as a Python int. Default: False.
 
 A mode or layer known while tracing (a Python int) lets a policy pick its branch in Python: one branch
-compiled and run, no conditional per layer (on a GPU each conditional of a block step's layers left the
-device idle ~0.1 ms: issue 40).
+compiled and run, no conditional per layer (on a GPU each conditional in a block step's layers leaves the
+device idle for about 0.1 ms).
 """
 
 from __future__ import annotations

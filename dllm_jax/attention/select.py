@@ -47,12 +47,13 @@ import pallas_kernels as pk
 from dllm_jax.attention import kernels
 
 METHODS = ("sort", "tiles", "threshold", "kernel")
-# "tiles": positions per tile on a GPU. 4, 8 and 16 within 8% of each other alone at 128k (H200, session 18). In
-# MAGE's loop (session 20, `_s20e_`) 16 took the sort kernels from 3.0 to 2.6 ms per block but launched 136 more
-# kernels (XLA sorts 8,192 entries in several launches) and added 0.2-0.3 ms of GPU time in all: not kept
+# "tiles": positions per tile on a GPU. Tiles of 4, 8 and 16 select within 8% of each other alone at 128k (H200,
+# benchmarks/results/mage_select_*.md). Not 16: in MAGE's loop its sort kernels are shorter, but XLA sorts its
+# 8,192 candidates per row in several launches, so a block launches more kernels and spends slightly more GPU time
+# in all (docs/benchmarks.md)
 TILE = 8
 SORT_CHUNK = 4096  # "sort": the longest row sorted whole (the fastest of 2048-16384 at 128k, batches 1 and 4:
-# benchmarks/mage_select.py, H200, session 18)
+# benchmarks/mage_select.py on an H200, benchmarks/results/mage_select_*.md)
 
 
 def check_method(method: str, name: str = "method") -> None:

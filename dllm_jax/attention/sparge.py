@@ -8,7 +8,7 @@ value per query head, or one row per layer from `dllm_jax.analysis.calibration.c
 they ride in the per-layer policy state, so per-layer values need no recompilation.
 
 SDAR block steps are out of scope: a step has block_size (4) queries against the cache, less than one
-64-row query tile, which is the case the official code rejects too (decode, issue #59); MAGE and
+64-row query tile, which is the case the official code rejects too (decode: thu-ml/SpargeAttn issue #59); MAGE and
 FlashBlock cover SDAR.
 
 Calibration (per-head values for `from_calibration`, a tool that runs the model) lives in

@@ -304,8 +304,8 @@ def _logits_jit(params, input_ids, *, config: SDARConfig, block_length: int | No
 
 
 _prefill_jit = jax.jit(prefill, static_argnames=("config", "block_length", "policy", "decoder"))
-# one program for the whole empty cache: 2 x layers eager allocations cost SDAR-8B ~45 ms of host time on an H100
-# (issue 42, session 13), more than its 1k-token prefill's GPU time
+# one program for the whole empty cache: 2 x layers eager allocations cost SDAR-8B ~45 ms of host time on an H100,
+# more than its 1k-token prefill's GPU time (docs/quantization.md)
 _init_cache_jit = jax.jit(init_cache, static_argnames=("config", "batch", "max_length", "dtype"))
 
 

@@ -256,9 +256,8 @@ class Engine(RequestQueue):
     result meanwhile, so that the host's work (retiring, admitting, the progress the server streams) runs while
     the device decodes; a slot whose request finished then idles one step before the next request enters it. A
     thread, because the jitted step returns only when the device has finished it (XLA evaluates its while loops'
-    conditions on the host; docs/serving.md): dispatching ahead on the calling thread gained nothing on an H100.
-    On by default: on one H100 (SDAR-8B, 16 slots, 128 requests at 16 req/s) it served 1305 tokens/s against
-    1133 without it (docs/serving.md).
+    conditions on the host; docs/serving.md), so dispatching ahead on the calling thread would not overlap. On by
+    default: it serves more tokens/s under load (docs/serving.md has the figures).
     `prefill_chunk`: prompt positions per prefill chunk of a long prompt's insert (a multiple of the block
     length; the module docstring). `schedule`: "forward" (the default: a step runs a block's worth of forwards and
     each slot moves to its next block as soon as its own is done, every forward a commit-and-step one) or "block"

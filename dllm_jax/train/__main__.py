@@ -25,9 +25,9 @@ from dllm_jax.train.attention import CHUNK
 from dllm_jax.train.task_batches import SDAR_BLOCK, batch_source, option_variants, task_options_of
 
 # "medium" is "small" twice as deep (6.6M parameters; 13 MB stored in bfloat16, --export-dtype), the shape of the
-# shipped models, which got there by --grow-layers from a trained "small"; from scratch, on the full tasks, it had
-# learned nothing yet after ~4k steps (checkpoints/README.md). Their heads are 32 wide; "small-64" and "medium-64"
-# have 4 query / 2 KV heads of 64 (the width the Hopper kernels take, issue 39; the same parameter count), the
+# shipped models, which are grown from a trained "small" by --grow-layers: trained from scratch on the full tasks, it
+# learns nothing within ~4k steps (checkpoints/README.md). Their heads are 32 wide; "small-64" and "medium-64"
+# have 4 query / 2 KV heads of 64 (the width the Hopper kernels take; the same parameter count), the
 # only way to 64-wide heads for LLaDA, whose head_dim is hidden_size / num_heads (SDAR's can be widened,
 # --widen-heads).
 SIZES = {"tiny": dict(hidden_size=64, num_layers=2, num_heads=4, num_kv_heads=2, intermediate_size=192),

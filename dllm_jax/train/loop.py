@@ -321,7 +321,7 @@ def initial_state(config: TrainConfig, params: dict | None = None) -> TrainState
     else:
         check_param_shapes(params, config.model)
         params = jax.tree.map(lambda p: jnp.array(p, jnp.float32, copy=True), params)  # the step donates its state
-    # one program for the optimizer's state (its zeros leaf by leaf were a program per shape)
+    # one program for the optimizer's state (its zeros made leaf by leaf would compile a program per shape)
     opt_state = jax.jit(optimizer(config).init)(params)
     return TrainState(params=params, opt_state=opt_state, step=jnp.zeros((), jnp.int32), rng=rng)
 
@@ -488,7 +488,7 @@ def all_finite(tree) -> bool:
 
 @jax.jit
 def _all_finite(leaves):
-    # one program per tree: leaf by leaf, each shape was a program (two) of its own to compile
+    # one program per tree: leaf by leaf, each shape would be a program (two) of its own to compile
     return jnp.stack([jnp.isfinite(x).all() for x in leaves]).all()
 
 
