@@ -171,8 +171,31 @@ def test_the_engine_counts_the_forwards_a_step_ran_and_each_row_needed(model, rn
     assert (t.steps, t.forwards, t.row_forwards, t.row_blocks) == (1, *counts)
 
 
+def test_a_request_stops_on_the_device_at_its_own_stop_id(model, rng):
+    """A request's own stop id ends its row in the step that decodes it, as the model's stop ids do: the slot
+    decodes no further block (fewer blocks than the same request without it) and its answer is `generate`'s cut
+    after that token."""
+    prompt = rng.integers(0, 40, 8)
+    options = dict(remasking="sequential", top_k=1, denoising_steps=4)
+    alone = np.asarray(dllm_jax.generate(model, prompt[None], max_new_tokens=16, **options))[0][8:]
+    model_stop = np.flatnonzero(np.isin(alone, model.config.stop_ids))
+    assert not model_stop.size or model_stop[0] >= 6, alone  # the model runs past the second block: nothing to cut
+    blocks = {}
+    for own in ((), (int(alone[5]),)):
+        engine = Engine(model, slots=1, max_context=64, overlap=False, **options)
+        engine.submit(prompt, 16, stop_ids=own)
+        (done,) = engine.run().values()
+        blocks[own] = engine.timing.row_blocks
+        end = np.flatnonzero(np.isin(alone, (*model.config.stop_ids, *own)))
+        np.testing.assert_array_equal(done.generated, alone[:end[0] + 1] if end.size else alone)
+    assert blocks[(int(alone[5]),)] < blocks[()], blocks
+
+
 @pytest.mark.parametrize("call, message", [
     (lambda e: e.submit(np.arange(3, 40), 30), "exceeds the engine's max_context=64"),
+    (lambda e: e.submit(np.arange(3, 8), 4, stop_ids=list(range(9))), "at most 8"),
+    (lambda e: e.submit(np.arange(3, 8), 4, stop_ids=[48]), "stop_ids"),
+    (lambda e: e.submit(np.arange(3, 8), 4, remasking="random"), "remasking must be one of"),
     (lambda e: e.submit(np.zeros((2, 4), np.int32), 4), "one prompt"),
     (lambda e: e.submit(np.array([], np.int32), 4), "prompt_ids must be"),
     (lambda e: e.submit(np.arange(3, 8), 0), "max_new_tokens"),

@@ -621,3 +621,34 @@ def test_requests_with_their_own_temperatures_thresholds_and_rules_share_a_step_
         stops = np.flatnonzero(np.isin(out, model.config.stop_ids))
         kept = out[:stops[0] + 1] if stops.size else out
         assert reply.json()["choices"][0]["text"] == tokenizer.decode(kept, skip=(model.config.mask_token_id,)), values
+
+
+def test_requests_with_their_own_stop_token_ids_end_there_and_share_a_step(url, sdar):
+    """`stop_token_ids` (vLLM's extension field): each of three concurrent requests ends its answer at the first of
+    its own stop ids (besides the model's), finish_reason "stop", with the text and usage `generate` gives its
+    prompt alone cut there; requests with different stop ids share the step without a new compilation; more ids
+    than a request may set, or an id outside the vocabulary, is a 400."""
+    _, model, tokenizer = sdar
+    prompt = [5, 6, 7, 8, 9, 10]
+    out = np.asarray(dllm_jax.generate(model, np.asarray(prompt)[None], max_new_tokens=12, top_k=1))[0][len(prompt):]
+    out = out[:12]
+    model_stop = np.flatnonzero(np.isin(out, model.config.stop_ids))
+    out = out[:model_stop[0] + 1] if model_stop.size else out
+    assert len(out) >= 4, out  # the model's own answer runs long enough to cut
+    own = [[int(out[1])], [int(out[3]), 7777 % model.config.vocab_size], []]
+    post(url, "/v1/completions", dict(model=NAME, prompt=prompt, max_tokens=12, temperature=0, stop_token_ids=[3]))
+    with compile_events() as events, concurrent.futures.ThreadPoolExecutor(3) as pool:
+        replies = list(pool.map(lambda ids: post(url, "/v1/completions", dict(
+            model=NAME, prompt=prompt, max_tokens=12, temperature=0, stop_token_ids=ids)), own))
+    assert events == [], events
+    for ids, reply in zip(own, replies):
+        assert reply.status_code == 200, reply.text
+        hits = np.flatnonzero(np.isin(out, ids))
+        kept = out[:hits[0] + 1] if hits.size else out
+        choice = reply.json()["choices"][0]
+        assert choice["text"] == tokenizer.decode(kept, skip=(model.config.mask_token_id,)), ids
+        assert reply.json()["usage"]["completion_tokens"] == len(kept)
+        assert choice["finish_reason"] == ("stop" if hits.size or model_stop.size else "length")
+    for wrong, says in (([1] * 9, "at most 8"), ([model.config.vocab_size], "stop_ids")):
+        refused = post(url, "/v1/completions", dict(model=NAME, prompt=prompt, max_tokens=4, stop_token_ids=wrong))
+        assert refused.status_code == 400 and says in refused.json()["error"]["message"], refused.text

@@ -347,9 +347,12 @@ def placed(x, cur, starts, where):
 
 
 def stops(cur, starts, where, *, lengths, stop_ids):
-    """bool [B]: rows `where` whose block cur [B, n] at starts[b] holds a stop token at or past lengths[b]."""
+    """bool [B]: rows `where` whose block cur [B, n] at starts[b] holds a stop token at or past lengths[b]; stop_ids
+    int32 [K] for every row, or [B, K] each row's own."""
     generated = starts[:, None] + jnp.arange(cur.shape[1]) >= lengths[:, None]
-    return where & jnp.any(jnp.isin(cur, stop_ids) & generated, axis=1)
+    table = jnp.broadcast_to(stop_ids, (cur.shape[0], stop_ids.shape[-1]))
+    stopping = jnp.any(cur[:, :, None] == table[:, None, :], axis=-1)
+    return where & jnp.any(stopping & generated, axis=1)
 
 
 @struct.dataclass

@@ -57,7 +57,7 @@ from dllm_jax.generate.sampling import RowSampling
 from dllm_jax.generate.sdar import (BlockProgress, DecodeCarry, SlotLoop, cache_capacity, decode_block,
                                     decode_forwards, no_pending_block, trim)
 from dllm_jax import validation as check
-from dllm_jax.serve.requests import Request, RequestQueue, SamplingValues
+from dllm_jax.serve.requests import MAX_STOP_IDS, Request, RequestQueue, SamplingValues
 
 
 @struct.dataclass
@@ -70,7 +70,8 @@ class Slots:
     block: jax.Array  # int32 [S]: the next block the slot decodes (row-local)
     last: jax.Array  # int32 [S]: one past the slot's last block
     busy: jax.Array  # bool [S]: a request occupies the slot
-    rows: RowSampling  # [S] each: the slot's request's temperature, top-p and top-k
+    rows: RowSampling  # [S] each: the slot's request's sampling values
+    stop_ids: jax.Array  # int32 [S, K + MAX_STOP_IDS]: the model's K stop ids, then the request's own (-1 pads)
     progress: BlockProgress  # [S] each: how far the slot's block in progress has come (schedule="forward")
 
 
@@ -171,17 +172,27 @@ def init_slots(params, *, config, slots: int, width: int, policy: AttentionPolic
                  rows=RowSampling(temperature=jnp.ones((slots,), jnp.float32), top_p=jnp.ones((slots,), jnp.float32),
                                   top_k=zeros(), threshold=jnp.zeros((slots,), jnp.float32),
                                   factor=jnp.zeros((slots,), jnp.float32), remasking=zeros()),
-                 progress=BlockProgress(row_step=zeros(), unmasked=zeros()))
+                 progress=BlockProgress(row_step=zeros(), unmasked=zeros()),
+                 stop_ids=jnp.asarray(np.tile(stop_table(config, ()), (slots, 1))))
 
 
-def insert(params, state: Slots, slot, prompt, length, max_new_tokens, seed, values: RowSampling, *, config,
+def stop_table(config, stop_ids: tuple[int, ...]) -> np.ndarray:
+    """int32 [K + MAX_STOP_IDS]: a slot's stop ids, the model's K and then a request's own, padded with -1 (no
+    token)."""
+    table = np.full(len(config.stop_ids) + MAX_STOP_IDS, -1, np.int32)
+    ids = (*config.stop_ids, *stop_ids)
+    table[:len(ids)] = ids
+    return table
+
+
+def insert(params, state: Slots, slot, prompt, length, max_new_tokens, seed, values: RowSampling, stop_ids, *, config,
            loop: SlotLoop, block_length: int, chunk: int = INSERT_CHUNK) -> Slots:
     """Slot `slot` takes a request: `prompt` int32 [bucket] (a multiple of the block size; its first
     `length` tokens are the prompt) is prefilled alone into a one-row cache, whose rows replace the
     slot's; the slot's fill length is its complete prompt blocks (what lies past them is scratch, as in
     a left-padded `generate` batch), its tokens, draws, stop flag and pending commit start afresh, its
-    key is `seed`'s, its sampling values `values` (each field a scalar: the request's row of `RowSampling`). The
-    prefill runs in chunks of `chunk` positions, those the complete prompt blocks need."""
+    key is `seed`'s, its sampling values `values` (each field a scalar: the request's row of `RowSampling`), its
+    stop ids `stop_ids` (its row of `Slots.stop_ids`). The prefill runs in chunks of `chunk` positions, those the complete prompt blocks need."""
     bl = block_length
     carry = state.carry
     width = carry.x.shape[1]
@@ -203,7 +214,8 @@ def insert(params, state: Slots, slot, prompt, length, max_new_tokens, seed, val
                          last=state.last.at[slot].set(-(-(length + max_new_tokens) // bl)),
                          busy=state.busy.at[slot].set(True),
                          rows=jax.tree.map(lambda rows, value: rows.at[slot].set(value), state.rows, values),
-                         progress=jax.tree.map(lambda a: a.at[slot].set(0), state.progress))
+                         progress=jax.tree.map(lambda a: a.at[slot].set(0), state.progress),
+                         stop_ids=state.stop_ids.at[slot].set(stop_ids))
 
 
 def step(params, state: Slots, *, config, options, policy: AttentionPolicy, loop: SlotLoop, block_length: int,
@@ -212,7 +224,7 @@ def step(params, state: Slots, *, config, options, policy: AttentionPolicy, loop
     worth of forwards at its own pace (schedule "forward", `decode_forwards`); (the state, its snapshot)."""
     before = state
     active = state.busy & (state.block < state.last) & ~state.carry.stopped
-    common = dict(lengths=state.lengths, block_length=block_length, stop_ids=jnp.asarray(config.stop_ids, jnp.int32),
+    common = dict(lengths=state.lengths, block_length=block_length, stop_ids=state.stop_ids,
                   config=config, options=options, policy=policy, sampler=loop.sampler, rows=state.rows)
     params = loop.loop_params(params, config)
     if schedule == "forward":
@@ -320,14 +332,16 @@ class Engine(RequestQueue):
 
     def check(self, prompt_ids, max_new_tokens: int, seed: int = 0, temperature: float | None = None,
               top_p: float | None = None, top_k: int | None = None, *,
-              threshold: float | None = None,
-              remasking: str | None = None) -> tuple[np.ndarray, int, int, SamplingValues]:
+              threshold: float | None = None, remasking: str | None = None,
+              stop_ids=None) -> tuple[np.ndarray, int, int, SamplingValues]:
         """(int32 prompt, max_new_tokens, seed, sampling) of a request the engine can take (None: the options'
-        temperature, top-p, top-k, threshold and remasking), or a ValueError naming the problem. Reads only the engine's settings:
+        temperature, top-p, top-k, threshold and remasking; no stop ids besides the model's), or a ValueError
+        naming the problem. Reads only the engine's settings:
         callable from any thread."""
         prompt, max_new_tokens, seed = self.checked_prompt(prompt_ids, max_new_tokens, seed)
         sampling = self.checked_sampling(temperature, top_p, top_k, self.defaults, max_top_k=self.max_top_k,
-                                         threshold=threshold, remasking=remasking, rules=self.rules)
+                                         threshold=threshold, remasking=remasking, rules=self.rules,
+                                         stop_ids=stop_ids)
         check_context(self.config, len(prompt), max_new_tokens)
         if len(prompt) + max_new_tokens > self.max_context:
             raise ValueError(f"the prompt ({len(prompt)} tokens) + {max_new_tokens} new tokens = "
@@ -409,7 +423,7 @@ class Engine(RequestQueue):
         """The slot's prompt and decoded tokens as `generate` returns them for the prompt alone: cut after the
         first stop token, and at max_new_tokens where the family's generate cuts there (LLaDA2)."""
         n = len(request.prompt_ids)
-        (tokens,) = trim(x[slot:slot + 1], decoded[slot:slot + 1], [n], set(self.config.stop_ids))
+        (tokens,) = trim(x[slot:slot + 1], decoded[slot:slot + 1], [n], self.stop_ids(request))
         return np.asarray(tokens[:n + request.max_new_tokens] if self.loop.cuts_answer else tokens)
 
     def admit(self) -> None:
@@ -424,8 +438,9 @@ class Engine(RequestQueue):
             prompt[:n] = request.prompt_ids
             self.state = _insert_jit(self.params, self.state, np.int32(slot), prompt, np.int32(n),
                                      np.int32(request.max_new_tokens), np.int32(request.seed),
-                                     self.row_values(request.sampling), config=self.config, loop=self.loop,
-                                     block_length=self.block_length, chunk=self.prefill_chunk)
+                                     self.row_values(request.sampling), stop_table(self.config, request.sampling.stop_ids),
+                                     config=self.config, loop=self.loop, block_length=self.block_length,
+                                     chunk=self.prefill_chunk)
             self.running[slot] = request
             self.timing.inserts += 1
         self.timing.admit_s += time.perf_counter() - start

@@ -53,18 +53,18 @@ class LockstepEngine(RequestQueue):
 
     def check(self, prompt_ids, max_new_tokens: int, seed: int = 0, temperature: float | None = None,
               top_p: float | None = None, top_k: int | None = None, *,
-              threshold: float | None = None,
-              remasking: str | None = None) -> tuple[np.ndarray, int, int, SamplingValues]:
+              threshold: float | None = None, remasking: str | None = None,
+              stop_ids=None) -> tuple[np.ndarray, int, int, SamplingValues]:
         """(int32 prompt, max_new_tokens, seed, sampling) of a request this server can take, or a ValueError
         naming the problem (any thread). A request sets only the sampling values its family's generate takes
         (LLaDA: temperature, remasking, and threshold where the server decodes with one; Dream: temperature, top_p,
-        top_k); None takes the server's."""
+        top_k) and its own stop token ids; None takes the server's."""
         prompt, max_new_tokens, seed = self.checked_prompt(prompt_ids, max_new_tokens, seed)
         if threshold is not None and getattr(self.checked, "threshold", None) is None:
             raise ValueError(f"threshold={threshold}: this server ({self.family.label}) decodes without a confidence "
                              "threshold (a server started with the option threshold= takes a request's own)")
         sampling = self.checked_sampling(temperature, top_p, top_k, self.defaults, threshold=threshold,
-                                         remasking=remasking, rules=self.family.remasking)
+                                         remasking=remasking, rules=self.family.remasking, stop_ids=stop_ids)
         other = {name: getattr(sampling, name) for name in ("temperature", "top_p", "top_k")
                  if name not in self.sampled and getattr(sampling, name) != getattr(SamplingValues(), name)}
         if other:
@@ -126,7 +126,7 @@ class LockstepEngine(RequestQueue):
             self.busy = 0
         completions = []
         for row, request in zip(out, batch):
-            new = until_stop(row[ids.shape[1]:][:request.max_new_tokens], self.config.stop_ids)
+            new = until_stop(row[ids.shape[1]:][:request.max_new_tokens], self.stop_ids(request))
             completions.append(Completion(request.request_id, np.concatenate([request.prompt_ids, new]),
                                           len(request.prompt_ids)))
         return completions

@@ -12,6 +12,10 @@ from dllm_jax import validation as check
 from dllm_jax.generate.requests import check_prompt
 
 
+# the most stop token ids a request may set (the slot engine keeps a static table of them per slot)
+MAX_STOP_IDS = 8
+
+
 @dataclasses.dataclass(frozen=True)
 class SamplingValues:
     """A request's sampling (checked; each given value or the engine's default)."""
@@ -21,6 +25,7 @@ class SamplingValues:
     top_k: int = 0  # 0: no top-k filter
     threshold: float | None = None  # the confidence threshold of the family's remasking; None: the engine's
     remasking: str | None = None  # the family's remasking rule; None: the engine's
+    stop_ids: tuple[int, ...] = ()  # token ids that end the answer, besides the model's own stop ids
 
 
 @dataclasses.dataclass(frozen=True, eq=False)  # identity: two requests are never "equal" by their arrays
@@ -49,16 +54,17 @@ class RequestQueue:
 
     def check(self, prompt_ids, max_new_tokens: int, seed: int = 0, temperature: float | None = None,
               top_p: float | None = None, top_k: int | None = None, *,
-              threshold: float | None = None,
-              remasking: str | None = None) -> tuple[np.ndarray, int, int, SamplingValues]:
+              threshold: float | None = None, remasking: str | None = None,
+              stop_ids=None) -> tuple[np.ndarray, int, int, SamplingValues]:
         raise NotImplementedError
 
     def checked_sampling(self, temperature, top_p, top_k, defaults: SamplingValues, *,
                          max_top_k: int | None = None, threshold: float | None = None, remasking: str | None = None,
-                         rules: tuple[str, ...] = ()) -> SamplingValues:
+                         rules: tuple[str, ...] = (), stop_ids=None) -> SamplingValues:
         """A request's sampling: each given value checked (temperature in [0, 2], 0 meaning greedy; top_p in
         (0, 1]; top_k >= 0, at most `max_top_k` where given, 0 meaning no filter; threshold in [0, 1]; remasking one
-        of `rules`, the engine's family's), None taking the engine's default."""
+        of `rules`, the engine's family's; stop_ids at most MAX_STOP_IDS token ids of the vocabulary), None taking
+        the engine's default."""
         temperature = defaults.temperature if temperature is None else check.real("temperature", temperature, low=0,
                                                                                   high=2)
         top_p = defaults.top_p if top_p is None else check.real("top_p", top_p, low=0, high=1, low_open=True)
@@ -71,7 +77,23 @@ class RequestQueue:
             raise ValueError(f"remasking={remasking!r}: this server's model has no remasking rule a request may choose")
         if remasking is not None:
             check.choice("remasking", remasking, rules)
-        return SamplingValues(float(temperature), float(top_p), int(top_k), threshold, remasking)
+        return SamplingValues(float(temperature), float(top_p), int(top_k), threshold, remasking,
+                              self.checked_stop_ids(stop_ids))
+
+    def checked_stop_ids(self, stop_ids) -> tuple[int, ...]:
+        """A request's own stop token ids (None: none), checked: at most MAX_STOP_IDS ids of the vocabulary."""
+        if stop_ids is None:
+            return ()
+        if isinstance(stop_ids, (str, bytes)) or not hasattr(stop_ids, "__iter__"):
+            raise ValueError(f"stop_ids must be a list of token ids, got {stop_ids!r}")
+        ids = tuple(check.integer("stop_ids", i, minimum=0, maximum=self.config.vocab_size - 1) for i in stop_ids)
+        if len(ids) > MAX_STOP_IDS:
+            raise ValueError(f"stop_ids holds {len(ids)} token ids; a request may set at most {MAX_STOP_IDS}")
+        return ids
+
+    def stop_ids(self, request: Request) -> set[int]:
+        """The token ids that end a request's answer: the model's and the request's own."""
+        return set(self.config.stop_ids) | set(request.sampling.stop_ids)
 
     def checked_prompt(self, prompt_ids, max_new_tokens: int, seed: int) -> tuple[np.ndarray, int, int]:
         """(int32 prompt [P], max_new_tokens, seed) after the checks every engine makes."""
@@ -85,12 +107,13 @@ class RequestQueue:
 
     def submit(self, prompt_ids, max_new_tokens: int, seed: int = 0, temperature: float | None = None,
                top_p: float | None = None, top_k: int | None = None, *, threshold: float | None = None,
-               remasking: str | None = None) -> int:
+               remasking: str | None = None, stop_ids=None) -> int:
         """Queues a request (prompt_ids: int [P], P >= 1; its own temperature, top-p, top-k, confidence
-        threshold and remasking rule, None for the engine's) and returns its id; ValueError before anything is queued for a request
+        threshold and remasking rule, None for the engine's; stop_ids, token ids that end its answer besides the
+        model's stop ids) and returns its id; ValueError before anything is queued for a request
         the model or the engine cannot take (`check`)."""
         request = Request(self.next_id, *self.check(prompt_ids, max_new_tokens, seed, temperature, top_p, top_k,
-                                                    threshold=threshold, remasking=remasking))
+                                                    threshold=threshold, remasking=remasking, stop_ids=stop_ids))
         self.next_id += 1
         self.queue.append(request)
         return request.request_id

@@ -46,6 +46,7 @@ class Job:
     top_k: int | None = None
     threshold: float | None = None  # None: the engine's
     remasking: str | None = None  # None: the engine's
+    stop_ids: tuple[int, ...] = ()  # token ids that end the answer, besides the model's
 
 
 @dataclasses.dataclass(frozen=True)
@@ -177,7 +178,7 @@ class Worker:
                 try:
                     ticket.request_id = self.engine.submit(job.prompt_ids, job.max_tokens, job.seed, job.temperature,
                                                            job.top_p, job.top_k, threshold=job.threshold,
-                                                           remasking=job.remasking)
+                                                           remasking=job.remasking, stop_ids=job.stop_ids)
                 except Exception as e:  # noqa: BLE001  (checked by the handler already; still, it fails alone)
                     self.fail(ticket, e)
                     continue
@@ -231,7 +232,7 @@ class Worker:
         kept = tokens[:job.max_tokens]
         text = self.decode(kept)
         cut, stop = min(((text.find(s), s) for s in job.stop if s in text), default=(-1, ""))
-        stop_token = len(kept) and int(kept[-1]) in self.engine.config.stop_ids
+        stop_token = len(kept) and int(kept[-1]) in (*self.engine.config.stop_ids, *job.stop_ids)
         if cut >= 0:  # the answer's tokens end with the one that completes the stop string (vLLM's count)
             reason, text = "stop", text[:cut]
             kept = kept[:self.covering(kept, cut + len(stop))]
