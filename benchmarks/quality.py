@@ -72,7 +72,8 @@ from dllm_jax.analysis import analyze, analyze_blocks, calibrate_llada, save_cal
 from dllm_jax.attention.methods import METHODS, describe, make_method
 from dllm_jax.bench import markdown_table, results_stem, write_results
 from dllm_jax.bench.timing import call_times
-from dllm_jax.config import LLaDAConfig, read_hf_config
+from dllm_jax.config import read_hf_config
+from dllm_jax.families import family_of as model_family
 from dllm_jax.eval import TASKS, evaluate, load_tokenizer, make_samples, max_answer_length, min_context_length
 from dllm_jax.eval.tasks import SANITY_CONTEXT, prompt_length
 from dllm_jax.files import write_atomic
@@ -170,7 +171,7 @@ def family_of(method: str) -> tuple[str, ...]:
 class ModelSpec:
     path: Path
     name: str  # the directory's name
-    family: str  # "LLaDA" | "SDAR"
+    family: str  # the family's label: "LLaDA" | "SDAR" (those SETTINGS cover)
     config: object
 
 
@@ -273,7 +274,10 @@ def checked_model(path: str) -> ModelSpec:
     _, config = read_hf_config(directory)  # ValueError naming the file when missing or invalid
     if not (directory / "tokenizer.json").is_file():
         raise ValueError(f"--models {path}: no tokenizer.json (the task suite's tokenizer must ship with the model)")
-    family = "LLaDA" if isinstance(config, LLaDAConfig) else "SDAR"
+    family = model_family(config).label
+    if family not in {f for s in SETTINGS for f in s.families}:
+        raise ValueError(f"--models {path}: a {family} model; this benchmark's method settings are for "
+                         f"{' and '.join(sorted({f for s in SETTINGS for f in s.families}))} models")
     return ModelSpec(path=directory, name=directory.resolve().name, family=family, config=config)
 
 

@@ -47,11 +47,6 @@ def activation_budget(config, dtype, *, tensor_parallel: int = 1, device=None) -
     return max(0, free // 2)
 
 
-def rows_that_fit(config, length: int, budget: int) -> int:
-    """The most rows of `length` positions within `budget` bytes, from 1 (one row always runs) to MAX_ROWS."""
-    return max(1, min(MAX_ROWS, budget // row_bytes(config, length)))
-
-
 def least_step_bytes(config, length: int, rows: int, *, scores: bool) -> int:
     """A lower bound on what one forward over `rows` rows of `length` positions holds at once: every position's
     float32 hidden state and, with `scores` (attention as XLA's dense reference, as on the CPU backend), one
