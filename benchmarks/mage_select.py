@@ -24,7 +24,7 @@ from dllm_jax.attention.select import top_k_positions
 from dllm_jax.bench.results import write_results
 from dllm_jax.bench.tables import markdown_table
 from dllm_jax.bench.timing import time_calls
-from dllm_jax.generate.sdar import cache_capacity
+from dllm_jax.generate.block_loop import cache_capacity
 
 SHAPE = dict(queries=4, heads=32, kv_heads=8, head_dim=128)  # one SDAR-8B block
 CHUNKS = (2048, 4096, 8192, 16384)  # the sort's chunk lengths timed (4096 chosen by session 18's H200 run)

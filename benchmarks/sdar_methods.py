@@ -1,7 +1,7 @@
 """MAGE, FlashBlock and their combination on an SDAR-8B-shaped model (random bf16 weights and cache):
 time per output block, measured on the real denoising loop, plus the time of one step in each mode.
 
-Per cache length S, one block of `--block` tokens is decoded by `dllm_jax.generate.sdar.denoise_block`
+Per cache length S, one block of `--block` tokens is decoded by `dllm_jax.generate.block_loop.denoise_block`
 (the loop `generate` runs) with `--steps` denoising steps and low_confidence_static remasking, so
 exactly block/steps tokens are unmasked per step, then one commit forward. The cache fill length is
 reset to S before every timed block. Methods:
@@ -38,7 +38,8 @@ from dllm_jax import MAGE, FlashBlock, shipped_config
 from dllm_jax.attention.policy import Dense, Mode, unmasked_since_refresh
 from dllm_jax.bench import markdown_table, time_carried, traced_kernels, write_results
 from dllm_jax.generate.sampling import transfer_counts
-from dllm_jax.generate.sdar import Finished, SDAROptions, cache_capacity, denoise_block
+from dllm_jax.generate.block_loop import Finished, cache_capacity, denoise_block
+from dllm_jax.generate.sdar import SDAR_SAMPLER, SDAROptions
 from dllm_jax.models.sdar import block_step, init_policy_state
 from dllm_jax.models.layers import prepare_params
 from dllm_jax.testing import random_params
@@ -108,7 +109,8 @@ def measure(config, params, s: int, args) -> dict:
                     traced_kernels(lambda: held.append(jax.block_until_ready(one(held.pop())[1])),
                                    Path(tempfile.mkdtemp()))
                     cache, state = held.pop()
-            loop = jax.jit(functools.partial(denoise_block, config=config, options=options, policy=policy),
+            loop = jax.jit(functools.partial(denoise_block, config=config, options=options, policy=policy,
+                                             sampler=SDAR_SAMPLER),
                            donate_argnames=("cache", "policy_state"))
 
             # one block as the loop runs it after the first: the previous block's commit (exact) in its first step

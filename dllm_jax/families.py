@@ -27,6 +27,7 @@ from dllm_jax.config import DecoderConfig, DreamConfig, LLaDA2Config, LLaDAConfi
 from dllm_jax.generate import dream as gen_dream
 from dllm_jax.generate import llada as gen_llada
 from dllm_jax.generate import llada2 as gen_llada2
+from dllm_jax.generate import block_loop
 from dllm_jax.generate import sdar as gen_sdar
 from dllm_jax.models import hf_names, layers
 from dllm_jax.models import llada2 as llada2_model
@@ -83,7 +84,7 @@ class Family:
     stops_field: str | None = None
     # serving (dllm_jax.serve): the pieces of its block loop the slot engine needs, or None where requests are
     # served in lockstep `generate` batches (the bidirectional families)
-    slots: gen_sdar.SlotLoop | None = None
+    slots: block_loop.SlotLoop | None = None
 
     def __post_init__(self):
         if self.method_kind not in methods.KINDS:

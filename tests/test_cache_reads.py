@@ -13,7 +13,8 @@ import pytest
 from dllm_jax.attention.flashblock import FlashBlock
 from dllm_jax.attention.mage import MAGE
 from dllm_jax.attention.policy import Dense
-from dllm_jax.generate.sdar import SDAROptions, cache_capacity, generate_sdar
+from dllm_jax.generate.block_loop import cache_capacity
+from dllm_jax.generate.sdar import SDAROptions, generate_sdar
 from dllm_jax.testing import jaxpr_equations, tiny_sdar_config
 
 PROMPT, NEW = 300, 8  # rows of 308 positions: a 384-key cache, three 128-key tiles

@@ -13,7 +13,8 @@ from dllm_jax.generate.dream import DreamOptions, generate_dream_jit
 from dllm_jax.generate.llada import LLaDAOptions, generate_llada_fast_jit, generate_llada_jit
 from dllm_jax.generate.llada2 import LLaDA2Options, answers, generate_llada2_jit
 from dllm_jax.generate.sampling import top_k_bound
-from dllm_jax.generate.sdar import SDAROptions, generate_sdar_jit, left_padded, trim
+from dllm_jax.generate.block_loop import trim
+from dllm_jax.generate.sdar import SDAROptions, generate_sdar_jit, left_padded
 from dllm_jax.testing import compile_events, tiny_dream_config, tiny_llada2_config, tiny_llada_config, tiny_sdar_config
 
 SDAR_SWEEP = [dict(temperature=0.7), dict(temperature=0.5, top_p=0.9), dict(top_p=0.8), dict(top_k=3),

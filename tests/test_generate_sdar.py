@@ -6,6 +6,7 @@ import numpy as np
 import pytest
 
 from dllm_jax.generate import generate
+from dllm_jax.generate import block_loop
 from dllm_jax.generate import sdar as gen_sdar
 from dllm_jax.testing import tiny_sdar_config
 from torch_generate import sdar_generate
@@ -48,7 +49,7 @@ def test_matches_official_algorithm(setup, rng, case, prompt_length):
                              block_length=config.block_size, denoising_steps=steps, remasking_strategy=remasking,
                              stopping_criteria_idx=list(config.eos_token_ids),
                              uniforms=uniforms_for(seed, config.block_size), **options)
-    [trimmed] = gen_sdar.trim(expected, [expected.shape[1]], [prompt_length], set(config.eos_token_ids))
+    [trimmed] = block_loop.trim(expected, [expected.shape[1]], [prompt_length], set(config.eos_token_ids))
     if not set(trimmed[prompt_length:].tolist()) & set(config.eos_token_ids):
         # no stop: the official output runs to the end of the last block, trailing masks included
         trimmed = expected[0]

@@ -29,6 +29,7 @@ def long_rows(model, config, plan: Plan, *, baseline: bool, copy: dict | None, d
     """Dense and MAGE: the time of one output block of the generate loop (`denoise_block`: the block's
     denoising forwards and its commit) against a long cache, in the loop's own code."""
     from dllm_jax.attention.policy import Dense
+    from dllm_jax.generate import block_loop as loops
     from dllm_jax.generate import sdar as gen
 
     params = model.params()
@@ -53,7 +54,7 @@ def long_rows(model, config, plan: Plan, *, baseline: bool, copy: dict | None, d
     repeats = 3
     for batch in plan.long_batches:
         point = dict(cache=s, batch=batch, block=n, steps=plan.sdar_steps)
-        capacity = gen.cache_capacity(s + (repeats + 2) * n, n)  # as generate allocates it (whole key tiles)
+        capacity = loops.cache_capacity(s + (repeats + 2) * n, n)  # as generate allocates it (whole key tiles)
         need = batch * capacity * kv_bytes_per_position(config) + activation_bytes(config, 2 * batch * n)
         reason = OUT_OF_TIME if time.monotonic() > deadline else memory_verdict(need)
         if reason:
@@ -144,8 +145,11 @@ def block_bytes(policy, config, *, batch: int, prefix: int, steps: int, forwards
 
 def block_loop(gen, params, masks, policy, options, config, batch: int, baseline: bool):
     """(cache, policy_state) -> (block, cache, policy_state): one output block of the generate loop,
-    jitted with the cache and state donated. The pre-issue-17 loop committed each block in a forward
-    of its own; the current one commits the previous block in the first step (here: one pending)."""
+    jitted with the cache and state donated. With `baseline` (a checkout whose loop committed each block in a
+    forward of its own) the block runs as that loop ran it; the package's loop commits the previous block in the
+    first step (here: one pending)."""
+    from dllm_jax.generate import block_loop as loops
+
     key = jax.random.key(0)
     # params go in as an argument: captured by the closure they would be compiled in as constants
     if baseline:
@@ -153,13 +157,14 @@ def block_loop(gen, params, masks, policy, options, config, batch: int, baseline
                                                         options=options, policy=policy)[:3], donate_argnums=(1, 2))
         return lambda c, st: fn(params, c, st)
     steps = jnp.full((batch,), options.denoising_steps, jnp.int32)
-    finished = gen.Finished(ids=jnp.zeros_like(masks), pending=jnp.ones((batch,), bool),
+    finished = loops.Finished(ids=jnp.zeros_like(masks), pending=jnp.ones((batch,), bool),
                             mode=jnp.broadcast_to(policy.block_mode(steps, unmasked=jnp.zeros_like(steps), commit=True),
                                                   (batch,)).astype(jnp.int32))
     active = jnp.ones((batch,), bool)
     draws = jnp.zeros((batch,), jnp.int32)
-    fn = jax.jit(lambda p, c, st: gen.denoise_block(p, masks, c, st, key, draws, active, finished, config=config,
-                                                    options=options, policy=policy)[:3], donate_argnums=(1, 2))
+    fn = jax.jit(lambda p, c, st: loops.denoise_block(p, masks, c, st, key, draws, active, finished, config=config,
+                                                      options=options, policy=policy,
+                                                      sampler=gen.SDAR_SAMPLER)[:3], donate_argnums=(1, 2))
     return lambda c, st: fn(params, c, st)
 
 

@@ -46,7 +46,8 @@ from dllm_jax.generate.requests import (ProbeLoop, as_array, check_context, chec
                                         on_mesh, rows_on_mesh, until_stop)
 from dllm_jax.generate.sampling import (RowSampling, against_rows, commit_top, row_sampling, sample_tokens,
                                         sample_tokens_per_row, top_k_bound, transfer_counts)
-from dllm_jax.generate.sdar import PROMPT_BUCKET, BlockSampler, SlotLoop, cache_capacity, decode_blocks
+from dllm_jax.generate.block_loop import BlockSampler, SlotLoop, cache_capacity, decode_blocks
+from dllm_jax.generate.sdar import PROMPT_BUCKET
 from dllm_jax.models import llada2 as llada2_model
 from dllm_jax.sharding import shard_kv_cache, to_host, tracing_on
 

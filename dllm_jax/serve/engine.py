@@ -7,7 +7,7 @@ static batch: one compiled step serves every mix of requests). `insert` prefills
 into a free slot's rows of the slot-indexed KV cache; `step` runs a block's worth of forwards over every
 busy slot, each slot at its own block and its own denoising step in its own row-local coordinates: a slot
 whose block is unmasked commits it on its next forward (riding on the next block's first step, as in
-`generate`) instead of waiting for the slowest slot (`dllm_jax.generate.sdar.decode_forwards`; with
+`generate`) instead of waiting for the slowest slot (`dllm_jax.generate.block_loop.decode_forwards`; with
 `schedule="block"` a step decodes one whole block per slot instead, as one row of batched `generate` does:
 `decode_block`). Between steps the host scheduler (`Engine.step`) retires the slots that finished and admits
 queued requests into them, so a short request leaves as soon as its last block is decoded and a new one
@@ -54,8 +54,8 @@ from dllm_jax.attention.policy import AttentionPolicy
 from dllm_jax.families import FAMILIES, family_of
 from dllm_jax.generate.requests import check_context, make_options
 from dllm_jax.generate.sampling import RowSampling
-from dllm_jax.generate.sdar import (BlockProgress, DecodeCarry, SlotLoop, cache_capacity, decode_block,
-                                    decode_forwards, no_pending_block, trim)
+from dllm_jax.generate.block_loop import (BlockProgress, DecodeCarry, SlotLoop, cache_capacity, decode_block,
+                                          decode_forwards, no_pending_block, trim)
 from dllm_jax import validation as check
 from dllm_jax.serve.requests import MAX_STOP_IDS, Request, RequestQueue, SamplingValues
 
