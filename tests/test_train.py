@@ -22,7 +22,9 @@ from dllm_jax.train.__main__ import build_parser, model_config
 from dllm_jax.train.task_batches import TaskSampler, batch_source, room_for
 from dllm_jax.train.__main__ import main as train_main
 from dllm_jax.train.data import BucketedSource, Prefetcher
-from dllm_jax.train.loop import check_same_run, grow_layers, loss_fn, regroup_heads, widen_heads
+from dllm_jax.train.loop import loss_fn
+from dllm_jax.train.run_folder import check_same_run
+from dllm_jax.train.surgery import grow_layers, regroup_heads, widen_heads
 from dllm_jax.train.losses import block_ratios, mask_tokens, row_ratios, two_copy_logits
 
 LLADA = tiny_llada_config(vocab_size=64, tokenizer_vocab_size=64, mask_token_id=60, eos_token_id=61, pad_token_id=61,

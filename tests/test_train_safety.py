@@ -21,7 +21,7 @@ from dllm_jax.testing import write_hf_checkpoint
 from dllm_jax.train import export_hf, init_params
 from dllm_jax.train.__main__ import main as train_main
 from dllm_jax.train.__main__ import model_config
-from dllm_jax.train.loop import CHECKPOINTS, CONFIG_FILE, HISTORY_FILE
+from dllm_jax.train.run_folder import CHECKPOINTS, CONFIG_FILE, HISTORY_FILE
 
 COMMON = ["--family", "llada", "--task", "passkey", "--context", "64", "--batch", "2", "--data-workers", "0",
           "--no-progress"]

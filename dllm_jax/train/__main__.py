@@ -3,7 +3,7 @@
   python -m dllm_jax.train --family llada --config tiny --task passkey,sanity --context 1024 \\
       --steps 2000 --batch 16 --out runs/llada [--resume] [--stop-at 500]
 
-OUT holds the run (checkpoints/, train_config.json, history.json, loss.png, see dllm_jax.train.loop)
+OUT holds the run (checkpoints/, train_config.json, history.json, loss.png, see dllm_jax.train.run_folder)
 and, after every invocation, OUT/hf: the weights so far as an HF checkpoint with the task tokenizer
 (`dllm_jax.load_model(OUT/hf)`, `dllm-jax eval --model OUT/hf`). Training samples use seeds >= 2**31
 (drawn from --seed and the step): evaluate on seeds below that to test on prompts never trained on.
@@ -71,7 +71,7 @@ def model_config(family: str, size: str, *, vocab_size: int, special, max_positi
 train_seed = number(int, "an integer in [0, 2**31)", lambda v: 0 <= v < 2**31)
 open_fraction = number(float, "a number in (0, 1)", lambda v: 0 < v < 1)
 
-# the flag that sets each field a resume compares (`dllm_jax.train.loop.run_differences`)
+# the flag that sets each field a resume compares (`dllm_jax.train.run_folder.run_differences`)
 FLAG_OF = {"learning_rate": "--lr", "batch_size": "--batch", "warmup_steps": "--warmup",
            "weight_decay": "--weight-decay", "grad_clip": "--grad-clip", "compute_dtype": "--dtype", "eps": "--min-t",
            "stratified_t": "--stratified-t", "seed": "--seed", "seq_length": "--context (its longest batch)",
@@ -172,15 +172,15 @@ def arguments() -> argparse.ArgumentParser:
     p.add_argument("--grow-layers", type=positive_int, default=None,
                    help="with --init: deepen the checkpoint's model to this many layers (a multiple of its own): each "
                         "layer is followed by copies with zero output projections, so training starts from exactly the "
-                        "checkpoint's function (dllm_jax.train.loop.grow_layers)")
+                        "checkpoint's function (dllm_jax.train.surgery.grow_layers)")
     p.add_argument("--widen-heads", type=positive_int, default=None, metavar="HEAD_DIM",
                    help="with --init (SDAR): widen the checkpoint's heads to this head_dim (a multiple of its own, e.g. "
                         "32 -> 64 for the Hopper kernels), computing exactly the checkpoint's function "
-                        "(dllm_jax.train.loop.widen_heads)")
+                        "(dllm_jax.train.surgery.widen_heads)")
     p.add_argument("--regroup-heads", type=positive_int, default=None, metavar="NUM_HEADS",
                    help="with --init (LLaDA, whose head_dim is hidden_size / num_heads): merge the checkpoint's query "
                         "and KV heads into this many query heads, as many times wider (e.g. 8 x 32 -> 4 x 64); lossy, "
-                        "a warm start to train on (dllm_jax.train.loop.regroup_heads)")
+                        "a warm start to train on (dllm_jax.train.surgery.regroup_heads)")
     p.add_argument("--max-positions", type=positive_int, default=None, metavar="N",
                    help="max_position_embeddings of the trained model (default: an --init checkpoint's own, else "
                         "max(longest --context, 4096)); raising an --init checkpoint's extends its context (RoPE has "
@@ -191,7 +191,7 @@ def arguments() -> argparse.ArgumentParser:
 
 def run(args) -> Path:
     from dllm_jax.eval import TASKS, build_tokenizer, min_context_length, vocab
-    from dllm_jax.train.loop import TrainConfig, export_hf, train
+    from dllm_jax.train import TrainConfig, export_hf, train
 
     unknown = [t for t in args.task if t not in TASKS]
     if unknown:
@@ -274,7 +274,7 @@ def check_out(args) -> None:
     OUT/hf, OUT/train_config.json and rotates OUT/checkpoints, which must never touch the checkpoint it
     starts from (the converter's rule: not the same directory, not inside it, not containing it)."""
     from dllm_jax.checkpoint.atomic import path_relation
-    from dllm_jax.train.loop import check_run_location
+    from dllm_jax.train.run_folder import check_run_location
 
     if args.init is not None:
         relation = path_relation(args.out, args.init)
@@ -290,7 +290,7 @@ def check_out(args) -> None:
 def check_resume(out: Path, config, settings: dict) -> None:
     """Before any work: a run that holds checkpoints resumes only with its own settings; the flags that
     differ are named with their stored and new values."""
-    from dllm_jax.train.loop import CONFIG_FILE, Run, read_json, run_differences
+    from dllm_jax.train.run_folder import CONFIG_FILE, Run, read_json, run_differences
 
     if Run(out).latest_step() is None:
         return
@@ -313,7 +313,7 @@ def initial_weights(args, special, *, vocab_size: int, length: int):
     checked against the run: its family, the task tokenizer's ids and the sequence length."""
     from dllm_jax.checkpoint.hf import read_hf_params
     from dllm_jax.config import read_hf_config
-    from dllm_jax.train.loop import grow_layers, regroup_heads, widen_heads
+    from dllm_jax.train.surgery import grow_layers, regroup_heads, widen_heads
 
     if args.resume:
         raise ValueError("--init starts a new run from a checkpoint's weights; --resume continues a run: give one")
