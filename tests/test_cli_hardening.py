@@ -86,7 +86,7 @@ def test_batches_follow_the_rule_and_keep_a_multiple_of_the_data_parallel_rows()
     before it is returned; an error item is raised before the batch it would join, after the full ones."""
     import numpy as np
 
-    from dllm_jax.generate.prompts import Prompt, prompt_batches
+    from dllm_jax.cli.prompt_stream import Prompt, prompt_batches
 
     def items(*lengths):
         return [(Prompt(n, None, "x"), np.zeros((1, length), np.int32)) for n, length in enumerate(lengths, 1)]

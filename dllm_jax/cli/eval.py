@@ -112,10 +112,10 @@ def check_eval_size(args, config) -> None:
 def check_eval_memory(args, config, length: int) -> None:
     """A ValueError, before the samples are built, when one forward of --batch-size rows of `length` positions
     cannot fit the memory the device (the host's, on CPU) has free besides the weights, by a lower bound
-    (`dllm_jax.generate.budget.least_step_bytes`): the process would otherwise be killed without a message."""
+    (`dllm_jax.cli.budget.least_step_bytes`): the process would otherwise be killed without a message."""
     import jax
 
-    from dllm_jax.generate import budget
+    from dllm_jax.cli import budget
 
     have = budget.available_bytes()
     if have is None:

@@ -19,7 +19,7 @@ from dllm_jax.generate.requests import until_stop
 
 
 def add_parser(subparsers) -> None:
-    from dllm_jax.generate import budget
+    from dllm_jax.cli import budget
 
     gen = subparsers.add_parser(
         "generate", parents=[sampling_parent(), dtype_parent(), methods_parent()],
@@ -32,7 +32,7 @@ def add_parser(subparsers) -> None:
                      help="prompts generated together, a batch printed before the next is read (default: as many "
                           "as an estimate of a step's memory fits in half the device's free memory after the "
                           f"weights, or in {budget.CPU_BUDGET // 2**30} GiB where jax reports no memory (CPU), at most "
-                          f"{budget.MAX_ROWS}; dllm_jax.generate.budget); greedy answers do not depend on it")
+                          f"{budget.MAX_ROWS}; dllm_jax.cli.budget); greedy answers do not depend on it")
     gen.add_argument("--progress", action="store_true", help="progress bar from inside the compiled loop")
     add_mesh_flag(gen, "prompts")
     add_quantize_flag(gen)
@@ -45,7 +45,7 @@ def run(args) -> None:
     read (the second prompt is read first in any case: one prompt's answer is printed without a number); the
     first batch is read and checked before the weights load."""
     from dllm_jax.checkpoint import load_model
-    from dllm_jax.generate.prompts import encoded, prompt_batches
+    from dllm_jax.cli.prompt_stream import encoded, prompt_batches
     from dllm_jax.tokenizer import ChatTokenizer
 
     request = checked_request(args)  # every flag error before the slow loading

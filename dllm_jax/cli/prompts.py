@@ -39,10 +39,10 @@ def prompt_batch(rows, pad_id: int) -> PromptBatch:
 
 @contextlib.contextmanager
 def opened_prompts(args, config):
-    """The prompts (dllm_jax.generate.prompts.Prompt) of --prompt (repeatable) or --prompts-file, streamed
+    """The prompts (dllm_jax.cli.prompt_stream.Prompt) of --prompt (repeatable) or --prompts-file, streamed
     line by line from the file while it is open; its lines are capped at LINE_BYTES_PER_POSITION bytes per
     position of config.max_position_embeddings."""
-    from dllm_jax.generate.prompts import file_prompts, flag_prompts
+    from dllm_jax.cli.prompt_stream import file_prompts, flag_prompts
 
     if args.prompts_file is None:
         yield flag_prompts(list(args.prompt))
@@ -57,7 +57,7 @@ def opened_prompts(args, config):
 
 
 def encode_row(tokenizer, prompt, *, raw: bool, config, gen_length: int) -> np.ndarray:
-    """int32 [1, P] of one prompt (a dllm_jax.generate.prompts.Prompt), which with --gen-length must fit the
+    """int32 [1, P] of one prompt (a dllm_jax.cli.prompt_stream.Prompt), which with --gen-length must fit the
     model's context; an error names the prompt when there are several."""
     which = "the prompt" if prompt.where is None else f"{prompt.where} ({prompt.text[:40]!r})"
     try:
@@ -76,8 +76,8 @@ def encode_row(tokenizer, prompt, *, raw: bool, config, gen_length: int) -> np.n
 
 def batch_rule(args, config):
     """fits(rows, longest prompt tokens) of a batch: --batch-size rows, or by default as many as the memory
-    estimate of dllm_jax.generate.budget allows (per device of the mesh's dp, the weights split over its tp)."""
-    from dllm_jax.generate import budget
+    estimate of dllm_jax.cli.budget allows (per device of the mesh's dp, the weights split over its tp)."""
+    from dllm_jax.cli import budget
 
     if args.batch_size is not None:
         return lambda rows, longest: rows <= args.batch_size
