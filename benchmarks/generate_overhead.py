@@ -28,7 +28,7 @@ from dllm_jax import shipped_config
 from dllm_jax.generate.llada import LLaDAOptions, generate_llada_jit
 from dllm_jax.generate.progress import progress_bar, tick
 from dllm_jax.generate.sdar import SDAROptions, generate_sdar_jit
-from dllm_jax.models import llada, sdar
+from dllm_jax.models import block_diffusion, llada, sdar
 from dllm_jax.models.layers import prepare_params
 from dllm_jax.testing import random_params
 
@@ -63,7 +63,7 @@ def sdar_rows(repeats):
     p, new, steps = 16384, 32, 4
     prompt = jax.random.randint(jax.random.key(1), (1, p), 0, config.mask_token_id)
     total = p + new
-    prefill = jax.jit(lambda params, ids: sdar.prefill(params, ids, sdar.init_cache(config, 1, total), config=config))
+    prefill = jax.jit(lambda params, ids: sdar.prefill(params, ids, block_diffusion.init_cache(config, 1, total), config=config))
     t_prefill = time_calls(prefill, params, prompt, warmup=1, repeats=max(3, repeats // 3), burst_s=0)
     cache = prefill(params, prompt)
     block = jnp.full((1, config.block_size), config.mask_token_id, jnp.int32)

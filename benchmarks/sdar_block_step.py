@@ -28,7 +28,8 @@ from dllm_jax.attention import backends
 from dllm_jax.attention.dense import dense_attention
 from dllm_jax.models.layers import prepare_params
 from dllm_jax.testing import random_params
-from dllm_jax.models.sdar import KVCache, block_step
+from dllm_jax.models.block_diffusion import KVCache
+from dllm_jax.models.sdar import block_step
 
 
 def random_cache(config, batch, max_length, length, key):

@@ -40,7 +40,8 @@ from dllm_jax.bench import markdown_table, time_carried, traced_kernels, write_r
 from dllm_jax.generate.sampling import transfer_counts
 from dllm_jax.generate.block_loop import Finished, cache_capacity, denoise_block
 from dllm_jax.generate.sdar import SDAR_SAMPLER, SDAROptions
-from dllm_jax.models.sdar import block_step, init_policy_state
+from dllm_jax.models.block_diffusion import init_policy_state
+from dllm_jax.models.sdar import block_step
 from dllm_jax.models.layers import prepare_params
 from dllm_jax.testing import random_params
 

@@ -7,7 +7,7 @@ import pytest
 from dllm_jax import load_model
 from dllm_jax.attention.mage import MAGE
 from dllm_jax.generate import generate
-from dllm_jax.models import llada, sdar
+from dllm_jax.models import block_diffusion, llada
 from dllm_jax.models.layers import prepare_params
 from dllm_jax.testing import random_params, tiny_llada_config, tiny_sdar_config
 
@@ -63,7 +63,7 @@ def test_unknown_execution_raises(tiny_checkpoint):
 
 def test_cache_is_per_layer_with_per_row_lengths():
     config = tiny_sdar_config()
-    cache = sdar.init_cache(config, 3, 16)
+    cache = block_diffusion.init_cache(config, 3, 16)
     assert len(cache.k) == len(cache.v) == config.num_layers
     assert cache.k[0].shape == (3, 16, config.num_kv_heads, config.head_dim)
     assert cache.length.shape == (3,)

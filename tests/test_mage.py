@@ -170,10 +170,11 @@ def block_jaxpr(model, policy):
     """The jaxpr of one output block of SDAR's loop (`denoise_block`, a pending commit fused) under `policy`."""
     from dllm_jax.generate import block_loop
     from dllm_jax.generate import sdar as gen
+    from dllm_jax.models import block_diffusion
 
     config, params = model.config, model.params()
     masks = jnp.full((1, config.block_size), config.mask_token_id, jnp.int32)
-    cache, state = model.init_cache(1, 64), gen.sdar_model.init_policy_state(policy, config, 1, 64)
+    cache, state = model.init_cache(1, 64), block_diffusion.init_policy_state(policy, config, 1, 64)
     pending = block_loop.Finished(ids=masks, pending=jnp.ones((1,), bool), mode=jnp.full((1,), int(Mode.SPARSE)))
     return jax.make_jaxpr(lambda c, s: block_loop.denoise_block(
         params, masks, c, s, jax.random.key(0), jnp.zeros((1,), jnp.int32), jnp.ones((1,), bool), pending,

@@ -9,8 +9,9 @@ import pytest
 
 from dllm_jax import SDAR, SDARConfig, convert_hf_checkpoint, load_model, shipped_config
 from dllm_jax.config import config_from_hf
-from dllm_jax.models import sdar
-from dllm_jax.models.sdar import block_causal_mask, forward, param_shapes
+from dllm_jax.models import block_diffusion, sdar
+from dllm_jax.models.block_diffusion import block_causal_mask
+from dllm_jax.models.sdar import forward, param_shapes
 from dllm_jax.testing import random_hf_tensors, tiny_sdar_config, write_hf_checkpoint
 from test_llada_numerics import BF16_BOUND, FP32_BOUND, relative_error
 from torch_reference import block_causal_logits, qwen3_reference
@@ -65,7 +66,7 @@ def tiny_prefill(tiny_checkpoint, rng, *, blocks: int, capacity_blocks: int):
     bs = config.block_size
     ids = jnp.asarray(rng.integers(0, config.vocab_size, (2, blocks * bs)))
     prefill = jax.jit(sdar.prefill, static_argnames=("config", "chunk_tokens"))
-    return model, ids, prefill, sdar.init_cache(config, 2, capacity_blocks * bs, jnp.float32)
+    return model, ids, prefill, block_diffusion.init_cache(config, 2, capacity_blocks * bs, jnp.float32)
 
 
 @pytest.mark.parametrize("blocks_per_chunk", [1, 2])  # 2: the last chunk overlaps the one before
@@ -75,8 +76,8 @@ def test_prefill_in_chunks_writes_the_one_pass_cache(tiny_checkpoint, rng, block
     forward)."""
     model, ids, prefill, empty = tiny_prefill(tiny_checkpoint, rng, blocks=3, capacity_blocks=5)
     config, bs = model.config, model.config.block_size
-    assert sdar.prefill_chunk_length(2, 3 * bs, bs) == 3 * bs
-    assert sdar.prefill_chunk_length(2, 3 * bs, bs, 2 * blocks_per_chunk * bs) == blocks_per_chunk * bs
+    assert block_diffusion.prefill_chunk_length(2, 3 * bs, bs) == 3 * bs
+    assert block_diffusion.prefill_chunk_length(2, 3 * bs, bs, 2 * blocks_per_chunk * bs) == blocks_per_chunk * bs
     one_pass = prefill(model.params(), ids, empty, config=config)
     chunked = prefill(model.params(), ids, empty, config=config, chunk_tokens=2 * blocks_per_chunk * bs)
     np.testing.assert_array_equal(np.asarray(chunked.length), np.asarray(one_pass.length))

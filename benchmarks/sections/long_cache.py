@@ -31,6 +31,7 @@ def long_rows(model, config, plan: Plan, *, baseline: bool, copy: dict | None, d
     from dllm_jax.attention.policy import Dense
     from dllm_jax.generate import block_loop as loops
     from dllm_jax.generate import sdar as gen
+    from dllm_jax.models import block_diffusion
 
     params = model.params()
     w = weight_bytes(params, config)
@@ -70,7 +71,7 @@ def long_rows(model, config, plan: Plan, *, baseline: bool, copy: dict | None, d
                 gc.collect()
                 # zeros stand in for a prefill: attention cost does not depend on the values
                 cache = model.init_cache(batch, capacity)
-                state = gen.sdar_model.init_policy_state(policy, config, batch, capacity)
+                state = block_diffusion.init_policy_state(policy, config, batch, capacity)
                 loop = block_loop(gen, params, masks, policy, options, config, batch, baseline)
                 at = lambda c: c.replace(length=jnp.full(c.length.shape, s, jnp.int32))
 

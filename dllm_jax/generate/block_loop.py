@@ -35,7 +35,7 @@ from flax import struct
 from dllm_jax.attention.policy import AttentionPolicy, Dense, Mode, stack_states, unmasked_since_refresh, unstack_states
 from dllm_jax.generate.requests import until_stop
 from dllm_jax.generate.sampling import RowSampling
-from dllm_jax.models.sdar import KVCache, write_rows
+from dllm_jax.models.block_diffusion import KVCache, write_rows
 
 CACHE_TILE = 128
 
@@ -90,7 +90,7 @@ class BlockSampler:
     schedule: Callable  # (options, config, n) -> int32 [steps]: tokens to commit at each forward of a block of n
     # (logits, u, mask_index, count, options, rows: RowSampling | None) -> (tokens int32 [B, n], transfer bool [B, n])
     commit: Callable
-    commit_and_step: Callable  # the model's `commit_and_step` (`dllm_jax.models.sdar.commit_and_step`)
+    commit_and_step: Callable  # the model's `commit_and_step` (`dllm_jax.models.block_diffusion.commit_and_step`)
     block_step: Callable  # the model's `block_step`
 
 

@@ -54,6 +54,7 @@ from dllm_jax.generate.requests import (ProbeLoop, answer_window, as_array, chec
                                         on_devices, on_mesh, rows_on_mesh)
 from dllm_jax.generate.sampling import (SDAR_REMASKING, RowSampling, row_sampling, sample_tokens, sample_tokens_per_row,
                                         top_k_bound, transfer_counts, transfer_mask)
+from dllm_jax.models import block_diffusion
 from dllm_jax.models import sdar as sdar_model
 from dllm_jax.sharding import shard_kv_cache, to_host
 
@@ -166,13 +167,13 @@ def generate_sdar(params, prompt_ids, attention_mask, seed, run_id=0, rows: RowS
     x = jnp.where(columns < p, shifted, config.mask_token_id)
     first = lengths // bl  # each row's first decoded block (its trailing prompt tokens, if any)
     last = -(-(lengths + o.max_new_tokens) // bl)  # one past its last block
-    cache = sdar_model.init_cache(config, b, cache_capacity(width, bl), params["embed"].dtype)
+    cache = block_diffusion.init_cache(config, b, cache_capacity(width, bl), params["embed"].dtype)
     cache = shard_kv_cache(cache, mesh)  # rows over "dp", KV heads over "tp" on a sharded model
-    params = sdar_model.unrolled(params, config)
+    params = block_diffusion.unrolled(params, config)
     prefill_width = p // bl * bl
     if prefill_width:
         cache = sdar_model.prefill(params, x[:, :prefill_width], cache, first * bl, config=config)
-    carry = decode_blocks(params, x, cache, sdar_model.init_policy_state(policy, config, b, width),
+    carry = decode_blocks(params, x, cache, block_diffusion.init_policy_state(policy, config, b, width),
                           jax.random.key(seed), lengths=lengths, first=first, last=last, iterations=iterations,
                           block_length=bl, stop_ids=jnp.asarray(config.eos_token_ids, jnp.int32), config=config,
                           options=o, policy=policy, sampler=SDAR_SAMPLER, on_step=on_step, run_id=run_id, rows=rows)
@@ -294,8 +295,8 @@ def config_block_size(config: SDARConfig, options: SDAROptions) -> int:
     return config.block_size
 
 
-SLOTS = SlotLoop(sampler=SDAR_SAMPLER, loop_params=sdar_model.unrolled, init_cache=sdar_model.init_cache,
-                 prefill=sdar_model.prefill, init_policy_state=sdar_model.init_policy_state,
+SLOTS = SlotLoop(sampler=SDAR_SAMPLER, loop_params=block_diffusion.unrolled, init_cache=block_diffusion.init_cache,
+                 prefill=sdar_model.prefill, init_policy_state=block_diffusion.init_policy_state,
                  block_length=config_block_size, check_request=slot_check, greedy=(("top_k", 1),), cuts_answer=False)
 
 

@@ -47,12 +47,13 @@ from flax import nnx
 from dllm_jax.attention.dense import matmul_precision
 from dllm_jax.attention.policy import AttentionPolicy, Dense
 from dllm_jax.config import LLaDA2Config
-from dllm_jax.models import sdar
+from dllm_jax.models import block_diffusion
 from dllm_jax.models.layers import (QUANTIZED_INFERENCE as DECODER_QUANTIZED, attention_sublayer, layer_params,
                                     mlp_sublayer, rms_norm, rope_tables, swiglu_gate)
 from dllm_jax.models.moe import routed_experts
 from dllm_jax.sharding import DECODER_AXES, traced_mesh
-from dllm_jax.models.sdar import BlockDiffusionLM, BlockDecoder, KVCache, Segment, init_cache, init_policy_state
+from dllm_jax.models.block_diffusion import (BlockDecoder, BlockDiffusionLM, KVCache, Segment, init_cache,
+                                             init_policy_state)
 from dllm_jax.quantize import SCALE, linear, quantized_inference_shapes, scale_name, transpose_quantized
 
 __all__ = ["LLaDA2", "DECODER", "KVCache", "Segment", "forward", "prefill", "cached_forward", "block_step",
@@ -263,41 +264,41 @@ DECODER = BlockDecoder(decoder_stack=decoder_stack, rope_tables=tables, full_par
 def forward(params, input_ids, policy_state=None, step=0, *, config: LLaDA2Config, block_length: int | None = None,
             policy: AttentionPolicy = Dense()):
     """Full-sequence forward under the block-causal mask: int32 [B, L] -> (float32 logits [B, L, V],
-    policy_state). The last block may be partial; `dllm_jax.models.sdar.forward` with this family's DECODER."""
-    return sdar.forward(params, input_ids, policy_state, step, config=config, block_length=block_length,
+    policy_state). The last block may be partial; `dllm_jax.models.block_diffusion.forward` with this family's DECODER."""
+    return block_diffusion.forward(params, input_ids, policy_state, step, config=config, block_length=block_length,
                         policy=policy, decoder=DECODER)
 
 
 def prefill(params, input_ids, cache: KVCache, lengths=None, *, config: LLaDA2Config, block_length: int | None = None,
-            policy: AttentionPolicy = Dense(), chunk_tokens: int = sdar.PREFILL_TOKENS) -> KVCache:
+            policy: AttentionPolicy = Dense(), chunk_tokens: int = block_diffusion.PREFILL_TOKENS) -> KVCache:
     """Writes the K/V of the complete prompt blocks input_ids [B, P] at positions 0..P-1 and sets the
-    fill lengths to `lengths` (default P); `dllm_jax.models.sdar.prefill` (dense, exact, in chunks)
+    fill lengths to `lengths` (default P); `dllm_jax.models.block_diffusion.prefill` (dense, exact, in chunks)
     with this family's DECODER."""
-    return sdar.prefill(params, input_ids, cache, lengths, config=config, block_length=block_length, policy=policy,
+    return block_diffusion.prefill(params, input_ids, cache, lengths, config=config, block_length=block_length, policy=policy,
                         decoder=DECODER, chunk_tokens=chunk_tokens)
 
 
 def cached_forward(params, segments: tuple, cache: KVCache, policy_state, *, config: LLaDA2Config,
                    policy: AttentionPolicy):
-    """One forward of the concatenated segments against the cache; `dllm_jax.models.sdar.cached_forward`
+    """One forward of the concatenated segments against the cache; `dllm_jax.models.block_diffusion.cached_forward`
     with this family's DECODER."""
-    return sdar.cached_forward(params, segments, cache, policy_state, config=config, policy=policy, decoder=DECODER)
+    return block_diffusion.cached_forward(params, segments, cache, policy_state, config=config, policy=policy, decoder=DECODER)
 
 
 def block_step(params, block_ids, cache: KVCache, policy_state=None, mode=None, *, config: LLaDA2Config,
                policy: AttentionPolicy = Dense(), commit=False):
     """One block block_ids [B, n] at positions length[b].. against the cache; with commit=True the fill
     length advances by n. Returns (float32 logits [B, n, V], cache, policy_state);
-    `dllm_jax.models.sdar.block_step` with this family's DECODER."""
-    return sdar.block_step(params, block_ids, cache, policy_state, mode, config=config, policy=policy, commit=commit,
+    `dllm_jax.models.block_diffusion.block_step` with this family's DECODER."""
+    return block_diffusion.block_step(params, block_ids, cache, policy_state, mode, config=config, policy=policy, commit=commit,
                            decoder=DECODER)
 
 
 def commit_and_step(params, finished_ids, pending, block_ids, cache: KVCache, policy_state, finished_mode, mode, *,
                     config: LLaDA2Config, policy: AttentionPolicy = Dense()):
     """The commit of a finished block (rows where `pending`) and the next block's first step in one
-    forward; exact under the block-causal mask (`dllm_jax.models.sdar.commit_and_step` with this family's DECODER)."""
-    return sdar.commit_and_step(params, finished_ids, pending, block_ids, cache, policy_state, finished_mode, mode,
+    forward; exact under the block-causal mask (`dllm_jax.models.block_diffusion.commit_and_step` with this family's DECODER)."""
+    return block_diffusion.commit_and_step(params, finished_ids, pending, block_ids, cache, policy_state, finished_mode, mode,
                                 config=config, policy=policy, decoder=DECODER)
 
 

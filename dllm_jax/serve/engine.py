@@ -30,7 +30,7 @@ What differs between the families (model functions, sampler, block length, reque
 Prompts are prefilled in a few static lengths (`prefill_buckets`: whole blocks, doubling up to
 `INSERT_CHUNK`, then the slot width): a prompt takes the shortest bucket that holds its complete blocks, so
 the inserts compile once per bucket. The width bucket prefills in chunks of `INSERT_CHUNK` positions and runs
-only the chunks its prompt's complete blocks need (`dllm_jax.models.sdar.prefill`), so a long prompt pays for
+only the chunks its prompt's complete blocks need (`dllm_jax.models.block_diffusion.prefill`), so a long prompt pays for
 its own length, not for the next power of two (doubling buckets padded 512-2048-token prompts by a third).
 
 An attention method (MAGE, FlashBlock, FlashBlock + MAGE) keeps its per-layer state per slot in the step's
