@@ -8,14 +8,17 @@ weights, stop tokens disabled), per case
                them as Python numbers, the program before they were traced; for LLaDA the same sampler with the
                values as constants), the same inputs, timed alike (median of --repeats synchronised calls),
                interleaved;
-  second process  a new process with the persistent compilation cache this process filled: seconds from its
-               start to `generate`'s first result, and the programs it compiled (none expected) or loaded.
+  second process  a new process with the persistent compilation cache the first run filled: seconds from its
+               start to `generate`'s first result, and the programs it compiled (none expected) or loaded. It runs
+               as its own command after the first has exited (`--second-only`: on one GPU the first process holds
+               the memory a second 8B model needs).
 
 Cases: SDAR-8B dense at batch 1 and 64 (1k prompt, 128 new tokens, 4 steps per block of 4, one token per step),
 SDAR-8B with MAGE at batch 1 and with fp8 weights at batch 64 (first call only), LLaDA-8B with Fast-dLLM's dual cache at batch 1 (1k prompt, 256
 new tokens, 64 steps, blocks of 32). Results: <out>/compile_once_<device>_<date>.{json,md}.
 
     DLLM_JAX_CACHE_DIR=/tmp/cache PYTHONPATH=. python -m benchmarks.compile_once --out benchmarks/results
+    DLLM_JAX_CACHE_DIR=/tmp/cache PYTHONPATH=. python -m benchmarks.compile_once --second-only sdar-b1 llada-dual-b1
 """
 
 from __future__ import annotations
@@ -121,6 +124,17 @@ def timed(fn) -> float:
     return time.perf_counter() - start
 
 
+def second_process(case: str, tiny: bool) -> dict:
+    """The second process's row (SECOND) for `case`: its counts and times, or the tail of its error."""
+    env = dict(os.environ, PYTHONPATH=os.pathsep.join([str(Path(__file__).resolve().parents[1]),
+                                                       os.environ.get("PYTHONPATH", "")]))
+    run = subprocess.run([sys.executable, "-c", SECOND, case, "tiny" if tiny else "8b"], env=env,
+                         capture_output=True, text=True, timeout=500)
+    if run.returncode:
+        return dict(second_process_error=run.stderr[-2000:])
+    return dict(second_process=json.loads(run.stdout.strip().splitlines()[-1]))
+
+
 def case_rows(case: str, repeats: int, second: bool, tiny: bool):
     model, ids, options = build(case, tiny=tiny)
     name, batch, method, quantize = CASES[case]
@@ -147,14 +161,7 @@ def case_rows(case: str, repeats: int, second: bool, tiny: bool):
         row["traced_over_static"] = row["traced_tokens_per_s"] / row["static_tokens_per_s"]
         print(json.dumps(row), flush=True)
     if second:
-        env = dict(os.environ, PYTHONPATH=os.pathsep.join([str(Path(__file__).resolve().parents[1]),
-                                                           os.environ.get("PYTHONPATH", "")]))
-        run = subprocess.run([sys.executable, "-c", SECOND, case, "tiny" if tiny else "8b"], env=env,
-                             capture_output=True, text=True, timeout=500)
-        if run.returncode:
-            row["second_process_error"] = run.stderr[-2000:]
-        else:
-            row["second_process"] = json.loads(run.stdout.strip().splitlines()[-1])
+        row |= second_process(case, tiny)
         print(json.dumps(row), flush=True)
     return row
 
@@ -175,10 +182,21 @@ def table(rows: list[dict]) -> list[str]:
     return lines
 
 
+def second_table(rows: list[dict]) -> list[str]:
+    lines = ["| case | to first result s | of which generate s | programs compiled / loaded |", "|---|---|---|---|"]
+    for r in rows:
+        s = r.get("second_process")
+        lines.append(f"| {r['case']} | " + ("failed | | |" if s is None else
+                     f"{s['total_s']:.1f} | {s['generate_s']:.1f} | {s['compiled']} / {s['loaded']} |"))
+    return lines
+
+
 def main(argv=None) -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--cases", nargs="+", default=list(CASES), choices=list(CASES))
     parser.add_argument("--second", nargs="*", default=["sdar-b1"], help="cases also run in a second process")
+    parser.add_argument("--second-only", nargs="+", default=None, choices=list(CASES), metavar="CASE",
+                        help="only the second-process measurement of these cases (run after the first run exited)")
     parser.add_argument("--repeats", type=int, default=5)
     parser.add_argument("--out", type=Path, default=Path("benchmarks/results"))
     parser.add_argument("--tag", default="")
@@ -189,6 +207,12 @@ def main(argv=None) -> None:
                 date=datetime.date.today().isoformat(), cache=jax.config.jax_compilation_cache_dir,
                 xla_flags=os.environ.get("XLA_FLAGS", ""), sdar=SDAR, llada=LLADA, prompt=PROMPT)
     rows = []
+    if args.second_only:
+        meta["benchmark"] += "_second"
+        rows = [dict(case=case, **second_process(case, args.tiny)) for case in args.second_only]
+        write_results(args.out, meta, rows, [f"compile_once, second processes, on {device}, jax {jax.__version__}, "
+                                             f"{meta['date']}", "", *second_table(rows)])
+        return
     for case in args.cases:
         rows.append(case_rows(case, args.repeats, case in args.second, args.tiny))
         write_results(args.out, meta, rows, [f"compile_once on {device}, jax {jax.__version__}, {meta['date']}", "",

@@ -11,7 +11,9 @@ JAX's documentation asks that nobody else may write there). `DLLM_JAX_CACHE_DIR=
 `configure(path | None, max_bytes=...)` sets it from Python; JAX reads the setting at the process's first
 compilation, so call it before anything compiles.
 
-The folder holds at most `max_bytes` (`$DLLM_JAX_CACHE_BYTES`, default 8 GiB): past it the least recently used
+Every program is kept, however fast it compiled (`MIN_COMPILE_SECONDS`; JAX's default keeps only those over 1 s,
+and a second process would compile dozens of small ones again before its first result), unless
+`JAX_PERSISTENT_CACHE_MIN_COMPILE_TIME_SECS` says otherwise. The folder holds at most `max_bytes` (`$DLLM_JAX_CACHE_BYTES`, default 8 GiB): past it the least recently used
 programs are dropped. JAX then guards every read and write with a file lock (the `filelock` package), so two
 processes can use one folder at once.
 """
@@ -29,6 +31,10 @@ from dllm_jax import validation as check
 VARIABLE = "DLLM_JAX_CACHE_DIR"
 SIZE_VARIABLE = "DLLM_JAX_CACHE_BYTES"
 DEFAULT_BYTES = 8 * 2**30
+# programs that compile faster than this are not kept (JAX's default keeps only those over 1 s): 0 keeps the small
+# host-side programs too, which a process otherwise compiles anew before its first result (dozens of them)
+MIN_COMPILE_SECONDS = 0.0
+MIN_COMPILE_VARIABLE = "JAX_PERSISTENT_CACHE_MIN_COMPILE_TIME_SECS"
 OFF = ("off", "none", "0", "false", "no")
 
 
@@ -69,6 +75,8 @@ def configure(folder: str | os.PathLike | None, *, max_bytes: int = DEFAULT_BYTE
         raise ValueError(f"the compilation cache folder {folder} is not writable")
     jax.config.update("jax_compilation_cache_dir", str(folder))
     jax.config.update("jax_compilation_cache_max_size", max_bytes)
+    if MIN_COMPILE_VARIABLE not in os.environ:  # JAX's own setting, where the user gives one, wins
+        jax.config.update("jax_persistent_cache_min_compile_time_secs", MIN_COMPILE_SECONDS)
     return folder
 
 
