@@ -1,8 +1,9 @@
-"""The GEMMs of quantized weights alone (issue 42): the four projections of every SDAR-8B layer (qkv, o, gate/up,
-down; `--layers` of them, one jitted program) at several row counts, bf16 against int8 and fp8 through
-`dllm_jax.quantize.linear`, each quantized mode through every GEMM `linear` has (`gemm`: XLA's weight-only,
-the Pallas kernel where it takes the rows, W8A8) so that "auto"'s choices stand on a measurement. Weight bytes
-read / time against the copy bandwidth of the same process.
+"""The GEMMs of quantized weights alone: the four projections of every SDAR-8B layer (qkv, o, gate/up, down;
+`--layers` of them, one jitted program) at several row counts, bf16 against int8 and fp8 through
+`dllm_jax.quantize.linear`, each quantized mode through every GEMM `linear` has (`gemm`: XLA's weight-only, W8A8)
+and through the Pallas weight-only kernel `linear` does not use (`pallas_kernels.quantized_matmul`, where it takes
+the rows), so that "auto"'s choices stand on a measurement. Weight bytes read / time against the copy bandwidth of
+the same process.
 
     PYTHONPATH=. python -m benchmarks.quantized_gemm --out benchmarks/results
     python -m benchmarks.quantized_gemm --layers 2 --rows 4 --out /tmp/q      # CPU check
@@ -23,7 +24,11 @@ from dllm_jax.bench.tables import markdown_table
 from dllm_jax.bench.timing import time_calls
 from dllm_jax.config import shipped_config
 from dllm_jax.quantize import W8A8_MIN_ROWS, linear, quantize_weight, scale_name
-from pallas_kernels.quantized_matmul import MAX_ROWS
+from pallas_kernels.quantized_matmul import MAX_ROWS, X_DTYPES, fits, quantized_matmul
+
+# the kernel's tiles, the first that divides a weight's sizes (a sweep of this benchmark on an H100)
+GEMV_TILES = (dict(block_n=32, block_k=256, split_k=2), dict(block_n=16, block_k=128, split_k=1),
+              dict(block_n=16, block_k=16, split_k=1))
 
 
 def layer_shapes(config) -> dict[str, tuple[int, int]]:
@@ -51,13 +56,36 @@ def weights(config, layers: int, mode: str | None) -> tuple:
     return tuple(out)
 
 
+def gemv_tiles(x, w) -> dict | None:
+    """The kernel's tiles for x @ w.T, or None where it does not take them."""
+    if w.ndim != 2 or jnp.dtype(x.dtype) not in X_DTYPES or x.size // x.shape[-1] > MAX_ROWS:
+        return None
+    n, k = w.shape
+    for tiles in GEMV_TILES:
+        if fits((1, k), (n, k), block_n=tiles["block_n"], block_k=tiles["block_k"], split_k=tiles["split_k"]):
+            return tiles
+    return None
+
+
+def kernel_linear(x, p: dict, name: str):
+    """`linear`'s weight-only GEMM of a quantized weight through the Pallas kernel instead of XLA."""
+    w, scale = p[name], p[scale_name(name)]
+    tiles = gemv_tiles(x, w)
+    if tiles is None:
+        raise ValueError(f"the quantized matmul kernel does not take x {x.shape} ({x.dtype}) @ w {w.shape}.T")
+    return quantized_matmul(x.reshape(-1, x.shape[-1]), w, scale, **tiles).reshape(*x.shape[:-1], w.shape[0])
+
+
 def stack(layers, x, *, attention_width: int, gemm: str):
     """Each layer's four GEMMs in sequence (the queries' columns of qkv into o, the MLP's SwiGLU between gate/up
-    and down, residual adds)."""
+    and down, residual adds); gemm "pallas" runs the kernel, any other `linear` with it."""
+    def mm(x, p, name):
+        return kernel_linear(x, p, name) if gemm == "pallas" else linear(x, p, name, gemm=gemm)
+
     for p in layers:
-        x = x + linear(linear(x, p, "qkv_proj", gemm=gemm)[:, :attention_width], p, "o_proj", gemm=gemm)
-        both = linear(x, p, "gate_up_proj", gemm=gemm)
-        x = x + linear(jax.nn.silu(both[:, 0::2]) * both[:, 1::2], p, "down_proj", gemm=gemm)
+        x = x + mm(mm(x, p, "qkv_proj")[:, :attention_width], p, "o_proj")
+        both = mm(x, p, "gate_up_proj")
+        x = x + mm(jax.nn.silu(both[:, 0::2]) * both[:, 1::2], p, "down_proj")
     return x
 
 

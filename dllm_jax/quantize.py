@@ -19,9 +19,9 @@ The GEMM (`linear`, gemm="auto"), chosen by the rows it multiplies (static under
   * below `W8A8_MIN_ROWS` rows: weight-only in XLA. The weight is cast to the activations' dtype inside the
     jitted function and the scale applied to the GEMM's float32 output; XLA:GPU fuses the cast into its
     Triton GEMM's operand load, so the GEMM reads the 1-byte values and the cast is never a tensor in
-    memory. At decode's few rows this is bandwidth-bound, which is the point. The Pallas kernel for the same
-    (`pallas_kernels.quantized_matmul`, gemm="pallas", up to 16 rows) is not chosen: end to end, SDAR-8B
-    batch-1 generation runs slower with it than through XLA alone.
+    memory. At decode's few rows this is bandwidth-bound, which is the point. A Pallas kernel for the same
+    (`pallas_kernels.quantized_matmul`, up to 16 rows) is not used: end to end, SDAR-8B batch-1 generation
+    runs slower with it than through XLA alone (`benchmarks/quantized_gemm.py` keeps the comparison).
   * from `W8A8_MIN_ROWS` rows (prefill, LLaDA's full forwards, large batches): the activations are quantized
     too, per row on the fly (each row's absmax onto the storage range), and the GEMM runs on the 1-byte
     tensor cores (int8 x int8 -> int32, or FP8 x FP8 -> float32), both scales applied to its product, because
@@ -35,7 +35,6 @@ from __future__ import annotations
 import jax
 import jax.numpy as jnp
 
-from pallas_kernels.quantized_matmul import MAX_ROWS, X_DTYPES, fits, quantized_matmul
 
 MODES = {"int8": jnp.int8, "fp8": jnp.float8_e4m3fn}
 # the largest magnitude each storage dtype holds (e4m3fn: 448; int8 symmetric: 127, -128 unused)
@@ -46,12 +45,9 @@ FP8_CAPABILITY = (8, 9)
 # rows of activations from which the activations are quantized too and the GEMM runs on 1-byte tensor cores
 # (module docstring; on an H100 weight-only and FP8 x FP8 GEMMs take the same time at 64 rows)
 W8A8_MIN_ROWS = 128
-# what `linear` runs: "auto" (module docstring), "xla" (weight-only, XLA's GEMM), "pallas" (weight-only, the
-# quantized matmul kernel; "interpret": the same in Pallas interpret mode, for CPU tests), "w8a8"
-GEMMS = ("auto", "xla", "pallas", "interpret", "w8a8")
-# the kernel's tiles, the first that divides a weight's sizes (benchmarks/quantized_gemm.py's sweep, H100)
-GEMV_TILES = (dict(block_n=32, block_k=256, split_k=2), dict(block_n=16, block_k=128, split_k=1),
-              dict(block_n=16, block_k=16, split_k=1))
+# what `linear` runs: "auto" (module docstring), "xla" (weight-only, XLA's GEMM), "w8a8"
+GEMMS = ("auto", "xla", "w8a8")
+
 
 
 def scale_name(name: str) -> str:
@@ -174,31 +170,14 @@ def transpose_quantized(layer: dict) -> dict:
     return {name: jnp.swapaxes(w, -1, -2) if scale_name(name) in layer else w for name, w in layer.items()}
 
 
-def gemm_choice(gemm: str, x, w) -> str:
-    """What `linear` runs for x [..., in] @ a quantized w [out, in]: "w8a8", "pallas", "interpret" or "xla"
-    (weight-only in XLA); `gemm` one of GEMMS, "auto" resolved as the module docstring says. ValueError for an
-    unknown name, or for "pallas" / "interpret" where the kernel cannot take the shapes."""
+def gemm_choice(gemm: str, x) -> str:
+    """What `linear` runs for x [..., in] @ a quantized weight: "w8a8" or "xla" (weight-only in XLA); `gemm` one of
+    GEMMS, "auto" resolved by the rows as the module docstring says. ValueError for an unknown name."""
     if gemm not in GEMMS:
         raise ValueError(f"gemm={gemm!r} is not one of {GEMMS}")
-    rows = x.size // x.shape[-1]
     if gemm == "auto":
-        return "w8a8" if rows >= W8A8_MIN_ROWS else "xla"
-    if gemm in ("pallas", "interpret") and gemv_tiles(x, w) is None:
-        raise ValueError(f"gemm={gemm!r}: the quantized matmul kernel does not take x {x.shape} ({x.dtype}) @ w "
-                         f"{w.shape}.T ({rows} rows; it takes 1..{MAX_ROWS} rows of bfloat16 / float16 and a "
-                         f"2-D weight whose sizes its tiles divide)")
+        return "w8a8" if x.size // x.shape[-1] >= W8A8_MIN_ROWS else "xla"
     return gemm
-
-
-def gemv_tiles(x, w) -> dict | None:
-    """The kernel's tiles for x @ w.T (`pallas_kernels.quantized_matmul`), or None where it does not take them."""
-    if w.ndim != 2 or jnp.dtype(x.dtype) not in X_DTYPES or x.size // x.shape[-1] > MAX_ROWS:
-        return None
-    n, k = w.shape
-    for tiles in GEMV_TILES:
-        if fits((1, k), (n, k), block_n=tiles["block_n"], block_k=tiles["block_k"], split_k=tiles["split_k"]):
-            return tiles
-    return None
 
 
 def linear(x, p: dict, name: str, *, precision=None, gemm: str = "auto"):
@@ -209,17 +188,13 @@ def linear(x, p: dict, name: str, *, precision=None, gemm: str = "auto"):
     if scale is None:
         return jnp.matmul(x, w, precision=precision)
     contract = (((x.ndim - 1,), (1,)), ((), ()))
-    choice = gemm_choice(gemm, x, w)
+    choice = gemm_choice(gemm, x)
     if choice == "w8a8":
         mode = "int8" if w.dtype == jnp.int8 else "fp8"
         xq, row_scale = quantize_weight(x, (x.ndim - 1,), mode)  # per row: its absmax onto the storage range
         product = jnp.int32 if mode == "int8" else jnp.float32
         out = jax.lax.dot_general(xq, w, contract, preferred_element_type=product)
         out = out.astype(jnp.float32) * row_scale[..., None]
-    elif choice in ("pallas", "interpret"):
-        rows = x.reshape(-1, x.shape[-1])
-        out = quantized_matmul(rows, w, scale, **gemv_tiles(x, w), interpret=choice == "interpret")
-        return out.reshape(*x.shape[:-1], w.shape[0])
     else:
         out = jax.lax.dot_general(x, w.astype(x.dtype), contract, precision=precision,
                                   preferred_element_type=jnp.float32)

@@ -13,7 +13,7 @@ it writes float32 partial sums that one small XLA fusion adds, scales and casts.
 
 Why a kernel: XLA's own weight-only GEMM (the 1-byte weight cast inside its Triton GEMM fusion) reads the 36
 SDAR-8B layers' weights at 78% of the copy bandwidth where bf16 reaches 93% (H100), and at one to a few rows the
-GEMM is all weight read. `dllm_jax.quantize.linear` runs it only when asked (gemm="pallas"): end to end, SDAR-8B
+GEMM is all weight read. `dllm_jax.quantize.linear` does not run it (benchmarks/quantized_gemm.py compares the two): end to end, SDAR-8B
 generation is slower with it than with XLA's GEMM (docs/quantization.md).
 """
 
