@@ -120,11 +120,6 @@ def kv_scores_from_probs(probs, tile_max, lse, kv_len, backend: str):
                 kv_len=kv_len)
 
 
-def top_k_positions(scores, k: int, backend: str):
-    """The ascending positions of the k largest scores of each row [..., k] (`pk.top_k_positions`: no sort)."""
-    return call(pk.top_k_positions, pk.top_k_positions_reference, backend, scores, k)
-
-
 def flash(q, k, v, backend: str):
     """Dense attention with its LSE: (o, lse)."""
     return call(pk.flash_attention, pk.flash_attention_reference, backend, q, k, v, return_lse=True)

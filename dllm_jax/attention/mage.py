@@ -76,8 +76,7 @@ def select_prefix(q_block, k_cache, *, prefix_len, k: int, scale=None, backend: 
     """
     ranked = prefix_scores(q_block, k_cache, prefix_len=prefix_len, scale=scale, backend=backend, lse=lse,
                            softmax_over=softmax_over, logits=logits, probs=probs)
-    return ranked_selection(ranked, row_lengths(prefix_len, q_block.shape[0]), k=k, select_by=select_by,
-                            backend=backend)
+    return ranked_selection(ranked, row_lengths(prefix_len, q_block.shape[0]), k=k, select_by=select_by)
 
 
 def prefix_scores(q_block, k_cache, *, prefix_len, scale=None, backend: str = "auto", lse=None,
@@ -102,7 +101,7 @@ def prefix_scores(q_block, k_cache, *, prefix_len, scale=None, backend: str = "a
     return jnp.where(jnp.arange(scores.shape[-1]) < prefix_len[:, None, None], scores, -jnp.inf)
 
 
-def ranked_selection(ranked_scores, prefix_len, *, k: int, select_by: str = "tiles", backend: str = "auto"):
+def ranked_selection(ranked_scores, prefix_len, *, k: int, select_by: str = "tiles"):
     """`select_prefix`'s selection int32 [B, Hkv, k] from its ranked scores f32 [B, Hkv, S] (-inf off the prefix)
     and the prefix lengths int32 [B]."""
     if k > ranked_scores.shape[-1]:  # k beyond the cache capacity: every prefix position is kept
@@ -110,7 +109,7 @@ def ranked_selection(ranked_scores, prefix_len, *, k: int, select_by: str = "til
                                 constant_values=-jnp.inf)
     # ascending; with fewer than k prefix positions, all of them come first (every other score is -inf
     # and its ties go to the lower positions, those of the block and the free rows after the prefix)
-    ordered = top_k_positions(ranked_scores, k, method=select_by, backend=backend)
+    ordered = top_k_positions(ranked_scores, k, method=select_by)
     count = prefix_counts(prefix_len, k)[:, None, None]
     # the first `count` picks are the prefix positions; repeat the last one after them
     last = jnp.take_along_axis(ordered, jnp.maximum(count - 1, 0) * jnp.ones_like(ordered[..., :1]), axis=-1)
@@ -208,11 +207,10 @@ class MAGE(AttentionPolicy):
       or "prefix+block" (the softmax over the prefix and the block's keys together).
     backend: as SparseD's ("auto": Pallas on GPU, references elsewhere).
     select_by: how each layer's top k are found: "tiles" (default: `lax.top_k` over tile maxima, then over the k
-      best tiles' entries), "sort" (`lax.top_k` over the scores, by chunks on a GPU), "threshold" (a radix
-      search for the k-th score, no sort) or "kernel" (`pk.top_k_positions`, two Pallas launches, no sort); the same
-      positions (`dllm_jax.attention.select`). "tiles" is the default because it is the fastest: at 128k keys,
-      batch 4 on an H200, about a third of "sort"'s time per layer; "kernel" launches fewer kernels but spends
-      more GPU time per block and is no faster end to end (docs/benchmarks.md).
+      best tiles' entries), "sort" (`lax.top_k` over the scores, by chunks on a GPU) or "threshold" (a radix
+      search for the k-th score, no sort); the same positions (`dllm_jax.attention.select`). "tiles" is the
+      default because it is the fastest: at 128k keys, batch 4 on an H200, about a third of "sort"'s time per
+      layer (docs/benchmarks.md).
     scores_from: where Eq. 3's probabilities come from: "logits" (default: the logits the first step's exact
       prefix pass writes, 4 G n bytes per key), "probs" (their float16 form relative to each key tile's maximum,
       2 G n bytes per key: each probability to float16's rounding, 2**-11 relative, where it is at least 2**-14
@@ -301,8 +299,7 @@ class MAGE(AttentionPolicy):
         first = layers[waiting[0]][2]  # every layer of one forward scored at the same lengths
         prefix_len = first.kv_len - first.block
         scores = jnp.stack([layers[i][2].scores for i in waiting])
-        indices = jax.vmap(lambda s: ranked_selection(s, prefix_len, k=self.k, select_by=self.select_by,
-                                                      backend=self.backend))(scores)
+        indices = jax.vmap(lambda s: ranked_selection(s, prefix_len, k=self.k, select_by=self.select_by))(scores)
         settled = list(layers)
         for j, i in enumerate(waiting):
             settled[i] = (selection_of(indices[j], first.kv_len, first.block), layers[i][1])
@@ -357,7 +354,7 @@ class MAGE(AttentionPolicy):
                              probs=stored if self.scores_from == "probs" else None)
         if defer:
             return out, Pending(scores=scores, kv_len=kv_len, block=n)
-        indices = ranked_selection(scores, kv_len - n, k=self.k, select_by=self.select_by, backend=self.backend)
+        indices = ranked_selection(scores, kv_len - n, k=self.k, select_by=self.select_by)
         return out, selection_of(indices, kv_len, n)
 
     def select(self, q, k, kv_len, lse=None, *, prefix_lse=None, logits=None, probs=None):
@@ -368,7 +365,7 @@ class MAGE(AttentionPolicy):
         `return_probs=True`), used with that LSE."""
         kv_len = row_lengths(kv_len, q.shape[0])
         return ranked_selection(self.scores(q, k, kv_len, lse, prefix_lse=prefix_lse, logits=logits, probs=probs),
-                                kv_len - q.shape[1], k=self.k, select_by=self.select_by, backend=self.backend)
+                                kv_len - q.shape[1], k=self.k, select_by=self.select_by)
 
     def scores(self, q, k, kv_len, lse=None, *, prefix_lse=None, logits=None, probs=None):
         """The ranked scores `select` takes its top k of (`prefix_scores`), from the same arguments."""

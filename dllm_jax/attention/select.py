@@ -3,12 +3,7 @@ by `lax.top_k` directly).
 
 `top_k_positions(scores, k)` equals `jnp.sort(jax.lax.top_k(scores, k)[1])` (ties go to the lower
 position, as in `lax.top_k`'s stable order, and values compare in IEEE total order as there: -0.0 below
-0.0), computed one of four ways:
-
-- "kernel": `pallas_kernels.top_k_positions`, two Pallas kernels per row block and no sort (a bound from the tile
-  maxima, the keys above it listed, then the positions written in order by a running count). Its
-  `backend` resolves as any kernel's (`dllm_jax.attention.backends`: "auto" is the kernel on a GPU, the jnp
-  reference, one `lax.top_k`, elsewhere).
+0.0), computed one of three ways:
 
 - "sort": `lax.top_k` then a sort of the k picks. XLA:GPU sorts a row to find its top k, so
   there a row longer than `chunk` is cut into chunks (the last padded with -inf): the top k of each chunk, then the
@@ -35,7 +30,9 @@ position, as in `lax.top_k`'s stable order, and values compare in IEEE total ord
   74.0 ms against the sort's 70.6 (benchmarks/results/throughput_issue40_*; `benchmarks/mage_select.py`
   times the selection alone).
 
-Callers mask what they do not rank with -inf.
+Callers mask what they do not rank with -inf. A Pallas kernel that finds them without a sort
+(`pallas_kernels.top_k_positions`: two launches per row block) launches fewer kernels but spends more GPU time per
+block and is no faster end to end; `benchmarks/mage_select.py` keeps the comparison.
 """
 
 from __future__ import annotations
@@ -44,9 +41,8 @@ import jax
 import jax.numpy as jnp
 
 import pallas_kernels as pk
-from dllm_jax.attention import kernels
 
-METHODS = ("sort", "tiles", "threshold", "kernel")
+METHODS = ("sort", "tiles", "threshold")
 # "tiles": positions per tile on a GPU. Tiles of 4, 8 and 16 select within 8% of each other alone at 128k (H200,
 # benchmarks/results/mage_select_*.md). Not 16: in MAGE's loop its sort kernels are shorter, but XLA sorts its
 # 8,192 candidates per row in several launches, so a block launches more kernels and spends slightly more GPU time
@@ -62,13 +58,12 @@ def check_method(method: str, name: str = "method") -> None:
 
 
 def top_k_positions(scores, k: int, *, method: str = "sort", bits: int = 4, chunk: int | None = None,
-                    tile: int | None = None, backend: str = "auto"):
+                    tile: int | None = None):
     """int32 [..., k]: ascending positions of the k largest entries of each row of float `scores`
     [..., S] (k <= S). `bits` (a divisor of 32) is how many bits of the k-th largest value each
     counting pass of "threshold" fixes: 2**bits - 1 comparisons per entry per pass, 32 / bits passes.
     `chunk`: the longest row "sort" sorts whole (None: SORT_CHUNK on a GPU, any row elsewhere; the module
-    docstring). `tile`: the positions per tile of "tiles" (at least 2; None: TILE on a GPU, the whole row elsewhere).
-    `backend`: the code "kernel" runs (`kernels.check_backend`'s vocabulary)."""
+    docstring). `tile`: the positions per tile of "tiles" (at least 2; None: TILE on a GPU, the whole row elsewhere)."""
     check_method(method)
     s = scores.shape[-1]
     if not 0 < k <= s:
@@ -83,9 +78,6 @@ def top_k_positions(scores, k: int, *, method: str = "sort", bits: int = 4, chun
         tile = TILE if jax.default_backend() == "gpu" else max(s, 2)
     if not isinstance(tile, int) or tile < 2:
         raise ValueError(f"tile={tile!r} must be an int >= 2")
-    if method == "kernel":
-        kernels.check_backend(backend)
-        return kernels.top_k_positions(scores.astype(jnp.float32), k, backend)  # exact widening of any float
     if method == "tiles":
         return jnp.sort(tiled_top_k(signed_keys(scores), k, tile), axis=-1).astype(jnp.int32)
     if method == "sort":
