@@ -94,8 +94,6 @@ def test_cpu_uses_xla_and_unknown_backend_is_rejected():
     x = jnp.zeros((1, 2, 1, 8))
     with pytest.raises(ValueError, match="backend"):
         dense_attention(x, x, x, backend="flash")
-    with pytest.raises(ValueError, match="is now backend="):  # the old keyword: refused, not an alias
-        dense_attention(x, x, x, implementation="xla")
     with pytest.raises(ValueError, match="not one of"):  # Pallas kernels go through kernels.attention / Dense
         dense_attention(x, x, x, backend="triton")
 
@@ -142,10 +140,10 @@ def test_kernel_resolution_for_a_gpu():
             backends.kernel(bad, q, on="gpu")
 
 
-@pytest.mark.parametrize("old,new", [("pallas", "'auto'"), ("split_kv", "'triton'")])
-def test_old_names_are_refused_naming_the_new_one(old, new):
-    with pytest.raises(ValueError, match=f"backend={old!r} is not one of .*use {new}"):
-        SparseD(backend=old)
+@pytest.mark.parametrize("dense,meant", [("xla", "'reference'"), ("cudnn", "'auto'")])
+def test_dense_attentions_names_are_refused_for_a_method_naming_what_it_means_there(dense, meant):
+    with pytest.raises(ValueError, match=f"backend={dense!r} is not one of .*use {meant}"):
+        SparseD(backend=dense)
 
 
 def test_sparsed_reference_dense_steps_run_the_jnp_attention(rng):

@@ -223,8 +223,6 @@ def test_dense_backend_choice_and_bad_names(rng):
     for bad in ("flash", "", "XLA", "split_kv", "pallas"):
         with pytest.raises(ValueError, match=f"backend='{bad}'"):
             Dense(bad)
-    with pytest.raises(ValueError, match="is now Dense\\(backend="):  # the old keyword: refused, not an alias
-        Dense(implementation="xla")
 
 
 @pytest.mark.gpu

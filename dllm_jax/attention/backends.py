@@ -25,9 +25,8 @@ that down: the kernel entries get "triton" or "mosaic" (never "auto") and do not
 Calls with a key mask or a block mask (padding, SDAR's block-causal prefill) have no Pallas kernel:
 under "triton", "mosaic" and "interpret" they run the dense default (cuDNN on a GPU for bf16/fp16,
 XLA otherwise), the same code "auto" runs for them. "reference" and "xla" run the same jnp code for
-dense attention; only Dense takes "xla" and "cudnn", the names of `jax.nn.dot_product_attention`.
-"pallas" (now "auto", which on a GPU meant the same) and Dense's old `implementation="split_kv"`
-(now "triton") are refused with a message naming the new choice.
+dense attention; only Dense takes "xla" and "cudnn", the names of `jax.nn.dot_product_attention`
+(a sparse method given one is refused with what it means there, `DENSE_ONLY`).
 """
 
 from __future__ import annotations
@@ -41,10 +40,8 @@ from pallas_kernels import split_kv as split_kv_kernels
 BACKENDS = ("auto", "reference", "xla", "cudnn", "triton", "mosaic", "interpret")
 # What a sparse method takes: its estimation and sparse steps are Pallas kernels or their jnp references.
 METHOD_BACKENDS = ("auto", "reference", "triton", "mosaic", "interpret")
-# Old names, refused with what replaces them (one way to say each thing, not silent aliases).
-RENAMED = {
-    "pallas": "'auto' (on a GPU the Pallas kernels: Mosaic where it fits, Triton otherwise), or 'triton' / 'mosaic'",
-    "split_kv": "'triton' (the split-KV Pallas kernel for blocks against a KV cache)",
+# Dense attention's names, refused for a sparse method with what it means there.
+DENSE_ONLY = {
     "xla": "'reference' (a sparse method's jnp path; 'xla' names dense attention, Dense(backend='xla'))",
     "cudnn": "'auto' (a sparse method's dense steps run cuDNN on a GPU; cuDNN has no sparse kernels)",
 }
@@ -55,7 +52,7 @@ def check(value, label: str, choices: tuple[str, ...] = BACKENDS) -> str:
     """Raises ValueError naming `label` and the valid choices unless `value` is one of `choices`."""
     if isinstance(value, str) and value in choices:
         return value
-    hint = f"; for {value!r} use {RENAMED[value]}" if isinstance(value, str) and value in RENAMED else ""
+    hint = f"; for {value!r} use {DENSE_ONLY[value]}" if isinstance(value, str) and value in DENSE_ONLY else ""
     raise ValueError(f"{label}={value!r} is not one of {choices}{hint}")
 
 

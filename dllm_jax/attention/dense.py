@@ -133,8 +133,7 @@ def query_chunked_attention(q, k, v, *, key_mask=None, mask=None, kv_len=None, s
 DENSE_BACKENDS = ("auto", "reference", "xla", "cudnn")
 
 
-def dense_attention(q, k, v, *, key_mask=None, mask=None, kv_len=None, scale=None, backend="auto",
-                    implementation=None):
+def dense_attention(q, k, v, *, key_mask=None, mask=None, kv_len=None, scale=None, backend="auto"):
     """Softmax attention of every query over the keys it may see (bidirectional unless `mask` says).
 
     Args:
@@ -149,13 +148,10 @@ def dense_attention(q, k, v, *, key_mask=None, mask=None, kv_len=None, scale=Non
         "reference" / "xla" (the jnp `xla_attention`; "xla" on a CPU in query chunks,
         `query_chunked_attention`) or "cudnn" (names of `dllm_jax.attention.backends`; the Pallas kernels
         are reached through `Dense(backend=...)`).
-      implementation: the old name of `backend`, refused (ValueError) so that one keyword remains.
     Returns:
       [B, L, Hq, D] in q's dtype.
     """
     scale = pk.check_scale(scale)  # the kernels' rule: NaN, Inf, <= 0, bools and strings refused
-    if implementation is not None:
-        raise ValueError(f"dense_attention(implementation={implementation!r}) is now backend=, one of {DENSE_BACKENDS}")
     backends.check(backend, "dense_attention backend", DENSE_BACKENDS)
     if backend == "auto":
         backend = backends.dense_default(q.dtype, q.shape[-1])

@@ -192,16 +192,11 @@ class Dense(AttentionPolicy):
       XLA otherwise. "reference" / "xla": the jnp attention for every call; "cudnn": cuDNN for every
       call; "triton" / "mosaic" / "interpret": the Pallas kernels for calls without a key or block
       mask (split-KV or flash), the dense default for masked ones.
-    implementation: the old name of `backend`, refused with a ValueError (one keyword, one vocabulary).
     """
 
     backend: str = "auto"
-    implementation: dataclasses.InitVar[str | None] = None
 
-    def __post_init__(self, implementation):
-        if implementation is not None:
-            raise ValueError(f"Dense(implementation={implementation!r}) is now Dense(backend=...), one of "
-                             f"{backends.BACKENDS} ('split_kv' is 'triton')")
+    def __post_init__(self):
         check_backend(self, backends.BACKENDS)
 
     def mode(self, step):
