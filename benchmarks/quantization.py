@@ -31,7 +31,7 @@ import numpy as np
 
 from dllm_jax import load_model
 from dllm_jax.bench import markdown_table, model_for, write_results
-from dllm_jax.eval import build_tokenizer, evaluate, make_samples
+from dllm_jax.eval import build_tokenizer, evaluate, make_samples, max_answer_length
 
 CHECKPOINTS = ("checkpoints/tiny-sdar-tasks", "checkpoints/tiny-llada-tasks", "checkpoints/tiny-sdar-long",
                "checkpoints/tiny-llada-long")
@@ -63,13 +63,22 @@ def shapes_rows(names, modes, tokens: int):
             yield row
 
 
+def answer_room(config, task: str) -> int:
+    """The positions a `task` answer takes after its prompt (whole blocks for a block-diffusion model)."""
+    length = max_answer_length(task)
+    block = getattr(config, "block_size", 1)
+    return -(-length // block) * block
+
+
 def trained_rows(paths, modes, contexts, samples: int, seed: int, batch_size: int):
     tokenizer = build_tokenizer()
     for path in paths:
         models = {mode: load_model(path, quantize=mode, progress=False) for mode in (None, *modes)}
-        limit = models[None].config.max_position_embeddings
-        for context in [c for c in contexts if c <= limit]:
+        config = models[None].config
+        for context in contexts:
             for task in TASKS:
+                if context + answer_room(config, task) > config.max_position_embeddings:
+                    continue  # the prompt and its answer do not fit the model's positions
                 batch = make_samples(task, context, samples, seed, tokenizer)
                 ids = jnp.asarray(np.stack([s.prompt_ids for s in batch[:4]]))
                 reference = np.asarray(models[None](ids))

@@ -1,0 +1,28 @@
+"""The benchmarks' CPU checks run as their docstrings print them (at the smallest sizes): each writes its results
+file, and what it measures holds on the tiny configs (a sweep of sampling values compiles nothing; quantized
+logits stay close to bf16's)."""
+
+import json
+
+from benchmarks import compile_once, quantization
+
+
+def results(out, stem: str) -> dict:
+    (path,) = out.glob(f"{stem}_*.json")
+    assert path.with_suffix(".md").is_file()
+    return json.loads(path.read_text())
+
+
+def test_compile_once_on_the_tiny_sdar(tmp_path):
+    compile_once.main(["--tiny", "--cases", "sdar-b1", "--second", "sdar-b1", "--repeats", "1", "--out", str(tmp_path)])
+    (row,) = results(tmp_path, "compile_once_tiny")["rows"]
+    assert row["sweep_compile_events"] == 0 and len(row["sweep_s"]) == len(compile_once.SDAR_SWEEP)
+    assert row["traced_tokens_per_s"] > 0 and row["static_tokens_per_s"] > 0
+    assert "second_process" in row, row.get("second_process_error")
+
+
+def test_quantization_shapes_on_the_tiny_configs(tmp_path):
+    quantization.main(["--tiny", "--parts", "shapes", "--modes", "int8", "--tokens", "64", "--out", str(tmp_path)])
+    rows = results(tmp_path, "quantization")["rows"]
+    int8 = [r for r in rows if r["quantize"] == "int8"]
+    assert int8 and all(r["logits_rel_error"] < 0.05 and r["argmax_agreement"] > 0.9 for r in int8), int8
