@@ -53,7 +53,7 @@ from flax import struct
 from dllm_jax.attention.policy import AttentionPolicy
 from dllm_jax.families import FAMILIES, family_of
 from dllm_jax.generate.requests import check_context, make_options
-from dllm_jax.generate.sampling import RowSampling
+from dllm_jax.generate.sampling import RowSampling, row_sampling
 from dllm_jax.generate.block_loop import (BlockProgress, DecodeCarry, SlotLoop, cache_capacity, decode_block,
                                           decode_forwards, no_pending_block, trim)
 from dllm_jax import validation as check
@@ -169,9 +169,7 @@ def init_slots(params, *, config, slots: int, width: int, policy: AttentionPolic
     zeros = lambda: jnp.zeros((slots,), jnp.int32)  # noqa: E731  (one buffer each: the step donates them)
     return Slots(carry=carry, keys=jax.random.split(jax.random.key(0), slots), lengths=zeros(), block=zeros(),
                  last=zeros(), busy=jnp.zeros((slots,), bool),
-                 rows=RowSampling(temperature=jnp.ones((slots,), jnp.float32), top_p=jnp.ones((slots,), jnp.float32),
-                                  top_k=zeros(), threshold=jnp.zeros((slots,), jnp.float32),
-                                  factor=jnp.zeros((slots,), jnp.float32), remasking=zeros()),
+                 rows=jax.tree.map(jnp.asarray, row_sampling(slots, temperature=1.0)),
                  progress=BlockProgress(row_step=zeros(), unmasked=zeros()),
                  stop_ids=jnp.asarray(np.tile(stop_table(config, ()), (slots, 1))))
 
@@ -423,7 +421,7 @@ class Engine(RequestQueue):
         """The slot's prompt and decoded tokens as `generate` returns them for the prompt alone: cut after the
         first stop token, and at max_new_tokens where the family's generate cuts there (LLaDA2)."""
         n = len(request.prompt_ids)
-        (tokens,) = trim(x[slot:slot + 1], decoded[slot:slot + 1], [n], self.stop_ids(request))
+        (tokens,) = trim(x[slot:slot + 1], decoded[slot:slot + 1], [n], self.stop_ids(request.sampling.stop_ids))
         return np.asarray(tokens[:n + request.max_new_tokens] if self.loop.cuts_answer else tokens)
 
     def admit(self) -> None:

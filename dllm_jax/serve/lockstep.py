@@ -126,7 +126,7 @@ class LockstepEngine(RequestQueue):
             self.busy = 0
         completions = []
         for row, request in zip(out, batch):
-            new = until_stop(row[ids.shape[1]:][:request.max_new_tokens], self.stop_ids(request))
+            new = until_stop(row[ids.shape[1]:][:request.max_new_tokens], self.stop_ids(request.sampling.stop_ids))
             completions.append(Completion(request.request_id, np.concatenate([request.prompt_ids, new]),
                                           len(request.prompt_ids)))
         return completions

@@ -91,9 +91,9 @@ class RequestQueue:
             raise ValueError(f"stop_ids holds {len(ids)} token ids; a request may set at most {MAX_STOP_IDS}")
         return ids
 
-    def stop_ids(self, request: Request) -> set[int]:
-        """The token ids that end a request's answer: the model's and the request's own."""
-        return set(self.config.stop_ids) | set(request.sampling.stop_ids)
+    def stop_ids(self, own: tuple[int, ...]) -> set[int]:
+        """The token ids that end a request's answer: the model's and the request's `own`."""
+        return set(self.config.stop_ids) | set(own)
 
     def checked_prompt(self, prompt_ids, max_new_tokens: int, seed: int) -> tuple[np.ndarray, int, int]:
         """(int32 prompt [P], max_new_tokens, seed) after the checks every engine makes."""

@@ -232,7 +232,7 @@ class Worker:
         kept = tokens[:job.max_tokens]
         text = self.decode(kept)
         cut, stop = min(((text.find(s), s) for s in job.stop if s in text), default=(-1, ""))
-        stop_token = len(kept) and int(kept[-1]) in (*self.engine.config.stop_ids, *job.stop_ids)
+        stop_token = len(kept) and int(kept[-1]) in self.engine.stop_ids(job.stop_ids)
         if cut >= 0:  # the answer's tokens end with the one that completes the stop string (vLLM's count)
             reason, text = "stop", text[:cut]
             kept = kept[:self.covering(kept, cut + len(stop))]
