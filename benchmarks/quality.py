@@ -74,7 +74,8 @@ from dllm_jax.bench import markdown_table, results_stem, write_results
 from dllm_jax.bench.timing import call_times
 from dllm_jax.config import read_hf_config
 from dllm_jax.families import family_of as model_family
-from dllm_jax.eval import TASKS, evaluate, load_tokenizer, make_samples, max_answer_length, min_context_length
+from dllm_jax.eval import TASKS, evaluate, load_tokenizer, make_samples, min_context_length
+from dllm_jax.eval.evaluate import answer_room
 from dllm_jax.eval.tasks import SANITY_CONTEXT, prompt_length
 from dllm_jax.files import write_atomic
 from dllm_jax.generate.requests import check_context
@@ -281,12 +282,6 @@ def checked_model(path: str) -> ModelSpec:
     return ModelSpec(path=directory, name=directory.resolve().name, family=family, config=config)
 
 
-def answer_room(spec: ModelSpec, task: str) -> int:
-    """The generated tokens of a `task` sample (evaluate's answer window)."""
-    length = max_answer_length(task)
-    return length if spec.family == "LLaDA" else -(-length // spec.config.block_size) * spec.config.block_size
-
-
 def checked_plan(args: argparse.Namespace) -> Plan:
     """Every flag checked (methods built at every context, contexts against every model) before any
     weights load: ValueError naming the flag and the bad value."""
@@ -322,7 +317,7 @@ def checked_plan(args: argparse.Namespace) -> Plan:
     for spec in models:
         for task in tasks:
             for context in ([SANITY_CONTEXT] if task == "sanity" else contexts):
-                check_context(spec.config, prompt_length(task, context), answer_room(spec, task))
+                check_context(spec.config, prompt_length(task, context), answer_room(spec.config, task))
         for setting in plan.settings(spec.family):
             for context in contexts:
                 try:
@@ -355,7 +350,7 @@ def calibration_inputs(spec: ModelSpec, plan: Plan, context: int, tokenizer) -> 
     for task in LONG_TASKS:
         samples = make_samples(task, context, CALIBRATION_PROMPTS, TRAIN_SEED_FLOOR + plan.seed, tokenizer)
         ids = np.stack([s.prompt_ids for s in samples])
-        masks = np.full((len(samples), answer_room(spec, task)), spec.config.mask_token_id, np.int32)
+        masks = np.full((len(samples), answer_room(spec.config, task)), spec.config.mask_token_id, np.int32)
         inputs.append(np.concatenate([ids, masks], axis=1))
     return inputs
 

@@ -31,7 +31,8 @@ import numpy as np
 
 from dllm_jax import load_model
 from dllm_jax.bench import markdown_table, model_for, write_results
-from dllm_jax.eval import build_tokenizer, evaluate, make_samples, max_answer_length
+from dllm_jax.eval import build_tokenizer, evaluate, make_samples
+from dllm_jax.eval.evaluate import answer_room
 
 CHECKPOINTS = ("checkpoints/tiny-sdar-tasks", "checkpoints/tiny-llada-tasks", "checkpoints/tiny-sdar-long",
                "checkpoints/tiny-llada-long")
@@ -61,13 +62,6 @@ def shapes_rows(names, modes, tokens: int):
                 row |= logits_error(logits[None], logits[mode])
             print(row, f"({time.perf_counter() - start:.0f} s)", flush=True)
             yield row
-
-
-def answer_room(config, task: str) -> int:
-    """The positions a `task` answer takes after its prompt (whole blocks for a block-diffusion model)."""
-    length = max_answer_length(task)
-    block = getattr(config, "block_size", 1)
-    return -(-length // block) * block
 
 
 def trained_rows(paths, modes, contexts, samples: int, seed: int, batch_size: int):

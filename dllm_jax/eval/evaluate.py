@@ -138,6 +138,12 @@ def default_options(model, samples: list[Sample], given: dict) -> dict[str, Any]
     return family_of(model).eval_options(length, model.config, given)
 
 
+def answer_room(config, task: str) -> int:
+    """The answer region `evaluate`'s default options decode for samples of `task` (whole blocks for SDAR)."""
+    family = family_of(config)
+    return family.eval_options(max_answer_length(task), config, {})[family.answer_option]
+
+
 def check_answer_room(model, samples: list[Sample], options: dict) -> None:
     """The answer region must hold every answer and its EOS (generate checks everything else)."""
     key = family_of(model).answer_option
