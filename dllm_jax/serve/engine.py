@@ -448,9 +448,9 @@ class Engine(RequestQueue):
         where it sets none)."""
         threshold = self.threshold if sampling.threshold is None else sampling.threshold
         remasking = self.remasking if sampling.remasking is None else self.rules.index(sampling.remasking)
-        return RowSampling(temperature=np.float32(sampling.temperature), top_p=np.float32(sampling.top_p),
-                           top_k=np.int32(sampling.top_k), threshold=np.float32(threshold), factor=np.float32(0),
-                           remasking=np.int32(remasking))
+        row = row_sampling(1, temperature=sampling.temperature, top_p=sampling.top_p, top_k=sampling.top_k,
+                           threshold=threshold, remasking=remasking)
+        return jax.tree.map(lambda value: value[0], row)
 
     def step(self) -> list[Completion]:
         """Admits queued requests, decodes one block in every busy slot, retires the finished ones (with
