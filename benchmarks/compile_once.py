@@ -50,6 +50,7 @@ LLADA_SWEEP = [dict(temperature=0.5), dict(temperature=1.0), dict(temperature=0.
 # case: (model, batch, attention method, weight quantization)
 CASES = {"sdar-b1": ("sdar-8b-chat", 1, None, None), "sdar-b64": ("sdar-8b-chat", 64, None, None),
          "sdar-b1-mage": ("sdar-8b-chat", 1, "mage", None), "sdar-b64-fp8": ("sdar-8b-chat", 64, None, "fp8"),
+         "sdar-b1-fp8": ("sdar-8b-chat", 1, None, "fp8"),
          "llada-dual-b1": ("llada-8b-instruct", 1, None, None)}
 PROMPT = 1024
 TINY = {"sdar-8b-chat": "tiny-sdar", "llada-8b-instruct": "tiny-llada"}  # --tiny: the same cases on CPU

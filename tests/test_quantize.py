@@ -3,6 +3,7 @@ the matmul of the dequantized weight, the fused inference layout against fusing 
 conversion and loading of quantized trees, and the refusals."""
 
 import copy
+import dataclasses
 import json
 
 import jax
@@ -10,6 +11,7 @@ import jax.numpy as jnp
 import numpy as np
 import pytest
 
+import dllm_jax
 from dllm_jax import load_model
 from dllm_jax.checkpoint import convert_hf_checkpoint
 from dllm_jax.checkpoint.api import quantize_params
@@ -190,6 +192,30 @@ def test_quantized_weights_and_scales_shard_like_the_weights_they_stand_for():
     assert spec("o_proj", 2) == ("tp", None) and spec("o_proj", 2, True) == (None, "tp")
     assert spec("qkv_proj_scale", 1) == ("tp",) and spec("down_proj_scale", 1) == (None,)
     assert spec("gate_up_proj_scale", 2) == (None, "tp")  # the scan layout's leading layer axis
+
+
+def test_fp8_generation_compiles_with_cublas_gemms_only_where_every_gemm_is_fp8_by_fp8():
+    from dllm_jax.generate.sdar import generate_sdar_cublas_jit, generate_sdar_jit, program
+
+    config = tiny_sdar_config()
+    rows = W8A8_MIN_ROWS // config.block_size  # the batch from which a denoising step's GEMMs are FP8 x FP8
+    fp8, int8 = (dataclasses.replace(config, quantize=mode) for mode in ("fp8", "int8"))
+    assert program(fp8, rows) is generate_sdar_cublas_jit
+    assert program(fp8, 2 * rows) is generate_sdar_cublas_jit
+    assert program(fp8, rows - 1) is generate_sdar_jit  # weight-only GEMMs: Triton's fused cast pays there
+    assert program(int8, 4 * rows) is generate_sdar_jit and program(config, 4 * rows) is generate_sdar_jit
+
+
+@pytest.mark.gpu
+def test_wide_fp8_generation_runs_on_cublas_gemms(sdar_hf):
+    """FP8 generation at a batch whose GEMMs are all FP8 x FP8 compiles with cuBLAS's GEMMs and generates: the
+    prompt kept, every new position a token of the vocabulary."""
+    model = load_model(sdar_hf, quantize="fp8", progress=False)
+    rows = W8A8_MIN_ROWS // model.config.block_size
+    ids = np.random.default_rng(0).integers(3, model.config.mask_token_id, (rows, 40))
+    out = np.asarray(dllm_jax.generate(model, ids, max_new_tokens=8, seed=0))
+    assert out.shape == (rows, 48) and (out[:, :40] == ids).all()
+    assert ((out[:, 40:] >= 0) & (out[:, 40:] < model.config.vocab_size)).all()
 
 
 @pytest.mark.gpu

@@ -45,6 +45,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
+from dllm_jax import quantize
 from dllm_jax import validation as check
 from dllm_jax.attention.policy import AttentionPolicy, Dense, check_policy
 from dllm_jax.config import SDARConfig
@@ -184,6 +185,15 @@ def generate_sdar(params, prompt_ids, attention_mask, seed, run_id=0, rows: RowS
 
 STATIC = ("config", "options", "policy", "on_step", "return_policy_state", "mesh")
 generate_sdar_jit = jax.jit(generate_sdar, static_argnames=STATIC)
+# the same program for FP8 weights at batches whose every GEMM is FP8 x FP8 (quantize.cublas_gemms)
+generate_sdar_cublas_jit = jax.jit(generate_sdar, static_argnames=STATIC, compiler_options=quantize.CUBLAS_GEMMS)
+
+
+def program(config: SDARConfig, batch: int):
+    """The jitted generation for `batch` rows of `config`'s model: generate_sdar_cublas_jit where a block's
+    denoising step multiplies FP8 weights by enough rows that every GEMM is FP8 x FP8, else generate_sdar_jit."""
+    return generate_sdar_cublas_jit if quantize.cublas_gemms(config.quantize, batch * config.block_size) else \
+        generate_sdar_jit
 
 
 def left_padded(rows, prompt_ids, attention_mask, width: int, pad_id: int):
@@ -265,9 +275,10 @@ def run(model, prompt_ids, attention_mask, seed: int, method, progress: bool, re
     placed_ids, placed_mask = on_mesh(mesh, *bucketed(prompt_ids, mask))
     sampling = rows_on_mesh(mesh, opts.sampling(len(placed_ids)))
     with progress_bar(blocks, "SDAR blocks", progress) as run_id:
-        x, end = generate_sdar_jit(model.params(), placed_ids, placed_mask, seed, np.int32(run_id), sampling,
-                                   config=model.config, options=opts.structure(model.config.vocab_size),
-                                   policy=method, on_step=tick if progress else None, mesh=mesh)
+        generation = program(model.config, len(placed_ids))
+        x, end = generation(model.params(), placed_ids, placed_mask, seed, np.int32(run_id), sampling,
+                            config=model.config, options=opts.structure(model.config.vocab_size), policy=method,
+                            on_step=tick if progress else None, mesh=mesh)
         x, end = to_host(x), to_host(end)
     lengths = np.full(len(x), prompt_ids.shape[1]) if mask is None else mask.sum(axis=1)
     rows = trim(x, end, lengths, set(model.config.stop_ids))
