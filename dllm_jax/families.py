@@ -13,7 +13,9 @@ the family modules of `dllm_jax.generate`; what looks families up (`dllm_jax.gen
 Adding a family: its config class (a `dllm_jax.config.DecoderConfig` subclass, which `config_from_hf`
 then knows by its MODEL_TYPES / ARCHITECTURES), its model module (the model class, `param_shapes`, its
 HF name map in `dllm_jax.models.hf_names`), its generate module (options class, `prepare`, `run`,
-`probe_loop`, optionally `eval_options`), and one `Family` entry below.
+`probe_loop`, optionally `eval_options`), and one `Family` entry below; or, outside the package, the config
+subclass and model class in a module of one's own and the entry given to `register` there (reusing an existing
+family's generate module: the command line, server and benchmarks find everything else through the entry).
 """
 
 from __future__ import annotations
@@ -106,6 +108,13 @@ class Family:
         return self.config_class.ARCHITECTURES
 
     @property
+    def sampler(self) -> str:
+        """The label of the family whose sampler this entry runs: its own, or where it reuses another family's
+        options class (a family registered from outside the package), that family's. The command line's
+        flags and checks follow the sampler."""
+        return next(f.label for f in FAMILIES.values() if f.options_class is self.options_class)
+
+    @property
     def methods(self) -> list[str]:
         """The names of the sparse-attention methods that apply (`make_method`; "dense" always does)."""
         return methods.method_names(self.method_kind)
@@ -162,6 +171,20 @@ FAMILIES: dict[str, Family] = {f.name: f for f in (
 )}
 
 
+def register(family: Family) -> Family:
+    """Adds `family` to the registry (a family defined outside the package: its config subclass, its model class
+    and this entry, in a module of its own; see the module docstring) and returns it. ValueError where its name,
+    config class, model class or HF model types are another entry's."""
+    for other in FAMILIES.values():
+        clash = (["name"] * (other.name == family.name) + ["config class"] * (other.config_class is family.config_class)
+                 + ["model class"] * (other.model_class is family.model_class)
+                 + ["HF model types"] * bool(set(other.model_types) & set(family.model_types)))
+        if clash:
+            raise ValueError(f"family {family.name!r}: its {' and '.join(clash)} already belong to {other.label}")
+    FAMILIES[family.name] = family
+    return family
+
+
 def family_named(name: str) -> Family:
     """The family called `name`: its registry name or its label, in any case ("llada2", "LLaDA2")."""
     family = FAMILIES.get(str(name).lower()) if isinstance(name, str) else None
@@ -204,4 +227,4 @@ def family_for_kind(kind: str) -> list[Family]:
     return [f for f in FAMILIES.values() if f.method_kind == kind]
 
 
-__all__ = ["FAMILIES", "Family", "family_for_kind", "family_named", "family_of", "model_family"]
+__all__ = ["FAMILIES", "Family", "family_for_kind", "family_named", "family_of", "model_family", "register"]

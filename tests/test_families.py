@@ -11,7 +11,7 @@ import pytest
 from dllm_jax import convert_hf_checkpoint, generate, load_model
 from dllm_jax.attention.methods import BIDIRECTIONAL, BLOCK, make_method, method_names
 from dllm_jax.config import CONFIG_CLASSES, config_from_hf
-from dllm_jax.families import FAMILIES, family_named, family_of
+from dllm_jax.families import FAMILIES, family_named, family_of, register
 from dllm_jax.testing import (tiny_dream_config, tiny_llada2_config, tiny_llada_config, tiny_sdar_config,
                               write_hf_checkpoint, write_tiny_tokenizer)
 
@@ -125,3 +125,9 @@ def test_a_family_entry_is_checked():
         dataclasses.replace(sdar, method_kind="sdar")
     with pytest.raises(ValueError, match="SDARConfig.family='sdar' is not 'sdar2'"):
         dataclasses.replace(sdar, name="sdar2")
+    # a registered entry may not take another's name, classes or HF model types (tests/test_fifth_family.py adds one)
+    with pytest.raises(ValueError, match="'sdar': its name and config class and model class and HF model types "
+                                         "already belong to SDAR"):
+        register(dataclasses.replace(sdar))
+    assert set(FAMILIES) == {"llada", "sdar", "dream", "llada2"}
+    assert [f.sampler for f in FAMILIES.values()] == [f.label for f in FAMILIES.values()]  # each runs its own

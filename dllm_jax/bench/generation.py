@@ -20,17 +20,17 @@ def generate_rows(model_names, *, context: int, new_tokens: int, layers, dtype, 
     rows = []
     for name in model_names:
         model, config = model_for(name, layers=layers, context=context, dtype=dtype)
-        family = family_of(config).label
+        family, sampler = family_of(config).label, family_of(config).sampler
         prompt_len = context - new_tokens
-        if family == "LLaDA2":  # 8 steps per 32-token block (4 tokens each); a block's commit rides on the next
+        if sampler == "LLaDA2":  # 8 steps per 32-token block (4 tokens each); a block's commit rides on the next
             options = dict(gen_length=new_tokens, block_length=32, steps=8)  # block's first step: 8 forwards
             forwards = 8 * (-(-(prompt_len + new_tokens) // 32) - prompt_len // 32)
-        elif family == "SDAR":
+        elif sampler == "SDAR":
             bs = config.block_size
             options = dict(max_new_tokens=new_tokens, denoising_steps=bs, remasking="low_confidence_static")
             blocks = -(-(prompt_len + new_tokens) // bs) - prompt_len // bs
             forwards = blocks * (bs + 1)  # bs denoising steps + the commit forward per block
-        elif family == "Dream":  # one forward per step, like LLaDA; a confidence-based alg (the official demos')
+        elif sampler == "Dream":  # one forward per step, like LLaDA; a confidence-based alg (the official demos')
             options = dict(max_new_tokens=new_tokens, steps=new_tokens // 2, alg="entropy")
             forwards = new_tokens // 2
         else:

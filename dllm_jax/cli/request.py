@@ -15,7 +15,7 @@ class Request:
     """The generate / analyze flags, checked against the checkpoint's config.json before any weights load."""
 
     config: object  # the checkpoint's LLaDAConfig, SDARConfig, DreamConfig or LLaDA2Config
-    family: str  # "LLaDA", "SDAR", "Dream" or "LLaDA2"
+    family: str  # the sampler's family (`Family.sampler`): "LLaDA", "SDAR", "Dream" or "LLaDA2"
     method: object  # the --method attention policy; None for dense
     options: dict  # generate's options of the family
 
@@ -29,7 +29,7 @@ def checked_request(args) -> Request:
     method = method_from_args(args)
     _, config = read_hf_config(args.model)
     entry = family_of(config)
-    family = entry.label
+    family = entry.sampler
     check_family_flags(args, family)
     entry.check_method(method)
     check_steps(args, family, config)

@@ -17,12 +17,12 @@ from dllm_jax.flags import fraction, non_negative_int, number, positive_int
 API_KEY_VARIABLE = "DLLM_JAX_API_KEY"  # the environment variable --api-key defaults to (kept out of `ps` listings)
 MAX_REQUEST_BYTES = 4 * 2**20  # dllm_jax.serve.app's default, repeated here so that --help needs no FastAPI
 temperature_flag = number(float, "a number in [0, 2]", lambda v: 0 <= v <= 2)
-# the sampling flags (-> the generate option each sets) and those that apply to each family ("--gen-length" sets
-# the family's answer option: the lockstep families decode one answer length for every request)
+# the sampling flags (-> the generate option each sets) and those that apply to each sampler (`Family.sampler`;
+# "--gen-length" sets the family's answer option: the lockstep families decode one answer length for every request)
 FLAGS = {"--denoising-steps": "denoising_steps", "--remasking": "remasking", "--gen-length": "gen_length",
          "--steps": "steps", "--block-length": "block_length"}
-FAMILY_FLAGS = {"sdar": ("--denoising-steps", "--remasking"), "llada2": ("--steps", "--block-length"),
-                "llada": ("--gen-length", "--steps", "--block-length"), "dream": ("--gen-length", "--steps")}
+FAMILY_FLAGS = {"SDAR": ("--denoising-steps", "--remasking"), "LLaDA2": ("--steps", "--block-length"),
+                "LLaDA": ("--gen-length", "--steps", "--block-length"), "Dream": ("--gen-length", "--steps")}
 
 
 def add_parser(subparsers) -> None:
@@ -100,7 +100,7 @@ def run(args: argparse.Namespace) -> None:
 
     _, config = read_hf_config(args.model)  # every flag error before the weights load
     family = family_of(config)
-    mine = FAMILY_FLAGS[family.name]
+    mine = FAMILY_FLAGS[family.sampler]
     given = [flag for flag in FLAGS if getattr(args, FLAGS[flag]) is not None]
     stray = [flag for flag in given if flag not in mine]
     if stray:

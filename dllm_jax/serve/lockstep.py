@@ -30,7 +30,8 @@ from dllm_jax.serve.engine import Completion
 from dllm_jax.serve.requests import RequestQueue, SamplingValues
 from dllm_jax.tokenizer import left_pad
 
-PADDED = {"llada": dict(padding="mask"), "dream": {}}  # families whose batches may mix prompt lengths
+# the samplers (`Family.sampler`) whose batches may mix prompt lengths, and the options that hide the padding
+PADDED = {"LLaDA": dict(padding="mask"), "Dream": {}}
 
 
 class LockstepEngine(RequestQueue):
@@ -106,7 +107,7 @@ class LockstepEngine(RequestQueue):
         if not self.queue:
             return []
         first = self.queue[0]
-        padded = self.family.name in PADDED
+        padded = self.family.sampler in PADDED
         if self.greedy(first):
             batch = [r for r in self.queue if self.greedy(r) and self.values(r.sampling) == self.values(first.sampling)
                      and (padded or len(r.prompt_ids) == len(first.prompt_ids))]
@@ -116,7 +117,7 @@ class LockstepEngine(RequestQueue):
         for request in batch:
             self.queue.remove(request)
         ids, mask = left_pad([r.prompt_ids for r in batch], self.config.pad_token_id)
-        options = self.options | self.values(first.sampling) | (PADDED[self.family.name] if padded and not mask.all()
+        options = self.options | self.values(first.sampling) | (PADDED[self.family.sampler] if padded and not mask.all()
                                                                 else {})
         self.busy = len(batch)
         try:
