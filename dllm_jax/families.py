@@ -6,14 +6,15 @@ A family's *name* ("llada", "sdar", "dream", "llada2") is its key here and its c
 `family_of(config_or_model)`, `model_family(model)` (models only), `family_named(name)`, `FAMILIES`
 (name -> entry), `family_for_kind`.
 
-Layering: this module imports the configs, the models (their parameter layouts and HF name maps) and
-the family modules of `dllm_jax.generate`; what looks families up (`dllm_jax.generate.generate`,
-`dllm_jax.checkpoint`, `dllm_jax.eval`, `dllm_jax.analysis`) imports this module, never the reverse.
+Layering: this module imports the configs, the models' shared layouts and the attention methods; each family's
+entry is defined in its generate module (`dllm_jax.generate.sdar.FAMILY`, ...), which imports this module, and
+`FAMILIES` lists those modules by path, importing them at the first lookup (as vLLM's model registry does), so
+the registry sits below `dllm_jax.generate` and what looks families up above both.
 
 Adding a family: its config class (a `dllm_jax.config.DecoderConfig` subclass, which `config_from_hf`
 then knows by its MODEL_TYPES / ARCHITECTURES), its model module (the model class, `param_shapes`, its
 HF name map in `dllm_jax.models.hf_names`), its generate module (options class, `prepare`, `run`,
-`probe_loop`, optionally `eval_options`), and one `Family` entry below; or, outside the package, the config
+`probe_loop`, optionally `eval_options`, and its `FAMILY` entry), listed in `FAMILIES` below; or, outside the package, the config
 subclass and model class in a module of one's own and the entry given to `register` there (reusing an existing
 family's generate module: the command line, server and benchmarks find everything else through the entry).
 """
@@ -21,22 +22,14 @@ family's generate module: the command line, server and benchmarks find everythin
 from __future__ import annotations
 
 import dataclasses
+import importlib
+from collections.abc import Mapping
 from typing import Any, Callable
 
 from dllm_jax.attention import methods
 from dllm_jax.attention.policy import AttentionPolicy, Dense, check_policy
-from dllm_jax.config import DecoderConfig, DreamConfig, LLaDA2Config, LLaDAConfig, SDARConfig
-from dllm_jax.generate import dream as gen_dream
-from dllm_jax.generate import llada as gen_llada
-from dllm_jax.generate import llada2 as gen_llada2
-from dllm_jax.generate import block_loop
-from dllm_jax.generate import sdar as gen_sdar
+from dllm_jax.config import DecoderConfig
 from dllm_jax.models import hf_names, layers
-from dllm_jax.models import llada2 as llada2_model
-from dllm_jax.models.dream import Dream
-from dllm_jax.models.llada import LLaDA
-from dllm_jax.models.sdar import SDAR
-from dllm_jax.sharding import DECODER_AXES
 
 # what tensor parallelism splits over "tp" in every family (the KV heads, the MLP, the vocabulary)
 TP_SPLIT = ("num_kv_heads", "intermediate_size", "vocab_size")
@@ -86,7 +79,7 @@ class Family:
     stops_field: str | None = None
     # serving (dllm_jax.serve): the pieces of its block loop the slot engine needs, or None where requests are
     # served in lockstep `generate` batches (the bidirectional families)
-    slots: block_loop.SlotLoop | None = None
+    slots: Any = None  # a dllm_jax.generate.block_loop.SlotLoop
 
     def __post_init__(self):
         if self.method_kind not in methods.KINDS:
@@ -142,33 +135,37 @@ class Family:
         return config if self.stops_field is None else dataclasses.replace(config, **{self.stops_field: ()})
 
 
-FAMILIES: dict[str, Family] = {f.name: f for f in (
-    Family(name="llada", config_class=LLaDAConfig, model_class=LLaDA, options_class=gen_llada.LLaDAOptions,
-           prepare=gen_llada.prepare, run=gen_llada.run, probe_loop=gen_llada.probe_loop, answer_option="gen_length",
-           remasking=gen_llada.REMASKING,
-           method_kind=methods.BIDIRECTIONAL, param_shapes=layers.lm_param_shapes, hf_rules=hf_names.LLADA_RULES,
-           param_axes=DECODER_AXES, eval_options=gen_llada.eval_options),
-    Family(name="sdar", config_class=SDARConfig, model_class=SDAR, options_class=gen_sdar.SDAROptions,
-           prepare=gen_sdar.prepare, run=gen_sdar.run, probe_loop=gen_sdar.probe_loop, answer_option="max_new_tokens",
-           remasking=gen_sdar.REMASKING,
-           method_kind=methods.BLOCK, param_shapes=layers.lm_param_shapes, hf_rules=hf_names.SDAR_RULES,
-           param_axes=DECODER_AXES, eval_options=gen_sdar.eval_options, stops_field="eos_token_ids",
-           slots=gen_sdar.SLOTS),
-    Family(name="dream", config_class=DreamConfig, model_class=Dream, options_class=gen_dream.DreamOptions,
-           prepare=gen_dream.prepare, run=gen_dream.run, probe_loop=gen_dream.probe_loop,
-           answer_option="max_new_tokens", method_kind=methods.BIDIRECTIONAL, param_shapes=layers.lm_param_shapes,
-           hf_rules=hf_names.DREAM_RULES,
-           param_axes=DECODER_AXES | {"qkv_bias": ("tp",)}),  # the bias splits like qkv_proj's columns
-    Family(name="llada2", config_class=LLaDA2Config, model_class=llada2_model.LLaDA2,
-           options_class=gen_llada2.LLaDA2Options, prepare=gen_llada2.prepare, run=gen_llada2.run,
-           probe_loop=gen_llada2.probe_loop, answer_option="gen_length", method_kind=methods.BLOCK,
-           param_shapes=llada2_model.param_shapes, hf_rules=hf_names.LLADA2_RULES,
-           hf_expected=hf_names.llada2_expected, prepare_params=llada2_model.prepare_params,
-           to_module_tree=llada2_model.to_module_tree, param_axes=llada2_model.PARAM_AXES,
-           quantized=llada2_model.QUANTIZED,
-           tp_split=TP_SPLIT + ("moe_intermediate_size",),  # the experts' hidden dimension splits too
-           slots=gen_llada2.SLOTS),
-)}
+class Registry(Mapping):
+    """name -> Family, in registration order. The package's own entries are each defined in their family's
+    generate module (its `FAMILY`), listed here by module path and imported at the first lookup, so this module
+    imports no generate module (the generate package looks families up here); `register` adds entries from
+    outside the package."""
+
+    def __init__(self, modules: dict[str, str]):
+        self._modules = dict(modules)
+        self._entries: dict[str, Family] = {}
+
+    def _loaded(self) -> dict[str, Family]:
+        if any(name not in self._entries for name in self._modules):  # the first lookup: the package's own first
+            self._entries = {name: importlib.import_module(path).FAMILY for name, path in self._modules.items()}
+        return self._entries
+
+    def __getitem__(self, name: str) -> Family:
+        return self._loaded()[name]
+
+    def __iter__(self):
+        return iter(self._loaded())
+
+    def __len__(self) -> int:
+        return len(self._loaded())
+
+    def add(self, family: Family) -> None:
+        self._loaded()[family.name] = family
+
+
+# the package's families: name -> the module defining its entry as FAMILY
+FAMILIES = Registry({"llada": "dllm_jax.generate.llada", "sdar": "dllm_jax.generate.sdar",
+                     "dream": "dllm_jax.generate.dream", "llada2": "dllm_jax.generate.llada2"})
 
 
 def register(family: Family) -> Family:
@@ -181,7 +178,7 @@ def register(family: Family) -> Family:
                  + ["HF model types"] * bool(set(other.model_types) & set(family.model_types)))
         if clash:
             raise ValueError(f"family {family.name!r}: its {' and '.join(clash)} already belong to {other.label}")
-    FAMILIES[family.name] = family
+    FAMILIES.add(family)
     return family
 
 

@@ -43,6 +43,8 @@ import numpy as np
 from flax import struct
 
 from dllm_jax import validation as check
+from dllm_jax.attention import methods
+from dllm_jax.families import Family
 from dllm_jax.attention.policy import AttentionPolicy, Dense, check_policy
 from dllm_jax.config import DreamConfig
 from dllm_jax.generate.progress import progress_bar, tick
@@ -51,8 +53,9 @@ from dllm_jax.generate.requests import (ProbeLoop, as_array, check_context, chec
 from dllm_jax.generate.sampling import (RowSampling, commit_top, outside_nucleus, row_sampling, row_top_k_floor,
                                         top_k_bound)
 from dllm_jax.models import dream as dream_model
+from dllm_jax.models import hf_names, layers
 from dllm_jax.models.llada import init_policy_state
-from dllm_jax.sharding import to_host
+from dllm_jax.sharding import DECODER_AXES, to_host
 
 ALGS = ("origin", "maskgit_plus", "topk_margin", "entropy")
 LOWEST = float(np.finfo(np.float32).min)  # the official filters' masked_fill value (torch.finfo(dtype).min)
@@ -312,3 +315,9 @@ def run(model, prompt_ids, attention_mask, seed: int, method, progress: bool, re
 def probe_loop(model, prompt_ids, method, options: dict) -> ProbeLoop:
     """The loop `dllm_jax.analysis.analyze` probes: one policy call per step and layer."""
     return full_sequence_probe(model, prompt_ids, method, options, prepare=prepare, loop=generate_dream_jit)
+
+
+FAMILY = Family(name="dream", config_class=DreamConfig, model_class=dream_model.Dream, options_class=DreamOptions,
+                prepare=prepare, run=run, probe_loop=probe_loop, answer_option="max_new_tokens",
+                method_kind=methods.BIDIRECTIONAL, param_shapes=layers.lm_param_shapes, hf_rules=hf_names.DREAM_RULES,
+                param_axes=DECODER_AXES | {"qkv_bias": ("tp",)})  # the bias splits like qkv_proj's columns

@@ -25,6 +25,8 @@ import numpy as np
 from flax import struct
 
 from dllm_jax import validation as check
+from dllm_jax.attention import methods
+from dllm_jax.families import Family
 from dllm_jax.attention.policy import AttentionPolicy, Dense, Mode, check_policy
 from dllm_jax.config import LLaDAConfig
 from dllm_jax.generate.progress import progress_bar, tick
@@ -32,8 +34,9 @@ from dllm_jax.generate.requests import (ProbeLoop, as_array, check_context, chec
                                         make_options, on_devices, on_mesh, rows_on_mesh)
 from dllm_jax.generate.sampling import (RowSampling, commit_top, factor_counts, gumbel_argmax, row_sampling,
                                         transfer_counts)
+from dllm_jax.models import hf_names, layers
 from dllm_jax.models import llada as llada_model
-from dllm_jax.sharding import to_host
+from dllm_jax.sharding import DECODER_AXES, to_host
 
 REMASKING = ("low_confidence", "random")
 CACHES = ("prefix", "dual")
@@ -444,3 +447,9 @@ def eval_options(answer_length: int, config: LLaDAConfig, given: dict) -> dict:
     given gen_length sets the default steps and block_length."""
     length = given.get("gen_length", answer_length)
     return dict(gen_length=length, steps=length, block_length=length, temperature=0.0)
+
+
+FAMILY = Family(name="llada", config_class=LLaDAConfig, model_class=llada_model.LLaDA, options_class=LLaDAOptions,
+                prepare=prepare, run=run, probe_loop=probe_loop, answer_option="gen_length", remasking=REMASKING,
+                method_kind=methods.BIDIRECTIONAL, param_shapes=layers.lm_param_shapes, hf_rules=hf_names.LLADA_RULES,
+                param_axes=DECODER_AXES, eval_options=eval_options)

@@ -39,6 +39,8 @@ import jax.numpy as jnp
 import numpy as np
 
 from dllm_jax import validation as check
+from dllm_jax.attention import methods
+from dllm_jax.families import TP_SPLIT, Family
 from dllm_jax.attention.policy import AttentionPolicy, Dense, check_policy
 from dllm_jax.config import LLaDA2Config
 from dllm_jax.generate.progress import progress_bar, tick
@@ -48,6 +50,7 @@ from dllm_jax.generate.sampling import (RowSampling, against_rows, commit_top, r
                                         sample_tokens_per_row, top_k_bound, transfer_counts)
 from dllm_jax.generate.block_loop import BlockSampler, SlotLoop, cache_capacity, decode_blocks
 from dllm_jax.generate.sdar import PROMPT_BUCKET
+from dllm_jax.models import hf_names
 from dllm_jax.models import llada2 as llada2_model
 from dllm_jax.sharding import shard_kv_cache, to_host, tracing_on
 
@@ -307,3 +310,13 @@ def probe_loop(model, prompt_ids, method, options: dict) -> ProbeLoop:
         return tokens, state
 
     return ProbeLoop(method, blocks * (opts.effective_steps + 1), run_probe)
+
+
+FAMILY = Family(name="llada2", config_class=LLaDA2Config, model_class=llada2_model.LLaDA2, options_class=LLaDA2Options,
+                prepare=prepare, run=run, probe_loop=probe_loop, answer_option="gen_length", method_kind=methods.BLOCK,
+                param_shapes=llada2_model.param_shapes, hf_rules=hf_names.LLADA2_RULES,
+                hf_expected=hf_names.llada2_expected, prepare_params=llada2_model.prepare_params,
+                to_module_tree=llada2_model.to_module_tree, param_axes=llada2_model.PARAM_AXES,
+                quantized=llada2_model.QUANTIZED,
+                tp_split=TP_SPLIT + ("moe_intermediate_size",),  # the experts' hidden dimension splits too
+                slots=SLOTS)

@@ -47,6 +47,8 @@ import numpy as np
 
 from dllm_jax import quantize
 from dllm_jax import validation as check
+from dllm_jax.attention import methods
+from dllm_jax.families import Family
 from dllm_jax.attention.policy import AttentionPolicy, Dense, check_policy
 from dllm_jax.config import SDARConfig
 from dllm_jax.generate.block_loop import BlockSampler, SlotLoop, cache_capacity, decode_blocks, trim
@@ -55,9 +57,9 @@ from dllm_jax.generate.requests import (ProbeLoop, answer_window, as_array, chec
                                         on_devices, on_mesh, rows_on_mesh)
 from dllm_jax.generate.sampling import (SDAR_REMASKING, RowSampling, row_sampling, sample_tokens, sample_tokens_per_row,
                                         top_k_bound, transfer_counts, transfer_mask)
-from dllm_jax.models import block_diffusion
+from dllm_jax.models import block_diffusion, hf_names, layers
 from dllm_jax.models import sdar as sdar_model
-from dllm_jax.sharding import shard_kv_cache, to_host
+from dllm_jax.sharding import DECODER_AXES, shard_kv_cache, to_host
 
 # `generate` left-pads prompts to a multiple of this many positions (masked out: rows run in their own coordinates,
 # so a padded row decodes what it would alone, as batched rows do): prompts of nearby lengths share one compiled
@@ -330,3 +332,9 @@ def eval_options(answer_length: int, config: SDARConfig, given: dict) -> dict:
     bs = config.block_size
     return dict(max_new_tokens=answer_window(answer_length, bs), denoising_steps=bs, top_k=1,
                 remasking="low_confidence_static")
+
+
+FAMILY = Family(name="sdar", config_class=SDARConfig, model_class=sdar_model.SDAR, options_class=SDAROptions,
+                prepare=prepare, run=run, probe_loop=probe_loop, answer_option="max_new_tokens", remasking=REMASKING,
+                method_kind=methods.BLOCK, param_shapes=layers.lm_param_shapes, hf_rules=hf_names.SDAR_RULES,
+                param_axes=DECODER_AXES, eval_options=eval_options, stops_field="eos_token_ids", slots=SLOTS)
