@@ -368,6 +368,50 @@ def test_the_step_schedule_reaches_the_engine_and_defaults_to_forward(sdar):
                                                                                         None: "forward"}
 
 
+FAST = dict(gen_length=16, steps=16, block_length=8, cache="dual", threshold=0.9)  # Fast-dLLM, as served
+
+
+def test_llada_is_served_with_fast_dllm_and_each_request_gets_generate_alone(checkpoints, rng):
+    """LLaDA served with the dual cache and a confidence threshold: greedy requests (the server's threshold, their
+    own), a sampled one with its seed, each equal to generate with the server's options and the request's values;
+    a request's factor needs a server decoding with the factor rule."""
+    path = checkpoints[0]
+    model, tokenizer = dllm_jax.load_model(path, dtype="float32", progress=False), ChatTokenizer(path)
+    with running(build_app(model, tokenizer, model_name=NAME, slots=3, max_context=96, **FAST)) as url:
+        prompts = [rng.integers(3, 140, 7 + i).tolist() for i in range(3)]
+        own = [{}, dict(threshold=0.5), dict(temperature=0.6, seed=11)]
+        with concurrent.futures.ThreadPoolExecutor(len(own)) as pool:
+            replies = list(pool.map(lambda po: post(url, "/v1/completions", dict(model=NAME, prompt=po[0],
+                                                                                max_tokens=16, **po[1])),
+                                    zip(prompts, own)))
+        for prompt, values, reply in zip(prompts, own, replies):
+            assert reply.status_code == 200, reply.text
+            out = np.asarray(dllm_jax.generate(model, np.asarray(prompt)[None], **FAST | values))[0][len(prompt):]
+            stops = np.flatnonzero(np.isin(out, model.config.stop_ids))
+            kept = out[:stops[0] + 1] if stops.size else out
+            assert reply.json()["choices"][0]["text"] == tokenizer.decode(kept, skip=(model.config.mask_token_id,))
+        refused = post(url, "/v1/completions", dict(model=NAME, prompt=[5, 6], max_tokens=4, factor=1.0))
+        assert refused.status_code == 400
+        assert "decodes without Fast-dLLM's factor rule" in refused.json()["error"]["message"]
+
+
+def test_the_serve_flags_set_the_familys_options():
+    from dllm_jax.cli import build_parser
+    from dllm_jax.cli.serve import family_options
+    from dllm_jax.families import family_named
+
+    def options(name, *argv):
+        return family_options(build_parser().parse_args(["serve", "--model", "m", *argv]), family_named(name))
+
+    assert options("llada") == dict(cache="dual")  # LLaDA serves with Fast-dLLM's dual cache unless told
+    assert options("llada", "--cache", "none", "--gen-length", "32") == dict(cache=None, gen_length=32)
+    assert options("llada", "--cache", "prefix", "--factor", "1.5") == dict(cache="prefix", factor=1.5)
+    assert options("llada", "--threshold", "0.8") == dict(cache="dual", threshold=0.8)
+    assert options("sdar", "--denoising-steps", "2") == dict(denoising_steps=2)
+    with pytest.raises(ValueError, match=r"--cache, --threshold do not apply to SDAR \(its flags: --denoising-steps"):
+        options("sdar", "--cache", "dual", "--threshold", "0.9")
+
+
 def test_every_family_has_its_serve_flags():
     from dllm_jax.cli.serve import FAMILY_FLAGS
     from dllm_jax.families import FAMILIES
@@ -621,6 +665,8 @@ def test_requests_with_their_own_temperatures_thresholds_and_rules_share_a_step_
         stops = np.flatnonzero(np.isin(out, model.config.stop_ids))
         kept = out[:stops[0] + 1] if stops.size else out
         assert reply.json()["choices"][0]["text"] == tokenizer.decode(kept, skip=(model.config.mask_token_id,)), values
+    factor = post(url, "/v1/completions", dict(model=NAME, prompt=prompt, max_tokens=4, factor=1.0))
+    assert factor.status_code == 400 and "factor rule is LLaDA's" in factor.json()["error"]["message"]
 
 
 def test_requests_with_their_own_stop_token_ids_end_there_and_share_a_step(url, sdar):

@@ -12,7 +12,7 @@ from pathlib import Path
 
 from dllm_jax.cli.common import add_quantize_flag, dtype_parent
 from dllm_jax.cli.methods import methods_parent
-from dllm_jax.flags import fraction, non_negative_int, number, positive_int
+from dllm_jax.flags import fraction, non_negative_int, number, positive_float, positive_int, probability
 
 API_KEY_VARIABLE = "DLLM_JAX_API_KEY"  # the environment variable --api-key defaults to (kept out of `ps` listings)
 MAX_REQUEST_BYTES = 4 * 2**20  # dllm_jax.serve.app's default, repeated here so that --help needs no FastAPI
@@ -20,9 +20,14 @@ temperature_flag = number(float, "a number in [0, 2]", lambda v: 0 <= v <= 2)
 # the sampling flags (-> the generate option each sets) and those that apply to each sampler (`Family.sampler`;
 # "--gen-length" sets the family's answer option: the lockstep families decode one answer length for every request)
 FLAGS = {"--denoising-steps": "denoising_steps", "--remasking": "remasking", "--gen-length": "gen_length",
-         "--steps": "steps", "--block-length": "block_length"}
+         "--steps": "steps", "--block-length": "block_length", "--cache": "cache", "--threshold": "threshold",
+         "--factor": "factor"}
 FAMILY_FLAGS = {"SDAR": ("--denoising-steps", "--remasking"), "LLaDA2": ("--steps", "--block-length"),
-                "LLaDA": ("--gen-length", "--steps", "--block-length"), "Dream": ("--gen-length", "--steps")}
+                "LLaDA": ("--gen-length", "--steps", "--block-length", "--cache", "--threshold", "--factor"),
+                "Dream": ("--gen-length", "--steps")}
+# where the server departs from the Options' default on purpose: LLaDA serves with Fast-dLLM's dual cache (its
+# accuracy kept in the paper's and docs/benchmarks.md's measurements, several times faster at long contexts)
+SERVE_DEFAULTS = {"LLaDA": dict(cache="dual")}
 
 
 def add_parser(subparsers) -> None:
@@ -74,6 +79,16 @@ def add_parser(subparsers) -> None:
                        help="LLaDA, Dream: denoising steps; LLaDA2: steps per block (the family's default)")
     serve.add_argument("--block-length", type=positive_int, default=None, metavar="N",
                        help="LLaDA, LLaDA2: block length (the family's default)")
+    serve.add_argument("--cache", choices=["dual", "prefix", "none"], default=None,
+                       help="LLaDA, Fast-dLLM: reuse the keys/values of the positions before the block (prefix) or "
+                            "before and after it (dual, the default) from each block's first step; none: recompute "
+                            "every step")
+    serve.add_argument("--threshold", type=probability, default=None, metavar="X",
+                       help="LLaDA, Fast-dLLM: commit every masked position of the block whose confidence is >= X per "
+                            "step (a request may send its own threshold); default: the fixed schedule of --steps")
+    serve.add_argument("--factor", type=positive_float, default=None, metavar="F",
+                       help="LLaDA, Fast-dLLM's factor rule instead of --threshold (a request may send its own "
+                            "factor)")
     serve.add_argument("--schedule", choices=["forward", "block"], default=None,
                        help="SDAR, LLaDA2: how a step advances the slots: forward (the default: a block's worth of "
                             "forwards, each slot moving to its next block as soon as its own is done) or block (each "
@@ -82,6 +97,22 @@ def add_parser(subparsers) -> None:
                        help="uvicorn's log level (default info)")
     add_quantize_flag(serve)
     serve.set_defaults(fn=run)
+
+
+def family_options(args: argparse.Namespace, family) -> dict:
+    """The generate options the sampling flags set for `family`'s server (SERVE_DEFAULTS where a flag is unset);
+    ValueError naming the flags that do not apply to it."""
+    mine = FAMILY_FLAGS[family.sampler]
+    given = [flag for flag in FLAGS if getattr(args, FLAGS[flag]) is not None]
+    stray = [flag for flag in given if flag not in mine]
+    if stray:
+        verb = "does" if len(stray) == 1 else "do"
+        raise ValueError(f"{', '.join(stray)} {verb} not apply to {family.label} (its flags: {', '.join(mine)})")
+    options = SERVE_DEFAULTS.get(family.sampler, {}) | {
+        family.answer_option if flag == "--gen-length" else FLAGS[flag]: getattr(args, FLAGS[flag]) for flag in given}
+    if options.get("cache") == "none":
+        options["cache"] = None
+    return options
 
 
 def run(args: argparse.Namespace) -> None:
@@ -99,15 +130,7 @@ def run(args: argparse.Namespace) -> None:
     from dllm_jax.tokenizer import ChatTokenizer
 
     _, config = read_hf_config(args.model)  # every flag error before the weights load
-    family = family_of(config)
-    mine = FAMILY_FLAGS[family.sampler]
-    given = [flag for flag in FLAGS if getattr(args, FLAGS[flag]) is not None]
-    stray = [flag for flag in given if flag not in mine]
-    if stray:
-        verb = "does" if len(stray) == 1 else "do"
-        raise ValueError(f"{', '.join(stray)} {verb} not apply to {family.label} (its flags: {', '.join(mine)})")
-    options = {family.answer_option if flag == "--gen-length" else FLAGS[flag]: getattr(args, FLAGS[flag])
-               for flag in given}
+    options = family_options(args, family_of(config))
     method = method_from_args(args)
     api_key = api_key_of(args, os.environ)
     tokenizer = ChatTokenizer(args.model)

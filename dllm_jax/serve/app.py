@@ -188,12 +188,12 @@ def create_app(worker: Worker, tokenizer, *, model_name: str, metrics: Metrics, 
             seed = body.seed if body.seed is not None else (0 if t == 0 else secrets.randbelow(2**31))
             prompt, max_tokens, seed, sampling = engine.check(prompt_ids, max_tokens, seed, t, p, k,
                                                               threshold=body.threshold, remasking=body.remasking,
-                                                              stop_ids=body.stop_token_ids)
+                                                              stop_ids=body.stop_token_ids, factor=body.factor)
         except ValueError as e:
             raise ApiError(400, str(e)) from None
         return Job(prompt, max_tokens, seed, stop, temperature=sampling.temperature, top_p=sampling.top_p,
                    top_k=sampling.top_k, threshold=sampling.threshold, remasking=sampling.remasking,
-                   stop_ids=sampling.stop_ids)
+                   stop_ids=sampling.stop_ids, factor=sampling.factor)
 
     def public(message: str) -> str:
         """An error message as a client may read it: the checkpoint's files named without the server's path."""

@@ -331,12 +331,15 @@ class Engine(RequestQueue):
     def check(self, prompt_ids, max_new_tokens: int, seed: int = 0, temperature: float | None = None,
               top_p: float | None = None, top_k: int | None = None, *,
               threshold: float | None = None, remasking: str | None = None,
-              stop_ids=None) -> tuple[np.ndarray, int, int, SamplingValues]:
+              stop_ids=None, factor: float | None = None) -> tuple[np.ndarray, int, int, SamplingValues]:
         """(int32 prompt, max_new_tokens, seed, sampling) of a request the engine can take (None: the options'
         temperature, top-p, top-k, threshold and remasking; no stop ids besides the model's), or a ValueError
         naming the problem. Reads only the engine's settings:
         callable from any thread."""
         prompt, max_new_tokens, seed = self.checked_prompt(prompt_ids, max_new_tokens, seed)
+        if factor is not None:
+            raise ValueError(f"factor={factor}: Fast-dLLM's factor rule is LLaDA's; this server's "
+                             f"{family_of(self.config).label} model commits by its remasking rule and threshold")
         sampling = self.checked_sampling(temperature, top_p, top_k, self.defaults, max_top_k=self.max_top_k,
                                          threshold=threshold, remasking=remasking, rules=self.rules,
                                          stop_ids=stop_ids)

@@ -55,17 +55,20 @@ class LockstepEngine(RequestQueue):
     def check(self, prompt_ids, max_new_tokens: int, seed: int = 0, temperature: float | None = None,
               top_p: float | None = None, top_k: int | None = None, *,
               threshold: float | None = None, remasking: str | None = None,
-              stop_ids=None) -> tuple[np.ndarray, int, int, SamplingValues]:
+              stop_ids=None, factor: float | None = None) -> tuple[np.ndarray, int, int, SamplingValues]:
         """(int32 prompt, max_new_tokens, seed, sampling) of a request this server can take, or a ValueError
         naming the problem (any thread). A request sets only the sampling values its family's generate takes
-        (LLaDA: temperature, remasking, and threshold where the server decodes with one; Dream: temperature, top_p,
-        top_k) and its own stop token ids; None takes the server's."""
+        (LLaDA: temperature, remasking, and Fast-dLLM's threshold or factor where the server decodes with that rule;
+        Dream: temperature, top_p, top_k) and its own stop token ids; None takes the server's."""
         prompt, max_new_tokens, seed = self.checked_prompt(prompt_ids, max_new_tokens, seed)
-        if threshold is not None and getattr(self.checked, "threshold", None) is None:
-            raise ValueError(f"threshold={threshold}: this server ({self.family.label}) decodes without a confidence "
-                             "threshold (a server started with the option threshold= takes a request's own)")
+        for name, value, rule in (("threshold", threshold, "a confidence threshold"),
+                                  ("factor", factor, "Fast-dLLM's factor rule")):
+            if value is not None and getattr(self.checked, name, None) is None:
+                raise ValueError(f"{name}={value}: this server ({self.family.label}) decodes without {rule} (a "
+                                 f"server started with the option {name}= takes a request's own)")
         sampling = self.checked_sampling(temperature, top_p, top_k, self.defaults, threshold=threshold,
-                                         remasking=remasking, rules=self.family.remasking, stop_ids=stop_ids)
+                                         remasking=remasking, rules=self.family.remasking, stop_ids=stop_ids,
+                                         factor=factor)
         other = {name: getattr(sampling, name) for name in ("temperature", "top_p", "top_k")
                  if name not in self.sampled and getattr(sampling, name) != getattr(SamplingValues(), name)}
         if other:
@@ -84,7 +87,7 @@ class LockstepEngine(RequestQueue):
     def values(self, sampling: SamplingValues) -> dict:
         """The generate options a request's sampling sets."""
         values = {name: getattr(sampling, name) for name in self.sampled}
-        for name in ("remasking", "threshold"):
+        for name in ("remasking", "threshold", "factor"):
             if getattr(sampling, name) is not None:
                 values[name] = getattr(sampling, name)
         return values

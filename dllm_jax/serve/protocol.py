@@ -33,6 +33,7 @@ class Sampling(Strict):
     top_p: float | None = Field(default=None, gt=0, le=1)
     top_k: int | None = Field(default=None, ge=0)  # not OpenAI's; vLLM's and SGLang's extension (0: no filter)
     threshold: float | None = Field(default=None, ge=0, le=1)  # this server's extension: the remasking's threshold
+    factor: float | None = Field(default=None, gt=0)  # this server's extension: Fast-dLLM's factor rule (LLaDA)
     remasking: str | None = None  # this server's extension: the family's remasking rule (checked by the engine)
     stop_token_ids: list[int] | None = None  # vLLM's extension: token ids that end the answer besides the model's
     seed: int | None = Field(default=None, ge=0, le=2**31 - 1)

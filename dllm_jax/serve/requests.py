@@ -26,6 +26,7 @@ class SamplingValues:
     threshold: float | None = None  # the confidence threshold of the family's remasking; None: the engine's
     remasking: str | None = None  # the family's remasking rule; None: the engine's
     stop_ids: tuple[int, ...] = ()  # token ids that end the answer, besides the model's own stop ids
+    factor: float | None = None  # Fast-dLLM's factor rule (LLaDA); None: the engine's
 
 
 @dataclasses.dataclass(frozen=True, eq=False)  # identity: two requests are never "equal" by their arrays
@@ -55,14 +56,14 @@ class RequestQueue:
     def check(self, prompt_ids, max_new_tokens: int, seed: int = 0, temperature: float | None = None,
               top_p: float | None = None, top_k: int | None = None, *,
               threshold: float | None = None, remasking: str | None = None,
-              stop_ids=None) -> tuple[np.ndarray, int, int, SamplingValues]:
+              stop_ids=None, factor: float | None = None) -> tuple[np.ndarray, int, int, SamplingValues]:
         raise NotImplementedError
 
     def checked_sampling(self, temperature, top_p, top_k, defaults: SamplingValues, *,
                          max_top_k: int | None = None, threshold: float | None = None, remasking: str | None = None,
-                         rules: tuple[str, ...] = (), stop_ids=None) -> SamplingValues:
+                         rules: tuple[str, ...] = (), stop_ids=None, factor: float | None = None) -> SamplingValues:
         """A request's sampling: each given value checked (temperature in [0, 2], 0 meaning greedy; top_p in
-        (0, 1]; top_k >= 0, at most `max_top_k` where given, 0 meaning no filter; threshold in [0, 1]; remasking one
+        (0, 1]; top_k >= 0, at most `max_top_k` where given, 0 meaning no filter; threshold in [0, 1]; factor > 0; remasking one
         of `rules`, the engine's family's; stop_ids at most MAX_STOP_IDS token ids of the vocabulary), None taking
         the engine's default."""
         temperature = defaults.temperature if temperature is None else check.real("temperature", temperature, low=0,
@@ -73,12 +74,13 @@ class RequestQueue:
             raise ValueError(f"top_k={top_k} exceeds the {max_top_k} this engine was started with (its compiled step "
                              "selects a static number of candidates: max_top_k, dllm-jax serve --max-top-k)")
         threshold = None if threshold is None else float(check.real("threshold", threshold, low=0, high=1))
+        factor = None if factor is None else float(check.real("factor", factor, low=0, low_open=True))
         if remasking is not None and not rules:
             raise ValueError(f"remasking={remasking!r}: this server's model has no remasking rule a request may choose")
         if remasking is not None:
             check.choice("remasking", remasking, rules)
         return SamplingValues(float(temperature), float(top_p), int(top_k), threshold, remasking,
-                              self.checked_stop_ids(stop_ids))
+                              self.checked_stop_ids(stop_ids), factor)
 
     def checked_stop_ids(self, stop_ids) -> tuple[int, ...]:
         """A request's own stop token ids (None: none), checked: at most MAX_STOP_IDS ids of the vocabulary."""
@@ -107,13 +109,14 @@ class RequestQueue:
 
     def submit(self, prompt_ids, max_new_tokens: int, seed: int = 0, temperature: float | None = None,
                top_p: float | None = None, top_k: int | None = None, *, threshold: float | None = None,
-               remasking: str | None = None, stop_ids=None) -> int:
+               remasking: str | None = None, stop_ids=None, factor: float | None = None) -> int:
         """Queues a request (prompt_ids: int [P], P >= 1; its own temperature, top-p, top-k, confidence
-        threshold and remasking rule, None for the engine's; stop_ids, token ids that end its answer besides the
+        threshold, Fast-dLLM factor and remasking rule, None for the engine's; stop_ids, token ids that end its answer besides the
         model's stop ids) and returns its id; ValueError before anything is queued for a request
         the model or the engine cannot take (`check`)."""
         request = Request(self.next_id, *self.check(prompt_ids, max_new_tokens, seed, temperature, top_p, top_k,
-                                                    threshold=threshold, remasking=remasking, stop_ids=stop_ids))
+                                                    threshold=threshold, remasking=remasking, stop_ids=stop_ids,
+                                                    factor=factor))
         self.next_id += 1
         self.queue.append(request)
         return request.request_id

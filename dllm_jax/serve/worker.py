@@ -47,6 +47,7 @@ class Job:
     threshold: float | None = None  # None: the engine's
     remasking: str | None = None  # None: the engine's
     stop_ids: tuple[int, ...] = ()  # token ids that end the answer, besides the model's
+    factor: float | None = None  # None: the engine's
 
 
 @dataclasses.dataclass(frozen=True)
@@ -178,7 +179,8 @@ class Worker:
                 try:
                     ticket.request_id = self.engine.submit(job.prompt_ids, job.max_tokens, job.seed, job.temperature,
                                                            job.top_p, job.top_k, threshold=job.threshold,
-                                                           remasking=job.remasking, stop_ids=job.stop_ids)
+                                                           remasking=job.remasking, stop_ids=job.stop_ids,
+                                                           factor=job.factor)
                 except Exception as e:  # noqa: BLE001  (checked by the handler already; still, it fails alone)
                     self.fail(ticket, e)
                     continue
