@@ -1,0 +1,123 @@
+"""The lm-evaluation-harness model (dllm_jax.eval.harness) and the likelihood it reports
+(dllm_jax.eval.likelihood): the estimate against the official LLaDA evaluation's formula in PyTorch on the same
+weights and masks, and both request types through the harness's own command line on a local task."""
+
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import numpy as np
+import pytest
+import torch
+import torch.nn.functional as F
+
+from dllm_jax import load_model
+from dllm_jax.eval import load_tokenizer, make_samples
+from dllm_jax.eval.likelihood import log_likelihood, mask_draw, masked_log_likelihood
+from dllm_jax.testing import tiny_llada_config, user_environment
+from torch_reference import llama_reference, reference_logits
+
+ROOT = Path(__file__).resolve().parents[1]
+CHECKPOINT = ROOT / "checkpoints" / "tiny-llada-tasks"
+
+
+def official_estimate_term(reference, prompt, answer, masks, mask_id) -> float:
+    """The official evaluation's term for one batch (its get_log_likelihood loop body), with the masks given."""
+    rows, p = masks.shape[0], len(prompt)
+    seq = torch.as_tensor(np.tile(np.concatenate([prompt, answer]), (rows, 1)), dtype=torch.long)
+    is_mask = torch.cat([torch.zeros(rows, p, dtype=torch.bool), torch.as_tensor(masks)], dim=1)
+    p_mask = torch.as_tensor(masks.sum(axis=1) / len(answer))[:, None].repeat(1, seq.shape[1])
+    perturbed = torch.where(is_mask, mask_id, seq)
+    logits = torch.as_tensor(reference_logits(reference, perturbed.numpy()))
+    loss = F.cross_entropy(logits[is_mask], seq[is_mask], reduction="none") / p_mask[is_mask]
+    return -(loss.sum() / rows).item()
+
+
+def test_the_estimate_is_the_official_formula_on_the_same_weights_and_masks(tiny_checkpoint, rng):
+    config = tiny_llada_config()
+    directory = tiny_checkpoint(config, seed=5)
+    model, reference = load_model(directory, dtype="float32", progress=False), llama_reference(directory)
+    prompt = rng.integers(0, config.mask_token_id, 11)
+    for length, rows in ((7, 4), (1, 3), (16, 5)):
+        answer = rng.integers(0, config.mask_token_id, length)
+        masks = mask_draw(rng, rows, length)
+        counts = masks.sum(axis=1)
+        assert counts.min() >= 1 and counts.max() <= length  # every row masks at least one answer token
+        ours = masked_log_likelihood(model, prompt, answer, masks)
+        official = official_estimate_term(reference, prompt, answer, masks, config.mask_token_id)
+        assert abs(ours - official) <= 1e-4 * abs(official), (length, ours, official)
+    answer = rng.integers(0, config.mask_token_id, 7)
+    estimate = log_likelihood(model, prompt, answer, mc_num=8, batch_size=4, seed=3)
+    assert estimate == log_likelihood(model, prompt, answer, mc_num=8, batch_size=4, seed=3) < 0  # reproducible
+    with pytest.raises(ValueError, match="mc_num=6 must be a multiple of batch_size=4"):
+        log_likelihood(model, prompt, answer, mc_num=6, batch_size=4)
+
+
+def test_mask_counts_are_stratified_over_the_answer_length():
+    rng = np.random.default_rng(0)
+    for _ in range(20):
+        counts = np.sort(mask_draw(rng, 8, 16).sum(axis=1))
+        assert counts.min() >= 1 and counts.max() <= 16
+        assert len(np.unique(counts)) == 8  # 8 rows over 16 counts: evenly spaced, all different
+
+
+LOCAL_TASKS = {
+    "dllm_passkey_choice": """task: dllm_passkey_choice
+dataset_path: json
+dataset_kwargs:
+  data_files:
+    test: {data}
+test_split: test
+output_type: multiple_choice
+doc_to_text: "{{{{prompt}}}}"
+doc_to_choice: "{{{{choices}}}}"
+doc_to_target: "{{{{label}}}}"
+metric_list:
+  - metric: acc
+""",
+    "dllm_passkey_answer": """task: dllm_passkey_answer
+dataset_path: json
+dataset_kwargs:
+  data_files:
+    test: {data}
+test_split: test
+output_type: generate_until
+doc_to_text: "{{{{prompt}}}}"
+doc_to_target: "{{{{answer}}}}"
+generation_kwargs:
+  until: ["<eos>"]
+  max_gen_toks: 8
+metric_list:
+  - metric: exact_match
+""",
+}
+
+
+def test_lm_eval_scores_both_request_types_through_its_own_command_line(tmp_path):
+    """The shipped tiny LLaDA on a local passkey task (no download): multiple choice among the key and two
+    distractors by log-likelihood, and the key generated; the harness writes its results."""
+    tokenizer = load_tokenizer(CHECKPOINT)
+    rng = np.random.default_rng(0)
+    docs = []
+    for sample in make_samples("passkey", 64, 3, 11, tokenizer):
+        distractors = [" ".join(str(d) for d in rng.integers(0, 10, 5)) for _ in range(2)]
+        choices = [sample.answer, *distractors]
+        docs.append(dict(prompt=tokenizer.decode(sample.prompt_ids.tolist(), skip_special_tokens=False),
+                         answer=sample.answer, choices=choices, label=0))
+    data = tmp_path / "passkey.jsonl"
+    data.write_text("".join(json.dumps(d) + "\n" for d in docs))
+    for name, text in LOCAL_TASKS.items():
+        (tmp_path / f"{name}.yaml").write_text(text.format(data=data))
+    env = user_environment(os.environ)
+    env["PYTHONPATH"] = os.pathsep.join([str(ROOT), env.get("PYTHONPATH", "")])
+    done = subprocess.run(
+        [sys.executable, "-m", "dllm_jax.eval.harness", "--model", "dllm_jax", "--model_args",
+         f"checkpoint={CHECKPOINT},dtype=float32,mc_num=4,is_check_greedy=true", "--batch_size", "2",
+         "--include_path", str(tmp_path), "--tasks", ",".join(LOCAL_TASKS), "--output_path",
+         str(tmp_path / "out")], env=env, capture_output=True, text=True, timeout=900, cwd=tmp_path)
+    assert done.returncode == 0, done.stderr[-4000:]
+    results = json.loads(next((tmp_path / "out").rglob("results_*.json")).read_text())["results"]
+    choice, answer = results["dllm_passkey_choice"], results["dllm_passkey_answer"]
+    assert 0 <= choice["acc,none"] <= 1 and 0 <= answer["exact_match,none"] <= 1
