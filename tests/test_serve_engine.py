@@ -285,3 +285,49 @@ def test_llada2_requests_whose_schedule_differs_from_the_engines_are_refused(lla
     with pytest.raises(ValueError, match="gen_length is per request"):
         Engine(llada2, gen_length=8)
     assert not engine.queue
+
+
+def one_entry_bytes(engine) -> int:
+    """The bytes of one prefix-cache entry of `engine` (a one-row cache of its slots' capacity)."""
+    return sum(leaf.nbytes for leaf in __import__("jax").tree.leaves(engine.empty_row))
+
+
+@pytest.mark.parametrize("sampling", [None, SAMPLING[:4]], ids=["greedy", "per-request sampling"])
+def test_prompts_sharing_a_prefix_reuse_its_blocks_and_each_gets_what_generate_gives_it(model, rng, sampling):
+    """Prefix cache: requests whose prompts share 3 and 5 complete blocks with earlier ones (two of them in flight
+    together with the one that filled the cache) prefill only the rest, each with what generate gives its prompt
+    alone; the counters say how many prompt positions were looked up and found."""
+    options = dict(remasking="sequential", top_k=1, denoising_steps=4) if sampling is None else \
+        dict(remasking="low_confidence_dynamic", denoising_steps=4)
+    engine = Engine(model, slots=2, max_context=64, prefix_cache_bytes=2**30, **options)
+    system = rng.integers(0, 40, 20)  # five blocks of 4
+    prompts = [np.concatenate([system, rng.integers(0, 40, 6)]), np.concatenate([system, rng.integers(0, 40, 3)]),
+               np.concatenate([system[:12], rng.integers(0, 40, 9)]), rng.integers(0, 40, 10)]
+    sampling = sampling or [(None, None, None)] * len(prompts)
+    ids = [engine.submit(p, 8, i + 1, *s) for i, (p, s) in enumerate(zip(prompts, sampling))]
+    done = engine.run()
+    for request_id, prompt, seed, (t, p, top_k) in zip(ids, prompts, range(1, 5), sampling):
+        alone = np.asarray(dllm_jax.generate(model, prompt[None], max_new_tokens=8, seed=seed,
+                                             **own_options(options, t, p, top_k, {"top_k": 1})))[0]
+        np.testing.assert_array_equal(done[request_id].tokens, alone, err_msg=f"request {request_id}")
+    # complete blocks looked up: 24 + 20 + 20 + 8; found: the second's 20 (the system prompt), the third's 12
+    assert (engine.prefix.query_tokens, engine.prefix.hit_tokens) == (72, 32)
+
+
+def test_the_prefix_cache_drops_the_least_recently_used_entry_past_its_budget(model, rng):
+    """A budget of one entry: a second prompt evicts the first's blocks, so a third request sharing the first's
+    prefix finds nothing (and is still what generate gives it); an entry that starts a longer one is superseded."""
+    options = dict(remasking="sequential", top_k=1, denoising_steps=4)
+    engine = Engine(model, slots=1, max_context=64, **options)
+    engine = Engine(model, slots=1, max_context=64, prefix_cache_bytes=one_entry_bytes(engine), **options)
+    first, other = rng.integers(0, 40, 16), rng.integers(0, 40, 16)
+    for prompt in (first, other, first[:12]):
+        request_id = engine.submit(prompt, 4, 0)
+        alone = np.asarray(dllm_jax.generate(model, prompt[None], max_new_tokens=4, **options))[0]
+        np.testing.assert_array_equal(engine.run()[request_id].tokens, alone)
+        assert len(engine.prefix.entries) == 1
+    assert engine.prefix.hit_tokens == 0 and engine.prefix.query_tokens == 16 + 16 + 12
+    longer = engine.submit(np.concatenate([first[:12], rng.integers(0, 40, 8)]), 4, 0)
+    engine.run()[longer]
+    assert engine.prefix.hit_tokens == 12 and len(engine.prefix.entries) == 1  # the 12-token entry superseded
+    assert len(next(iter(engine.prefix.entries.values())).tokens) == 20

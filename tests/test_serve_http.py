@@ -412,6 +412,27 @@ def test_the_serve_flags_set_the_familys_options():
         options("sdar", "--cache", "dual", "--threshold", "0.9")
 
 
+def test_requests_sharing_a_system_prompt_reuse_its_blocks_through_the_prefix_cache(sdar, rng):
+    """A server with a prefix cache: a first request fills it, then 4 concurrent clients whose prompts start with
+    the same 16-token system prompt each get what generate gives their prompt alone; /metrics counts the prompt
+    positions looked up and found."""
+    _, model, tokenizer = sdar
+    system = rng.integers(3, 140, 16).tolist()
+    with running(build_app(model, tokenizer, model_name=NAME, slots=2, max_context=MAX_CONTEXT,
+                           prefix_cache_bytes=2**28)) as base:
+        prompts = [system + rng.integers(3, 140, 3 + i).tolist() for i in range(5)]
+        replies = completions(base, prompts[:1], 8) + completions(base, prompts[1:], 8)
+        for prompt, reply in zip(prompts, replies):
+            assert reply.status_code == 200, reply.text
+            assert reply.json()["choices"][0]["text"] == alone(model, tokenizer, prompt, 8)[0]
+        metrics = httpx.get(base + "/metrics").text
+    block = model.config.block_size
+    looked_up = sum(len(p) - len(p) % block for p in prompts)
+    assert f"dllm_prefix_cache_query_tokens_total {float(looked_up)}" in metrics
+    found = float(re.search(r"^dllm_prefix_cache_hit_tokens_total (\S+)$", metrics, re.MULTILINE).group(1))
+    assert found >= 4 * len(system)  # each later request found at least the system prompt's blocks
+
+
 def test_every_family_has_its_serve_flags():
     from dllm_jax.cli.serve import FAMILY_FLAGS
     from dllm_jax.families import FAMILIES

@@ -89,6 +89,10 @@ def add_parser(subparsers) -> None:
     serve.add_argument("--factor", type=positive_float, default=None, metavar="F",
                        help="LLaDA, Fast-dLLM's factor rule instead of --threshold (a request may send its own "
                             "factor)")
+    serve.add_argument("--prefix-cache-mb", type=non_negative_int, default=0, metavar="MB",
+                       help="SDAR, LLaDA2: device memory for the prefix cache, which keeps requests' complete prompt "
+                            "blocks' keys and values so that a later prompt starting with the same blocks prefills "
+                            "only the rest (default 0: off)")
     serve.add_argument("--schedule", choices=["forward", "block"], default=None,
                        help="SDAR, LLaDA2: how a step advances the slots: forward (the default: a block's worth of "
                             "forwards, each slot moving to its next block as soon as its own is done) or block (each "
@@ -145,7 +149,8 @@ def run(args: argparse.Namespace) -> None:
         name = args.model_name or args.model.resolve().name
         app = build_app(model, tokenizer, model_name=name, slots=args.slots, max_context=args.max_context,
                         method=method, max_queue=args.max_queue, temperature=args.temperature, top_p=args.top_p,
-                        top_k=args.top_k, max_top_k=args.max_top_k, schedule=args.schedule, api_key=api_key,
+                        top_k=args.top_k, max_top_k=args.max_top_k, schedule=args.schedule,
+                        prefix_cache_bytes=args.prefix_cache_mb * 2**20, api_key=api_key,
                         max_request_bytes=args.max_request_bytes, **options)
         shown = f"[{host}]" if ":" in host else host
         print(f"[dllm-jax serve: {name} on http://{shown}:{port}/v1, {args.slots} slots"

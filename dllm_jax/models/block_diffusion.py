@@ -138,7 +138,7 @@ def prefill_chunk_length(batch: int, n: int, block_length: int, chunk_tokens: in
 
 def prefill(params, input_ids, cache: KVCache, lengths=None, *, config: DecoderConfig, block_length: int | None = None,
             policy: AttentionPolicy = Dense(), decoder: BlockDecoder,
-            chunk_tokens: int = PREFILL_TOKENS) -> KVCache:
+            chunk_tokens: int = PREFILL_TOKENS, begin=0) -> KVCache:
     """Writes the K/V of the complete prompt blocks input_ids [B, P] (P % block_size == 0) at
     positions 0..P-1 and sets the fill lengths to `lengths` (int32 [B], multiples of the block size,
     <= P; default P): a row with fewer complete blocks than P has junk past its length, which is
@@ -151,6 +151,8 @@ def prefill(params, input_ids, cache: KVCache, lengths=None, *, config: DecoderC
     chunks that cover the longest fill length run (a dynamic count: a serving engine's insert pads
     every long prompt to one static width and pays for its own length); the last chunk ends there
     (or at the chunk length) and may overlap the one before; positions written twice get the same K/V.
+    `begin` (int32, a multiple of the block size; traced) is the first position to compute: the cache already
+    holds the K/V of the positions below it (a prefix another prompt shared), and the chunks start there.
 
     The cache must hold exact keys and values, so `policy` runs in its DENSE mode, from its initial
     state (discarded). The blocks are `block_length` long (the config's block size by default).
@@ -164,7 +166,7 @@ def prefill(params, input_ids, cache: KVCache, lengths=None, *, config: DecoderC
     policy_state = init_policy_state(policy, config, b, cache.max_length, block_length=chunk)
 
     def chunk_forward(i, cache: KVCache) -> KVCache:
-        start = jnp.maximum(jnp.minimum(i * chunk, end - chunk), 0)
+        start = jnp.maximum(jnp.minimum(begin + i * chunk, end - chunk), 0)
         positions = start + jnp.arange(chunk)
         mask = block_causal_mask(cache.max_length, bl, positions)  # [chunk, max_length]
         cos, sin = decoder.rope_tables(positions, config)
@@ -182,7 +184,7 @@ def prefill(params, input_ids, cache: KVCache, lengths=None, *, config: DecoderC
                                              (cache, policy_state))
         return cache
 
-    cache = jax.lax.fori_loop(0, (end + chunk - 1) // chunk, chunk_forward, cache)
+    cache = jax.lax.fori_loop(0, (jnp.maximum(end - begin, 0) + chunk - 1) // chunk, chunk_forward, cache)
     return cache.replace(length=lengths)
 
 

@@ -270,12 +270,13 @@ def forward(params, input_ids, policy_state=None, step=0, *, config: LLaDA2Confi
 
 
 def prefill(params, input_ids, cache: KVCache, lengths=None, *, config: LLaDA2Config, block_length: int | None = None,
-            policy: AttentionPolicy = Dense(), chunk_tokens: int = block_diffusion.PREFILL_TOKENS) -> KVCache:
+            policy: AttentionPolicy = Dense(), chunk_tokens: int = block_diffusion.PREFILL_TOKENS,
+            begin=0) -> KVCache:
     """Writes the K/V of the complete prompt blocks input_ids [B, P] at positions 0..P-1 and sets the
     fill lengths to `lengths` (default P); `dllm_jax.models.block_diffusion.prefill` (dense, exact, in chunks)
     with this family's DECODER."""
     return block_diffusion.prefill(params, input_ids, cache, lengths, config=config, block_length=block_length, policy=policy,
-                        decoder=DECODER, chunk_tokens=chunk_tokens)
+                        decoder=DECODER, chunk_tokens=chunk_tokens, begin=begin)
 
 
 def cached_forward(params, segments: tuple, cache: KVCache, policy_state, *, config: LLaDA2Config,

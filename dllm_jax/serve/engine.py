@@ -33,6 +33,9 @@ the inserts compile once per bucket. The width bucket prefills in chunks of `INS
 only the chunks its prompt's complete blocks need (`dllm_jax.models.block_diffusion.prefill`), so a long prompt pays for
 its own length, not for the next power of two (doubling buckets padded 512-2048-token prompts by a third).
 
+With a prefix cache (`prefix_cache_bytes`, `dllm_jax.serve.prefix_cache`), an insert whose prompt starts with
+complete blocks an earlier insert prefilled starts from that insert's one-row cache and prefills only the rest.
+
 An attention method (MAGE, FlashBlock, FlashBlock + MAGE) keeps its per-layer state per slot in the step's
 carry. A new request needs none of what the slot's previous request left there: its first forward (no commit
 pending, the block's first step) re-estimates its row's selection and cached parts, as every block's first
@@ -57,6 +60,7 @@ from dllm_jax.generate.sampling import RowSampling, row_sampling
 from dllm_jax.generate.block_loop import (BlockProgress, DecodeCarry, SlotLoop, cache_capacity, decode_block,
                                           decode_forwards, no_pending_block, trim)
 from dllm_jax import validation as check
+from dllm_jax.serve.prefix_cache import PrefixCache
 from dllm_jax.serve.requests import MAX_STOP_IDS, Request, RequestQueue, SamplingValues
 
 
@@ -183,21 +187,23 @@ def stop_table(config, stop_ids: tuple[int, ...]) -> np.ndarray:
     return table
 
 
-def insert(params, state: Slots, slot, prompt, length, max_new_tokens, seed, values: RowSampling, stop_ids, *, config,
-           loop: SlotLoop, block_length: int, chunk: int = INSERT_CHUNK) -> Slots:
+def insert(params, state: Slots, slot, prompt, length, max_new_tokens, seed, values: RowSampling, stop_ids, base, begin, *,
+           config, loop: SlotLoop, block_length: int, chunk: int = INSERT_CHUNK):
     """Slot `slot` takes a request: `prompt` int32 [bucket] (a multiple of the block size; its first
     `length` tokens are the prompt) is prefilled alone into a one-row cache, whose rows replace the
     slot's; the slot's fill length is its complete prompt blocks (what lies past them is scratch, as in
     a left-padded `generate` batch), its tokens, draws, stop flag and pending commit start afresh, its
     key is `seed`'s, its sampling values `values` (each field a scalar: the request's row of `RowSampling`), its
-    stop ids `stop_ids` (its row of `Slots.stop_ids`). The prefill runs in chunks of `chunk` positions, those the complete prompt blocks need."""
+    stop ids `stop_ids` (its row of `Slots.stop_ids`). The prefill runs in chunks of `chunk` positions, those the
+    complete prompt blocks need, from position `begin` of the one-row cache `base`, which holds the K/V of the
+    positions below it (a prefix from the prefix cache; an empty cache and 0 otherwise). Returns (the state, the
+    one-row cache: what the prefix cache keeps)."""
     bl = block_length
     carry = state.carry
     width = carry.x.shape[1]
     first = length // bl
-    cache = loop.init_cache(config, 1, carry.cache.max_length, carry.cache.k[0].dtype)
-    cache = loop.prefill(loop.loop_params(params, config), prompt[None], cache, (first * bl)[None], config=config,
-                         block_length=bl, chunk_tokens=chunk)
+    cache = loop.prefill(loop.loop_params(params, config), prompt[None], base, (first * bl)[None], config=config,
+                         block_length=bl, chunk_tokens=chunk, begin=begin)
     row = jnp.where(jnp.arange(width) < length, jnp.pad(prompt, (0, width - prompt.shape[0])), config.mask_token_id)
     put = lambda big, one: big.at[slot].set(one[0])  # noqa: E731
     new_cache = carry.cache.replace(k=tuple(map(put, carry.cache.k, cache.k)),
@@ -207,13 +213,14 @@ def insert(params, state: Slots, slot, prompt, length, max_new_tokens, seed, val
     carry = carry.replace(x=carry.x.at[slot].set(row), cache=new_cache, finished=finished,
                           draws=carry.draws.at[slot].set(0), decoded=carry.decoded.at[slot].set(first * bl),
                           stopped=carry.stopped.at[slot].set(False))
-    return state.replace(carry=carry, keys=state.keys.at[slot].set(jax.random.key(seed)),
-                         lengths=state.lengths.at[slot].set(length), block=state.block.at[slot].set(first),
-                         last=state.last.at[slot].set(-(-(length + max_new_tokens) // bl)),
-                         busy=state.busy.at[slot].set(True),
-                         rows=jax.tree.map(lambda rows, value: rows.at[slot].set(value), state.rows, values),
-                         progress=jax.tree.map(lambda a: a.at[slot].set(0), state.progress),
-                         stop_ids=state.stop_ids.at[slot].set(stop_ids))
+    state = state.replace(carry=carry, keys=state.keys.at[slot].set(jax.random.key(seed)),
+                          lengths=state.lengths.at[slot].set(length), block=state.block.at[slot].set(first),
+                          last=state.last.at[slot].set(-(-(length + max_new_tokens) // bl)),
+                          busy=state.busy.at[slot].set(True),
+                          rows=jax.tree.map(lambda rows, value: rows.at[slot].set(value), state.rows, values),
+                          progress=jax.tree.map(lambda a: a.at[slot].set(0), state.progress),
+                          stop_ids=state.stop_ids.at[slot].set(stop_ids))
+    return state, cache
 
 
 def step(params, state: Slots, *, config, options, policy: AttentionPolicy, loop: SlotLoop, block_length: int,
@@ -273,12 +280,13 @@ class Engine(RequestQueue):
     each slot moves to its next block as soon as its own is done, every forward a commit-and-step one) or "block"
     (every busy slot decodes one block per step; a step lasts until its slowest slot's block is unmasked). The same
     tokens either way; on one H200 (SDAR-8B, 16 slots, 128 requests at 16 req/s) "forward" served 2545 tokens/s
-    against 1700 by block and 1273 in lockstep batches (docs/serving.md). The engine reads the model's weights
-    once, when it is built."""
+    against 1700 by block and 1273 in lockstep batches (docs/serving.md). `prefix_cache_bytes`: the device memory
+    the prefix cache may hold (`dllm_jax.serve.prefix_cache`; 0, the default: no prefix cache). The engine reads the
+    model's weights once, when it is built."""
 
     def __init__(self, model, *, slots: int = 8, max_context: int | None = None, method=None,
                  max_top_k: int | None = None, overlap: bool = True, prefill_chunk: int = INSERT_CHUNK,
-                 schedule: str = "forward", **options):
+                 schedule: str = "forward", prefix_cache_bytes: int = 0, **options):
         config = model.config
         family = family_of(config)
         if family.slots is None:
@@ -319,6 +327,10 @@ class Engine(RequestQueue):
         self.buckets = prefill_buckets(bl, self.width, self.prefill_chunk)
         self.state = init_slots(self.params, config=config, slots=self.slots, width=self.width, policy=self.policy,
                                 loop=self.loop, block_length=bl)
+        self.prefix = PrefixCache(prefix_cache_bytes, bl)
+        # an insert's one-row cache where the prefix cache has nothing to start from (never written: not donated)
+        self.empty_row = self.loop.init_cache(config, 1, self.state.carry.cache.max_length,
+                                              self.state.carry.cache.k[0].dtype)
         self.running: list[Request | None] = [None] * self.slots
         self.overlap = check.flag("overlap", overlap)
         self.schedule = check.choice("schedule", schedule, SCHEDULES)
@@ -437,11 +449,18 @@ class Engine(RequestQueue):
             n = len(request.prompt_ids)
             prompt = np.zeros(next(b for b in self.buckets if b >= n), np.int32)  # whole blocks hold the prompt
             prompt[:n] = request.prompt_ids
-            self.state = _insert_jit(self.params, self.state, np.int32(slot), prompt, np.int32(n),
-                                     np.int32(request.max_new_tokens), np.int32(request.seed),
-                                     self.row_values(request.sampling), stop_table(self.config, request.sampling.stop_ids),
-                                     config=self.config, loop=self.loop, block_length=self.block_length,
-                                     chunk=self.prefill_chunk)
+            blocks = request.prompt_ids[:n - n % self.block_length]  # the complete blocks: what the prefill writes
+            cached = self.prefix.max_bytes and len(blocks)
+            entry, begin = self.prefix.lookup(blocks) if cached else (None, 0)
+            self.state, row = _insert_jit(self.params, self.state, np.int32(slot), prompt, np.int32(n),
+                                          np.int32(request.max_new_tokens), np.int32(request.seed),
+                                          self.row_values(request.sampling),
+                                          stop_table(self.config, request.sampling.stop_ids),
+                                          self.empty_row if entry is None else entry.cache, np.int32(begin),
+                                          config=self.config, loop=self.loop, block_length=self.block_length,
+                                          chunk=self.prefill_chunk)
+            if cached and begin < len(blocks):
+                self.prefix.add(blocks, row)
             self.running[slot] = request
             self.timing.inserts += 1
         self.timing.admit_s += time.perf_counter() - start
