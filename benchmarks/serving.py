@@ -102,6 +102,13 @@ def parse_args(argv=None) -> argparse.Namespace:
                         help="the engine's step schedules to serve the trace with, comma-separated: forward (the "
                              "default: a block's worth of forwards, each slot at its own pace) and/or block (each "
                              "step decodes one block per slot); Engine(schedule=...)")
+    parser.add_argument("--shared-prefixes", type=int, default=0, metavar="N",
+                        help="shared-prefix traffic: N system prompts (lengths drawn from --prefix-lengths), one of "
+                             "which starts a --shared-fraction of the requests (its own prompt after it); 0: none")
+    parser.add_argument("--prefix-lengths", type=span, default=(1024, 4096), metavar="LOW:HIGH")
+    parser.add_argument("--shared-fraction", type=float, default=0.7)
+    parser.add_argument("--prefix-cache-mb", default="0",
+                        help="the server's prefix-cache budgets to serve the trace with, comma-separated MB (0: none)")
     parser.add_argument("--no-lockstep", action="store_true",
                         help="time the server only (a diagnosis run: no lockstep rows, no speedups)")
     parser.add_argument("--clients", choices=("process", "thread"), default="process",
@@ -118,13 +125,16 @@ def parse_args(argv=None) -> argparse.Namespace:
     if min(args.rates) <= 0 or args.requests < 1 or args.slots < 1:
         parser.error("--rates must be > 0, --requests and --slots >= 1")
     args.schedules = args.schedules.split(",")
+    args.prefix_cache_mb = [int(v) for v in args.prefix_cache_mb.split(",")]
     if unknown := sorted(set(args.schedules) - set(SCHEDULES)):
         parser.error(f"--schedules: {', '.join(unknown)} is not one of {', '.join(SCHEDULES)}")
     return args
 
 
 def make_trace(rate: float, n: int, prompts: tuple[int, int], outputs: tuple[int, int], vocab: int, avoid: int,
-               seed: int) -> list[Request]:
+               seed: int, shared: tuple[np.ndarray, ...] = (), fraction: float = 0.0) -> list[Request]:
+    """Poisson arrivals at `rate`, prompt lengths log-uniform in `prompts`, outputs uniform in `outputs`; a
+    `fraction` of the requests start with one of the `shared` prefixes (uniformly), their own prompt after it."""
     rng = np.random.default_rng(seed)
     arrivals = np.cumsum(rng.exponential(1 / rate, n))
     arrivals -= arrivals[0]
@@ -132,8 +142,16 @@ def make_trace(rate: float, n: int, prompts: tuple[int, int], outputs: tuple[int
     trace = []
     for t, p, o in zip(arrivals, lengths, rng.integers(outputs[0], outputs[1] + 1, n)):
         ids = rng.integers(3, vocab, p)
+        if shared and rng.random() < fraction:
+            ids = np.concatenate([shared[rng.integers(len(shared))], ids])
         trace.append(Request(float(t), tuple(int(i) for i in np.where(ids == avoid, 3, ids)), int(o)))
     return trace
+
+
+def shared_prefixes(n: int, lengths: tuple[int, int], vocab: int, seed: int) -> tuple[np.ndarray, ...]:
+    """`n` system prompts, lengths uniform in `lengths`."""
+    rng = np.random.default_rng(seed + 1_000_003)
+    return tuple(rng.integers(3, vocab, rng.integers(lengths[0], lengths[1] + 1)) for _ in range(n))
 
 
 def widths(prompts: tuple[int, int]) -> list[int]:
@@ -293,15 +311,18 @@ def main(argv=None) -> Path:
         return plot(args.plot, args.out)
     if args.drive is not None:
         return drive_main(args)
-    context = args.prompt_lengths[1] + args.output_lengths[1]
+    context = args.prompt_lengths[1] + args.output_lengths[1] + (args.prefix_lengths[1] if args.shared_prefixes else 0)
     model, config = model_for(args.model, layers=None, context=context + 64, dtype=jnp.bfloat16)
     with tempfile.TemporaryDirectory() as tmp:
         write_tiny_tokenizer(tmp, config.vocab_size, mask_token_id=config.mask_token_id,
                              eos_token_id=config.vocab_size - 1)
         tokenizer = ChatTokenizer(tmp)
+    shared = shared_prefixes(args.shared_prefixes, args.prefix_lengths, config.vocab_size - 3, args.seed)
     traces = {rate: make_trace(rate, args.requests, args.prompt_lengths, args.output_lengths, config.vocab_size - 3,
-                               config.mask_token_id, args.seed + i) for i, rate in enumerate(args.rates)}
-    pads = widths(args.prompt_lengths)
+                               config.mask_token_id, args.seed + i, shared, args.shared_fraction)
+              for i, rate in enumerate(args.rates)}
+    longest_prompt = max(len(r.prompt) for t in traces.values() for r in t)
+    pads = widths((args.prompt_lengths[0], max(args.prompt_lengths[1], longest_prompt)))
     new = args.output_lengths[1]
     rows = []
     start = time.perf_counter()  # compile lockstep's program per width before any clock
@@ -314,10 +335,13 @@ def main(argv=None) -> Path:
         rows.append(dict(rate=rate, mode="lockstep", **summary(served)))
         print(json.dumps(rows[-1]), flush=True)
     overlaps = {"off": [False], "on": [True], "both": [False, True]}[args.overlap]
-    for overlap, schedule in [(o, s) for s in args.schedules for o in overlaps]:
-        mode = ("server overlapped" if overlap else "server") + (", by forward" if schedule == "forward" else "")
+    for overlap, schedule, cache_mb in [(o, s, c) for c in args.prefix_cache_mb for s in args.schedules
+                                        for o in overlaps]:
+        mode = (("server overlapped" if overlap else "server") + (", by forward" if schedule == "forward" else "")
+                + (f", prefix cache {cache_mb} MB" if cache_mb else ""))
         app = build_app(model, tokenizer, model_name=args.model, slots=args.slots, max_context=context,
-                        max_queue=args.requests * 2, overlap=overlap, schedule=schedule)
+                        max_queue=args.requests * 2, overlap=overlap, schedule=schedule,
+                        prefix_cache_bytes=cache_mb * 2**20)
         with running(app) as url:
             start = time.perf_counter()  # compile: every prefill length the traces use, the step
             # per insert bucket the trace reaches, its longest prompt (the widest bucket is the whole context)
@@ -330,8 +354,11 @@ def main(argv=None) -> Path:
             engine = app.state.engine
             for rate, trace in traces.items():
                 engine.timing = EngineTiming()
+                engine.prefix.clear()  # each trace starts with an empty prefix cache
                 served = drive(url, args.model, trace, args.seconds, args.clients)
-                rows.append(dict(rate=rate, mode=mode, **summary(served), engine=engine_breakdown(engine.timing)))
+                rows.append(dict(rate=rate, mode=mode, **summary(served), engine=engine_breakdown(engine.timing),
+                                 prefix_hit_tokens=engine.prefix.hit_tokens,
+                                 prefix_query_tokens=engine.prefix.query_tokens))
                 for lockstep in (r for r in rows if r["rate"] == rate and r["mode"] == "lockstep"):
                     rows[-1]["speedup"] = round(rows[-1]["tokens_per_s"] / lockstep["tokens_per_s"], 2)
                 print(json.dumps(rows[-1]), flush=True)
@@ -341,7 +368,7 @@ def main(argv=None) -> Path:
                 jax=jax.__version__, date=datetime.date.today().isoformat(), model=args.model, slots=args.slots,
                 requests=args.requests, prompt_lengths=args.prompt_lengths, output_lengths=args.output_lengths,
                 seed=args.seed, lockstep_widths=pads, lockstep_new_tokens=new, overlap=args.overlap,
-                clients=args.clients)
+                clients=args.clients, shared_prefixes=[len(p) for p in shared], shared_fraction=args.shared_fraction)
     header = ["rate (req/s)", "mode", "tokens/s", "vs lockstep", "first block p50 / p99 (s)", "latency p50 / p99 (s)"]
     table = [[r["rate"], r["mode"], r["tokens_per_s"], f"{r['speedup']}x" if "speedup" in r else "",
               f"{r['first_p50']} / {r['first_p99']}", f"{r['latency_p50']} / {r['latency_p99']}"] for r in rows]

@@ -44,6 +44,11 @@ class PrefixCache:
         self.hit_tokens = 0
         self.query_tokens = 0
 
+    def clear(self) -> None:
+        """No entries, the counters at 0."""
+        self.entries.clear()
+        self.hit_tokens = self.query_tokens = 0
+
     @property
     def nbytes(self) -> int:
         return sum(entry.nbytes for entry in self.entries.values())
