@@ -383,11 +383,12 @@ def main(argv=None) -> Path:
              "which ran the steps and the inserts meanwhile; the rest of the trace's time is the thread's "
              "text decoding and streaming, and idling; forwards: a step's, which last until its slowest row's "
              "block is unmasked, against the denoising forwards a row's block needed, on average):", "",
-             *markdown_table(["rate (req/s)", "mode", "trace s", "steps", "mean busy slots", "inserts", "wait s",
+             *markdown_table(["rate (req/s)", "mode", "trace s", "steps", "mean busy slots", "inserts (prefills)",
+                              "wait s",
                               "admit s", "dispatch s", "retire s", "progress s", "forwards / step",
                               "forwards / row block"],
                              [[r["rate"], r["mode"], r["seconds"], e["steps"], round(e["mean_busy_slots"], 1),
-                               e["inserts"], e["wait_s"], e["admit_s"], e["dispatch_s"], e["retire_s"],
+                               f"{e['inserts']} ({e['prefills']})", e["wait_s"], e["admit_s"], e["dispatch_s"], e["retire_s"],
                                e["progress_s"], round(e["forwards_per_step"], 2), round(e["forwards_per_row_block"], 2)]
                               for r in rows if (e := r.get("engine"))], align="rlrrrrrrrrrrr")]
     return write_results(args.out, meta, rows, lines)

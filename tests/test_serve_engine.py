@@ -2,6 +2,7 @@
 request gets exactly what `generate` returns for its prompt alone, whatever shares the slots and whenever it
 arrives; slots are reused as requests finish; bad requests are refused before they are queued."""
 
+import jax
 import numpy as np
 import pytest
 
@@ -289,7 +290,7 @@ def test_llada2_requests_whose_schedule_differs_from_the_engines_are_refused(lla
 
 def one_entry_bytes(engine) -> int:
     """The bytes of one prefix-cache entry of `engine` (a one-row cache of its slots' capacity)."""
-    return sum(leaf.nbytes for leaf in __import__("jax").tree.leaves(engine.empty_row))
+    return sum(leaf.nbytes for leaf in jax.tree.leaves(engine.state.carry.cache)) // engine.slots
 
 
 @pytest.mark.parametrize("sampling", [None, SAMPLING[:4]], ids=["greedy", "per-request sampling"])
@@ -331,3 +332,19 @@ def test_the_prefix_cache_drops_the_least_recently_used_entry_past_its_budget(mo
     engine.run()[longer]
     assert engine.prefix.hit_tokens == 12 and len(engine.prefix.entries) == 1  # the 12-token entry superseded
     assert len(next(iter(engine.prefix.entries.values())).tokens) == 20
+
+
+@pytest.mark.parametrize("count", [4, 3], ids=["a full batch", "a batch padded by repeating a row"])
+def test_requests_admitted_together_are_prefilled_in_one_program(model, rng, count):
+    """Batched prefill: requests of one prompt bucket admitted at one step are prefilled together (one insert
+    program for all of them, padded to a power of two), each still getting what generate gives its prompt alone."""
+    options = dict(remasking="low_confidence_dynamic", denoising_steps=4)
+    engine = Engine(model, slots=4, max_context=64, **options)
+    prompts = [rng.integers(0, 40, n) for n in (9, 13, 15, 10)[:count]]  # one bucket: 16 positions
+    ids = [engine.submit(p, 8, seed, *sampling) for seed, (p, sampling) in enumerate(zip(prompts, SAMPLING))]
+    done = engine.run()
+    assert (engine.timing.inserts, engine.timing.prefills) == (count, 1)
+    for request_id, prompt, seed, (t, p, top_k) in zip(ids, prompts, range(count), SAMPLING):
+        alone = np.asarray(dllm_jax.generate(model, prompt[None], max_new_tokens=8, seed=seed,
+                                             **own_options(options, t, p, top_k, {"top_k": 1})))[0]
+        np.testing.assert_array_equal(done[request_id].tokens, alone, err_msg=f"request {request_id}")

@@ -14,7 +14,7 @@ queued requests into them, so a short request leaves as soon as its last block i
 starts at the next step.
 
 Each request draws its random numbers from its own seed (a PRNG key per slot) and its own counter, and
-its prompt is prefilled alone, so a request's tokens are those `generate` returns for its prompt alone
+its prompt's K/V are its own (rows of a batched prefill do not mix), so a request's tokens are those `generate` returns for its prompt alone
 with the same seed and options, whatever else shares the slots. A request sets its prompt, its
 `max_new_tokens` (the family's answer length: SDAR's max_new_tokens, LLaDA2's gen_length), its seed, and its
 own temperature, top-p and top-k (per-slot arrays of the step, `dllm_jax.generate.sampling.RowSampling`: it
@@ -28,8 +28,9 @@ What differs between the families (model functions, sampler, block length, reque
 `SlotLoop` (`dllm_jax.families`: `Family.slots`).
 
 Prompts are prefilled in a few static lengths (`prefill_buckets`: whole blocks, doubling up to
-`INSERT_CHUNK`, then the slot width): a prompt takes the shortest bucket that holds its complete blocks, so
-the inserts compile once per bucket. The width bucket prefills in chunks of `INSERT_CHUNK` positions and runs
+`INSERT_CHUNK`, then the slot width): a prompt takes the shortest bucket that holds its complete blocks, and the
+requests admitted at one step that share a bucket are prefilled together, in one program of 1, 2, 4, ... rows
+(`Engine.admit`), so the inserts compile once per bucket and batch size. The width bucket prefills in chunks of `INSERT_CHUNK` positions and runs
 only the chunks its prompt's complete blocks need (`dllm_jax.models.block_diffusion.prefill`), so a long prompt pays for
 its own length, not for the next power of two (doubling buckets padded 512-2048-token prompts by a third).
 
@@ -60,7 +61,7 @@ from dllm_jax.generate.sampling import RowSampling, row_sampling
 from dllm_jax.generate.block_loop import (BlockProgress, DecodeCarry, SlotLoop, cache_capacity, decode_block,
                                           decode_forwards, no_pending_block, trim)
 from dllm_jax import validation as check
-from dllm_jax.serve.prefix_cache import PrefixCache
+from dllm_jax.serve.prefix_cache import PrefixCache, shared_positions
 from dllm_jax.serve.requests import MAX_STOP_IDS, Request, RequestQueue, SamplingValues
 
 
@@ -118,7 +119,8 @@ class EngineTiming:
 
     steps: int = 0
     busy_slot_steps: int = 0  # busy slots summed over the steps: / steps = the mean batch a step decoded
-    inserts: int = 0
+    inserts: int = 0  # requests admitted
+    prefills: int = 0  # insert programs run (each prefills one or more of them)
     admit_s: float = 0.0  # dispatching inserts (queued requests into free slots)
     dispatch_s: float = 0.0  # dispatching steps
     wait_s: float = 0.0  # blocked on a step's result while the device ran it (and the inserts before it)
@@ -187,39 +189,42 @@ def stop_table(config, stop_ids: tuple[int, ...]) -> np.ndarray:
     return table
 
 
-def insert(params, state: Slots, slot, prompt, length, max_new_tokens, seed, values: RowSampling, stop_ids, base, begin, *,
-           config, loop: SlotLoop, block_length: int, chunk: int = INSERT_CHUNK):
-    """Slot `slot` takes a request: `prompt` int32 [bucket] (a multiple of the block size; its first
-    `length` tokens are the prompt) is prefilled alone into a one-row cache, whose rows replace the
-    slot's; the slot's fill length is its complete prompt blocks (what lies past them is scratch, as in
-    a left-padded `generate` batch), its tokens, draws, stop flag and pending commit start afresh, its
-    key is `seed`'s, its sampling values `values` (each field a scalar: the request's row of `RowSampling`), its
-    stop ids `stop_ids` (its row of `Slots.stop_ids`). The prefill runs in chunks of `chunk` positions, those the
-    complete prompt blocks need, from position `begin` of the one-row cache `base`, which holds the K/V of the
-    positions below it (a prefix from the prefix cache; an empty cache and 0 otherwise). Returns (the state, the
-    one-row cache: what the prefix cache keeps)."""
+def insert(params, state: Slots, slots, prompts, lengths, max_new_tokens, seeds, values: RowSampling, stop_ids, base,
+           begin, *, config, loop: SlotLoop, block_length: int, chunk: int = INSERT_CHUNK):
+    """Slots `slots` (int32 [k]; a slot may repeat with the same request's values, which pad a batch) take k requests:
+    `prompts` int32 [k, bucket] (a multiple of the block size; row i's first `lengths[i]` tokens are its prompt) are
+    prefilled together into the k-row cache `base`, whose rows replace the slots'; a slot's fill length is its
+    complete prompt blocks (what lies past them is scratch, as in a left-padded `generate` batch), its tokens, draws,
+    stop flag and pending commit start afresh, its key is its seed's, its sampling values its row of `values`
+    (`RowSampling` [k]), its stop ids its row of `stop_ids` (rows of `Slots.stop_ids`). The prefill runs in chunks
+    of about `chunk` positions over the rows, those the longest prompt's complete blocks need, from position `begin`:
+    `base` holds the K/V of the positions below it (a prefix from the prefix cache; None: an empty cache, and
+    `begin` 0). Returns (the state, the k-row cache: what the prefix cache keeps)."""
     bl = block_length
     carry = state.carry
     width = carry.x.shape[1]
-    first = length // bl
-    cache = loop.prefill(loop.loop_params(params, config), prompt[None], base, (first * bl)[None], config=config,
+    first = lengths // bl
+    if base is None:
+        base = loop.init_cache(config, prompts.shape[0], carry.cache.max_length, carry.cache.k[0].dtype)
+    cache = loop.prefill(loop.loop_params(params, config), prompts, base, first * bl, config=config,
                          block_length=bl, chunk_tokens=chunk, begin=begin)
-    row = jnp.where(jnp.arange(width) < length, jnp.pad(prompt, (0, width - prompt.shape[0])), config.mask_token_id)
-    put = lambda big, one: big.at[slot].set(one[0])  # noqa: E731
+    padded = jnp.pad(prompts, ((0, 0), (0, width - prompts.shape[1])))
+    rows = jnp.where(jnp.arange(width)[None] < lengths[:, None], padded, config.mask_token_id)
+    put = lambda big, new: big.at[slots].set(new)  # noqa: E731
     new_cache = carry.cache.replace(k=tuple(map(put, carry.cache.k, cache.k)),
                                     v=tuple(map(put, carry.cache.v, cache.v)),
-                                    length=carry.cache.length.at[slot].set(first * bl))
-    finished = carry.finished.replace(pending=carry.finished.pending.at[slot].set(False))
-    carry = carry.replace(x=carry.x.at[slot].set(row), cache=new_cache, finished=finished,
-                          draws=carry.draws.at[slot].set(0), decoded=carry.decoded.at[slot].set(first * bl),
-                          stopped=carry.stopped.at[slot].set(False))
-    state = state.replace(carry=carry, keys=state.keys.at[slot].set(jax.random.key(seed)),
-                          lengths=state.lengths.at[slot].set(length), block=state.block.at[slot].set(first),
-                          last=state.last.at[slot].set(-(-(length + max_new_tokens) // bl)),
-                          busy=state.busy.at[slot].set(True),
-                          rows=jax.tree.map(lambda rows, value: rows.at[slot].set(value), state.rows, values),
-                          progress=jax.tree.map(lambda a: a.at[slot].set(0), state.progress),
-                          stop_ids=state.stop_ids.at[slot].set(stop_ids))
+                                    length=carry.cache.length.at[slots].set(first * bl))
+    finished = carry.finished.replace(pending=carry.finished.pending.at[slots].set(False))
+    carry = carry.replace(x=carry.x.at[slots].set(rows), cache=new_cache, finished=finished,
+                          draws=carry.draws.at[slots].set(0), decoded=carry.decoded.at[slots].set(first * bl),
+                          stopped=carry.stopped.at[slots].set(False))
+    state = state.replace(carry=carry, keys=state.keys.at[slots].set(jax.vmap(jax.random.key)(seeds)),
+                          lengths=state.lengths.at[slots].set(lengths), block=state.block.at[slots].set(first),
+                          last=state.last.at[slots].set(-(-(lengths + max_new_tokens) // bl)),
+                          busy=state.busy.at[slots].set(True),
+                          rows=jax.tree.map(lambda rows, value: rows.at[slots].set(value), state.rows, values),
+                          progress=jax.tree.map(lambda a: a.at[slots].set(0), state.progress),
+                          stop_ids=state.stop_ids.at[slots].set(stop_ids))
     return state, cache
 
 
@@ -328,9 +333,6 @@ class Engine(RequestQueue):
         self.state = init_slots(self.params, config=config, slots=self.slots, width=self.width, policy=self.policy,
                                 loop=self.loop, block_length=bl)
         self.prefix = PrefixCache(prefix_cache_bytes, bl)
-        # an insert's one-row cache where the prefix cache has nothing to start from (never written: not donated)
-        self.empty_row = self.loop.init_cache(config, 1, self.state.carry.cache.max_length,
-                                              self.state.carry.cache.k[0].dtype)
         self.running: list[Request | None] = [None] * self.slots
         self.overlap = check.flag("overlap", overlap)
         self.schedule = check.choice("schedule", schedule, SCHEDULES)
@@ -440,30 +442,71 @@ class Engine(RequestQueue):
         return np.asarray(tokens[:n + request.max_new_tokens] if self.loop.cuts_answer else tokens)
 
     def admit(self) -> None:
-        """Queued requests into free slots, in arrival order."""
+        """Queued requests into free slots, in arrival order: one that starts with complete blocks the prefix cache
+        holds is prefilled alone from its entry; the others are prefilled together, those of one prompt bucket in
+        one program (batches of 1, 2, 4, ... rows, a short batch padded by repeating a row). A request that starts
+        with complete blocks of one admitted before it in the same call waits for that one's prefill, so that it
+        finds them in the prefix cache."""
         start = time.perf_counter()
-        for slot, running in enumerate(self.running):
-            if running is not None or not self.queue:
-                continue
+        pending: dict[int, list] = {}  # prompt bucket -> [(slot, request)], to prefill together
+        for slot in [slot for slot, running in enumerate(self.running) if running is None]:
+            if not self.queue:
+                break
             request = self.queue.popleft()
-            n = len(request.prompt_ids)
-            prompt = np.zeros(next(b for b in self.buckets if b >= n), np.int32)  # whole blocks hold the prompt
-            prompt[:n] = request.prompt_ids
-            blocks = request.prompt_ids[:n - n % self.block_length]  # the complete blocks: what the prefill writes
-            cached = self.prefix.max_bytes and len(blocks)
-            entry, begin = self.prefix.lookup(blocks) if cached else (None, 0)
-            self.state, row = _insert_jit(self.params, self.state, np.int32(slot), prompt, np.int32(n),
-                                          np.int32(request.max_new_tokens), np.int32(request.seed),
-                                          self.row_values(request.sampling),
-                                          stop_table(self.config, request.sampling.stop_ids),
-                                          self.empty_row if entry is None else entry.cache, np.int32(begin),
-                                          config=self.config, loop=self.loop, block_length=self.block_length,
-                                          chunk=self.prefill_chunk)
-            if cached and begin < len(blocks):
-                self.prefix.add(blocks, row)
             self.running[slot] = request
-            self.timing.inserts += 1
+            blocks = self.complete_blocks(request)
+            if self.prefix.max_bytes and len(blocks):
+                if any(shared_positions(blocks, self.complete_blocks(other), self.block_length)
+                       for group in pending.values() for _, other in group):
+                    self.prefill(pending)
+                entry, begin = self.prefix.lookup(blocks)
+                if entry is not None:
+                    self.insert([(slot, request)], entry.cache, begin)
+                    continue
+            pending.setdefault(self.bucket(request), []).append((slot, request))
+        self.prefill(pending)
         self.timing.admit_s += time.perf_counter() - start
+
+    def complete_blocks(self, request: Request) -> np.ndarray:
+        """The request's complete prompt blocks: what its insert prefills (and the prefix cache may hold)."""
+        n = len(request.prompt_ids)
+        return request.prompt_ids[:n - n % self.block_length]
+
+    def bucket(self, request: Request) -> int:
+        """The static prompt width its insert prefills: the shortest bucket holding the prompt."""
+        return next(b for b in self.buckets if b >= len(request.prompt_ids))
+
+    def prefill(self, pending: dict[int, list]) -> None:
+        """Inserts each bucket's requests of `pending` in one program (a power-of-two batch) and empties it."""
+        for members in pending.values():
+            rows = 1 << (len(members) - 1).bit_length()
+            self.insert(members + [members[0]] * (rows - len(members)), None, 0, real=len(members))
+        pending.clear()
+
+    def insert(self, members: list, base, begin: int, real: int | None = None) -> None:
+        """Prefills `members` ([(slot, request)], one prompt bucket; the first `real` of them distinct, the rest
+        repeating the first) into their slots from `base` (a one-row prefix-cache entry, or None) at `begin`, and
+        keeps each request's complete blocks in the prefix cache."""
+        real = len(members) if real is None else real
+        width = max(self.bucket(request) for _, request in members)
+        prompts = np.zeros((len(members), width), np.int32)
+        for row, (_, request) in enumerate(members):
+            prompts[row, :len(request.prompt_ids)] = request.prompt_ids
+        requests = [request for _, request in members]
+        values = jax.tree.map(lambda *v: np.stack(v), *(self.row_values(r.sampling) for r in requests))
+        self.state, cache = _insert_jit(
+            self.params, self.state, np.asarray([slot for slot, _ in members], np.int32), prompts,
+            np.asarray([len(r.prompt_ids) for r in requests], np.int32),
+            np.asarray([r.max_new_tokens for r in requests], np.int32), np.asarray([r.seed for r in requests], np.int32),
+            values, np.stack([stop_table(self.config, r.sampling.stop_ids) for r in requests]), base, np.int32(begin),
+            config=self.config, loop=self.loop, block_length=self.block_length, chunk=self.prefill_chunk)
+        self.timing.inserts += real
+        self.timing.prefills += 1
+        if self.prefix.max_bytes:
+            for row, request in enumerate(requests[:real]):
+                blocks = self.complete_blocks(request)
+                if begin < len(blocks):
+                    self.prefix.add(blocks, jax.tree.map(lambda a: a[row:row + 1], cache))
 
     def row_values(self, sampling: SamplingValues) -> RowSampling:
         """A request's sampling as its slot's row of the step's `RowSampling` (the engine's threshold and remasking

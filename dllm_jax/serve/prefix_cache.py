@@ -25,6 +25,14 @@ import numpy as np
 from dllm_jax import validation as check
 
 
+def shared_positions(a: np.ndarray, b: np.ndarray, block_length: int) -> int:
+    """Positions of the whole blocks that token sequences `a` and `b` both begin with."""
+    n = min(len(a), len(b))
+    differ = np.flatnonzero(np.asarray(a[:n]) != np.asarray(b[:n]))
+    common = n if differ.size == 0 else int(differ[0])
+    return common - common % block_length
+
+
 @dataclasses.dataclass(frozen=True)
 class Entry:
     tokens: np.ndarray  # int32 [n]: the complete prompt blocks whose K/V `cache` holds at positions 0..n-1
@@ -55,10 +63,7 @@ class PrefixCache:
 
     def shared(self, entry: Entry, tokens: np.ndarray) -> int:
         """Positions of whole blocks `tokens` begins with that `entry` holds."""
-        n = min(len(entry.tokens), len(tokens))
-        differ = np.flatnonzero(entry.tokens[:n] != tokens[:n])
-        common = n if differ.size == 0 else int(differ[0])
-        return common - common % self.block_length
+        return shared_positions(entry.tokens, tokens, self.block_length)
 
     def lookup(self, tokens: np.ndarray) -> tuple[Entry | None, int]:
         """(the entry sharing the most whole blocks with `tokens`, a prompt's complete blocks, and that many
