@@ -54,7 +54,8 @@ import numpy as np
 from dllm_jax import generate
 from dllm_jax.bench import markdown_table, model_for, write_results
 from dllm_jax.serve.app import build_app, running
-from dllm_jax.serve.engine import SCHEDULES, EngineTiming
+from dllm_jax.serve.engine import EngineTiming
+from dllm_jax.serve.slots import SCHEDULES
 from dllm_jax.testing import write_tiny_tokenizer
 from dllm_jax.tokenizer import ChatTokenizer, left_pad
 

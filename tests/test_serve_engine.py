@@ -348,3 +348,34 @@ def test_requests_admitted_together_are_prefilled_in_one_program(model, rng, cou
         alone = np.asarray(dllm_jax.generate(model, prompt[None], max_new_tokens=8, seed=seed,
                                              **own_options(options, t, p, top_k, {"top_k": 1})))[0]
         np.testing.assert_array_equal(done[request_id].tokens, alone, err_msg=f"request {request_id}")
+
+
+def test_a_long_prompt_is_prefilled_a_chunk_per_step_while_the_others_decode(tiny_model, rng):
+    """Chunked prefill: a prompt of 4 prefill chunks arriving while a request decodes holds its slot for 4 steps,
+    one chunk each, while the running request keeps decoding a block per step; both get what generate gives them
+    alone."""
+    model = tiny_model(tiny_sdar_config(vocab_size=48, mask_token_id=40, eos_token_ids=(), pad_token_id=42), seed=21)
+    options = dict(remasking="sequential", top_k=1, denoising_steps=4)
+    engine = Engine(model, slots=2, max_context=64, prefill_chunk=8, overlap=False, **options)
+    short, long = rng.integers(0, 40, 5), rng.integers(0, 40, 34)  # the long one: 32 complete positions
+    first = engine.submit(short, 28, 0)
+    done = {c.request_id: c for c in engine.step()}
+    second = engine.submit(long, 8, 1)
+    decoded = [len(engine.progress()[first])]
+    for _ in range(3):  # chunks 1-3: the long prompt stays staged, the short request decodes
+        done.update((c.request_id, c) for c in engine.step())
+        assert [s.request.request_id for s in engine.staged.values()] == [second]
+        decoded.append(len(engine.progress()[first]))
+    assert decoded == sorted(set(decoded)) and len(decoded) == 4  # a block more at every step
+    done.update(engine.run())
+    assert engine.timing.prefill_chunks == 4 and not engine.staged
+    for request_id, prompt, k, seed in ((first, short, 28, 0), (second, long, 8, 1)):
+        alone = np.asarray(dllm_jax.generate(model, prompt[None], max_new_tokens=k, seed=seed, **options))[0]
+        np.testing.assert_array_equal(done[request_id].tokens, alone, err_msg=f"request {request_id}")
+
+
+def test_a_staged_request_can_be_cancelled(model, rng):
+    engine = Engine(model, slots=1, max_context=64, prefill_chunk=8, overlap=False, remasking="sequential", top_k=1)
+    request = engine.submit(rng.integers(0, 40, 34), 8, 0)
+    engine.step()
+    assert engine.staged and engine.cancel(request) and not engine.staged and engine.idle

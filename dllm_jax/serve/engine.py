@@ -48,51 +48,32 @@ from __future__ import annotations
 import concurrent.futures
 import dataclasses
 import time
+from typing import Any
 
 import jax
 import jax.numpy as jnp
 import numpy as np
-from flax import struct
 
-from dllm_jax.attention.policy import AttentionPolicy
+from dllm_jax import validation as check
 from dllm_jax.families import FAMILIES, family_of
+from dllm_jax.generate.block_loop import trim
 from dllm_jax.generate.requests import check_context, make_options
 from dllm_jax.generate.sampling import RowSampling, row_sampling
-from dllm_jax.generate.block_loop import (BlockProgress, DecodeCarry, SlotLoop, cache_capacity, decode_block,
-                                          decode_forwards, no_pending_block, trim)
-from dllm_jax import validation as check
 from dllm_jax.serve.prefix_cache import PrefixCache, shared_positions
-from dllm_jax.serve.requests import MAX_STOP_IDS, Request, RequestQueue, SamplingValues
+from dllm_jax.serve.requests import Request, RequestQueue, SamplingValues
+from dllm_jax.serve.slots import (INSERT_CHUNK, SCHEDULES, Slots, Snapshot, init_slots, insert_program, prefill_buckets,
+                                  prefill_program, step_program, stop_table)
 
 
-@struct.dataclass
-class Slots:
-    """The engine's device state: every field has the slot axis first."""
+@dataclasses.dataclass
+class Staged:
+    """A long prompt being prefilled a chunk per step into a cache of its own, its slot held for it."""
 
-    carry: DecodeCarry  # row-local tokens, KV cache, pending commits, draws, decoded lengths, stops
-    keys: jax.Array  # PRNG key per slot (its request's seed)
-    lengths: jax.Array  # int32 [S]: prompt tokens of the slot's request
-    block: jax.Array  # int32 [S]: the next block the slot decodes (row-local)
-    last: jax.Array  # int32 [S]: one past the slot's last block
-    busy: jax.Array  # bool [S]: a request occupies the slot
-    rows: RowSampling  # [S] each: the slot's request's sampling values
-    stop_ids: jax.Array  # int32 [S, K + MAX_STOP_IDS]: the model's K stop ids, then the request's own (-1 pads)
-    progress: BlockProgress  # [S] each: how far the slot's block in progress has come (schedule="forward")
-
-
-@struct.dataclass
-class Snapshot:
-    """What the host reads of a step's result: copies, so that the step's state can be donated to the next one
-    while the host reads them (`Engine(overlap=True)`)."""
-
-    block: jax.Array
-    last: jax.Array
-    stopped: jax.Array
-    x: jax.Array
-    decoded: jax.Array
-    forwards: jax.Array  # int32 [S]: the denoising forwards each slot needed in this step (its draws)
-    blocks: jax.Array  # int32 [S]: the blocks each slot finished
-    ran: jax.Array  # int32 []: the forwards the step ran
+    request: Request
+    prompt: np.ndarray  # int32 [bucket]
+    cache: Any  # a one-row KVCache
+    done: int  # positions prefilled so far
+    end: int  # the positions of its complete blocks
 
 
 @dataclasses.dataclass(frozen=True)
@@ -121,6 +102,7 @@ class EngineTiming:
     busy_slot_steps: int = 0  # busy slots summed over the steps: / steps = the mean batch a step decoded
     inserts: int = 0  # requests admitted
     prefills: int = 0  # insert programs run (each prefills one or more of them)
+    prefill_chunks: int = 0  # chunks of long prompts prefilled between steps
     admit_s: float = 0.0  # dispatching inserts (queued requests into free slots)
     dispatch_s: float = 0.0  # dispatching steps
     wait_s: float = 0.0  # blocked on a step's result while the device ran it (and the inserts before it)
@@ -147,122 +129,9 @@ class Completion:
         return self.tokens[self.prompt_length:]
 
 
-# prompt positions per prefill chunk of an insert's width bucket: enough rows for the GEMMs to be compute-bound
-INSERT_CHUNK = 512
-
-
-def prefill_buckets(block_size: int, width: int, chunk: int = INSERT_CHUNK) -> tuple[int, ...]:
-    """The static prompt lengths an insert prefills: one block, then doubling below `chunk`, then the whole
-    width (prefilled in chunks, as far as the prompt reaches)."""
-    buckets, n = [], block_size
-    while n < min(chunk, width):
-        buckets.append(n)
-        n *= 2
-    return tuple(buckets) + (width,)
-
-
-def init_slots(params, *, config, slots: int, width: int, policy: AttentionPolicy, loop: SlotLoop,
-               block_length: int) -> Slots:
-    """Every slot free: masks, an empty cache of `width` positions plus one block of scratch (in whole
-    128-key tiles, as `generate` allocates), the policy's initial state, no pending commit."""
-    bl = block_length
-    capacity = cache_capacity(width, bl)
-    carry = DecodeCarry(x=jnp.full((slots, width), config.mask_token_id, jnp.int32),
-                        cache=loop.init_cache(config, slots, capacity, params["embed"].dtype),
-                        policy_state=loop.init_policy_state(policy, config, slots, width, block_length=bl),
-                        finished=no_pending_block(slots, bl), draws=jnp.zeros((slots,), jnp.int32),
-                        decoded=jnp.zeros((slots,), jnp.int32), stopped=jnp.zeros((slots,), bool))
-    zeros = lambda: jnp.zeros((slots,), jnp.int32)  # noqa: E731  (one buffer each: the step donates them)
-    return Slots(carry=carry, keys=jax.random.split(jax.random.key(0), slots), lengths=zeros(), block=zeros(),
-                 last=zeros(), busy=jnp.zeros((slots,), bool),
-                 rows=jax.tree.map(jnp.asarray, row_sampling(slots, temperature=1.0)),
-                 progress=BlockProgress(row_step=zeros(), unmasked=zeros()),
-                 stop_ids=jnp.asarray(np.tile(stop_table(config, ()), (slots, 1))))
-
-
-def stop_table(config, stop_ids: tuple[int, ...]) -> np.ndarray:
-    """int32 [K + MAX_STOP_IDS]: a slot's stop ids, the model's K and then a request's own, padded with -1 (no
-    token)."""
-    table = np.full(len(config.stop_ids) + MAX_STOP_IDS, -1, np.int32)
-    ids = (*config.stop_ids, *stop_ids)
-    table[:len(ids)] = ids
-    return table
-
-
-def insert(params, state: Slots, slots, prompts, lengths, max_new_tokens, seeds, values: RowSampling, stop_ids, base,
-           begin, *, config, loop: SlotLoop, block_length: int, chunk: int = INSERT_CHUNK):
-    """Slots `slots` (int32 [k]; a slot may repeat with the same request's values, which pad a batch) take k requests:
-    `prompts` int32 [k, bucket] (a multiple of the block size; row i's first `lengths[i]` tokens are its prompt) are
-    prefilled together into the k-row cache `base`, whose rows replace the slots'; a slot's fill length is its
-    complete prompt blocks (what lies past them is scratch, as in a left-padded `generate` batch), its tokens, draws,
-    stop flag and pending commit start afresh, its key is its seed's, its sampling values its row of `values`
-    (`RowSampling` [k]), its stop ids its row of `stop_ids` (rows of `Slots.stop_ids`). The prefill runs in chunks
-    of about `chunk` positions over the rows, those the longest prompt's complete blocks need, from position `begin`:
-    `base` holds the K/V of the positions below it (a prefix from the prefix cache; None: an empty cache, and
-    `begin` 0). Returns (the state, the k-row cache: what the prefix cache keeps)."""
-    bl = block_length
-    carry = state.carry
-    width = carry.x.shape[1]
-    first = lengths // bl
-    if base is None:
-        base = loop.init_cache(config, prompts.shape[0], carry.cache.max_length, carry.cache.k[0].dtype)
-    cache = loop.prefill(loop.loop_params(params, config), prompts, base, first * bl, config=config,
-                         block_length=bl, chunk_tokens=chunk, begin=begin)
-    padded = jnp.pad(prompts, ((0, 0), (0, width - prompts.shape[1])))
-    rows = jnp.where(jnp.arange(width)[None] < lengths[:, None], padded, config.mask_token_id)
-    put = lambda big, new: big.at[slots].set(new)  # noqa: E731
-    new_cache = carry.cache.replace(k=tuple(map(put, carry.cache.k, cache.k)),
-                                    v=tuple(map(put, carry.cache.v, cache.v)),
-                                    length=carry.cache.length.at[slots].set(first * bl))
-    finished = carry.finished.replace(pending=carry.finished.pending.at[slots].set(False))
-    carry = carry.replace(x=carry.x.at[slots].set(rows), cache=new_cache, finished=finished,
-                          draws=carry.draws.at[slots].set(0), decoded=carry.decoded.at[slots].set(first * bl),
-                          stopped=carry.stopped.at[slots].set(False))
-    state = state.replace(carry=carry, keys=state.keys.at[slots].set(jax.vmap(jax.random.key)(seeds)),
-                          lengths=state.lengths.at[slots].set(lengths), block=state.block.at[slots].set(first),
-                          last=state.last.at[slots].set(-(-(lengths + max_new_tokens) // bl)),
-                          busy=state.busy.at[slots].set(True),
-                          rows=jax.tree.map(lambda rows, value: rows.at[slots].set(value), state.rows, values),
-                          progress=jax.tree.map(lambda a: a.at[slots].set(0), state.progress),
-                          stop_ids=state.stop_ids.at[slots].set(stop_ids))
-    return state, cache
-
-
-def step(params, state: Slots, *, config, options, policy: AttentionPolicy, loop: SlotLoop, block_length: int,
-         schedule: str) -> tuple[Slots, Snapshot]:
-    """Every busy slot that has a block left and no stop decodes: its next block (schedule "block"), or a block's
-    worth of forwards at its own pace (schedule "forward", `decode_forwards`); (the state, its snapshot)."""
-    before = state
-    active = state.busy & (state.block < state.last) & ~state.carry.stopped
-    common = dict(lengths=state.lengths, block_length=block_length, stop_ids=state.stop_ids,
-                  config=config, options=options, policy=policy, sampler=loop.sampler, rows=state.rows)
-    params = loop.loop_params(params, config)
-    if schedule == "forward":
-        forwards = loop.sampler.schedule(options, config, block_length).shape[0]  # a block's worth per step
-        carry, progress, block, ran = decode_forwards(params, state.carry, state.progress, state.keys, state.block,
-                                                      state.last, state.busy, forwards=forwards, **common)
-        state = state.replace(carry=carry, progress=progress, block=block)
-    else:
-        carry = decode_block(params, state.carry, state.keys, state.block, active, **common)
-        # the block's first forward runs whether or not a row denoises in it
-        ran = jnp.where(jnp.any(active), jnp.maximum(1, jnp.max(carry.draws - state.carry.draws)), 0)
-        state = state.replace(carry=carry, block=jnp.where(active, state.block + 1, state.block))
-    needed = jnp.where(active, state.carry.draws - before.carry.draws, 0)  # a row draws once per denoising forward
-    return state, Snapshot(block=state.block, last=state.last, stopped=state.carry.stopped, x=state.carry.x,
-                           decoded=state.carry.decoded, forwards=needed, blocks=state.block - before.block, ran=ran)
-
-
-# how a step advances the slots: "block" (each busy slot decodes its next block; the step lasts until the slowest
-# slot's block is unmasked) or "forward" (a block's worth of forwards, each slot at its own pace: `decode_forwards`)
-SCHEDULES = ("block", "forward")
-
 # the largest top-k a request may ask for unless the engine is told (vLLM and SGLang take any; a static bound keeps
 # one compiled step, and the selection runs only in steps where some slot asks for a top-k)
 DEFAULT_MAX_TOP_K = 64
-
-_insert_jit = jax.jit(insert, static_argnames=("config", "loop", "block_length", "chunk"), donate_argnames=("state",))
-_step_jit = jax.jit(step, static_argnames=("config", "options", "policy", "loop", "block_length", "schedule"),
-                    donate_argnames=("state",))
 
 
 class Engine(RequestQueue):
@@ -280,8 +149,8 @@ class Engine(RequestQueue):
     thread, because the jitted step returns only when the device has finished it (XLA evaluates its while loops'
     conditions on the host; docs/serving.md), so dispatching ahead on the calling thread would not overlap. On by
     default: it serves more tokens/s under load (docs/serving.md has the figures).
-    `prefill_chunk`: prompt positions per prefill chunk of a long prompt's insert (a multiple of the block
-    length; the module docstring). `schedule`: "forward" (the default: a step runs a block's worth of forwards and
+    `prefill_chunk`: prompt positions per prefill chunk (a multiple of the block length): a prompt
+    with more left to prefill is prefilled a chunk per step while the busy slots decode (`admit`). `schedule`: "forward" (the default: a step runs a block's worth of forwards and
     each slot moves to its next block as soon as its own is done, every forward a commit-and-step one) or "block"
     (every busy slot decodes one block per step; a step lasts until its slowest slot's block is unmasked). The same
     tokens either way; on one H200 (SDAR-8B, 16 slots, 128 requests at 16 req/s) "forward" served 2545 tokens/s
@@ -333,6 +202,7 @@ class Engine(RequestQueue):
         self.state = init_slots(self.params, config=config, slots=self.slots, width=self.width, policy=self.policy,
                                 loop=self.loop, block_length=bl)
         self.prefix = PrefixCache(prefix_cache_bytes, bl)
+        self.staged: dict[int, Staged] = {}  # slot -> the long prompt prefilled into it a chunk per step
         self.running: list[Request | None] = [None] * self.slots
         self.overlap = check.flag("overlap", overlap)
         self.schedule = check.choice("schedule", schedule, SCHEDULES)
@@ -376,6 +246,10 @@ class Engine(RequestQueue):
         """Drops a queued or running request (its slot is free for the next step); False if it is neither."""
         if super().cancel(request_id):
             return True
+        for slot, staged in self.staged.items():
+            if staged.request.request_id == request_id:
+                del self.staged[slot]
+                return True
         for slot, request in enumerate(self.running):
             if request is not None and request.request_id == request_id:
                 self.running[slot] = None
@@ -386,7 +260,7 @@ class Engine(RequestQueue):
     @property
     def idle(self) -> bool:
         """Nothing queued, running or in flight."""
-        return not (self.queue or self.busy or self.dispatched is not None)
+        return not (self.queue or self.busy or self.staged or self.dispatched is not None)
 
     def mark_busy(self) -> None:
         """The device's busy flags from the host's slots, after requests left them (once the step in flight, if
@@ -412,7 +286,7 @@ class Engine(RequestQueue):
 
     def dispatch(self, state: Slots) -> tuple[Slots, Snapshot]:
         """One jitted step of `state` (donated)."""
-        return _step_jit(self.params, state, config=self.config, options=self.options, policy=self.policy,
+        return step_program(self.params, state, config=self.config, options=self.options, policy=self.policy,
                          loop=self.loop, block_length=self.block_length, schedule=self.schedule)
 
     def progress(self) -> dict[int, np.ndarray]:
@@ -446,26 +320,53 @@ class Engine(RequestQueue):
         holds is prefilled alone from its entry; the others are prefilled together, those of one prompt bucket in
         one program (batches of 1, 2, 4, ... rows, a short batch padded by repeating a row). A request that starts
         with complete blocks of one admitted before it in the same call waits for that one's prefill, so that it
-        finds them in the prefix cache."""
+        finds them in the prefix cache. A prompt with more than `prefill_chunk` positions left to prefill holds its
+        slot and is prefilled a chunk per call (chunked prefill: the busy slots decode between its chunks), then
+        takes the slot."""
         start = time.perf_counter()
+        self.advance_staged()
         pending: dict[int, list] = {}  # prompt bucket -> [(slot, request)], to prefill together
-        for slot in [slot for slot, running in enumerate(self.running) if running is None]:
+        for slot in [slot for slot, running in enumerate(self.running) if running is None and slot not in self.staged]:
             if not self.queue:
                 break
             request = self.queue.popleft()
-            self.running[slot] = request
             blocks = self.complete_blocks(request)
+            entry, begin = None, 0
             if self.prefix.max_bytes and len(blocks):
                 if any(shared_positions(blocks, self.complete_blocks(other), self.block_length)
                        for group in pending.values() for _, other in group):
                     self.prefill(pending)
                 entry, begin = self.prefix.lookup(blocks)
-                if entry is not None:
-                    self.insert([(slot, request)], entry.cache, begin)
-                    continue
+            if len(blocks) - begin > self.prefill_chunk:  # longer than a chunk: a chunk per step, the others decoding
+                prompt = np.zeros(self.bucket(request), np.int32)
+                prompt[:len(request.prompt_ids)] = request.prompt_ids
+                cache = entry.cache if entry is not None else self.loop.init_cache(
+                    self.config, 1, self.state.carry.cache.max_length, self.state.carry.cache.k[0].dtype)
+                self.staged[slot] = Staged(request, prompt, cache, begin, len(blocks))
+                continue
+            self.running[slot] = request
+            if entry is not None:
+                self.insert([(slot, request)], entry.cache, begin)
+                continue
             pending.setdefault(self.bucket(request), []).append((slot, request))
         self.prefill(pending)
         self.timing.admit_s += time.perf_counter() - start
+
+    def advance_staged(self) -> None:
+        """One prefill chunk of each long prompt in `staged`; one whose prefill is complete takes its slot."""
+        for slot, staged in list(self.staged.items()):
+            end = min(staged.done + self.prefill_chunk, staged.end)
+            staged.cache = prefill_program(self.params, staged.prompt[None], staged.cache, np.asarray([end], np.int32),
+                                           np.int32(staged.done), config=self.config, loop=self.loop,
+                                           block_length=self.block_length, chunk=self.prefill_chunk)
+            staged.done = end
+            self.timing.prefill_chunks += 1
+            if end == staged.end:
+                del self.staged[slot]
+                self.running[slot] = staged.request
+                self.insert([(slot, staged.request)], staged.cache, end)
+                if self.prefix.max_bytes:
+                    self.prefix.add(self.complete_blocks(staged.request), staged.cache)
 
     def complete_blocks(self, request: Request) -> np.ndarray:
         """The request's complete prompt blocks: what its insert prefills (and the prefix cache may hold)."""
@@ -494,7 +395,7 @@ class Engine(RequestQueue):
             prompts[row, :len(request.prompt_ids)] = request.prompt_ids
         requests = [request for _, request in members]
         values = jax.tree.map(lambda *v: np.stack(v), *(self.row_values(r.sampling) for r in requests))
-        self.state, cache = _insert_jit(
+        self.state, cache = insert_program(
             self.params, self.state, np.asarray([slot for slot, _ in members], np.int32), prompts,
             np.asarray([len(r.prompt_ids) for r in requests], np.int32),
             np.asarray([r.max_new_tokens for r in requests], np.int32), np.asarray([r.seed for r in requests], np.int32),
