@@ -20,6 +20,7 @@ import time
 from pathlib import Path
 
 import httpx
+import jax
 import numpy as np
 import openai
 import pytest
@@ -256,6 +257,8 @@ def test_sigterm_finishes_the_running_requests_then_exits(checkpoints):
             assert printed[-1], printed  # the server ended before its start-up line
         assert any("warning: listening on 0.0.0.0 (not a loopback address) with no API key" in line
                    for line in printed), printed
+        assert any(re.search(r"memory: weights [\d.]+ GB, KV cache [\d.]+ GB \(2 slots x 96 positions\)", line)
+                   for line in printed), printed
         port = int(re.search(r"on http://0\.0\.0\.0:(\d+)/v1", printed[-1]).group(1))
         assert port != 0
         url = f"http://127.0.0.1:{port}"
@@ -393,6 +396,18 @@ def test_llada_is_served_with_fast_dllm_and_each_request_gets_generate_alone(che
         refused = post(url, "/v1/completions", dict(model=NAME, prompt=[5, 6], max_tokens=4, factor=1.0))
         assert refused.status_code == 400
         assert "decodes without Fast-dLLM's factor rule" in refused.json()["error"]["message"]
+
+
+def test_the_memory_plan_adds_up(sdar):
+    _, model, _ = sdar
+    engine = Engine(model, slots=3, max_context=64, prefix_cache_bytes=1000)
+    plan = engine.memory_plan()
+    per_row = sum(leaf.nbytes for leaf in jax.tree.leaves(engine.state.carry.cache)) // 3
+    assert plan["kv_cache"] == 3 * per_row and plan["prefix_cache"] == 1000 and plan["slot_state"] > 0
+    assert plan["weights"] == sum(leaf.nbytes for leaf in jax.tree.leaves(model.params()))
+    if plan["device"] is not None:
+        assert plan["headroom"] == plan["device"] - sum(plan[k] for k in ("weights", "kv_cache", "slot_state",
+                                                                          "prefix_cache"))
 
 
 def test_the_serve_flags_set_the_familys_options():

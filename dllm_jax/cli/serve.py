@@ -119,6 +119,17 @@ def family_options(args: argparse.Namespace, family) -> dict:
     return options
 
 
+def memory_line(engine) -> str:
+    """The slot engine's memory plan in words (`Engine.memory_plan`)."""
+    plan = engine.memory_plan()
+    gb = lambda n: f"{n / 1e9:.2f} GB"  # noqa: E731
+    line = (f"weights {gb(plan['weights'])}, KV cache {gb(plan['kv_cache'])} ({engine.slots} slots x {engine.width} "
+            f"positions), slot state {gb(plan['slot_state'])}, prefix cache up to {gb(plan['prefix_cache'])}")
+    if plan["device"] is None:
+        return line + "; the device reports no memory limit"
+    return line + f"; device {gb(plan['device'])}, headroom {gb(plan['headroom'])}"
+
+
 def run(args: argparse.Namespace) -> None:
     try:
         import uvicorn
@@ -153,6 +164,8 @@ def run(args: argparse.Namespace) -> None:
                         prefix_cache_bytes=args.prefix_cache_mb * 2**20, api_key=api_key,
                         max_request_bytes=args.max_request_bytes, **options)
         shown = f"[{host}]" if ":" in host else host
+        if hasattr(app.state.engine, "memory_plan"):  # the slot engine's device memory, allocated at start-up
+            print(f"[dllm-jax serve memory: {memory_line(app.state.engine)}]", file=sys.stderr, flush=True)
         print(f"[dllm-jax serve: {name} on http://{shown}:{port}/v1, {args.slots} slots"
               f"{', API key required' if api_key else ''}]", file=sys.stderr, flush=True)
         uvicorn.Server(uvicorn.Config(app, log_level=args.log_level)).run(sockets=[listening])

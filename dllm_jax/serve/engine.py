@@ -212,6 +212,17 @@ class Engine(RequestQueue):
         self.seen: InFlight | None = None  # the last step read: what `progress` reports
         self.timing = EngineTiming()
 
+    def memory_plan(self) -> dict:
+        """Bytes on the device: the weights, the slots' KV cache, the rest of the slots' state, the prefix cache's
+        budget, and the device's memory and what is left of it after all four (None where the device does not
+        say: `jax.Device.memory_stats`)."""
+        kv = sum(leaf.nbytes for leaf in jax.tree.leaves(self.state.carry.cache))
+        plan = dict(weights=sum(leaf.nbytes for leaf in jax.tree.leaves(self.params)), kv_cache=kv,
+                    slot_state=sum(leaf.nbytes for leaf in jax.tree.leaves(self.state)) - kv,
+                    prefix_cache=self.prefix.max_bytes)
+        limit = (jax.devices()[0].memory_stats() or {}).get("bytes_limit")
+        return plan | dict(device=limit, headroom=None if limit is None else limit - sum(plan.values()))
+
     def check(self, prompt_ids, max_new_tokens: int, seed: int = 0, temperature: float | None = None,
               top_p: float | None = None, top_k: int | None = None, *,
               threshold: float | None = None, remasking: str | None = None,
