@@ -7,48 +7,26 @@
         --model_args model=tiny-sdar-tasks,base_url=http://127.0.0.1:8000/v1/completions,tokenizer_backend=None
 
 The prompts are the samples' token ids as text in the checkpoint's tokenizer (they encode back to the same ids);
-the answer is scored by exact match after stripping surrounding whitespace, greedy, as `dllm_jax.eval` scores it.
+the answer is scored by exact match after stripping surrounding whitespace, greedy, as `dllm_jax.eval` scores it
+(`--kind choice`: multiple choice among the answer and random values of its shape, by log-likelihood, for
+`python -m dllm_jax.eval.harness`). `dllm_jax.eval.harness_tasks` writes them.
 """
 
 from __future__ import annotations
 
 import argparse
-import json
 from pathlib import Path
 
 from dllm_jax.eval import TASKS, load_tokenizer, make_samples
-from dllm_jax.files import write_atomic
-
-YAML = """task: {name}
-dataset_path: json
-dataset_kwargs:
-  data_files:
-    test: {data}
-test_split: test
-output_type: generate_until
-doc_to_text: "{{{{prompt}}}}"
-doc_to_target: "{{{{answer}}}}"
-generation_kwargs:
-  until: ["<eos>"]
-  max_gen_toks: {answer_tokens}
-  do_sample: false
-metric_list:
-  - metric: exact_match
-    aggregation: mean
-    higher_is_better: true
-filter_list:
-  - name: strip
-    filter:
-      - function: regex
-        regex_pattern: "^\\\\s*(.*?)\\\\s*$"
-      - function: take_first
-"""
+from dllm_jax.eval.harness_tasks import KINDS, write_task
 
 
 def main(argv=None) -> None:
     p = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     p.add_argument("--checkpoint", required=True, help="a checkpoint directory with the task tokenizer")
     p.add_argument("--task", choices=TASKS, default="passkey")
+    p.add_argument("--kind", choices=KINDS, default="generate",
+                   help="generate (generate_until, exact match) or choice (multiple choice by log-likelihood)")
     p.add_argument("--context", type=int, default=256, help="prompt tokens")
     p.add_argument("--samples", type=int, default=20)
     p.add_argument("--seed", type=int, default=11, help="evaluation seed (below the training seeds, 2**31)")
@@ -57,18 +35,9 @@ def main(argv=None) -> None:
     args = p.parse_args(argv)
     tokenizer = load_tokenizer(args.checkpoint)
     samples = make_samples(args.task, args.context, args.samples, args.seed, tokenizer)
-    name = f"dllm_{args.task}_{args.context}"
-    args.out.mkdir(parents=True, exist_ok=True)
-    data = (args.out / f"{name}.jsonl").absolute()
-    lines = []
-    for sample in samples:
-        text = tokenizer.decode(sample.prompt_ids.tolist(), skip_special_tokens=False)
-        if tokenizer.encode(text).ids != sample.prompt_ids.tolist():
-            raise ValueError(f"{args.checkpoint}'s tokenizer does not encode a prompt's text back to its ids")
-        lines.append(json.dumps({"prompt": text, "answer": sample.answer}) + "\n")
-    write_atomic(data, "".join(lines))
-    write_atomic(args.out / f"{name}.yaml", YAML.format(name=name, data=data, answer_tokens=args.answer_tokens))
-    print(f"task {name}: {len(samples)} samples in {data}; lm_eval --include_path {args.out} --tasks {name}")
+    name = f"dllm_{args.task}_{args.context}" + ("_choice" if args.kind == "choice" else "")
+    write_task(args.out, name, samples, tokenizer, kind=args.kind, answer_tokens=args.answer_tokens, seed=args.seed)
+    print(f"task {name}: {len(samples)} samples in {args.out}; lm_eval --include_path {args.out} --tasks {name}")
 
 
 if __name__ == "__main__":

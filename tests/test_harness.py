@@ -2,6 +2,7 @@
 (dllm_jax.eval.likelihood): the estimate against the official LLaDA evaluation's formula in PyTorch on the same
 weights and masks, and both request types through the harness's own command line on a local task."""
 
+import dataclasses
 import json
 import os
 import subprocess
@@ -15,6 +16,7 @@ import torch.nn.functional as F
 
 from dllm_jax import load_model
 from dllm_jax.eval import load_tokenizer, make_samples
+from dllm_jax.eval.harness_tasks import write_task
 from dllm_jax.eval.likelihood import log_likelihood, mask_draw, masked_log_likelihood
 from dllm_jax.testing import tiny_llada_config, user_environment
 from torch_reference import llama_reference, reference_logits
@@ -63,61 +65,34 @@ def test_mask_counts_are_stratified_over_the_answer_length():
         assert len(np.unique(counts)) == 8  # 8 rows over 16 counts: evenly spaced, all different
 
 
-LOCAL_TASKS = {
-    "dllm_passkey_choice": """task: dllm_passkey_choice
-dataset_path: json
-dataset_kwargs:
-  data_files:
-    test: {data}
-test_split: test
-output_type: multiple_choice
-doc_to_text: "{{{{prompt}}}}"
-doc_to_choice: "{{{{choices}}}}"
-doc_to_target: "{{{{label}}}}"
-metric_list:
-  - metric: acc
-""",
-    "dllm_passkey_answer": """task: dllm_passkey_answer
-dataset_path: json
-dataset_kwargs:
-  data_files:
-    test: {data}
-test_split: test
-output_type: generate_until
-doc_to_text: "{{{{prompt}}}}"
-doc_to_target: "{{{{answer}}}}"
-generation_kwargs:
-  until: ["<eos>"]
-  max_gen_toks: 8
-metric_list:
-  - metric: exact_match
-""",
-}
-
-
 def test_lm_eval_scores_both_request_types_through_its_own_command_line(tmp_path):
     """The shipped tiny LLaDA on a local passkey task (no download): multiple choice among the key and two
     distractors by log-likelihood, and the key generated; the harness writes its results."""
     tokenizer = load_tokenizer(CHECKPOINT)
-    rng = np.random.default_rng(0)
-    docs = []
-    for sample in make_samples("passkey", 64, 3, 11, tokenizer):
-        distractors = [" ".join(str(d) for d in rng.integers(0, 10, 5)) for _ in range(2)]
-        choices = [sample.answer, *distractors]
-        docs.append(dict(prompt=tokenizer.decode(sample.prompt_ids.tolist(), skip_special_tokens=False),
-                         answer=sample.answer, choices=choices, label=0))
-    data = tmp_path / "passkey.jsonl"
-    data.write_text("".join(json.dumps(d) + "\n" for d in docs))
-    for name, text in LOCAL_TASKS.items():
-        (tmp_path / f"{name}.yaml").write_text(text.format(data=data))
+    samples = make_samples("passkey", 64, 3, 11, tokenizer)
+    tasks = {"dllm_passkey_choice": "choice", "dllm_passkey_answer": "generate"}
+    for name, kind in tasks.items():
+        write_task(tmp_path, name, samples, tokenizer, kind=kind, answer_tokens=8, distractors=2)
+    docs = [json.loads(line) for line in (tmp_path / "dllm_passkey_choice.jsonl").read_text().splitlines()]
+    assert all(len(d["choices"]) == 3 and d["choices"][d["label"]] == d["answer"] for d in docs)
     env = user_environment(os.environ)
     env["PYTHONPATH"] = os.pathsep.join([str(ROOT), env.get("PYTHONPATH", "")])
     done = subprocess.run(
         [sys.executable, "-m", "dllm_jax.eval.harness", "--model", "dllm_jax", "--model_args",
          f"checkpoint={CHECKPOINT},dtype=float32,mc_num=4,is_check_greedy=true", "--batch_size", "2",
-         "--include_path", str(tmp_path), "--tasks", ",".join(LOCAL_TASKS), "--output_path",
+         "--include_path", str(tmp_path), "--tasks", ",".join(tasks), "--output_path",
          str(tmp_path / "out")], env=env, capture_output=True, text=True, timeout=900, cwd=tmp_path)
     assert done.returncode == 0, done.stderr[-4000:]
     results = json.loads(next((tmp_path / "out").rglob("results_*.json")).read_text())["results"]
     choice, answer = results["dllm_passkey_choice"], results["dllm_passkey_answer"]
-    assert 0 <= choice["acc,none"] <= 1 and 0 <= answer["exact_match,none"] <= 1
+    assert 0 <= choice["acc,none"] <= 1 and 0 <= answer["exact_match,strip"] <= 1
+
+
+def test_a_local_task_refuses_an_unknown_kind_and_answers_without_digits_for_choices(tmp_path):
+    tokenizer = load_tokenizer(CHECKPOINT)
+    samples = make_samples("passkey", 64, 1, 11, tokenizer)
+    with pytest.raises(ValueError, match="kind='ranking' is not one of"):
+        write_task(tmp_path, "t", samples, tokenizer, kind="ranking")
+    worded = [dataclasses.replace(samples[0], answer="blue")]
+    with pytest.raises(ValueError, match="a choice task needs answers holding digits"):
+        write_task(tmp_path, "t", worded, tokenizer, kind="choice")

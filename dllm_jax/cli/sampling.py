@@ -111,17 +111,24 @@ def add_length_flags(parser: argparse.ArgumentParser) -> None:
                         help="LLaDA only: block_length (default gen-length)")
 
 
-def add_fast_dllm_flags(parser: argparse.ArgumentParser) -> None:
-    """LLaDA's Fast-dLLM flags: the block-wise cache and parallel decoding."""
-    parser.add_argument("--cache", default=None, choices=("prefix", "dual"),
-                        help="LLaDA only, Fast-dLLM: reuse the keys/values of the positions before the block "
-                             "(prefix) or before and after it (dual) from the block's first step; dense, "
-                             "--method sparsed or pulsecol")
+def add_fast_dllm_flags(parser: argparse.ArgumentParser, *, served: bool = False) -> None:
+    """LLaDA's Fast-dLLM flags: the block-wise cache and parallel decoding (`served`: `dllm-jax serve`'s, whose
+    cache is dual unless told, none included, and whose threshold or factor a request may replace)."""
+    cache = ("dual", "prefix", "none") if served else ("prefix", "dual")
+    own = " (a request may send its own)" if served else ""
+    llada = "LLaDA" if served else "LLaDA only"
+    parser.add_argument("--cache", default=None, choices=cache,
+                        help=f"{llada}, Fast-dLLM: reuse the keys/values of the positions before the block (prefix) or "
+                             "before and after it (dual) from the block's first step" +
+                             ("; dual unless told, none recomputes every step" if served else
+                              "; dense, --method sparsed or pulsecol"))
     parser.add_argument("--threshold", type=probability, default=None, metavar="X",
-                        help="LLaDA only, Fast-dLLM: commit every masked position of the block whose confidence "
-                             "is >= X (at least the most confident one) per step")
+                        help=f"{llada}, Fast-dLLM: commit every masked position of the block whose confidence is >= X "
+                             "(at least the most confident one) per step" + own)
     parser.add_argument("--factor", type=positive_float, default=None, metavar="F",
-                        help="LLaDA only, Fast-dLLM's factor rule instead of --threshold: the i-th most confident "
-                             "masked position is committed while it reaches 1 - F / (i + 1)")
+                        help=f"{llada}, Fast-dLLM's factor rule instead of --threshold: the i-th most confident masked "
+                             "position is committed while it reaches 1 - F / (i + 1)" + own)
+    if served:
+        return
     parser.add_argument("--cache-refresh", type=positive_int, default=None, metavar="K",
                         help="LLaDA only, with --cache: also recompute the cache every K-th step of a block")

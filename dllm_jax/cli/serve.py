@@ -12,7 +12,8 @@ from pathlib import Path
 
 from dllm_jax.cli.common import add_quantize_flag, dtype_parent
 from dllm_jax.cli.methods import methods_parent
-from dllm_jax.flags import fraction, non_negative_int, number, positive_float, positive_int, probability
+from dllm_jax.cli.sampling import add_fast_dllm_flags
+from dllm_jax.flags import fraction, non_negative_int, number, positive_int
 
 API_KEY_VARIABLE = "DLLM_JAX_API_KEY"  # the environment variable --api-key defaults to (kept out of `ps` listings)
 MAX_REQUEST_BYTES = 4 * 2**20  # dllm_jax.serve.app's default, repeated here so that --help needs no FastAPI
@@ -79,16 +80,7 @@ def add_parser(subparsers) -> None:
                        help="LLaDA, Dream: denoising steps; LLaDA2: steps per block (the family's default)")
     serve.add_argument("--block-length", type=positive_int, default=None, metavar="N",
                        help="LLaDA, LLaDA2: block length (the family's default)")
-    serve.add_argument("--cache", choices=["dual", "prefix", "none"], default=None,
-                       help="LLaDA, Fast-dLLM: reuse the keys/values of the positions before the block (prefix) or "
-                            "before and after it (dual, the default) from each block's first step; none: recompute "
-                            "every step")
-    serve.add_argument("--threshold", type=probability, default=None, metavar="X",
-                       help="LLaDA, Fast-dLLM: commit every masked position of the block whose confidence is >= X per "
-                            "step (a request may send its own threshold); default: the fixed schedule of --steps")
-    serve.add_argument("--factor", type=positive_float, default=None, metavar="F",
-                       help="LLaDA, Fast-dLLM's factor rule instead of --threshold (a request may send its own "
-                            "factor)")
+    add_fast_dllm_flags(serve, served=True)
     serve.add_argument("--prefix-cache-mb", type=non_negative_int, default=0, metavar="MB",
                        help="SDAR, LLaDA2: device memory for the prefix cache, which keeps requests' complete prompt "
                             "blocks' keys and values so that a later prompt starting with the same blocks prefills "
