@@ -98,6 +98,6 @@ def test_a_family_from_its_own_module_converts_loads_generates_and_is_served(tmp
     assert len(result["answer"]) == 16 and all(0 <= t < 160 for t in result["answer"])
     assert result["cli"] == 0 and result["cli_label"]
     assert result["serve_refused"] != 0
-    assert "--denoising-steps does not apply to Toy (its flags: --gen-length, --steps, --block-length)" in \
+    assert "--denoising-steps does not apply to Toy (its flags: --gen-length, --steps, --block-length, --cache" in \
         result["serve_message"]
     assert result["status"] == 200 and result["served"] == result["expected"]
