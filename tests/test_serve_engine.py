@@ -374,6 +374,24 @@ def test_a_long_prompt_is_prefilled_a_chunk_per_step_while_the_others_decode(tin
         np.testing.assert_array_equal(done[request_id].tokens, alone, err_msg=f"request {request_id}")
 
 
+@pytest.mark.parametrize("overlap", [True, False])
+def test_llada2_prompts_sharing_a_prefix_and_a_long_prompt_get_what_generate_gives_them(llada2, rng, overlap):
+    """LLaDA2 in the slots with a prefix cache and chunked prefill (its own cache and prefill): a prompt sharing 3
+    blocks with one before it, and a prompt of 2 prefill chunks, each what generate gives it alone."""
+    options = dict(block_length=4, steps=4)
+    engine = Engine(llada2, slots=2, max_context=64, prefix_cache_bytes=2**30, prefill_chunk=16, overlap=overlap,
+                    **options)
+    system = rng.integers(0, 40, 12)
+    prompts = [np.concatenate([system, rng.integers(0, 40, 3)]), np.concatenate([system, rng.integers(0, 40, 2)]),
+               rng.integers(0, 40, 26)]
+    ids = [engine.submit(p, 8, i) for i, p in enumerate(prompts)]
+    done = engine.run()
+    for request_id, prompt in zip(ids, prompts):
+        alone = np.asarray(dllm_jax.generate(llada2, prompt[None], gen_length=8, temperature=0.0, **options))[0]
+        np.testing.assert_array_equal(done[request_id].tokens, alone, err_msg=f"request {request_id}")
+    assert engine.prefix.hit_tokens >= 12 and engine.timing.prefill_chunks == 2
+
+
 def test_a_staged_request_can_be_cancelled(model, rng):
     engine = Engine(model, slots=1, max_context=64, prefill_chunk=8, overlap=False, remasking="sequential", top_k=1)
     request = engine.submit(rng.integers(0, 40, 34), 8, 0)
