@@ -45,7 +45,7 @@ from flax import struct
 from dllm_jax import validation as check
 from dllm_jax.attention import methods
 from dllm_jax.families import Family
-from dllm_jax.attention.policy import AttentionPolicy, Dense, check_policy
+from dllm_jax.attention.policy import AttentionPolicy, Dense
 from dllm_jax.config import DreamConfig
 from dllm_jax.generate.progress import progress_bar, tick
 from dllm_jax.generate.requests import (ProbeLoop, as_array, check_context, check_prompt, full_sequence_probe,
@@ -216,7 +216,6 @@ def generate_dream(params, prompt_ids, attention_mask, seed, run_id=0, rows: Row
     `return_policy_state` (static) also returns the policy's final per-layer state: (tokens, state),
     for diagnostics (dllm_jax.analysis); the tokens are the same either way.
     """
-    check_policy(policy)
     b, p = prompt_ids.shape
     o = options
     rows = o.sampling(b) if rows is None else rows

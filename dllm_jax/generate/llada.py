@@ -27,7 +27,7 @@ from flax import struct
 from dllm_jax import validation as check
 from dllm_jax.attention import methods
 from dllm_jax.families import Family
-from dllm_jax.attention.policy import AttentionPolicy, Dense, Mode, check_policy
+from dllm_jax.attention.policy import AttentionPolicy, Dense, Mode
 from dllm_jax.config import LLaDAConfig
 from dllm_jax.generate.progress import progress_bar, tick
 from dllm_jax.generate.requests import (ProbeLoop, as_array, check_context, check_prompt, full_sequence_probe,
@@ -160,7 +160,6 @@ def generate_llada(params, prompt_ids, attention_mask, seed, run_id=0, rows: Row
     the loop carry. `return_policy_state` (static) also returns the policy's final per-layer state
     (for diagnostics: dllm_jax.analysis).
     """
-    check_policy(policy)
     b, p = prompt_ids.shape
     o = options
     rows = o.sampling(b) if rows is None else rows

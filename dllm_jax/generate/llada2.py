@@ -41,7 +41,7 @@ import numpy as np
 from dllm_jax import validation as check
 from dllm_jax.attention import methods
 from dllm_jax.families import TP_SPLIT, Family
-from dllm_jax.attention.policy import AttentionPolicy, Dense, check_policy
+from dllm_jax.attention.policy import AttentionPolicy, Dense
 from dllm_jax.config import LLaDA2Config
 from dllm_jax.generate.progress import progress_bar, tick
 from dllm_jax.generate.requests import (ProbeLoop, as_array, check_context, check_prompt, make_options, on_devices,
@@ -180,7 +180,6 @@ def generate_llada2(params, prompt_ids, seed, run_id=0, prompt_length=None, rows
     them; None: the options' own values, static. `on_step(run_id, i)`
     (static, optional) runs on the host after every decoded block. With `return_policy_state` (static),
     the final per-layer policy state comes third (for diagnostics: dllm_jax.analysis)."""
-    check_policy(policy)
     with tracing_on(mesh):  # the routed experts run per device (dllm_jax.models.moe)
         o, bl = options, options.block_length
         b, n = prompt_ids.shape

@@ -49,7 +49,7 @@ from dllm_jax import quantize
 from dllm_jax import validation as check
 from dllm_jax.attention import methods
 from dllm_jax.families import Family
-from dllm_jax.attention.policy import AttentionPolicy, Dense, check_policy
+from dllm_jax.attention.policy import AttentionPolicy, Dense
 from dllm_jax.config import SDARConfig
 from dllm_jax.generate.block_loop import BlockSampler, SlotLoop, cache_capacity, decode_blocks, trim
 from dllm_jax.generate.progress import progress_bar, tick
@@ -154,7 +154,6 @@ def generate_sdar(params, prompt_ids, attention_mask, seed, run_id=0, rows: RowS
     left as masks. width = ceil((P + max_new_tokens) / bl) * bl. With `return_policy_state`, the
     final per-layer policy state comes third (for diagnostics).
     """
-    check_policy(policy)
     o, bl = options, config.block_size
     b, p = prompt_ids.shape
     if attention_mask is None:
