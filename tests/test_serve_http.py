@@ -410,6 +410,14 @@ def test_the_memory_plan_adds_up(sdar):
                                                                           "prefix_cache"))
 
 
+def test_a_prefix_cache_for_a_lockstep_family_is_refused_before_loading(checkpoints, capsys):
+    from dllm_jax.cli import main
+
+    assert main(["serve", "--model", str(checkpoints[0]), "--prefix-cache-mb", "16"]) == 2
+    assert "--prefix-cache-mb applies to the slot engine's families; LLaDA is served in lockstep" in \
+        capsys.readouterr().err
+
+
 def test_the_serve_flags_set_the_familys_options():
     from dllm_jax.cli import build_parser
     from dllm_jax.cli.serve import family_options

@@ -137,7 +137,11 @@ def run(args: argparse.Namespace) -> None:
     from dllm_jax.tokenizer import ChatTokenizer
 
     _, config = read_hf_config(args.model)  # every flag error before the weights load
-    options = family_options(args, family_of(config))
+    family = family_of(config)
+    options = family_options(args, family)
+    if args.prefix_cache_mb and family.slots is None:
+        raise ValueError(f"--prefix-cache-mb applies to the slot engine's families; {family.label} is served in "
+                         "lockstep batches")
     method = method_from_args(args)
     api_key = api_key_of(args, os.environ)
     tokenizer = ChatTokenizer(args.model)
