@@ -54,7 +54,6 @@ GEMMS = ("auto", "xla", "w8a8")
 CUBLAS_GEMMS = {"xla_gpu_enable_triton_gemm": False}
 
 
-
 def scale_name(name: str) -> str:
     return name + SCALE
 

@@ -25,6 +25,7 @@ import jax.numpy as jnp
 import numpy as np
 
 from dllm_jax import validation as check
+from dllm_jax.generate import generate
 
 MC_NUM = 128  # the official evaluation's defaults
 BATCH_SIZE = 32
@@ -81,8 +82,6 @@ def log_likelihood(model, prompt_ids, answer_ids, *, mc_num: int = MC_NUM, batch
 
 def greedy_answer(model, prompt_ids, answer_ids) -> bool:
     """Whether the answer is what decoding its region one token per step, most confident first, gives."""
-    from dllm_jax.generate import generate
-
     n = len(answer_ids)
     out = generate(model, np.asarray(prompt_ids, np.int32)[None], gen_length=n, steps=n, block_length=n)
     return bool((np.asarray(out)[0, len(prompt_ids):] == np.asarray(answer_ids)).all())

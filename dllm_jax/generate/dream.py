@@ -44,9 +44,9 @@ from flax import struct
 
 from dllm_jax import validation as check
 from dllm_jax.attention import methods
-from dllm_jax.families import Family
 from dllm_jax.attention.policy import AttentionPolicy, Dense
 from dllm_jax.config import DreamConfig
+from dllm_jax.families import Family
 from dllm_jax.generate.progress import progress_bar, tick
 from dllm_jax.generate.requests import (ProbeLoop, as_array, check_context, check_prompt, full_sequence_probe,
                                         make_options, on_devices, on_mesh, rows_on_mesh)

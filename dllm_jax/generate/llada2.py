@@ -40,9 +40,9 @@ import numpy as np
 
 from dllm_jax import validation as check
 from dllm_jax.attention import methods
-from dllm_jax.families import TP_SPLIT, Family
 from dllm_jax.attention.policy import AttentionPolicy, Dense
 from dllm_jax.config import LLaDA2Config
+from dllm_jax.families import TP_SPLIT, Family
 from dllm_jax.generate.progress import progress_bar, tick
 from dllm_jax.generate.requests import (ProbeLoop, as_array, check_context, check_prompt, make_options, on_devices,
                                         on_mesh, rows_on_mesh, until_stop)

@@ -48,9 +48,9 @@ import numpy as np
 from dllm_jax import quantize
 from dllm_jax import validation as check
 from dllm_jax.attention import methods
-from dllm_jax.families import Family
 from dllm_jax.attention.policy import AttentionPolicy, Dense
 from dllm_jax.config import SDARConfig
+from dllm_jax.families import Family
 from dllm_jax.generate.block_loop import BlockSampler, SlotLoop, cache_capacity, decode_blocks, trim
 from dllm_jax.generate.progress import progress_bar, tick
 from dllm_jax.generate.requests import (ProbeLoop, answer_window, as_array, check_context, check_prompt, make_options,

@@ -349,8 +349,7 @@ class Engine(RequestQueue):
                     self.prefill(pending)
                 entry, begin = self.prefix.lookup(blocks)
             if len(blocks) - begin > self.prefill_chunk:  # longer than a chunk: a chunk per step, the others decoding
-                prompt = np.zeros(self.bucket(request), np.int32)
-                prompt[:len(request.prompt_ids)] = request.prompt_ids
+                prompt = self.padded_prompt(request, self.bucket(request))
                 cache = entry.cache if entry is not None else self.loop.init_cache(
                     self.config, 1, self.state.carry.cache.max_length, self.state.carry.cache.k[0].dtype)
                 self.staged[slot] = Staged(request, prompt, cache, begin, len(blocks))
@@ -384,6 +383,13 @@ class Engine(RequestQueue):
         n = len(request.prompt_ids)
         return request.prompt_ids[:n - n % self.block_length]
 
+    @staticmethod
+    def padded_prompt(request: Request, width: int) -> np.ndarray:
+        """int32 [width]: the request's prompt, then zeros (past its complete blocks: scratch)."""
+        prompt = np.zeros(width, np.int32)
+        prompt[:len(request.prompt_ids)] = request.prompt_ids
+        return prompt
+
     def bucket(self, request: Request) -> int:
         """The static prompt width its insert prefills: the shortest bucket holding the prompt."""
         return next(b for b in self.buckets if b >= len(request.prompt_ids))
@@ -400,11 +406,9 @@ class Engine(RequestQueue):
         repeating the first) into their slots from `base` (a one-row prefix-cache entry, or None) at `begin`, and
         keeps each request's complete blocks in the prefix cache."""
         real = len(members) if real is None else real
-        width = max(self.bucket(request) for _, request in members)
-        prompts = np.zeros((len(members), width), np.int32)
-        for row, (_, request) in enumerate(members):
-            prompts[row, :len(request.prompt_ids)] = request.prompt_ids
         requests = [request for _, request in members]
+        width = max(self.bucket(request) for request in requests)
+        prompts = np.stack([self.padded_prompt(request, width) for request in requests])
         values = jax.tree.map(lambda *v: np.stack(v), *(self.row_values(r.sampling) for r in requests))
         self.state, cache = insert_program(
             self.params, self.state, np.asarray([slot for slot, _ in members], np.int32), prompts,

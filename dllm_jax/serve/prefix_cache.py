@@ -68,16 +68,16 @@ class PrefixCache:
     def lookup(self, tokens: np.ndarray) -> tuple[Entry | None, int]:
         """(the entry sharing the most whole blocks with `tokens`, a prompt's complete blocks, and that many
         positions), or (None, 0); the entry becomes the most recently used."""
-        best, best_key, found = None, None, 0
+        best, found = None, 0
         for key, entry in self.entries.items():
             common = self.shared(entry, tokens)
             if common > found:
-                best, best_key, found = entry, key, common
-        if best_key is not None:
-            self.entries.move_to_end(best_key)
+                best, found = key, common
+        if best is not None:
+            self.entries.move_to_end(best)
         self.query_tokens += len(tokens)
         self.hit_tokens += found
-        return best, found
+        return (None if best is None else self.entries[best]), found
 
     def add(self, tokens: np.ndarray, cache) -> None:
         """Keeps `cache` (one insert's one-row KV cache) for the complete blocks `tokens`, unless it alone exceeds
