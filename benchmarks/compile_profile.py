@@ -11,7 +11,9 @@ own with the persistent cache off, and reports
 
 Cases are compile_once's (the same models, shapes and options). Flag sets: `default` (none), `autotune0`
 (`--xla_gpu_autotune_level=0`: no autotuning of GEMMs and fusions), `no-triton-gemm`
-(`--xla_gpu_enable_triton_gemm=false`: GEMMs go to cuBLAS instead of Triton fusions XLA autotunes).
+(`--xla_gpu_enable_triton_gemm=false`: GEMMs go to cuBLAS instead of Triton fusions XLA autotunes), `parallel16`
+(`--xla_gpu_force_compilation_parallelism=16`: XLA's codegen split over 16 threads), `no-command-buffer`
+(`--xla_gpu_enable_command_buffer=`: no CUDA graphs), `parallel16-no-triton-gemm` (both of theirs).
 Results: <out>/compile_profile_<device>_<date>.{json,md}.
 
     PYTHONPATH=. python -m benchmarks.compile_profile --cases sdar-b1 --flags default autotune0 --out benchmarks/results
@@ -32,7 +34,10 @@ import time
 from pathlib import Path
 
 FLAGS = {"default": "", "autotune0": "--xla_gpu_autotune_level=0",
-         "no-triton-gemm": "--xla_gpu_enable_triton_gemm=false"}
+         "no-triton-gemm": "--xla_gpu_enable_triton_gemm=false",
+         "parallel16": "--xla_gpu_force_compilation_parallelism=16",
+         "no-command-buffer": "--xla_gpu_enable_command_buffer=",
+         "parallel16-no-triton-gemm": "--xla_gpu_force_compilation_parallelism=16 --xla_gpu_enable_triton_gemm=false"}
 STAGES = {"/jax/core/compile/jaxpr_trace_duration": "trace_s",
           "/jax/core/compile/jaxpr_to_mlir_module_duration": "lower_s",
           "/jax/core/compile/backend_compile_duration": "compile_s"}

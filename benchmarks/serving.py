@@ -1,4 +1,4 @@
-"""Serving under load (issue 41): the OpenAI server (`dllm_jax.serve`, continuous batching over slots) against
+"""Serving under load: the OpenAI server (`dllm_jax.serve`, continuous batching over slots) against
 lockstep `generate` batches, on the same trace of requests.
 
     PYTHONPATH=. python -m benchmarks.serving --model sdar-8b-chat --rates 2,8 --requests 64 --slots 16 \
@@ -14,7 +14,7 @@ rate, requests per second), prompt lengths log-uniform and output lengths unifor
 - **server**: the app on a local port (`dllm_jax.serve.app.running`), one streaming client per request sent
   at its arrival time (httpx, asyncio); time to first block = arrival to the first streamed text, latency =
   arrival to the last. The clients run in a process of their own (`--clients process`, the default), as a
-  deployment's clients do: in the server's process (`--clients thread`, how sessions 12-14 measured) their
+  deployment's clients do: in the server's process (`--clients thread`) their
   parsing of every streamed block shares the server's interpreter lock with its engine thread.
 - **lockstep**: the trace through `generate` batches of up to `--slots` prompts, taken in arrival order when
   the previous batch ends (or at the next arrival); a batch is left-padded to the next of a few widths and
@@ -110,6 +110,9 @@ def parse_args(argv=None) -> argparse.Namespace:
     parser.add_argument("--shared-fraction", type=float, default=0.7)
     parser.add_argument("--prefix-cache-mb", default="0",
                         help="the server's prefix-cache budgets to serve the trace with, comma-separated MB (0: none)")
+    parser.add_argument("--prefill-batch", default="0",
+                        help="the most requests of one prompt bucket prefilled in one program, comma-separated: each "
+                             "value serves the trace once (Engine(prefill_batch=...); 0: every slot, the default)")
     parser.add_argument("--no-lockstep", action="store_true",
                         help="time the server only (a diagnosis run: no lockstep rows, no speedups)")
     parser.add_argument("--clients", choices=("process", "thread"), default="process",
@@ -127,6 +130,7 @@ def parse_args(argv=None) -> argparse.Namespace:
         parser.error("--rates must be > 0, --requests and --slots >= 1")
     args.schedules = args.schedules.split(",")
     args.prefix_cache_mb = [int(v) for v in args.prefix_cache_mb.split(",")]
+    args.prefill_batch = [int(v) for v in args.prefill_batch.split(",")]
     if unknown := sorted(set(args.schedules) - set(SCHEDULES)):
         parser.error(f"--schedules: {', '.join(unknown)} is not one of {', '.join(SCHEDULES)}")
     return args
@@ -336,21 +340,29 @@ def main(argv=None) -> Path:
         rows.append(dict(rate=rate, mode="lockstep", **summary(served)))
         print(json.dumps(rows[-1]), flush=True)
     overlaps = {"off": [False], "on": [True], "both": [False, True]}[args.overlap]
-    for overlap, schedule, cache_mb in [(o, s, c) for c in args.prefix_cache_mb for s in args.schedules
-                                        for o in overlaps]:
+    for overlap, schedule, cache_mb, batch in [(o, s, c, b) for b in args.prefill_batch for c in args.prefix_cache_mb
+                                               for s in args.schedules for o in overlaps]:
         mode = (("server overlapped" if overlap else "server") + (", by forward" if schedule == "forward" else "")
-                + (f", prefix cache {cache_mb} MB" if cache_mb else ""))
+                + (f", prefix cache {cache_mb} MB" if cache_mb else "") + (f", prefill batch {batch}" if batch else ""))
         app = build_app(model, tokenizer, model_name=args.model, slots=args.slots, max_context=context,
                         max_queue=args.requests * 2, overlap=overlap, schedule=schedule,
-                        prefix_cache_bytes=cache_mb * 2**20)
+                        prefix_cache_bytes=cache_mb * 2**20, prefill_batch=batch or None)
         with running(app) as url:
             start = time.perf_counter()  # compile: every prefill length the traces use, the step
             # per insert bucket the trace reaches, its longest prompt (the widest bucket is the whole context)
             longest = {}
             for n in sorted({len(r.prompt) for t in traces.values() for r in t}):
                 longest[next(b for b in app.state.engine.buckets if b >= n)] = n
-            warm = [Request(0.0, tuple([3] * n), 4) for n in longest.values()]
-            drive(url, args.model, warm, args.seconds, args.clients)
+            drive(url, args.model, [Request(0.0, tuple([3] * n), 4) for n in longest.values()], args.seconds,
+                  args.clients)
+            # then bursts of 2, 4, ... requests per batched bucket, which free slots admit together: the batched
+            # prefill programs a trace's bursts reach
+            burst = 2
+            while burst <= min(args.slots, batch or args.slots):
+                drive(url, args.model, [Request(0.0, tuple([3] * n), 4) for n in longest.values()
+                                        if n <= app.state.engine.prefill_chunk for _ in range(burst)],
+                      args.seconds, args.clients)
+                burst *= 2
             print(f"{mode} compiled in {time.perf_counter() - start:.1f} s", flush=True)
             engine = app.state.engine
             for rate, trace in traces.items():

@@ -323,19 +323,20 @@ def test_serving_step_compares_kernels_per_block_and_by_class():
 
 def test_serving_runs_a_trace_with_its_clients_in_a_process_of_their_own(tmp_path):
     """benchmarks/serving.py on a tiny model (CPU): the server (without and with a prefix cache), driven by a
-    client process, and lockstep serve the same trace of shared-prefix traffic;
+    client process, one request per prefill, and lockstep serve the same trace of shared-prefix traffic;
     each request gets exactly its output length (stops off); the prefix cache finds the shared prefixes."""
     from benchmarks import serving
 
     argv = ["--model", "tiny-sdar", "--rates", "50", "--requests", "6", "--slots", "2", "--prompt-lengths", "8:40",
             "--output-lengths", "4:12", "--seconds", "120", "--out", str(tmp_path), "--schedules", "forward",
             "--shared-prefixes", "1", "--prefix-lengths", "16:24", "--shared-fraction", "0.9",
-            "--prefix-cache-mb", "0,1"]
+            "--prefix-cache-mb", "0,1", "--prefill-batch", "1"]
     md = serving.main(argv)
     result = json.loads(md.with_suffix(".json").read_text())
     assert result["clients"] == "process"
     assert sorted(r["mode"] for r in result["rows"]) == [
-        "lockstep", "server overlapped, by forward", "server overlapped, by forward, prefix cache 1 MB"]
+        "lockstep", "server overlapped, by forward, prefill batch 1",
+        "server overlapped, by forward, prefix cache 1 MB, prefill batch 1"]
     # tiny-sdar: vocabulary 192, mask 180
     shared = serving.shared_prefixes(1, (16, 24), 192 - 3, 0)
     trace = serving.make_trace(50.0, 6, (8, 40), (4, 12), 192 - 3, 180, 0, shared, 0.9)

@@ -230,6 +230,8 @@ def test_bad_engines_are_refused(model, tiny_model):
         Engine(model, top_k=9, max_top_k=8)
     with pytest.raises(ValueError, match="prefill_chunk=6 is not a multiple of the block length 4"):
         Engine(model, prefill_chunk=6)
+    with pytest.raises(ValueError, match="prefill_batch"):
+        Engine(model, prefill_batch=0)
     with pytest.raises(ValueError, match="schedule"):
         Engine(model, schedule="token")
     with pytest.raises(ValueError, match="SparseD is a method for LLaDA"):
@@ -334,16 +336,19 @@ def test_the_prefix_cache_drops_the_least_recently_used_entry_past_its_budget(mo
     assert len(next(iter(engine.prefix.entries.values())).tokens) == 20
 
 
-@pytest.mark.parametrize("count", [4, 3], ids=["a full batch", "a batch padded by repeating a row"])
-def test_requests_admitted_together_are_prefilled_in_one_program(model, rng, count):
+@pytest.mark.parametrize("count, prefill_batch, prefills", [(4, None, 1), (3, None, 1), (3, 2, 2), (4, 1, 4)],
+                         ids=["a full batch", "a batch padded by repeating a row", "batches of at most 2",
+                              "one request per prefill"])
+def test_requests_admitted_together_are_prefilled_in_one_program(model, rng, count, prefill_batch, prefills):
     """Batched prefill: requests of one prompt bucket admitted at one step are prefilled together (one insert
-    program for all of them, padded to a power of two), each still getting what generate gives its prompt alone."""
+    program for up to `prefill_batch` of them, padded to a power of two), each still getting what generate gives
+    its prompt alone."""
     options = dict(remasking="low_confidence_dynamic", denoising_steps=4)
-    engine = Engine(model, slots=4, max_context=64, **options)
+    engine = Engine(model, slots=4, max_context=64, prefill_batch=prefill_batch, **options)
     prompts = [rng.integers(0, 40, n) for n in (9, 13, 15, 10)[:count]]  # one bucket: 16 positions
     ids = [engine.submit(p, 8, seed, *sampling) for seed, (p, sampling) in enumerate(zip(prompts, SAMPLING))]
     done = engine.run()
-    assert (engine.timing.inserts, engine.timing.prefills) == (count, 1)
+    assert (engine.timing.inserts, engine.timing.prefills) == (count, prefills)
     for request_id, prompt, seed, (t, p, top_k) in zip(ids, prompts, range(count), SAMPLING):
         alone = np.asarray(dllm_jax.generate(model, prompt[None], max_new_tokens=8, seed=seed,
                                              **own_options(options, t, p, top_k, {"top_k": 1})))[0]

@@ -469,8 +469,8 @@ def test_lockstep_serving_refuses_the_slot_engines_settings(checkpoints):
     model = dllm_jax.load_model(checkpoints[0], dtype="float32", progress=False)
     with pytest.raises(ValueError, match="unknown LLaDA generate options \\['top_p'\\]"):
         build_app(model, ChatTokenizer(checkpoints[0]), model_name=NAME, top_p=0.7, gen_length=16)
-    for given in (dict(max_top_k=8), dict(schedule="block"), dict(prefix_cache_bytes=2**20)):
-        with pytest.raises(ValueError, match="max_top_k, overlap, schedule and prefix_cache_bytes are the slot "):
+    for given in (dict(max_top_k=8), dict(schedule="block"), dict(prefix_cache_bytes=2**20), dict(prefill_batch=2)):
+        with pytest.raises(ValueError, match="max_top_k, overlap, schedule, prefix_cache_bytes and prefill_batch are "):
             build_app(model, ChatTokenizer(checkpoints[0]), model_name=NAME, gen_length=16, **given)
 
 

@@ -102,15 +102,15 @@ class PrefixCacheCounters:
 def build_app(model, tokenizer, *, model_name: str, slots: int = 8, max_context: int | None = None, method=None,
               max_queue: int = 256, temperature: float = 0.0, top_p: float = 1.0, top_k: int = 0,
               max_top_k: int | None = None, overlap: bool | None = None, schedule: str | None = None,
-              prefix_cache_bytes: int = 0, api_key: str | None = None, max_request_bytes: int = MAX_REQUEST_BYTES,
-              **options) -> FastAPI:
+              prefix_cache_bytes: int = 0, prefill_batch: int | None = None, api_key: str | None = None,
+              max_request_bytes: int = MAX_REQUEST_BYTES, **options) -> FastAPI:
     """An engine for `model`, its worker and the app over them: the slot `Engine` for the block-diffusion families
     (SDAR, LLaDA2; `options`: the family's other generate options; `temperature`, `top_p` and `top_k` are the
     defaults of a request that sets none, each request sampling with its own: temperature 0 decodes greedily,
     SDAR with top-k 1; a request's top-k at most `max_top_k`, `Engine`'s), or for the others a `LockstepEngine`
     (greedy requests batched, a sampled one generated alone; `options`: the family's generate options, its answer
-    length included). `overlap`, `schedule` and `prefix_cache_bytes`: `Engine`'s (None: its defaults, on and
-    "forward"; 0: no prefix cache). `api_key`, `max_request_bytes`: `create_app`'s."""
+    length included). `overlap`, `schedule`, `prefix_cache_bytes` and `prefill_batch`: `Engine`'s (None: its
+    defaults, on, "forward" and every slot; 0: no prefix cache). `api_key`, `max_request_bytes`: `create_app`'s."""
     max_queue = check.integer("max_queue", max_queue, minimum=1)
     temperature = check.real("temperature", temperature, low=0, high=2)
     top_p = check.real("top_p", top_p, low=0, high=1, low_open=True)
@@ -118,13 +118,16 @@ def build_app(model, tokenizer, *, model_name: str, slots: int = 8, max_context:
     loop = family_of(model.config).slots
     if loop is not None:
         # the engine checks the default top-k against its bound (the requests' default is its options' top_k)
-        given = {name: value for name, value in dict(overlap=overlap, schedule=schedule).items() if value is not None}
+        given = dict(overlap=overlap, schedule=schedule, prefill_batch=prefill_batch)
+        given = {name: value for name, value in given.items() if value is not None}
         engine = Engine(model, slots=slots, max_context=max_context, method=method, max_top_k=max_top_k,
                         top_k=top_k, prefix_cache_bytes=prefix_cache_bytes, **options | given)
     else:
-        if max_top_k is not None or overlap is not None or schedule is not None or prefix_cache_bytes:
-            raise ValueError(f"max_top_k, overlap, schedule and prefix_cache_bytes are the slot engine's (per-request "
-                             f"top-k, overlapped steps, its step schedule, its prefix cache); {type(model).__name__} "
+        if (max_top_k is not None or overlap is not None or schedule is not None or prefix_cache_bytes
+                or prefill_batch is not None):
+            raise ValueError(f"max_top_k, overlap, schedule, prefix_cache_bytes and prefill_batch are the slot engine's "
+                             f"(per-request top-k, overlapped steps, its step schedule, its prefix cache, its batched "
+                             f"prefill); {type(model).__name__} "
                              "is served in lockstep batches")
         sampling = {} if temperature == 0 else dict(temperature=temperature)
         sampling |= {} if top_p == 1 else dict(top_p=top_p)

@@ -155,12 +155,14 @@ class Engine(RequestQueue):
     (every busy slot decodes one block per step; a step lasts until its slowest slot's block is unmasked). The same
     tokens either way; on one H200 (SDAR-8B, 16 slots, 128 requests at 16 req/s) "forward" served 2545 tokens/s
     against 1700 by block and 1273 in lockstep batches (docs/serving.md). `prefix_cache_bytes`: the device memory
-    the prefix cache may hold (`dllm_jax.serve.prefix_cache`; 0, the default: no prefix cache). The engine reads the
-    model's weights once, when it is built."""
+    the prefix cache may hold (`dllm_jax.serve.prefix_cache`; 0, the default: no prefix cache). `prefill_batch`: the
+    most requests of one prompt bucket prefilled in one program (None, the default: every slot; 1: one request per
+    prefill). The engine reads the model's weights once, when it is built."""
 
     def __init__(self, model, *, slots: int = 8, max_context: int | None = None, method=None,
                  max_top_k: int | None = None, overlap: bool = True, prefill_chunk: int = INSERT_CHUNK,
-                 schedule: str = "forward", prefix_cache_bytes: int = 0, **options):
+                 schedule: str = "forward", prefix_cache_bytes: int = 0, prefill_batch: int | None = None,
+                 **options):
         config = model.config
         family = family_of(config)
         if family.slots is None:
@@ -199,6 +201,8 @@ class Engine(RequestQueue):
         if self.prefill_chunk % bl:
             raise ValueError(f"prefill_chunk={prefill_chunk} is not a multiple of the block length {bl}")
         self.buckets = prefill_buckets(bl, self.width, self.prefill_chunk)
+        self.prefill_batch = check.integer("prefill_batch", self.slots if prefill_batch is None else prefill_batch,
+                                           minimum=1)
         self.state = init_slots(self.params, config=config, slots=self.slots, width=self.width, policy=self.policy,
                                 loop=self.loop, block_length=bl)
         self.prefix = PrefixCache(prefix_cache_bytes, bl)
@@ -395,10 +399,13 @@ class Engine(RequestQueue):
         return next(b for b in self.buckets if b >= len(request.prompt_ids))
 
     def prefill(self, pending: dict[int, list]) -> None:
-        """Inserts each bucket's requests of `pending` in one program (a power-of-two batch) and empties it."""
-        for members in pending.values():
-            rows = 1 << (len(members) - 1).bit_length()
-            self.insert(members + [members[0]] * (rows - len(members)), None, 0, real=len(members))
+        """Inserts each bucket's requests of `pending` in programs of up to `prefill_batch` of them (a power-of-two
+        batch each) and empties it."""
+        for group in pending.values():
+            for first in range(0, len(group), self.prefill_batch):
+                members = group[first:first + self.prefill_batch]
+                rows = 1 << (len(members) - 1).bit_length()
+                self.insert(members + [members[0]] * (rows - len(members)), None, 0, real=len(members))
         pending.clear()
 
     def insert(self, members: list, base, begin: int, real: int | None = None) -> None:
