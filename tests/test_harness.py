@@ -17,9 +17,9 @@ import torch.nn.functional as F
 from dllm_jax import load_model
 from dllm_jax.eval import load_tokenizer, make_samples
 from dllm_jax.eval.harness_tasks import write_task
-from dllm_jax.eval.likelihood import log_likelihood, mask_draw, masked_log_likelihood
-from dllm_jax.testing import tiny_llada_config, user_environment
-from torch_reference import llama_reference, reference_logits
+from dllm_jax.eval.likelihood import answer_blocks, log_likelihood, mask_draw, masked_log_likelihood
+from dllm_jax.testing import tiny_dream_config, tiny_llada_config, tiny_sdar_config, user_environment
+from torch_reference import block_causal_logits, llama_reference, qwen3_reference, reference_logits
 
 ROOT = Path(__file__).resolve().parents[1]
 CHECKPOINT = ROOT / "checkpoints" / "tiny-llada-tasks"
@@ -55,6 +55,58 @@ def test_the_estimate_is_the_official_formula_on_the_same_weights_and_masks(tiny
     assert estimate == log_likelihood(model, prompt, answer, mc_num=8, batch_size=4, seed=3) < 0  # reproducible
     with pytest.raises(ValueError, match="mc_num=6 must be a multiple of batch_size=4"):
         log_likelihood(model, prompt, answer, mc_num=6, batch_size=4)
+
+
+def test_a_block_diffusion_estimate_is_the_formula_per_block_given_the_clean_blocks_before(tiny_checkpoint, tiny_model,
+                                                                                         rng):
+    """SDAR: each term masks the answer tokens of one block (the prompt's last block holds the answer's first
+    ones), and equals the formula computed in PyTorch on the sequence cut after that block, every earlier position
+    clean: what comes after a block does not reach it."""
+    config = tiny_sdar_config()
+    directory = tiny_checkpoint(config, seed=6)
+    model, reference = tiny_model(config, seed=6), qwen3_reference(directory)
+    bs = config.block_size
+    prompt, answer = rng.integers(0, config.mask_token_id, 11), rng.integers(0, config.mask_token_id, 10)
+    blocks = answer_blocks(model, len(prompt), len(answer))
+    assert [list(b) for b in blocks] == [[0], [1, 2, 3, 4], [5, 6, 7, 8], [9]]  # positions 11 | 12-15 | 16-19 | 20
+    whole = np.concatenate([prompt, answer])
+    for positions in blocks:
+        masks = mask_draw(rng, 3, len(positions))
+        ours = masked_log_likelihood(model, prompt, answer, masks, positions)
+        end = len(prompt) + positions[-1] + 1
+        ids = np.tile(whole[:end], (3, 1))
+        scored = len(prompt) + positions
+        ids[:, scored] = np.where(masks, config.mask_token_id, ids[:, scored])
+        log_probs = torch.log_softmax(torch.as_tensor(block_causal_logits(reference, ids, bs)[:, scored]), -1)
+        picked = log_probs.gather(-1, torch.as_tensor(whole[scored]).long()[None, :, None].expand(3, -1, 1))[..., 0]
+        p_mask = torch.as_tensor(masks.sum(axis=1) / len(positions))[:, None]
+        expected = ((picked * torch.as_tensor(masks)) / p_mask).sum().item() / 3
+        assert abs(ours - expected) <= 1e-4 * abs(expected), (list(positions), ours, expected)
+    estimate = log_likelihood(model, prompt, answer, mc_num=4, batch_size=2, seed=1)
+    assert estimate == log_likelihood(model, prompt, answer, mc_num=4, batch_size=2, seed=1) < 0
+    with pytest.raises(ValueError, match="not Dream"):
+        log_likelihood(tiny_model(tiny_dream_config()), prompt, answer, mc_num=2, batch_size=2)
+
+
+def test_the_harness_model_scores_a_block_diffusion_checkpoint_and_rolling_text(checkpoints, rng):
+    """The lm-eval model on a tiny SDAR checkpoint in this process: loglikelihood is the block estimate of the
+    continuation, loglikelihood_rolling of a text shorter than the model's positions is one window's estimate
+    (the context: the model's last stop id), and the greedy check decodes with the family's evaluation options."""
+    from lm_eval.api.instance import Instance
+
+    from dllm_jax.eval.harness import DllmJaxLM
+
+    lm = DllmJaxLM(checkpoint=str(checkpoints[1]), dtype="float32", mc_num=4, batch_size=2, is_check_greedy=True)
+    ids = [int(i) for i in rng.integers(3, 140, 9)]
+    text = lm.tokenizer.decode(ids)
+    assert lm.encode(text) == ids
+    (rolling,) = lm.loglikelihood_rolling([Instance("loglikelihood_rolling", {}, (text,), 0)])
+    stop = lm.model.config.stop_ids[-1]
+    assert rolling == log_likelihood(lm.model, [stop], ids, mc_num=4, batch_size=2, seed=0) < 0
+    context, continuation = lm.tokenizer.decode(ids[:5]), " " + lm.tokenizer.decode(ids[5:])
+    ((ll, greedy),) = lm.loglikelihood([Instance("loglikelihood", {}, (context, continuation), 0)])
+    assert ll == log_likelihood(lm.model, ids[:5], ids[5:], mc_num=4, batch_size=2, seed=0)
+    assert isinstance(greedy, bool)
 
 
 def test_mask_counts_are_stratified_over_the_answer_length():

@@ -7,11 +7,14 @@ harness's own with the model registered): a checkpoint loaded with `dllm_jax.loa
   * generate_until: `dllm_jax.generate` on each context (its text as given: the harness applies chat templates
     itself with --apply_chat_template), with the family's evaluation options for `max_gen_toks` new tokens (greedy,
     one token a step: `Family.eval_options`), the text cut before the first `until` string.
-  * loglikelihood (LLaDA): the official LLaDA evaluation's Monte-Carlo estimate (`dllm_jax.eval.likelihood`:
-    mc_num draws in batches of --batch_size rows, its defaults 128 and 32), and its greedy check where
+  * loglikelihood (LLaDA; SDAR / TraDo and LLaDA2 block by block): the official LLaDA evaluation's Monte-Carlo
+    estimate (`dllm_jax.eval.likelihood`: mc_num draws in batches of --batch_size rows, its defaults 128 and 32;
+    a block-diffusion model's is the sum of its answer blocks' estimates), and the greedy check where
     is_check_greedy=true (else False, as the official default for most tasks). The context's trailing
     whitespace moves to the continuation before encoding, as the official model does.
-  * loglikelihood_rolling: not supported (the official model has none either).
+  * loglikelihood_rolling (perplexity tasks): the text in disjoint windows of the model's positions
+    (lm-eval's rolling windows, as its Hugging Face model makes them: each window's context is the token before it,
+    the first's the model's last stop id), each window's estimate as loglikelihood's, summed.
 
 Model arguments: checkpoint (required), dtype (bfloat16), mc_num (128), is_check_greedy (false), seed (0, the
 draws' and the sampler's). Needs lm-eval (`pip install 'dllm-jax[harness]'`).
@@ -26,6 +29,7 @@ try:
     from lm_eval.__main__ import cli_evaluate
     from lm_eval.api.model import LM
     from lm_eval.api.registry import register_model
+    from lm_eval.utils import get_rolling_token_windows, make_disjoint_window
 except ImportError as e:
     raise ImportError(f"dllm_jax.eval.harness needs lm-evaluation-harness ({e.name} is missing): "
                       "pip install 'dllm-jax[harness]'") from None
@@ -73,23 +77,29 @@ class DllmJaxLM(LM):
         return head, whole[len(head):]
 
     def loglikelihood(self, requests) -> list[tuple[float, bool]]:
-        if self.family.name != "llada":
-            raise ValueError(f"loglikelihood is estimated for LLaDA checkpoints; this one is {self.family.label} "
-                             "(generate_until tasks work for every family)")
         out = []
         for request in tqdm(requests, desc="log-likelihoods"):
             prompt, answer = self.encode_pair(*request.args)
             if not prompt or not answer:
                 raise ValueError(f"a request encodes to an empty context or continuation: {request.args!r}")
-            ll = likelihood.log_likelihood(self.model, prompt, answer, mc_num=self.mc_num,
-                                           batch_size=self.batch_size, seed=self.seed)
-            greedy = self.is_check_greedy and likelihood.greedy_answer(self.model, prompt, answer)
-            out.append((ll, greedy))
+            out.append((self.estimate(prompt, answer),
+                        self.is_check_greedy and likelihood.greedy_answer(self.model, prompt, answer)))
         return out
 
-    def loglikelihood_rolling(self, requests):
-        raise NotImplementedError("loglikelihood_rolling is not supported (perplexity tasks): the masked-diffusion "
-                                  "estimate needs a context and a continuation")
+    def loglikelihood_rolling(self, requests) -> list[float]:
+        out = []
+        for request in tqdm(requests, desc="rolling log-likelihoods"):
+            (text,) = request.args
+            windows = get_rolling_token_windows(self.encode(text), self.model.config.stop_ids[-1],
+                                                self.model.config.max_position_embeddings, context_len=1)
+            out.append(sum(self.estimate(*make_disjoint_window(window)) for window in windows))
+        return out
+
+    def estimate(self, prompt: list[int], answer: list[int]) -> float:
+        """The likelihood estimate of answer given prompt (`likelihood.log_likelihood`'s ValueError for a model it
+        does not estimate)."""
+        return likelihood.log_likelihood(self.model, prompt, answer, mc_num=self.mc_num, batch_size=self.batch_size,
+                                         seed=self.seed)
 
     def generate_until(self, requests) -> list[str]:
         from dllm_jax.generate import generate
