@@ -21,6 +21,11 @@ rate, requests per second), prompt lengths log-uniform and output lengths unifor
   decodes its longest output (`--output-lengths`' maximum, so one program per width), as a lockstep server
   must; every request of a batch gets its answer when the batch ends (first block = latency).
 
+`--long-prompts N` makes a long-context trace: N requests of each trace, evenly spaced, carry prompts of
+`--long-lengths` tokens, and the server serves the trace a second time without them; each row reports the other
+requests' inter-block gaps (seconds between a request's streamed blocks, p50 / p99), so the two rows show what the
+long prefills cost the requests decoding beside them (lockstep is not run).
+
 Both decode greedily with SDAR's defaults (4 denoising steps per block, dynamic remasking). Compilation is
 done before the clock starts: the server's inserts (every prefill length the trace needs) and block step,
 lockstep's program per width. Throughput = output tokens of the trace / (last answer - first arrival).
@@ -73,6 +78,8 @@ class Served:
     first: float  # first block's text, seconds after the trace starts
     end: float
     tokens: int
+    prompt_tokens: int = 0
+    gaps: tuple[float, ...] = ()  # seconds between the request's streamed blocks
 
 
 def span(text: str) -> tuple[int, int]:
@@ -110,6 +117,11 @@ def parse_args(argv=None) -> argparse.Namespace:
     parser.add_argument("--shared-fraction", type=float, default=0.7)
     parser.add_argument("--prefix-cache-mb", default="0",
                         help="the server's prefix-cache budgets to serve the trace with, comma-separated MB (0: none)")
+    parser.add_argument("--long-prompts", type=int, default=0, metavar="N",
+                        help="a long-context trace: N requests of each rate's trace, evenly spaced, with prompts of "
+                             "--long-lengths tokens; the server also serves the trace without them (the short "
+                             "requests' inter-block gaps with and without the long prefills); lockstep is off")
+    parser.add_argument("--long-lengths", type=span, default=(32768, 131072), metavar="LOW:HIGH")
     parser.add_argument("--prefill-batch", default="0",
                         help="the most requests of one prompt bucket prefilled in one program, comma-separated: each "
                              "value serves the trace once (Engine(prefill_batch=...); 0: every slot, the default)")
@@ -137,9 +149,12 @@ def parse_args(argv=None) -> argparse.Namespace:
 
 
 def make_trace(rate: float, n: int, prompts: tuple[int, int], outputs: tuple[int, int], vocab: int, avoid: int,
-               seed: int, shared: tuple[np.ndarray, ...] = (), fraction: float = 0.0) -> list[Request]:
+               seed: int, shared: tuple[np.ndarray, ...] = (), fraction: float = 0.0, long: int = 0,
+               long_lengths: tuple[int, int] = (0, 0)) -> list[Request]:
     """Poisson arrivals at `rate`, prompt lengths log-uniform in `prompts`, outputs uniform in `outputs`; a
-    `fraction` of the requests start with one of the `shared` prefixes (uniformly), their own prompt after it."""
+    `fraction` of the requests start with one of the `shared` prefixes (uniformly), their own prompt after it;
+    `long` requests, evenly spaced through the trace, have prompts of lengths log-uniform in `long_lengths`
+    instead."""
     rng = np.random.default_rng(seed)
     arrivals = np.cumsum(rng.exponential(1 / rate, n))
     arrivals -= arrivals[0]
@@ -150,6 +165,11 @@ def make_trace(rate: float, n: int, prompts: tuple[int, int], outputs: tuple[int
         if shared and rng.random() < fraction:
             ids = np.concatenate([shared[rng.integers(len(shared))], ids])
         trace.append(Request(float(t), tuple(int(i) for i in np.where(ids == avoid, 3, ids)), int(o)))
+    for i in range(long):
+        at = (i + 1) * n // (long + 1)
+        length = int(np.exp(rng.uniform(np.log(long_lengths[0]), np.log(long_lengths[1] + 1))).clip(*long_lengths))
+        ids = rng.integers(3, vocab, length)
+        trace[at] = dataclasses.replace(trace[at], prompt=tuple(int(i) for i in np.where(ids == avoid, 3, ids)))
     return trace
 
 
@@ -173,7 +193,7 @@ async def serve_trace(url: str, name: str, trace: list[Request], seconds: float)
 
     async def one(client: httpx.AsyncClient, r: Request) -> Served:
         await asyncio.sleep(max(0.0, r.arrival - (time.perf_counter() - start)))
-        arrival, first, tokens = time.perf_counter() - start, None, 0
+        arrival, first, tokens, times = time.perf_counter() - start, None, 0, []
         body = dict(model=name, prompt=list(r.prompt), max_tokens=r.output, stream=True,
                     stream_options={"include_usage": True})
         async with client.stream("POST", url + "/v1/completions", json=body) as response:
@@ -185,10 +205,12 @@ async def serve_trace(url: str, name: str, trace: list[Request], seconds: float)
                 chunk = json.loads(line[6:])
                 if chunk.get("usage"):
                     tokens = chunk["usage"]["completion_tokens"]
-                elif first is None and chunk["choices"][0]["text"]:
-                    first = time.perf_counter() - start
+                elif chunk["choices"][0]["text"]:
+                    times.append(time.perf_counter() - start)
+                    first = times[0]
         end = time.perf_counter() - start
-        return Served(arrival, end if first is None else first, end, tokens)
+        return Served(arrival, end if first is None else first, end, tokens, len(r.prompt),
+                      tuple(float(g) for g in np.diff(times)))
 
     limits = httpx.Limits(max_connections=len(trace) + 8)
     async with httpx.AsyncClient(timeout=seconds, limits=limits) as client:
@@ -210,7 +232,7 @@ def drive(url: str, name: str, trace: list[Request], seconds: float, clients: st
                              env=env, capture_output=True, text=True, timeout=seconds + 120)
         if run.returncode != 0:
             raise RuntimeError(f"the client process failed:\n{run.stderr[-3000:]}")
-        return [Served(**record) for record in json.loads(served_file.read_text())]
+        return [Served(**record | dict(gaps=tuple(record["gaps"]))) for record in json.loads(served_file.read_text())]
 
 
 def drive_main(args: argparse.Namespace) -> Path:
@@ -236,7 +258,7 @@ def lockstep_trace(model, trace: list[Request], slots: int, pads: list[int], new
         ids, mask = padded_batch([r.prompt for r in batch], slots, pads, pad_id)
         jax.block_until_ready(generate(model, ids, attention_mask=mask, max_new_tokens=new, top_k=1))
         end = time.perf_counter() - start
-        served += [Served(r.arrival, end, end, r.output) for r in batch]
+        served += [Served(r.arrival, end, end, r.output, len(r.prompt)) for r in batch]
     return served
 
 
@@ -260,15 +282,19 @@ def engine_breakdown(timing: EngineTiming) -> dict:
     return {k: round(v, 3) if isinstance(v, float) else v for k, v in out.items()}
 
 
-def summary(served: list[Served]) -> dict:
+def summary(served: list[Served], short: int) -> dict:
+    """Throughput and latency percentiles of a trace's requests; inter-block gaps (between a request's streamed
+    blocks) over the requests whose prompts have at most `short` tokens."""
     first = np.array([s.first - s.arrival for s in served])
+    gaps = np.array([g for s in served if s.prompt_tokens <= short for g in s.gaps])
     latency = np.array([s.end - s.arrival for s in served])
     span_s = max(s.end for s in served) - min(s.arrival for s in served)
     tokens = sum(s.tokens for s in served)
     pct = lambda a, q: round(float(np.percentile(a, q)), 3)  # noqa: E731
     return dict(requests=len(served), tokens=tokens, seconds=round(span_s, 3), tokens_per_s=round(tokens / span_s, 1),
                 first_p50=pct(first, 50), first_p99=pct(first, 99), latency_p50=pct(latency, 50),
-                latency_p99=pct(latency, 99))
+                latency_p99=pct(latency, 99), gap_p50=pct(gaps, 50) if gaps.size else None,
+                gap_p99=pct(gaps, 99) if gaps.size else None)
 
 
 def draw_latency(results: dict, path: Path) -> None:
@@ -316,7 +342,8 @@ def main(argv=None) -> Path:
         return plot(args.plot, args.out)
     if args.drive is not None:
         return drive_main(args)
-    context = args.prompt_lengths[1] + args.output_lengths[1] + (args.prefix_lengths[1] if args.shared_prefixes else 0)
+    short = args.prompt_lengths[1] + (args.prefix_lengths[1] if args.shared_prefixes else 0)
+    context = max(short, args.long_lengths[1] if args.long_prompts else 0) + args.output_lengths[1]
     model, config = model_for(args.model, layers=None, context=context + 64, dtype=jnp.bfloat16)
     with tempfile.TemporaryDirectory() as tmp:
         write_tiny_tokenizer(tmp, config.vocab_size, mask_token_id=config.mask_token_id,
@@ -324,20 +351,26 @@ def main(argv=None) -> Path:
         tokenizer = ChatTokenizer(tmp)
     shared = shared_prefixes(args.shared_prefixes, args.prefix_lengths, config.vocab_size - 3, args.seed)
     traces = {rate: make_trace(rate, args.requests, args.prompt_lengths, args.output_lengths, config.vocab_size - 3,
-                               config.mask_token_id, args.seed + i, shared, args.shared_fraction)
+                               config.mask_token_id, args.seed + i, shared, args.shared_fraction, args.long_prompts,
+                               args.long_lengths)
               for i, rate in enumerate(args.rates)}
+    # with long prompts, each trace is served again without them: the short requests alone
+    runs = [(rate, trace, "") for rate, trace in traces.items()] + [
+        (rate, [r for r in trace if len(r.prompt) <= short], ", without the long prompts")
+        for rate, trace in traces.items() if args.long_prompts]
+    lockstep = not (args.no_lockstep or args.long_prompts)
     longest_prompt = max(len(r.prompt) for t in traces.values() for r in t)
     pads = widths((args.prompt_lengths[0], max(args.prompt_lengths[1], longest_prompt)))
     new = args.output_lengths[1]
     rows = []
     start = time.perf_counter()  # compile lockstep's program per width before any clock
-    for w in [] if args.no_lockstep else pads:
+    for w in pads if lockstep else []:
         ids, mask = padded_batch([(3,) * w], args.slots, pads, config.pad_token_id)
         jax.block_until_ready(generate(model, ids, attention_mask=mask, max_new_tokens=new, top_k=1))
     print(f"lockstep compiled in {time.perf_counter() - start:.1f} s", flush=True)
-    for rate, trace in {} if args.no_lockstep else traces.items():
+    for rate, trace in traces.items() if lockstep else []:
         served = lockstep_trace(model, trace, args.slots, pads, new, config.pad_token_id)
-        rows.append(dict(rate=rate, mode="lockstep", **summary(served)))
+        rows.append(dict(rate=rate, mode="lockstep", **summary(served, short)))
         print(json.dumps(rows[-1]), flush=True)
     overlaps = {"off": [False], "on": [True], "both": [False, True]}[args.overlap]
     for overlap, schedule, cache_mb, batch in [(o, s, c, b) for b in args.prefill_batch for c in args.prefix_cache_mb
@@ -365,11 +398,12 @@ def main(argv=None) -> Path:
                 burst *= 2
             print(f"{mode} compiled in {time.perf_counter() - start:.1f} s", flush=True)
             engine = app.state.engine
-            for rate, trace in traces.items():
+            for rate, trace, variant in runs:
                 engine.timing = EngineTiming()
                 engine.prefix.clear()  # each trace starts with an empty prefix cache
                 served = drive(url, args.model, trace, args.seconds, args.clients)
-                rows.append(dict(rate=rate, mode=mode, **summary(served), engine=engine_breakdown(engine.timing),
+                rows.append(dict(rate=rate, mode=mode + variant, **summary(served, short),
+                                 engine=engine_breakdown(engine.timing),
                                  prefix_hit_tokens=engine.prefix.hit_tokens,
                                  prefix_query_tokens=engine.prefix.query_tokens))
                 for lockstep in (r for r in rows if r["rate"] == rate and r["mode"] == "lockstep"):
@@ -381,17 +415,23 @@ def main(argv=None) -> Path:
                 jax=jax.__version__, date=datetime.date.today().isoformat(), model=args.model, slots=args.slots,
                 requests=args.requests, prompt_lengths=args.prompt_lengths, output_lengths=args.output_lengths,
                 seed=args.seed, lockstep_widths=pads, lockstep_new_tokens=new, overlap=args.overlap,
-                clients=args.clients, shared_prefixes=[len(p) for p in shared], shared_fraction=args.shared_fraction)
-    header = ["rate (req/s)", "mode", "tokens/s", "vs lockstep", "first block p50 / p99 (s)", "latency p50 / p99 (s)"]
+                clients=args.clients, shared_prefixes=[len(p) for p in shared], shared_fraction=args.shared_fraction,
+                long_prompts=sorted(len(r.prompt) for t in traces.values() for r in t if len(r.prompt) > short))
+    header = ["rate (req/s)", "mode", "tokens/s", "vs lockstep", "first block p50 / p99 (s)", "latency p50 / p99 (s)",
+              "inter-block p50 / p99 (s)"]
     table = [[r["rate"], r["mode"], r["tokens_per_s"], f"{r['speedup']}x" if "speedup" in r else "",
-              f"{r['first_p50']} / {r['first_p99']}", f"{r['latency_p50']} / {r['latency_p99']}"] for r in rows]
+              f"{r['first_p50']} / {r['first_p99']}", f"{r['latency_p50']} / {r['latency_p99']}",
+              "" if r["mode"] == "lockstep" or r["gap_p50"] is None else f"{r['gap_p50']} / {r['gap_p99']}"]
+             for r in rows]
     lines = [f"# Serving: continuous batching against lockstep - {meta['device']}, jax {meta['jax']}, {meta['date']}",
              "", f"{args.model} (random weights, stops off), {args.slots} slots"
              f", {args.requests} requests per rate, "
              f"prompts {args.prompt_lengths[0]}-{args.prompt_lengths[1]}, outputs {args.output_lengths[0]}-"
              f"{args.output_lengths[1]} tokens; lockstep widths {pads}, {new} new tokens per batch; the server's "
-             f"clients in {'a process of their own' if args.clients == 'process' else 'its process'}.", "",
-             *markdown_table(header, table, align="rlrrrr"), "",
+             f"clients in {'a process of their own' if args.clients == 'process' else 'its process'}"
+             + (f"; long prompts of {meta['long_prompts']} tokens (inter-block gaps: the other requests')"
+                if args.long_prompts else "") + ".", "",
+             *markdown_table(header, table, align="rlrrrrr"), "",
              "Where the engine thread's time went (host seconds over the trace; `wait`: blocked on the device, "
              "which ran the steps and the inserts meanwhile; the rest of the trace's time is the thread's "
              "text decoding and streaming, and idling; forwards: a step's, which last until its slowest row's "

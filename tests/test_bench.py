@@ -321,6 +321,25 @@ def test_serving_step_compares_kernels_per_block_and_by_class():
     assert classes == {"attention": [10.0, 40], "matmul": [8.0, 24], "other": [1.0, 8]}
 
 
+def test_a_long_context_trace_is_served_with_and_without_its_long_prompts(tmp_path):
+    """--long-prompts: the trace's long requests sit evenly spaced among the short ones; the server serves the trace
+    with them and without them, and reports the short requests' inter-block gaps both times."""
+    from benchmarks import serving
+
+    trace = serving.make_trace(50.0, 6, (8, 16), (8, 12), 192 - 3, 180, 0, long=2, long_lengths=(60, 70))
+    assert [i for i, r in enumerate(trace) if len(r.prompt) > 16] == [2, 4]
+    assert all(60 <= len(r.prompt) <= 70 for r in (trace[2], trace[4]))
+    md = serving.main(["--model", "tiny-sdar", "--rates", "50", "--requests", "6", "--slots", "2", "--prompt-lengths",
+                       "8:16", "--output-lengths", "8:12", "--seconds", "120", "--out", str(tmp_path),
+                       "--long-prompts", "2", "--long-lengths", "60:70", "--clients", "thread"])
+    result = json.loads(md.with_suffix(".json").read_text())
+    rows = {r["mode"]: r for r in result["rows"]}
+    assert sorted(rows) == ["server overlapped, by forward", "server overlapped, by forward, without the long prompts"]
+    assert rows["server overlapped, by forward"]["requests"] == 6 and len(result["long_prompts"]) == 2
+    assert rows["server overlapped, by forward, without the long prompts"]["requests"] == 4
+    assert all(0 < r["gap_p50"] <= r["gap_p99"] for r in rows.values())  # outputs of 8+ tokens: 2+ blocks each
+
+
 def test_serving_runs_a_trace_with_its_clients_in_a_process_of_their_own(tmp_path):
     """benchmarks/serving.py on a tiny model (CPU): the server (without and with a prefix cache), driven by a
     client process, one request per prefill, and lockstep serve the same trace of shared-prefix traffic;
