@@ -1,0 +1,234 @@
+"""DiffusionGemma's sampler as one jitted loop: canvases after the prompt, each denoised from uniform noise.
+
+For each canvas of `canvas_length` tokens (as many as `max_new_tokens` needs), as transformers'
+`DiffusionGemmaGenerationMixin.generate` runs it:
+
+  * the canvas starts as uniformly random tokens;
+  * each denoising step (at most `max_denoising_steps`, counted down N..1) runs the decoder over the canvas
+    against the encoder's cache, conditioned on the previous step's logits (none at the first step), divides the
+    logits by the step's temperature (linear from t_max at step N to t_min at step 0), samples every position,
+    and accepts the sampled tokens at the positions of lowest entropy while their entropies, summed without the
+    largest, stay within `entropy_bound`; the other positions are re-noised with random tokens;
+  * a row stops denoising once its argmax canvas has not changed for `stability_threshold` steps and its mean
+    entropy is below `confidence_threshold` (its canvas, argmax and logits are then frozen while other rows go on);
+  * the argmax canvas is appended; a row whose canvas holds a stop id is finished (tokens after the stop become
+    the pad id, its later canvases all pad); the canvas is encoded into the cache (causal, as the prompt) before
+    the next one.
+
+Each row runs in its own coordinates (its prompt at positions 0..len-1, its canvases right after it), so a row's
+tokens are those of generating it alone. Random draws come from one key: canvas k's initial tokens, and step j's
+uniforms (one per position, sampling by the inverse of the distribution's CDF) and re-noising tokens
+(`initial_canvas`, `step_draws`), the same for every row.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import math
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+from flax import struct
+
+from dllm_jax import validation as check
+from dllm_jax.models.diffusion_gemma import decode, encode, init_cache
+from dllm_jax.models.diffusion_gemma_config import DiffusionGemmaConfig
+
+
+@dataclasses.dataclass(frozen=True, kw_only=True)
+class DiffusionGemmaOptions:
+    """The sampler's options, with transformers' names and defaults (`DiffusionGemmaGenerationConfig`).
+    `confidence_threshold=None` turns adaptive stopping off (every canvas runs all its steps)."""
+
+    max_new_tokens: int = 256
+    max_denoising_steps: int = 48
+    entropy_bound: float = 0.1
+    t_min: float = 0.4
+    t_max: float = 0.8
+    stability_threshold: int = 1
+    confidence_threshold: float | None = 0.005
+
+    def __post_init__(self):
+        check.integer("max_new_tokens", self.max_new_tokens, minimum=1)
+        check.integer("max_denoising_steps", self.max_denoising_steps, minimum=1)
+        check.real("entropy_bound", self.entropy_bound, low=0, low_open=True)
+        check.real("t_min", self.t_min, low=0)
+        check.real("t_max", self.t_max, low=0)
+        if self.t_max <= self.t_min:
+            raise ValueError(f"t_max={self.t_max} must be above t_min={self.t_min} (the schedule runs t_max -> t_min)")
+        check.integer("stability_threshold", self.stability_threshold, minimum=0)
+        if self.confidence_threshold is not None:
+            check.real("confidence_threshold", self.confidence_threshold, low=0, low_open=True)
+
+    def canvases(self, canvas_length: int) -> int:
+        return math.ceil(self.max_new_tokens / canvas_length)
+
+
+def temperature(options: DiffusionGemmaOptions, step):
+    """The temperature of denoising step `step` (0-based: the first is the schedule's step N, at t_max)."""
+    n = options.max_denoising_steps
+    return options.t_min + (options.t_max - options.t_min) * (n - step) / n
+
+
+def canvas_key(key, canvas):
+    return jax.random.fold_in(key, canvas)
+
+
+def initial_canvas(key, canvas, config: DiffusionGemmaConfig):
+    """int32 [C]: canvas `canvas`'s starting tokens."""
+    return jax.random.randint(jax.random.fold_in(canvas_key(key, canvas), 0), (config.canvas_length,), 0,
+                              config.vocab_size, jnp.int32)
+
+
+def step_draws(key, canvas, step, config: DiffusionGemmaConfig):
+    """(float32 uniforms [C] that sample each position, int32 [C] re-noising tokens) of denoising step `step`."""
+    sample_key, noise_key = jax.random.split(jax.random.fold_in(canvas_key(key, canvas), step + 1))
+    return (jax.random.uniform(sample_key, (config.canvas_length,), jnp.float32),
+            jax.random.randint(noise_key, (config.canvas_length,), 0, config.vocab_size, jnp.int32))
+
+
+def inverse_cdf(probs, uniforms):
+    """int32 [..., C]: the token whose CDF interval holds each uniform (probs [..., C, V])."""
+    below = jnp.cumsum(probs, axis=-1) < uniforms[..., None]
+    return jnp.minimum(jnp.sum(below, axis=-1), probs.shape[-1] - 1).astype(jnp.int32)
+
+
+def entropy(logits):
+    """float32 [..., C]: the entropy of each position's distribution softmax(logits)."""
+    log_p = jax.nn.log_softmax(logits, axis=-1)
+    return -jnp.sum(jnp.exp(log_p) * log_p, axis=-1)
+
+
+def accepted_positions(token_entropy, bound: float):
+    """bool [B, C]: the lowest-entropy positions whose entropies, summed without the largest of them, are within
+    `bound` (an upper bound on their joint mutual information: tokens accepted together are about independent)."""
+    order = jnp.argsort(token_entropy, axis=-1, stable=True)
+    ranked = jnp.take_along_axis(token_entropy, order, axis=-1)
+    within = jnp.cumsum(ranked, axis=-1) - ranked <= bound
+    rows = jnp.arange(token_entropy.shape[0])[:, None]
+    return jnp.zeros_like(within).at[rows, order].set(within)
+
+
+@struct.dataclass
+class DenoiseCarry:
+    """One canvas's denoising loop."""
+
+    current: jax.Array  # int32 [B, C]: the canvas the next step denoises
+    argmax: jax.Array  # int32 [B, C]: the last step's most likely tokens
+    logits: jax.Array  # [B, C, V]: the last step's tempered logits (the next step's self-conditioning)
+    history: jax.Array  # int32 [stability_threshold, B, C]: the argmax canvases of the last steps (-1: none yet)
+    done: jax.Array  # bool [B]: the row stopped denoising
+    forwards: jax.Array  # int32 [B]: decoder forwards each row needed (not counting those after it stopped)
+    cache: object  # the encoder's cache (the decoder writes the canvas's keys and values in its scratch slots)
+    step: jax.Array  # int32 []: steps run
+
+
+@struct.dataclass
+class CanvasCarry:
+    """The loop over canvases."""
+
+    cache: object
+    out: jax.Array  # int32 [B, canvases * C]: the canvases so far (pad after)
+    forwards: jax.Array  # int32 [B]: decoder forwards each row needed
+    finished: jax.Array  # bool [B]: the row generated a stop id
+    canvas: jax.Array  # int32 []: canvases run
+
+
+def denoise_step(params, s: DenoiseCarry, key, canvas, *, config: DiffusionGemmaConfig, options: DiffusionGemmaOptions,
+                 backend: str) -> DenoiseCarry:
+    logits, cache = decode(params, s.current, s.cache, s.logits, config=config, backend=backend,
+                           conditioned=s.step > 0)
+    tempered = logits / temperature(options, s.step)
+    uniforms, noise = step_draws(key, canvas, s.step, config)
+    sampled = inverse_cdf(jax.nn.softmax(tempered, axis=-1), uniforms)
+    accept = accepted_positions(entropy(tempered), options.entropy_bound)
+    current = jnp.where(accept, sampled, noise)  # the accepted tokens, the rest re-noised
+    argmax = jnp.argmax(tempered, axis=-1).astype(jnp.int32)
+    frozen = s.done[:, None]
+    current, argmax = jnp.where(frozen, s.current, current), jnp.where(frozen, s.argmax, argmax)
+    tempered = jnp.where(frozen[..., None], s.logits.astype(tempered.dtype), tempered)
+    done, history = s.done, s.history
+    if options.confidence_threshold is not None:
+        stable = jnp.all(history == argmax[None], axis=(0, 2))  # no history (threshold 0): stable
+        if options.stability_threshold:
+            history = jnp.concatenate([history[1:], argmax[None]], axis=0)
+        done = done | (stable & (jnp.mean(entropy(tempered), axis=-1) < options.confidence_threshold))
+    return DenoiseCarry(current=current, argmax=argmax, logits=tempered.astype(s.logits.dtype), history=history,
+                        done=done, forwards=s.forwards + ~s.done, cache=cache, step=s.step + 1)
+
+
+def denoise_canvas(params, cache, key, canvas, finished, *, config: DiffusionGemmaConfig,
+                   options: DiffusionGemmaOptions, backend: str):
+    """(int32 argmax canvas [B, C], cache, int32 [B] forwards each row needed) of canvas `canvas` after each row's
+    last denoising step (a row `finished` before it needs none)."""
+    b, c = cache.length.shape[0], config.canvas_length
+    start = jnp.broadcast_to(initial_canvas(key, canvas, config), (b, c))
+    dtype = params["embed"].dtype
+    s = DenoiseCarry(current=start, argmax=start, logits=jnp.zeros((b, c, config.vocab_size), dtype),
+                     history=jnp.full((options.stability_threshold, b, c), -1, jnp.int32),
+                     done=jnp.zeros((b,), bool), forwards=jnp.zeros((b,), jnp.int32), cache=cache, step=jnp.int32(0))
+    s = jax.lax.while_loop(
+        lambda s: (s.step < options.max_denoising_steps) & ~jnp.all(s.done),
+        lambda s: denoise_step(params, s, key, canvas, config=config, options=options, backend=backend), s)
+    # a finished row's forwards are discarded (its canvas becomes pad): they are not counted, as transformers counts
+    return s.argmax, s.cache, jnp.where(finished, 0, s.forwards)
+
+
+def finalize(tokens, finished, *, stop_ids: tuple[int, ...], pad_id: int):
+    """(canvas tokens [B, C] with the pad id after each row's first stop id and everywhere in rows finished
+    before, finished rows [B])."""
+    is_stop = jnp.isin(tokens, jnp.asarray(stop_ids, jnp.int32)) if stop_ids else jnp.zeros(tokens.shape, bool)
+    seen = jnp.cumsum(is_stop, axis=1)
+    after_stop = (seen > 0) & ~((seen == 1) & is_stop)
+    tokens = jnp.where(finished[:, None] | after_stop, pad_id, tokens)
+    return tokens, finished | jnp.any(is_stop, axis=1)
+
+
+def generate_canvases(params, prompt, lengths, key, *, config: DiffusionGemmaConfig, options: DiffusionGemmaOptions,
+                      stop_ids: tuple[int, ...], pad_id: int, backend: str = "auto"):
+    """(int32 [B, canvases * C] generated tokens, int32 [] canvases run, int32 [B] decoder forwards each row needed)
+    after prompt [B, P] (row b's real tokens first, `lengths` [B] of them; the rest ignored). Jit-compatible: the
+    loops are `lax.while_loop`s."""
+    b, p = prompt.shape
+    c, canvases = config.canvas_length, options.canvases(config.canvas_length)
+    cache = init_cache(config, b, p + canvases * c, params["embed"].dtype)
+    cache = encode(params, prompt, cache, lengths, config=config, backend=backend)
+
+    def one_canvas(s: CanvasCarry) -> CanvasCarry:
+        tokens, cache, forwards = denoise_canvas(params, s.cache, key, s.canvas, s.finished, config=config,
+                                                 options=options, backend=backend)
+        tokens, finished = finalize(tokens, s.finished, stop_ids=stop_ids, pad_id=pad_id)
+        if canvases > 1:  # the next canvas attends to this one, encoded as the prompt was (the last one's is unused)
+            cache = encode(params, tokens, cache, config=config, backend=backend)
+        out = jax.lax.dynamic_update_slice_in_dim(s.out, tokens, s.canvas * c, axis=1)
+        return CanvasCarry(cache=cache, out=out, forwards=s.forwards + forwards, finished=finished,
+                           canvas=s.canvas + 1)
+
+    s = CanvasCarry(cache=cache, out=jnp.full((b, canvases * c), pad_id, jnp.int32),
+                    forwards=jnp.zeros((b,), jnp.int32), finished=jnp.zeros((b,), bool), canvas=jnp.int32(0))
+    s = jax.lax.while_loop(lambda s: (s.canvas < canvases) & ~jnp.all(s.finished), one_canvas, s)
+    return s.out, s.canvas, s.forwards
+
+
+generate_canvases_jit = jax.jit(generate_canvases, static_argnames=("config", "options", "stop_ids", "pad_id",
+                                                                    "backend"))
+
+
+def generate(params, prompts, *, config: DiffusionGemmaConfig, options: DiffusionGemmaOptions, seed: int = 0,
+             stop_ids: tuple[int, ...] = (), pad_id: int = 0, backend: str = "auto") -> list[np.ndarray]:
+    """Each prompt (a list of int token ids) followed by its generated canvases, as transformers' `generate`
+    returns a prompt alone: the canvases run until every row stopped (a row's tokens past its stop id, and its
+    canvases after it, are `pad_id`). One jitted loop for the batch."""
+    if not prompts or any(len(p) == 0 for p in prompts):
+        raise ValueError("generate needs at least one prompt, each of at least one token")
+    lengths = np.asarray([len(p) for p in prompts], np.int32)
+    ids = np.zeros((len(prompts), int(lengths.max())), np.int32)
+    for row, prompt in enumerate(prompts):
+        ids[row, :len(prompt)] = prompt
+    if ids.min() < 0 or ids.max() >= config.vocab_size:
+        raise ValueError(f"token ids must be in [0, {config.vocab_size}), got [{ids.min()}, {ids.max()}]")
+    out, ran, _ = generate_canvases_jit(params, ids, lengths, jax.random.key(seed), config=config, options=options,
+                                     stop_ids=tuple(int(i) for i in stop_ids), pad_id=int(pad_id), backend=backend)
+    out = np.asarray(out)[:, :int(ran) * config.canvas_length]
+    return [np.concatenate([np.asarray(prompt, np.int32), row]) for prompt, row in zip(prompts, out)]

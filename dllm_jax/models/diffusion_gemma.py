@@ -1,0 +1,261 @@
+"""DiffusionGemma's text model in pure JAX: a Gemma-4 stack that encodes a prompt into a KV cache and
+denoises a canvas against it (transformers' `DiffusionGemmaForBlockDiffusion`).
+
+One set of weights runs twice:
+  * the encoder: causal over the prompt (sliding layers see their last `sliding_window` positions),
+    its keys and values written into a static-shaped `KVCache`; its hidden states are not needed
+    (the last layer's feed-forward and the final norm are skipped);
+  * the decoder: bidirectional over a canvas of tokens placed just after the prompt, attending to the
+    cached prefix and to itself. Its sliding layers see the last sliding_window - 1 cached positions
+    (what transformers' sliding cache keeps) and the whole canvas; its global layers see all of it.
+    The canvas input is the RMS-normalized sum of its scaled embeddings and a self-conditioning signal:
+    a gated MLP of the softmax of the previous step's logits, as soft embeddings (zero on the first step).
+Each layer (both stacks): attention with per-head RMSNorm on queries and keys, a scale-free RMSNorm on
+values and no 1/sqrt(D) (the norms set the logit scale); on global layers no value projection (values
+are the keys before k_norm and RoPE), a larger head_dim, fewer KV heads and proportional RoPE. Then a
+dense GELU MLP beside a routed-experts MLP (router on the raw residual, its own RMSNorm on the experts'
+input), each post-normed, summed, normed again and added to the residual; the layer's output is scaled
+by its `layer_scalar`. Logits: the tied embedding, soft-capped by tanh at `final_logit_softcapping`.
+
+The cache (`dllm_jax.models.block_diffusion.KVCache`): one [B, max_length, K_l, D_l] key and value
+buffer per layer l (sliding and global layers differ in K and D) and an int32 fill length per row.
+`encode` appends tokens at each row's fill length and advances it; `decode` writes the canvas's keys
+and values into the slots just past the fill length (scratch: the filled prefix and the length are
+left as they were) and attends over the buffer, so max_length must hold the longest row plus the canvas.
+Parameters: `dllm_jax.models.diffusion_gemma_weights` (the tree and transformers' names).
+"""
+
+from __future__ import annotations
+
+import functools
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+
+import pallas_kernels as pk
+from dllm_jax.attention.dense import dense_attention, matmul_precision
+from dllm_jax.attention.kernels import call
+from dllm_jax.models.block_diffusion import KVCache, replace_layer, write_rows
+from dllm_jax.models.diffusion_gemma_config import GLOBAL, SLIDING, DiffusionGemmaConfig, RopeConfig, from_hf_config
+from dllm_jax.models.diffusion_gemma_weights import load_checkpoint, params_from_hf
+from dllm_jax.models.layers import apply_rope, check_inputs
+from dllm_jax.models.moe import dispatch, tile_rows
+
+__all__ = ["DiffusionGemmaConfig", "KVCache", "from_hf_config", "params_from_hf", "load_checkpoint", "init_cache",
+           "encode", "decode", "forward"]
+
+
+# --- pieces ----------------------------------------------------------------------------------------
+
+def norm(x, weight, eps: float):
+    """Gemma-4 RMSNorm: x / sqrt(mean(x^2) + eps) in fp32, times `weight` (None: no scale), in x's dtype."""
+    xf = x.astype(jnp.float32)
+    out = xf * jax.lax.rsqrt(jnp.mean(xf * xf, axis=-1, keepdims=True) + eps)
+    return (out if weight is None else out * weight.astype(jnp.float32)).astype(x.dtype)
+
+
+def dot(x, w):
+    return jnp.matmul(x, w, precision=matmul_precision(x.dtype))
+
+
+def gelu_gate(both, config: DiffusionGemmaConfig):
+    """gelu(gate) * up of interleaved columns [..., 2n] (`diffusion_gemma_weights`)."""
+    return jax.nn.gelu(both[..., 0::2], approximate=config.gelu_tanh) * both[..., 1::2]
+
+
+def gated_mlp(x, gate_up, down, config: DiffusionGemmaConfig):
+    return dot(gelu_gate(dot(x, gate_up), config), down)
+
+
+def inv_frequencies(rope: RopeConfig) -> np.ndarray:
+    """fp32 [head_dim / 2]: the rotated frequencies (exponents over the whole head_dim, as transformers computes
+    them in fp32), then zeros (pairs left unrotated: proportional RoPE)."""
+    exponents = np.arange(0, 2 * rope.rotated, 2, dtype=np.float32) / np.float32(rope.head_dim)
+    rotated = np.float32(1.0) / np.power(np.float32(rope.theta), exponents) / np.float32(rope.factor)
+    return np.concatenate([rotated, np.zeros(rope.head_dim // 2 - rope.rotated, np.float32)])
+
+
+def rope_tables(positions, rope: RopeConfig):
+    """fp32 cos / sin [..., head_dim] at integer `positions` (half rotation)."""
+    freqs = positions.astype(jnp.float32)[..., None] * jnp.asarray(inv_frequencies(rope))
+    emb = jnp.concatenate([freqs, freqs], axis=-1)
+    return jnp.cos(emb), jnp.sin(emb)
+
+
+def embed(params, ids):
+    """Scaled token embeddings; the scale sqrt(d) is rounded to the weights' dtype first, as transformers does."""
+    table = params["embed"]
+    return table[ids] * jnp.asarray(table.shape[1] ** 0.5, table.dtype)
+
+
+# --- one layer ---------------------------------------------------------------------------------------
+
+def attention_sublayer(p, x, tables, attend, state, layer: int, config: DiffusionGemmaConfig):
+    """(x + post_attn_norm(o_proj(attend(q, k, v))) of the pre-normed x, state); `attend(q, k, v, state, layer)
+    -> (out, state)` is the pass's attention with its cache writes, the cache threaded through as `state`."""
+    eps, (cos, sin) = config.rms_norm_eps, tables
+    b, n, _ = x.shape
+    hd = config.head_dims[layer]
+    h = norm(x, p["attn_norm"], eps)
+    q = norm(dot(h, p["q_proj"]).reshape(b, n, config.num_heads, hd), p["q_norm"], eps)
+    raw_k = dot(h, p["k_proj"]).reshape(b, n, -1, hd)
+    raw_v = dot(h, p["v_proj"]).reshape(b, n, -1, hd) if config.is_sliding(layer) else raw_k
+    k = norm(raw_k, p["k_norm"], eps)
+    q, k = apply_rope(q, cos, sin, in_fp32=False), apply_rope(k, cos, sin, in_fp32=False)
+    with jax.named_scope("attention"):
+        out, state = attend(q, k, norm(raw_v, None, eps), state, layer)
+    return x + norm(dot(out.reshape(b, n, -1), p["o_proj"]), p["post_attn_norm"], eps), state
+
+
+def route(p, x, config: DiffusionGemmaConfig):
+    """(weights fp32 [T, k], experts int32 [T, k]) of tokens x [T, d]: softmax over all experts of the
+    scaled, scale-free-normed x, the top k renormalized to sum 1, then times each expert's own scale."""
+    h = norm(x, None, config.rms_norm_eps) * p["router_scale"] * jnp.asarray(config.hidden_size ** -0.5, x.dtype)
+    probs = jax.nn.softmax(dot(h, p["router"]).astype(jnp.float32), axis=-1)
+    weights, experts = jax.lax.top_k(probs, config.top_k_experts)
+    weights = weights / jnp.sum(weights, axis=-1, keepdims=True)
+    return weights * p["expert_scale"][experts].astype(jnp.float32), experts.astype(jnp.int32)
+
+
+def routed_experts(x, experts, weights, gate_up, down, config: DiffusionGemmaConfig, backend: str):
+    """sum_j weights[:, j] * expert_{experts[:, j]}(x) for x [T, d], through `moe.dispatch` and the grouped
+    matmul (`dllm_jax.models.moe.routed_experts`, whose SwiGLU gate is replaced by Gemma's GELU one)."""
+    t, k = experts.shape
+    block_m = tile_rows(t * k, config.num_experts)
+    rows, tile_expert, buffer_rows = dispatch(experts, config.num_experts, block_m)
+    copies = jnp.zeros((buffer_rows, x.shape[1]), x.dtype).at[rows].set(jnp.repeat(x, k, axis=0))
+    grouped = functools.partial(call, pk.grouped_matmul, pk.grouped_matmul_reference, backend, block_m=block_m)
+    h = gelu_gate(grouped(copies, gate_up, tile_expert), config)  # padding rows stay 0: gelu(0) * 0
+    y = grouped(h, down, tile_expert)[rows].reshape(t, k, -1)
+    return jnp.sum(y.astype(jnp.float32) * weights[..., None], axis=1).astype(x.dtype)
+
+
+def feed_forward_sublayer(p, x, config: DiffusionGemmaConfig, backend: str):
+    """x + post_ffw_norm(dense MLP + routed experts), each branch with its own pre and post norms."""
+    eps = config.rms_norm_eps
+    dense = norm(gated_mlp(norm(x, p["mlp_norm"], eps), p["gate_up_proj"], p["down_proj"], config),
+                 p["post_mlp_norm"], eps)
+    flat = x.reshape(-1, x.shape[-1])
+    weights, experts = route(p, flat, config)
+    moe = routed_experts(norm(flat, p["moe_norm"], eps), experts, weights, p["experts_gate_up"], p["experts_down"],
+                         config, backend)
+    moe = norm(moe.reshape(x.shape), p["post_moe_norm"], eps)
+    return x + norm(dense + moe, p["post_ffw_norm"], eps)
+
+
+def run_stack(params, x, positions, attend, state, scalar: str, config: DiffusionGemmaConfig, backend: str, *,
+              last_feed_forward: bool = True):
+    """(x, state) after all layers over x [B, n, d] at positions int32 [B, n], `state` threaded through every
+    layer's `attend`; `scalar` names the stack's layer_scalar."""
+    tables = {kind: rope_tables(positions, rope) for kind, rope in config.rope}
+    for layer, p in enumerate(params["layers"]):
+        x, state = attention_sublayer(p, x, tables[config.layer_types[layer]], attend, state, layer, config)
+        if last_feed_forward or layer < config.num_layers - 1:
+            x = feed_forward_sublayer(p, x, config, backend)
+        x = x * p[scalar].astype(x.dtype)
+    return x, state
+
+
+# --- the cache and the two passes --------------------------------------------------------------------------
+
+def init_cache(config: DiffusionGemmaConfig, batch: int, max_length: int, dtype=jnp.float32) -> KVCache:
+    """An empty cache: per layer [batch, max_length, K_l, D_l] keys and values, fill lengths 0."""
+    shapes = [(batch, max_length, kv, hd) for kv, hd in zip(config.kv_heads, config.head_dims)]
+    return KVCache(tuple(jnp.zeros(s, dtype) for s in shapes), tuple(jnp.zeros(s, dtype) for s in shapes),
+                   jnp.zeros((batch,), jnp.int32))
+
+
+def write_layer(cache: KVCache, layer: int, k, v, start) -> KVCache:
+    """cache with k / v [B, n, K, D] written at each row's slots start[b].."""
+    return cache.replace(k=replace_layer(cache.k, layer, write_rows(cache.k[layer], k, start)),
+                         v=replace_layer(cache.v, layer, write_rows(cache.v[layer], v, start)))
+
+
+@functools.partial(jax.jit, static_argnames=("config", "backend"))
+def encode(params, input_ids, cache: KVCache, lengths=None, *, config: DiffusionGemmaConfig,
+           backend: str = "auto") -> KVCache:
+    """Appends the prompt tokens input_ids [B, n] to the cache at each row's fill length (causal attention to
+    the row's cached positions and to the tokens before them; sliding layers within their window) and
+    advances the fill lengths by `lengths` (int32 [B], the real tokens of right-padded rows; default n). Jitted."""
+    b, n = input_ids.shape
+    start = cache.length
+    positions = start[:, None] + jnp.arange(n, dtype=jnp.int32)  # [B, n]
+    keys = jnp.arange(cache.max_length, dtype=jnp.int32)
+    causal = keys[None, None, :] <= positions[:, :, None]  # [B, n, S]
+    masks = {GLOBAL: causal, SLIDING: causal & (positions[:, :, None] - keys[None, None, :] < config.sliding_window)}
+
+    def attend(q, k, v, cache: KVCache, layer: int):
+        cache = write_layer(cache, layer, k, v, start)
+        mask = masks[config.layer_types[layer]]
+        return dense_attention(q, cache.k[layer], cache.v[layer], mask=mask, scale=1.0, backend=backend), cache
+
+    _, cache = run_stack(params, embed(params, input_ids), positions, attend, cache, "encoder_scalar", config, backend,
+                         last_feed_forward=False)  # only the keys and values are kept
+    added = jnp.full((b,), n, jnp.int32) if lengths is None else jnp.asarray(lengths, jnp.int32)
+    return cache.replace(length=start + added)
+
+
+def self_condition(p, x, previous_logits, table, config: DiffusionGemmaConfig, conditioned=None):
+    """norm(x + MLP(pre_norm(soft embeddings of previous_logits [B, C, V]))) without a scale; None: the first
+    step, whose zero signal leaves norm(x) (MLP(0) = 0). Rows where `conditioned` (bool, scalar or [B]) is
+    False get that zero signal too (transformers' self_conditioning_mask)."""
+    eps = config.rms_norm_eps
+    if previous_logits is None:
+        return norm(x, None, eps)
+    probs = jax.nn.softmax(previous_logits.astype(jnp.float32), axis=-1).astype(table.dtype)
+    soft = dot(probs, table) * jnp.asarray(table.shape[1] ** 0.5, table.dtype)
+    if conditioned is not None:
+        soft = soft * jnp.reshape(jnp.asarray(conditioned), (-1, 1, 1)).astype(soft.dtype)
+    return norm(x + gated_mlp(norm(soft, p["pre_norm"], eps), p["gate_up_proj"], p["down_proj"], config), None, eps)
+
+
+@functools.partial(jax.jit, static_argnames=("config", "backend"))
+def decode(params, canvas_ids, cache: KVCache, self_conditioning_logits=None, *, config: DiffusionGemmaConfig,
+           backend: str = "auto", conditioned=None):
+    """(float32 logits [B, C, V], cache) of the canvas canvas_ids [B, C] placed at each row's fill length,
+    attending bidirectionally to the cached prefix and to itself, self-conditioned on the previous step's
+    logits [B, C, V] where given and `conditioned` (bool, scalar or [B], traced: a loop's first step passes
+    False) is not False. The returned cache holds the canvas's keys and values in its scratch slots; its
+    filled prefix and lengths are unchanged. Jitted."""
+    b, c = canvas_ids.shape
+    start = cache.length
+    positions = start[:, None] + jnp.arange(c, dtype=jnp.int32)
+    keys = jnp.arange(cache.max_length, dtype=jnp.int32)[None, :]
+    seen = keys < (start + c)[:, None]  # [B, S]
+    # transformers' sliding cache keeps the last sliding_window - 1 prompt positions; the canvas sees them all
+    key_masks = {GLOBAL: seen, SLIDING: seen & (keys >= (start - (config.sliding_window - 1))[:, None])}
+
+    def attend(q, k, v, cache: KVCache, layer: int):
+        cache = write_layer(cache, layer, k, v, start)
+        key_mask = key_masks[config.layer_types[layer]]
+        return dense_attention(q, cache.k[layer], cache.v[layer], key_mask=key_mask, scale=1.0, backend=backend), cache
+
+    x = self_condition(params["self_conditioning"], embed(params, canvas_ids), self_conditioning_logits,
+                       params["embed"], config, conditioned)
+    x, cache = run_stack(params, x, positions, attend, cache, "decoder_scalar", config, backend)
+    x = norm(x, params["final_norm"], config.rms_norm_eps)
+    logits = jnp.matmul(x, params["embed"].T, precision=matmul_precision(x.dtype)).astype(jnp.float32)
+    cap = config.final_logit_softcapping
+    return jnp.tanh(logits / cap) * cap, cache
+
+
+def forward(params, input_ids, decoder_input_ids, self_conditioning_logits=None, *, config: DiffusionGemmaConfig,
+            backend: str = "auto"):
+    """float32 canvas logits [B, C, V] of the prompt input_ids [B, P] and canvas decoder_input_ids [B, C]
+    (optionally conditioned on the previous step's logits [B, C, V]): what transformers'
+    `DiffusionGemmaForBlockDiffusion(input_ids=..., decoder_input_ids=..., self_conditioning_logits=...)`
+    returns as `logits`. Inputs are checked on the host; the two passes are the jitted `encode` and `decode`."""
+    check_inputs(config, input_ids)
+    check_inputs(config, decoder_input_ids, name="decoder_input_ids")
+    if decoder_input_ids.shape[0] != input_ids.shape[0]:
+        raise ValueError(f"decoder_input_ids has {decoder_input_ids.shape[0]} rows, input_ids {input_ids.shape[0]}")
+    expected = (*decoder_input_ids.shape, config.vocab_size)
+    if self_conditioning_logits is not None and tuple(self_conditioning_logits.shape) != expected:
+        raise ValueError(f"self_conditioning_logits must be [batch, canvas, vocab] = {expected}, got "
+                         f"{tuple(self_conditioning_logits.shape)}")
+    b, p = input_ids.shape
+    cache = init_cache(config, b, p + decoder_input_ids.shape[1], params["embed"].dtype)
+    cache = encode(params, jnp.asarray(input_ids, jnp.int32), cache, config=config, backend=backend)
+    return decode(params, jnp.asarray(decoder_input_ids, jnp.int32), cache, self_conditioning_logits, config=config,
+                  backend=backend)[0]

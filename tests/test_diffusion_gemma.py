@@ -1,0 +1,357 @@
+"""DiffusionGemma's text model against transformers' own: a tiny random `DiffusionGemmaForBlockDiffusion`
+(sliding and global layers, MoE beside the dense MLP, every norm, scale and layer_scalar randomized) written
+by `save_pretrained`, loaded by the port, and its fp32 canvas logits compared; plus the config and tensor
+checks. Expected values come from transformers."""
+
+from __future__ import annotations
+
+import copy
+import dataclasses
+import json
+
+import jax
+import numpy as np
+import pytest
+import torch
+from safetensors.numpy import load_file, save_file
+from transformers import DiffusionGemmaConfig as HFConfig
+from transformers import DiffusionGemmaForBlockDiffusion
+from transformers.models.diffusion_gemma.generation_diffusion_gemma import EntropyBoundSampler, EntropyBoundSamplerConfig
+
+from dllm_jax.generate import diffusion_gemma as gen
+from dllm_jax.models import diffusion_gemma as dg
+
+pytestmark = pytest.mark.filterwarnings("ignore::DeprecationWarning")
+
+TOLERANCE = 1e-4  # max |diff| / max |reference|, fp32
+WINDOW = 4
+# sliding and global layers in Gemma-4's pattern (global last); global layers with a wider head, one KV head
+TEXT = dict(vocab_size=128, hidden_size=64, intermediate_size=96, num_hidden_layers=4, num_attention_heads=4,
+            num_key_value_heads=2, head_dim=16, global_head_dim=32, num_global_key_value_heads=1,
+            sliding_window=WINDOW, layer_types=["sliding_attention", "full_attention", "sliding_attention",
+                                                "full_attention"],
+            num_experts=4, top_k_experts=2, moe_intermediate_size=32)
+# the smallest vision tower transformers builds (the port skips it)
+VISION = dict(hidden_size=16, intermediate_size=32, num_hidden_layers=1, num_attention_heads=2, num_key_value_heads=2,
+              head_dim=8, position_embedding_size=16, patch_size=2)
+
+
+@pytest.fixture(scope="module")
+def checkpoint(tmp_path_factory):
+    """(transformers model, folder it was saved to, the port's config, the port's params)."""
+    torch.manual_seed(0)
+    model = DiffusionGemmaForBlockDiffusion(HFConfig(text_config=TEXT, vision_config=VISION)).eval()
+    with torch.no_grad():  # away from the initial ones and zeros, so that every tensor's role is exercised
+        for name, param in model.named_parameters():
+            if "vision" not in name:
+                param.add_(torch.randn_like(param) * 0.1)
+        for name, buffer in model.named_buffers():
+            if name.endswith("layer_scalar"):
+                buffer.copy_(0.5 + torch.rand_like(buffer))
+    path = tmp_path_factory.mktemp("diffusion_gemma")
+    model.save_pretrained(path)
+    config, params = dg.load_checkpoint(str(path))
+    return model, path, config, params
+
+
+def reference(model, ids, canvas, logits=None) -> np.ndarray:
+    with torch.no_grad():
+        out = model(input_ids=torch.as_tensor(ids), decoder_input_ids=torch.as_tensor(canvas),
+                    self_conditioning_logits=None if logits is None else torch.as_tensor(logits))
+    return out.logits.numpy()
+
+
+def relative(out, ref) -> float:
+    return float(np.max(np.abs(np.asarray(out) - ref)) / np.max(np.abs(ref)))
+
+
+def inputs(rng, batch: int, prompt: int, canvas: int = 6):
+    return (rng.integers(0, 128, (batch, prompt)).astype(np.int64), rng.integers(0, 128, (batch, canvas)).astype(
+        np.int64), (rng.standard_normal((batch, canvas, 128)) * 3).astype(np.float32))
+
+
+def test_config_reads_per_layer_shapes(checkpoint):
+    _, _, config, _ = checkpoint
+    assert config.head_dims == (16, 32, 16, 32) and config.kv_heads == (2, 1, 2, 1)
+    assert config.rope_of("full_attention").rotated == 4  # partial_rotary_factor 0.25 of 32 / 2 frequencies
+
+
+@pytest.mark.parametrize("prompt", [11, 2], ids=["prompt past the window", "prompt inside the window"])
+@pytest.mark.parametrize("self_conditioning", [False, True], ids=["first step", "self-conditioned"])
+def test_canvas_logits_match_transformers(checkpoint, rng, prompt, self_conditioning):
+    model, _, config, params = checkpoint
+    ids, canvas, logits = inputs(rng, 2, prompt)
+    logits = logits if self_conditioning else None
+    out = dg.forward(params, ids, canvas, logits, config=config)
+    assert out.dtype == np.float32 and out.shape == (2, 6, 128)
+    assert relative(out, reference(model, ids, canvas, logits)) <= TOLERANCE
+
+
+def test_rows_of_different_prompt_lengths_match_each_alone(checkpoint, rng):
+    """Right-padded prompts with per-row fill lengths: each row's canvas sits after its own prompt."""
+    model, _, config, params = checkpoint
+    ids, canvas, logits = inputs(rng, 2, 9)
+    lengths = np.array([9, 5], np.int32)
+    cache = dg.init_cache(config, 2, 9 + 6)
+    cache = dg.encode(params, ids, cache, lengths, config=config)
+    out, after = dg.decode(params, canvas, cache, logits, config=config)
+    assert np.array_equal(after.length, lengths)
+    for row, n in enumerate(lengths):
+        ref = reference(model, ids[row:row + 1, :n], canvas[row:row + 1], logits[row:row + 1])
+        assert relative(out[row:row + 1], ref) <= TOLERANCE
+
+
+def test_prompt_encoded_in_two_calls_matches_one(checkpoint, rng):
+    """Appending to the cache (a prompt in two pieces, the second attending to the first through the cache)
+    gives transformers' logits of the whole prompt."""
+    model, _, config, params = checkpoint
+    ids, canvas, _ = inputs(rng, 2, 11)
+    cache = dg.init_cache(config, 2, 11 + 6)
+    cache = dg.encode(params, ids[:, :7], cache, config=config)
+    cache = dg.encode(params, ids[:, 7:], cache, config=config)
+    out, _ = dg.decode(params, canvas, cache, config=config)
+    assert relative(out, reference(model, ids, canvas)) <= TOLERANCE
+
+
+# --- config checks ---------------------------------------------------------------------------------------
+
+def text_edit(key, value):
+    def edit(hf):
+        if value is DELETE:
+            del hf["text_config"][key]
+        else:
+            hf["text_config"][key] = value
+    return edit
+
+
+DELETE = object()
+BAD_CONFIGS = {
+    "use_bidirectional_attention": text_edit("use_bidirectional_attention", "all"),
+    "attention_bias": text_edit("attention_bias", True),
+    "num_experts": text_edit("num_experts", DELETE),
+    "hidden_size": text_edit("hidden_size", DELETE),
+    "rope_type": lambda hf: hf["text_config"]["rope_parameters"]["full_attention"].update(rope_type="yarn"),
+    "layer_types": text_edit("layer_types", ["chunked_attention"] * 3 + ["full_attention"]),
+    "per_layer_config": lambda hf: hf["text_config"]["per_layer_config"]["1"].update(intermediate_size=8),
+    "tie_word_embeddings": lambda hf: hf.update(tie_word_embeddings=False),
+    "hidden_activation": text_edit("hidden_activation", "silu"),
+    "num_attention_heads": text_edit("num_attention_heads", 3),
+}
+
+
+@pytest.mark.parametrize("key", list(BAD_CONFIGS))
+def test_unsupported_or_missing_config_key_is_named(checkpoint, key):
+    _, path, _, _ = checkpoint
+    hf = json.loads((path / "config.json").read_text())
+    dg.from_hf_config(hf)  # the file as written is accepted
+    BAD_CONFIGS[key](hf)
+    with pytest.raises(ValueError, match=key):
+        dg.from_hf_config(hf)
+
+
+# --- tensor checks ---------------------------------------------------------------------------------------
+
+@pytest.fixture(scope="module")
+def tensors(checkpoint):
+    _, path, _, _ = checkpoint
+    return load_file(str(path / "model.safetensors"))
+
+
+def test_vision_tensors_are_ignored(checkpoint, tensors):
+    _, _, config, _ = checkpoint
+    assert any(name.startswith("model.encoder.vision_tower.") for name in tensors)
+    dg.params_from_hf(dict(tensors, **{"model.encoder.vision_tower.extra": np.zeros(3, np.float32)}), config)
+
+
+def test_tensors_under_the_encoders_tied_names_load(checkpoint, tensors):
+    _, _, config, params = checkpoint
+    renamed = {name.replace("model.decoder.layers.1.mlp", "model.encoder.language_model.layers.1.mlp"): value
+               for name, value in tensors.items()}
+    loaded = dg.params_from_hf(renamed, config)
+    assert np.array_equal(loaded["layers"][1]["gate_up_proj"], params["layers"][1]["gate_up_proj"])
+
+
+def bad_tensors(tensors):
+    name = "model.decoder.layers.2.self_attn.v_proj.weight"
+    return {
+        "missing": (lambda t: t.pop(name), name),
+        "misshaped": (lambda t: t.update({name: t[name][:-1]}), rf"{name}.*shape \(31, 64\)"),
+        "unexpected": (lambda t: t.update({"model.decoder.layers.0.extra.weight": t[name]}),
+                       "model.decoder.layers.0.extra.weight"),
+        "global layer with a value projection": (
+            lambda t: t.update({"model.decoder.layers.1.self_attn.v_proj.weight": t[name]}),
+            "model.decoder.layers.1.self_attn.v_proj.weight"),
+        "encoder layer_scalar missing": (lambda t: t.pop("model.encoder.language_model.layers.0.layer_scalar"),
+                                         "model.encoder.language_model.layers.0.layer_scalar"),
+    }
+
+
+@pytest.mark.parametrize("case", ["missing", "misshaped", "unexpected", "global layer with a value projection",
+                                  "encoder layer_scalar missing"])
+def test_bad_tensor_is_named(checkpoint, tensors, case):
+    _, _, config, _ = checkpoint
+    edit, pattern = bad_tensors(tensors)[case]
+    broken = dict(tensors)
+    edit(broken)
+    with pytest.raises(ValueError, match=pattern):
+        dg.params_from_hf(broken, config)
+
+
+def test_checkpoint_folder_in_shards_loads(checkpoint, tensors, tmp_path):
+    _, path, _, params = checkpoint
+    names = sorted(tensors)
+    for i, part in enumerate((names[::2], names[1::2])):
+        save_file({name: tensors[name] for name in part}, str(tmp_path / f"model-{i}.safetensors"))
+    (tmp_path / "config.json").write_text((path / "config.json").read_text())
+    _, loaded = dg.load_checkpoint(str(tmp_path))
+    assert np.array_equal(loaded["layers"][3]["experts_down"], params["layers"][3]["experts_down"])
+
+
+def test_forward_refuses_misshaped_self_conditioning_logits(checkpoint, rng):
+    _, _, config, params = checkpoint
+    ids, canvas, logits = inputs(rng, 2, 5)
+    with pytest.raises(ValueError, match="self_conditioning_logits"):
+        dg.forward(params, ids, canvas, logits[:, :, :64], config=config)
+
+
+def test_unconditioned_rows_match_transformers_self_conditioning_mask(checkpoint, rng):
+    """`conditioned` False on a row zeroes its signal, as transformers' self_conditioning_mask does."""
+    model, _, config, params = checkpoint
+    ids, canvas, logits = inputs(rng, 2, 11)
+    cache = dg.encode(params, ids, dg.init_cache(config, 2, 11 + 6), config=config)
+    out, _ = dg.decode(params, canvas, cache, logits, config=config, conditioned=np.array([True, False]))
+    with torch.no_grad():
+        ref = model(input_ids=torch.as_tensor(ids), decoder_input_ids=torch.as_tensor(canvas),
+                    self_conditioning_logits=torch.as_tensor(logits),
+                    self_conditioning_mask=torch.tensor([True, False])).logits.numpy()
+    assert relative(out, ref) <= TOLERANCE
+    assert relative(out[1], reference(model, ids, canvas)[1]) <= TOLERANCE  # row 1 as on a first step
+
+
+# --- generation ------------------------------------------------------------------------------------------
+
+CANVAS = 8
+
+
+class InjectedDraws:
+    """transformers' sampler fed this port's draws (`initial_canvas`, `step_draws`): its canvas initialisation and
+    re-noising take the port's tokens, its multinomial samples by the inverse CDF at the port's uniforms."""
+
+    def __init__(self, seed: int, config):
+        self.key, self.config = jax.random.key(seed), config
+        self.canvas, self.step = -1, 0
+        self.sampled = False  # a multinomial call of this step has run: the next canvas draw is its re-noising
+
+    def initialize_canvas(self, sampler, batch_size: int, device):
+        if self.sampled:
+            tokens = gen.step_draws(self.key, self.canvas, self.step, self.config)[1]
+            self.sampled, self.step = False, self.step + 1
+        else:
+            self.canvas, self.step = self.canvas + 1, 0
+            tokens = gen.initial_canvas(self.key, self.canvas, self.config)
+        return torch.as_tensor(np.asarray(tokens), dtype=torch.long).expand(batch_size, -1).clone()
+
+    def multinomial(self, probs, num_samples):
+        uniforms = torch.as_tensor(np.asarray(gen.step_draws(self.key, self.canvas, self.step, self.config)[0]))
+        rows = probs.shape[0] // self.config.canvas_length
+        below = torch.cumsum(probs, dim=-1) < uniforms.repeat(rows)[:, None]
+        self.sampled = True
+        return below.sum(dim=-1).clamp(max=probs.shape[-1] - 1)[:, None]
+
+
+def transformers_generate(model, prompt, options, seed, config, eos, monkeypatch):
+    """(tokens [B, N], tokens per forward [B]) of transformers' generate with the port's draws."""
+    draws = InjectedDraws(seed, config)
+    monkeypatch.setattr(EntropyBoundSampler, "initialize_canvas",
+                        lambda sampler, batch_size, device: draws.initialize_canvas(sampler, batch_size, device))
+    monkeypatch.setattr(torch, "multinomial", draws.multinomial)
+    model.config.canvas_length = CANVAS
+    with torch.no_grad():
+        out = model.generate(input_ids=torch.as_tensor(prompt), max_new_tokens=options.max_new_tokens,
+                             max_denoising_steps=options.max_denoising_steps,
+                             sampler_config=EntropyBoundSamplerConfig(entropy_bound=options.entropy_bound),
+                             t_min=options.t_min, t_max=options.t_max, stability_threshold=options.stability_threshold,
+                             confidence_threshold=options.confidence_threshold, eos_token_id=eos, pad_token_id=0)
+    monkeypatch.undo()
+    return out.sequences.numpy(), out.tokens_per_forward.numpy()
+
+
+def port_generate(params, prompt, options, seed, config, eos):
+    """(tokens [N], tokens per forward) of the port's loop on one prompt (counted as transformers counts: generated
+    tokens that are not the pad id, over the forwards the row needed)."""
+    out, ran, forwards = gen.generate_canvases_jit(params, prompt.astype(np.int32), np.asarray([prompt.shape[1]]),
+                                                   jax.random.key(seed), config=config, options=options,
+                                                   stop_ids=(eos,), pad_id=0)
+    new = np.asarray(out)[0, :int(ran) * CANVAS]
+    return np.concatenate([prompt[0], new]), np.count_nonzero(new) / int(forwards[0])
+
+
+@pytest.fixture(scope="module")
+def calm(checkpoint, tmp_path_factory):
+    """The random model with its self-conditioning output scaled to a tenth: (transformers model, the port's config
+    with canvases of CANVAS tokens, params). At full scale the random model's self-conditioning loop amplifies
+    fp32 rounding (the two implementations' canvas logits, 3e-6 apart given the same inputs, drift apart 4-10x per
+    step), so after tens of steps the same draws sample different tokens; at a tenth it does not."""
+    model = copy.deepcopy(checkpoint[0])
+    with torch.no_grad():
+        model.model.decoder.self_conditioning.down_proj.weight.mul_(0.1)
+    path = tmp_path_factory.mktemp("diffusion_gemma_calm")
+    model.save_pretrained(path)
+    config, params = dg.load_checkpoint(str(path))
+    return model, dataclasses.replace(config, canvas_length=CANVAS), params
+
+
+# near greedy, rows stop once their argmax canvas is stable (the entropy is about 0); at the defaults' temperatures
+# the random model's entropies stay above 3, so stopping there needs a confidence threshold above them
+GENERATION = {"near greedy": dict(t_min=0.001, t_max=0.002, max_denoising_steps=12, max_new_tokens=24),
+              "the defaults": dict(max_new_tokens=16),
+              "confident": dict(max_new_tokens=16, max_denoising_steps=12, stability_threshold=0,
+                                confidence_threshold=3.5),
+              "hot, no stopping": dict(max_new_tokens=16, max_denoising_steps=12, t_min=0.9, t_max=1.5,
+                                       confidence_threshold=None)}
+
+
+@pytest.mark.parametrize("case", list(GENERATION))
+def test_generation_equals_transformers_with_the_same_draws(calm, rng, case, monkeypatch):
+    """Token for token, transformers' generate with this port's draws injected: canvases, entropy-bound acceptance,
+    re-noising, the temperature schedule, self-conditioning, adaptive stopping, a stop id mid-canvas (its pad after,
+    the generation ending there) and without one."""
+    model, config, params = calm
+    options = gen.DiffusionGemmaOptions(**GENERATION[case])
+    prompt = rng.integers(2, 128, (1, 7))
+    free, free_rate = port_generate(params, prompt, options, 3, config, 1)
+    theirs, their_rate = transformers_generate(model, prompt, options, 3, config, 1, monkeypatch)
+    assert np.array_equal(free, theirs[0]) and abs(free_rate - their_rate[0]) < 1e-6
+    steps = options.max_denoising_steps * len(free[7:]) // CANVAS
+    assert (free_rate > len(free[7:]) / steps) == (case in ("near greedy", "confident"))  # rows stopped early
+    stop = int(free[7 + CANVAS // 2])  # a token of the first canvas: the generation stops there
+    ours, _ = port_generate(params, prompt, options, 3, config, stop)
+    theirs, _ = transformers_generate(model, prompt, options, 3, config, stop, monkeypatch)
+    assert np.array_equal(ours, theirs[0])
+    first = 7 + int(np.flatnonzero(ours[7:] == stop)[0])
+    assert len(ours) == 7 + CANVAS and (ours[first + 1:] == 0).all()  # one canvas, padded after its stop
+    assert np.array_equal(ours, gen.generate(params, [prompt[0]], config=config, options=options, seed=3,
+                                             stop_ids=(stop,))[0])
+
+
+def test_rows_of_a_batch_generate_what_each_generates_alone(calm, rng):
+    """Prompts of different lengths in one batch: each row's canvases are those of its prompt alone."""
+    _, config, params = calm
+    options = gen.DiffusionGemmaOptions(max_new_tokens=16, max_denoising_steps=8)
+    prompts = [rng.integers(2, 128, n) for n in (9, 4, 6)]
+    together = gen.generate(params, prompts, config=config, options=options, seed=5)
+    for prompt, row in zip(prompts, together):
+        ids = np.zeros((1, 9), np.int32)  # alone, in one program for every prompt: a row of width 9, its length
+        ids[0, :len(prompt)] = prompt
+        alone, ran, _ = gen.generate_canvases_jit(params, ids, np.asarray([len(prompt)], np.int32), jax.random.key(5),
+                                                  config=config, options=options, stop_ids=(), pad_id=0)
+        assert np.array_equal(row[len(prompt):], np.asarray(alone)[0, :int(ran) * CANVAS])
+
+
+@pytest.mark.parametrize("options, message", [
+    (dict(max_denoising_steps=0), "max_denoising_steps"), (dict(t_min=0.8, t_max=0.4), "t_max=0.4 must be above"),
+    (dict(entropy_bound=0.0), "entropy_bound"), (dict(stability_threshold=-1), "stability_threshold"),
+    (dict(confidence_threshold=0.0), "confidence_threshold"), (dict(max_new_tokens=0), "max_new_tokens")])
+def test_bad_options_are_named(options, message):
+    with pytest.raises(ValueError, match=message):
+        gen.DiffusionGemmaOptions(**options)
