@@ -17,10 +17,10 @@ from dllm_jax.attention.sparge import SpargeAttn
 from dllm_jax.attention.sparsed import SparseD
 from dllm_jax.checkpoint import convert_hf_checkpoint, load_model
 from dllm_jax.compile_cache import configure as configure_compile_cache
-from dllm_jax.config import DreamConfig, LLaDA2Config, LLaDAConfig, SDARConfig, shipped_config
+from dllm_jax.config import DiffusionGemmaConfig, DreamConfig, LLaDA2Config, LLaDAConfig, SDARConfig, shipped_config
 from dllm_jax.generate import generate  # the function (contract); the modules stay in dllm_jax.generate.*
-from dllm_jax.models import SDAR, Dream, KVCache, LLaDA, LLaDA2
+from dllm_jax.models import SDAR, DiffusionGemma, Dream, KVCache, LLaDA, LLaDA2
 
-__all__ = ["AttentionPolicy", "Dense", "Dream", "DreamConfig", "FlashBlock", "KVCache", "LLaDA", "LLaDA2", "LLaDA2Config", "LLaDAConfig", "MAGE", "PulseCol", "SDAR", "SDARConfig", "SpargeAttn", "SparseD", "configure_compile_cache", "convert_hf_checkpoint",
+__all__ = ["AttentionPolicy", "Dense", "DiffusionGemma", "DiffusionGemmaConfig", "Dream", "DreamConfig", "FlashBlock", "KVCache", "LLaDA", "LLaDA2", "LLaDA2Config", "LLaDAConfig", "MAGE", "PulseCol", "SDAR", "SDARConfig", "SpargeAttn", "SparseD", "configure_compile_cache", "convert_hf_checkpoint",
            "generate", "load_model", "shipped_config"]
 __version__ = "0.1.0"

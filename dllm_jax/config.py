@@ -1,11 +1,13 @@
 """Frozen model configurations built from Hugging Face `config.json` files.
 
-Every family's config is a `DecoderConfig`: the fields, checks and HF refusals the families share are
-written once there, and the shared layers in `dllm_jax.models.layers` read any config by the same names
-(hidden_size, num_layers, qk_norm, qkv_bias, stop_ids, ...); each family's config.json keys are one
-declarative map (`DecoderConfig.HF`) that `from_hf_config` reads and `to_hf_config` writes. A subclass with
-`MODEL_TYPES` joins `config_from_hf` by being defined (`CONFIG_CLASSES`); what the rest of the package knows
-about a family is its entry in `dllm_jax.families`.
+Every family's config is a `dllm_jax.hf_config.ModelConfig`. The masked-diffusion decoders' are `DecoderConfig`s:
+the fields, checks and HF refusals they share are written once there, and the shared layers in
+`dllm_jax.models.layers` read any of them by the same names (hidden_size, num_layers, qk_norm, qkv_bias, stop_ids,
+...); each family's config.json keys are one declarative map (`DecoderConfig.HF`) that `from_hf_config` reads and
+`to_hf_config` writes. DiffusionGemma's config (`dllm_jax.diffusion_gemma_config`: per-layer shapes, no mask
+token) is imported here so that `config_from_hf` knows it. A subclass with `MODEL_TYPES` joins `config_from_hf`
+by being defined (`CONFIG_CLASSES`); what the rest of the package knows about a family is its entry in
+`dllm_jax.families`.
 """
 
 from __future__ import annotations
@@ -16,22 +18,21 @@ import json
 from pathlib import Path
 from typing import Any, Callable
 
-from dllm_jax.hf_config import (REQUIRED, HFKey, check_fields, check_mask_distinct, check_object, check_required,
-                                check_token_ids, field_label, hf_architectures, hf_dict, hf_flag, hf_int, hf_real,
-                                qwen_refusals, token_id)
+from dllm_jax.diffusion_gemma_config import DiffusionGemmaConfig
+from dllm_jax.hf_config import (CONFIG_CLASSES, REQUIRED, HFKey, ModelConfig, check_fields, check_mask_distinct,
+                                check_object, check_required, check_token_ids, field_label, hf_architectures, hf_dict,
+                                hf_flag, hf_int, hf_real, qwen_refusals, token_id)
 from dllm_jax.quantize import check_quantize
 from dllm_jax.validation import flag, integer, real
 
 # <name>/config.json per supported public model: package data (pyproject.toml), so an installed wheel has them
 SHIPPED_CONFIG_DIR = importlib.resources.files("dllm_jax") / "configs"
 
-CONFIG_CLASSES: list[type[DecoderConfig]] = []  # every family's config class, in definition order
-
-
 @dataclasses.dataclass(frozen=True, kw_only=True)
-class DecoderConfig:
-    """The fields every family has (a decoder LM with RMSNorm, RoPE and GQA attention, and a mask token)
-    and the checks on them. A family's subclass redeclares a field to give it the family's default.
+class DecoderConfig(ModelConfig):
+    """The fields every masked-diffusion decoder family has (a decoder LM with RMSNorm, RoPE and GQA attention,
+    and a mask token) and the checks on them. A family's subclass redeclares a field to give it the family's
+    default.
 
     Class attributes a family sets (not fields: fixed by its architecture, unless the family makes one a
     field, as LLaDA2 does with qk_norm / qkv_bias / o_bias, HF keys use_qk_norm / use_qkv_bias / use_bias):
@@ -61,10 +62,6 @@ class DecoderConfig:
     # a quantized conversion's config.json, or by load_model(quantize=...); not an HF key
     quantize: str | None = None
 
-    family = ""
-    LABEL = ""
-    MODEL_TYPES = ()
-    ARCHITECTURES = ()
     HF = ()
     HF_CONSTANTS = {}
     HF_KEYS = {}
@@ -79,10 +76,7 @@ class DecoderConfig:
 
     def __init_subclass__(cls, **kwargs):
         super().__init_subclass__(**kwargs)
-        cls.LABEL = cls.__name__.removesuffix("Config")
         cls.HF_KEYS = {k.field: k.key for k in cls.HF if k.key != k.field}
-        if cls.MODEL_TYPES:
-            CONFIG_CLASSES.append(cls)
 
     def __post_init__(self):
         check_fields(self, sizes=self.SIZES)
@@ -114,6 +108,10 @@ class DecoderConfig:
         return (self.eos_token_id,)
 
     @property
+    def placeholder_ids(self) -> tuple[int, ...]:
+        return (self.mask_token_id,)
+
+    @property
     def special_ids(self) -> tuple[int, ...]:
         """The stop and padding ids the mask id must differ from."""
         return tuple(getattr(self, name) for name in self.TOKEN_IDS if name != "mask_token_id")
@@ -129,7 +127,7 @@ class DecoderConfig:
         `refusals` names, numbers written as strings, bools or fractions, and a missing required key (among them
         `rope_theta`: the published configs give it, while the configuration code's defaults differ and would
         silently change every rotation)."""
-        check_hf_names(hf, cls)
+        cls.check_hf_names(hf)
         refused = cls.refusals(hf)
         if refused:
             raise ValueError(f"unsupported {cls.LABEL} config: " + ", ".join(refused))
@@ -501,24 +499,6 @@ class LLaDA2Config(DecoderConfig):
         return bad
 
 
-ModelConfig = DecoderConfig  # any family's config
-
-
-def check_hf_names(hf, cls: type[DecoderConfig]) -> None:
-    """Refuses a config.json that is not a JSON object, or whose model_type or architectures name
-    another model than `cls`'s family: its weights would load under the wrong layer definitions."""
-    check_object(hf)
-    family, model_types, architectures = cls.LABEL, cls.MODEL_TYPES, cls.ARCHITECTURES
-    model_type = hf.get("model_type")
-    if model_type and str(model_type).lower() not in model_types:
-        raise ValueError(f"config.json model_type={model_type!r} is not a {family} model (accepted: {model_types})")
-    names = hf_architectures(hf)
-    foreign = [a for a in names if a not in architectures]
-    if foreign:
-        raise ValueError(f"config.json architectures={names!r}: {foreign} is not a {family} architecture "
-                         f"(accepted: {list(architectures)})")
-
-
 def config_from_hf(hf: dict[str, Any]) -> ModelConfig:
     """Detects the model family of an HF `config.json` dict (model_type, else architectures) and
     builds its config; the family's own checks then refuse anything the other key contradicts."""
@@ -560,3 +540,7 @@ def shipped_config(name: str) -> ModelConfig:
         raise ValueError(f"no shipped config named {name!r}; available: {names}")
     with importlib.resources.as_file(SHIPPED_CONFIG_DIR / name) as directory:  # a real directory, even from a zip
         return read_hf_config(directory)[1]
+
+
+__all__ = ["CONFIG_CLASSES", "DecoderConfig", "DiffusionGemmaConfig", "DreamConfig", "LLaDA2Config", "LLaDAConfig",
+           "ModelConfig", "SDARConfig", "config_from_hf", "read_hf_config", "shipped_config"]

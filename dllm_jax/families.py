@@ -1,20 +1,21 @@
-"""The model families: one frozen entry per family (LLaDA, SDAR, Dream, LLaDA2) naming everything the
-rest of the package looks up about it, so that no module branches on a config or model class.
+"""The model families: one frozen entry per family (LLaDA, SDAR, Dream, LLaDA2, DiffusionGemma) naming everything
+the rest of the package looks up about it, so that no module branches on a config or model class.
 
-A family's *name* ("llada", "sdar", "dream", "llada2") is its key here and its config's `family`; its
-*label* ("LLaDA", ...) is the display name the messages use (`family_named` accepts either). Lookups:
+A family's *name* ("llada", "sdar", "dream", "llada2", "diffusiongemma") is its key here and its config's
+`family`; its *label* ("LLaDA", ...) is the display name the messages use (`family_named` accepts either). Lookups:
 `family_of(config_or_model)`, `model_family(model)` (models only), `family_named(name)`, `FAMILIES`
 (name -> entry), `family_for_kind`.
 
-Layering: this module imports the configs, the models' shared layouts and the attention methods; each family's
+Layering: this module imports the config base, the models' shared layouts and the attention methods; each family's
 entry is defined in its generate module (`dllm_jax.generate.sdar.FAMILY`, ...), which imports this module, and
 `FAMILIES` lists those modules by path, importing them at the first lookup (as vLLM's model registry does), so
 the registry sits below `dllm_jax.generate` and what looks families up above both.
 
-Adding a family: its config class (a `dllm_jax.config.DecoderConfig` subclass, which `config_from_hf`
-then knows by its MODEL_TYPES / ARCHITECTURES), its model module (the model class, `param_shapes`, its
-HF name map in `dllm_jax.models.hf_names`), its generate module (options class, `prepare`, `run`,
-`probe_loop`, optionally `eval_options`, and its `FAMILY` entry), listed in `FAMILIES` below; or, outside the package, the config
+Adding a family: its config class (a `dllm_jax.hf_config.ModelConfig` subclass, usually a
+`dllm_jax.config.DecoderConfig`, which `config_from_hf` then knows by its MODEL_TYPES / ARCHITECTURES), its model
+module (the model class, `param_shapes`, its HF name map in `dllm_jax.models.hf_names`), its generate module
+(options class, `prepare`, `run`, `probe_loop`, optionally `eval_options`, and its `FAMILY` entry), listed in
+`FAMILIES` below; or, outside the package, the config
 subclass and model class in a module of one's own and the entry given to `register` there (reusing an existing
 family's generate module: the command line, server and benchmarks find everything else through the entry).
 """
@@ -28,7 +29,7 @@ from typing import Any, Callable
 
 from dllm_jax.attention import methods
 from dllm_jax.attention.policy import AttentionPolicy, Dense, check_policy
-from dllm_jax.config import DecoderConfig
+from dllm_jax.hf_config import ModelConfig
 from dllm_jax.models import hf_names, layers
 
 # what tensor parallelism splits over "tp" in every family (the KV heads, the MLP, the vocabulary)
@@ -41,7 +42,7 @@ class Family:
     is the family, and its tables, e.g. `param_axes`, are dicts)."""
 
     name: str  # the registry key; the config's `family`
-    config_class: type[DecoderConfig]
+    config_class: type[ModelConfig]
     model_class: type  # built by dllm_jax.checkpoint.model_from_params around a parameter tree
     # generation (dllm_jax.generate): its options dataclass; prepare(model, prompt_ids, attention_mask, method,
     # options) checks a request before anything compiles; run(model, prompt_ids, attention_mask, seed, method,
@@ -56,21 +57,26 @@ class Family:
     # them), so one program serves them all and a serving request may choose among them; () where none is
     remasking: tuple[str, ...] = ()
     # which attention methods apply and which analysis probes it (dllm_jax.attention.methods.KINDS):
-    # BIDIRECTIONAL (full-sequence steps: `analyze`) or BLOCK (block steps over a KV cache: `analyze_blocks`)
+    # BIDIRECTIONAL (full-sequence steps: `analyze`), BLOCK (block steps over a KV cache: `analyze_blocks`) or
+    # CANVAS (canvases denoised against an encoder's cache: no method applies yet, nothing to analyze)
     method_kind: str
     # checkpoints: checkpoint-layout shapes of a config, the HF name map, and (None: one tensor per rule and
     # layer) the function giving {HF name: (rule, index, shape)} where tensors are stacked differently
     param_shapes: Callable[[Any], dict]
     hf_rules: tuple[hf_names.Rule, ...]
     hf_expected: Callable[[Any, dict], dict] | None = None
+    # names (regexes, whole-name matches) of tensors a checkpoint may hold that the model does not read (a vision
+    # tower, copies tied to tensors it reads); any other tensor outside the expected ones is refused
+    hf_skipped: tuple[str, ...] = ()
     # checkpoint layout -> inference layout, and inference tree -> nnx pure dict (dllm_jax.models.layers's)
     prepare_params: Callable = layers.prepare_params
     to_module_tree: Callable = layers.to_module_tree
     # weight quantization (dllm_jax.quantize): the checkpoint-layout tensors quantized, nested like the tree,
-    # each with the axes its GEMM contracts
-    quantized: dict = dataclasses.field(default_factory=lambda: layers.QUANTIZED)
-    # sharding (dllm_jax.sharding): logical axes per inference-layout parameter, and the config sizes "tp" splits
-    param_axes: dict
+    # each with the axes its GEMM contracts; None where the family's weights are not quantized (refused)
+    quantized: dict | None = dataclasses.field(default_factory=lambda: layers.QUANTIZED)
+    # sharding (dllm_jax.sharding): logical axes per inference-layout parameter (None: not sharded, a mesh is
+    # refused), and the config sizes "tp" splits
+    param_axes: dict | None
     tp_split: tuple[str, ...] = TP_SPLIT
     # evaluation (dllm_jax.eval.evaluate): greedy one-token-per-step options for an answer length, or None
     # where evaluate has no defaults for the family (refused)
@@ -78,7 +84,7 @@ class Family:
     # the config field holding a tuple of stop ids that may be empty (config.stop_ids reads every family's)
     stops_field: str | None = None
     # serving (dllm_jax.serve): the pieces of its block loop the slot engine needs, or None where requests are
-    # served in lockstep `generate` batches (the bidirectional families)
+    # served in lockstep `generate` batches (the bidirectional families, DiffusionGemma)
     slots: Any = None  # a dllm_jax.generate.block_loop.SlotLoop
 
     def __post_init__(self):
@@ -129,6 +135,18 @@ class Family:
         self.check_method(policy)
         return policy
 
+    def check_quantize(self, quantize) -> None:
+        """ValueError where weights are to be quantized (`quantize` not None) and the family's are not."""
+        if quantize is not None and self.quantized is None:
+            raise ValueError(f"quantize={quantize!r}: {self.label} weights cannot be quantized (the family has no "
+                             "quantized layout of its tensors): convert or load it without quantize")
+
+    def check_mesh(self, mesh) -> None:
+        """ValueError where a mesh is given and the family's weights have no sharding axes."""
+        if mesh is not None and self.param_axes is None:
+            raise ValueError(f"{self.label} weights cannot be sharded over a mesh (the family has no sharding axes "
+                             "of its tensors): load it without mesh (--mesh)")
+
     def without_stops(self, config):
         """`config` generating to its full length (no stop id: benchmarks of random weights, which would stop
         at a random eos), where the family's stop ids may be none (`stops_field`); otherwise unchanged."""
@@ -165,7 +183,8 @@ class Registry(Mapping):
 
 # the package's families: name -> the module defining its entry as FAMILY
 FAMILIES = Registry({"llada": "dllm_jax.generate.llada", "sdar": "dllm_jax.generate.sdar",
-                     "dream": "dllm_jax.generate.dream", "llada2": "dllm_jax.generate.llada2"})
+                     "dream": "dllm_jax.generate.dream", "llada2": "dllm_jax.generate.llada2",
+                     "diffusiongemma": "dllm_jax.generate.diffusion_gemma"})
 
 
 def register(family: Family) -> Family:
@@ -195,7 +214,7 @@ def family_of(thing) -> Family:
     if isinstance(thing, type):
         found = [f for f in FAMILIES.values() if thing in (f.config_class, f.model_class)]
     else:
-        config = thing if isinstance(thing, DecoderConfig) else getattr(thing, "config", None)
+        config = thing if isinstance(thing, ModelConfig) else getattr(thing, "config", None)
         found = [f for f in FAMILIES.values() if type(config) is f.config_class]
     if not found:
         what = thing.__name__ if isinstance(thing, type) else type(thing).__name__
@@ -220,7 +239,7 @@ def model_family(model, caller: str = "generate") -> Family:
 
 
 def family_for_kind(kind: str) -> list[Family]:
-    """The families whose method kind is `kind` (dllm_jax.attention.methods.BIDIRECTIONAL or BLOCK)."""
+    """The families whose method kind is `kind` (one of dllm_jax.attention.methods.KINDS)."""
     return [f for f in FAMILIES.values() if f.method_kind == kind]
 
 

@@ -1,4 +1,5 @@
-"""Reading Hugging Face `config.json` values strictly, and the shared checks of a config's fields.
+"""Reading Hugging Face `config.json` values strictly, the shared checks of a config's fields, and `ModelConfig`,
+the base of every family's config (what `config_from_hf` and the family registry read of it).
 
 `HFKey` is one row of a family's declarative config map (`DecoderConfig.HF`): a config field, its config.json
 key, how the value is read and what an absent (or null) key means. The readers refuse what a loose reader would
@@ -13,6 +14,56 @@ from typing import Any, Callable
 from dllm_jax.validation import flag, integer, real
 
 REQUIRED = object()  # an HFKey's default: the key must be present
+
+CONFIG_CLASSES: list[type] = []  # every family's config class (a ModelConfig with MODEL_TYPES), in definition order
+
+
+class ModelConfig:
+    """The base of every family's config (a frozen dataclass subclass): what the package reads of any family's.
+
+    Class attributes a family sets: `family` (its name in `dllm_jax.families`), `MODEL_TYPES` / `ARCHITECTURES`
+    (the HF `model_type` / `architectures` values it accepts; a class with MODEL_TYPES joins `config_from_hf` by
+    being defined); `LABEL` (the display name) is the class name without "Config". Every config has `vocab_size`,
+    `pad_token_id`, `max_position_embeddings`, `stop_ids` and `placeholder_ids`, and `from_hf_config(hf)` /
+    `to_hf_config()`; `quantize` (None: full-precision weights) is a field where the family can be quantized.
+    """
+
+    family = ""
+    LABEL = ""
+    MODEL_TYPES = ()
+    ARCHITECTURES = ()
+    quantize = None
+
+    def __init_subclass__(cls, **kwargs):
+        super().__init_subclass__(**kwargs)
+        cls.LABEL = cls.__name__.removesuffix("Config")
+        if cls.MODEL_TYPES:
+            CONFIG_CLASSES.append(cls)
+
+    @property
+    def stop_ids(self) -> tuple[int, ...]:
+        """The token ids that end an answer (generation stops, or pads after, the first of them)."""
+        raise NotImplementedError
+
+    @property
+    def placeholder_ids(self) -> tuple[int, ...]:
+        """Token ids that stand for positions not yet decoded (a mask token): left out of decoded text."""
+        return ()
+
+    @classmethod
+    def check_hf_names(cls, hf) -> None:
+        """Refuses a config.json that is not a JSON object, or whose model_type or architectures name another
+        model than this family's: its weights would load under the wrong layer definitions."""
+        check_object(hf)
+        model_type = hf.get("model_type")
+        if model_type and str(model_type).lower() not in cls.MODEL_TYPES:
+            raise ValueError(f"config.json model_type={model_type!r} is not a {cls.LABEL} model (accepted: "
+                             f"{cls.MODEL_TYPES})")
+        names = hf_architectures(hf)
+        foreign = [a for a in names if a not in cls.ARCHITECTURES]
+        if foreign:
+            raise ValueError(f"config.json architectures={names!r}: {foreign} is not a {cls.LABEL} architecture "
+                             f"(accepted: {list(cls.ARCHITECTURES)})")
 
 
 @dataclasses.dataclass(frozen=True)

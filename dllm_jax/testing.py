@@ -17,6 +17,7 @@ from dllm_jax.checkpoint.hf import (TARGET_DTYPES, Rule, hf_name, hf_shape, para
                                     rules_for, tree_get)
 from dllm_jax.checkpoint.hf_write import write_hf_files
 from dllm_jax.config import DreamConfig, LLaDA2Config, LLaDAConfig, SDARConfig
+from dllm_jax.diffusion_gemma_config import GLOBAL, SLIDING, DiffusionGemmaConfig, RopeConfig
 from dllm_jax.families import family_of
 
 
@@ -56,6 +57,19 @@ def tiny_llada2_config(**overrides) -> LLaDA2Config:
                   rope_theta=600000.0, partial_rotary_factor=0.5, rms_norm_eps=1e-6, max_position_embeddings=512,
                   mask_token_id=150, eos_token_id=141, pad_token_id=141)
     return LLaDA2Config(**(values | overrides))
+
+
+def tiny_diffusion_gemma_config(**overrides) -> DiffusionGemmaConfig:
+    """A small DiffusionGemma config: a sliding layer (head_dim 16, 2 KV heads, window 4) and a global one
+    (head_dim 32, 1 KV head, proportional RoPE over a quarter of its frequencies), 4 experts top-2 beside the dense
+    MLP, d=64, canvases of 8 tokens. Its HF tensors: `hf_names.diffusion_gemma_expected` names them."""
+    values = dict(vocab_size=160, hidden_size=64, intermediate_size=96, num_heads=4, layer_types=(SLIDING, GLOBAL),
+                  head_dims=(16, 32), kv_heads=(2, 1), sliding_window=4,
+                  rope=((SLIDING, RopeConfig(theta=10_000.0, head_dim=16, rotated=8)),
+                        (GLOBAL, RopeConfig(theta=1_000_000.0, head_dim=32, rotated=4))),
+                  num_experts=4, top_k_experts=2, moe_intermediate_size=32, canvas_length=8,
+                  max_position_embeddings=512, eos_token_ids=(141,), pad_token_id=0)
+    return DiffusionGemmaConfig(**(values | overrides))
 
 
 def random_weight(z, rule: Rule, hf_tensor_shape: tuple[int, ...]):
@@ -155,15 +169,17 @@ QWEN_STYLE_TEMPLATE = (
 )
 
 
-def write_tiny_tokenizer(directory, vocab_size: int, *, mask_token_id: int, eos_token_id: int,
+def write_tiny_tokenizer(directory, vocab_size: int, *, mask_token_id: int | None, eos_token_id: int,
                          chat_template: str = QWEN_STYLE_TEMPLATE) -> Path:
     """A word-level tokenizer.json whose ids cover 0..vocab_size-1 ("w<i>" words, "user" and
-    "assistant"; id 0 is the unknown token; mask, EOS and the chat markers are special tokens), plus
-    tokenizer_config.json with `chat_template`."""
+    "assistant"; id 0 is the unknown token; mask (None: a model without one), EOS and the chat markers are
+    special tokens), plus tokenizer_config.json with `chat_template`."""
     from tokenizers import Tokenizer, models, pre_tokenizers
 
     directory = Path(directory)
-    specials = {mask_token_id: "<|mask|>", eos_token_id: "<|im_end|>", eos_token_id - 1: "<|im_start|>"}
+    specials = {eos_token_id: "<|im_end|>", eos_token_id - 1: "<|im_start|>"}
+    if mask_token_id is not None:
+        specials[mask_token_id] = "<|mask|>"
     words = {0: "[UNK]", eos_token_id - 2: "user", eos_token_id - 3: "assistant"}
     vocab = {specials.get(i, words.get(i, f"w{i}")): i for i in range(vocab_size)}
     tokenizer = Tokenizer(models.WordLevel(vocab, unk_token="[UNK]"))

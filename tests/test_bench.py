@@ -337,7 +337,8 @@ def test_a_long_context_trace_is_served_with_and_without_its_long_prompts(tmp_pa
     assert sorted(rows) == ["server overlapped, by forward", "server overlapped, by forward, without the long prompts"]
     assert rows["server overlapped, by forward"]["requests"] == 6 and len(result["long_prompts"]) == 2
     assert rows["server overlapped, by forward, without the long prompts"]["requests"] == 4
-    assert all(0 < r["gap_p50"] <= r["gap_p99"] for r in rows.values())  # outputs of 8+ tokens: 2+ blocks each
+    # outputs of 8+ tokens: 2+ blocks each (a gap may round to 0: blocks of one step stream together)
+    assert all(r["gap_p99"] is not None and 0 <= r["gap_p50"] <= r["gap_p99"] for r in rows.values())
 
 
 def test_serving_runs_a_trace_with_its_clients_in_a_process_of_their_own(tmp_path):

@@ -1,14 +1,19 @@
 """DiffusionGemma's text model against transformers' own: a tiny random `DiffusionGemmaForBlockDiffusion`
 (sliding and global layers, MoE beside the dense MLP, every norm, scale and layer_scalar randomized) written
-by `save_pretrained`, loaded by the port, and its fp32 canvas logits compared; plus the config and tensor
-checks. Expected values come from transformers."""
+by `save_pretrained`, loaded by `dllm_jax.load_model`, and its fp32 canvas logits compared; plus the config and
+tensor checks, and the family's way through the registry (convert, load, generate, the command line, the
+server). Expected values come from transformers."""
 
 from __future__ import annotations
 
+import argparse
+import contextlib
 import copy
 import dataclasses
+import io
 import json
 
+import httpx
 import jax
 import numpy as np
 import pytest
@@ -18,8 +23,19 @@ from transformers import DiffusionGemmaConfig as HFConfig
 from transformers import DiffusionGemmaForBlockDiffusion
 from transformers.models.diffusion_gemma.generation_diffusion_gemma import EntropyBoundSampler, EntropyBoundSamplerConfig
 
+import dllm_jax
+from dllm_jax.checkpoint.hf import plan_conversion
+from dllm_jax.cli import main
+from dllm_jax.cli.serve import FLAGS, family_options
+from dllm_jax.diffusion_gemma_config import DiffusionGemmaConfig
+from dllm_jax.eval.evaluate import check_samples
+from dllm_jax.families import family_of
 from dllm_jax.generate import diffusion_gemma as gen
+from dllm_jax.generate.requests import until_stop
 from dllm_jax.models import diffusion_gemma as dg
+from dllm_jax.serve.app import build_app, running
+from dllm_jax.testing import write_tiny_tokenizer
+from dllm_jax.tokenizer import ChatTokenizer
 
 pytestmark = pytest.mark.filterwarnings("ignore::DeprecationWarning")
 
@@ -36,6 +52,12 @@ VISION = dict(hidden_size=16, intermediate_size=32, num_hidden_layers=1, num_att
               head_dim=8, position_embedding_size=16, patch_size=2)
 
 
+def load(path):
+    """(config, fp32 inference params) of a checkpoint folder, through the registry's loader."""
+    model = dllm_jax.load_model(path, dtype="float32", progress=False)
+    return model.config, model.params()
+
+
 @pytest.fixture(scope="module")
 def checkpoint(tmp_path_factory):
     """(transformers model, folder it was saved to, the port's config, the port's params)."""
@@ -50,7 +72,7 @@ def checkpoint(tmp_path_factory):
                 buffer.copy_(0.5 + torch.rand_like(buffer))
     path = tmp_path_factory.mktemp("diffusion_gemma")
     model.save_pretrained(path)
-    config, params = dg.load_checkpoint(str(path))
+    config, params = load(path)
     return model, path, config, params
 
 
@@ -143,10 +165,10 @@ BAD_CONFIGS = {
 def test_unsupported_or_missing_config_key_is_named(checkpoint, key):
     _, path, _, _ = checkpoint
     hf = json.loads((path / "config.json").read_text())
-    dg.from_hf_config(hf)  # the file as written is accepted
+    DiffusionGemmaConfig.from_hf_config(hf)  # the file as written is accepted
     BAD_CONFIGS[key](hf)
     with pytest.raises(ValueError, match=key):
-        dg.from_hf_config(hf)
+        DiffusionGemmaConfig.from_hf_config(hf)
 
 
 # --- tensor checks ---------------------------------------------------------------------------------------
@@ -157,44 +179,56 @@ def tensors(checkpoint):
     return load_file(str(path / "model.safetensors"))
 
 
-def test_vision_tensors_are_ignored(checkpoint, tensors):
-    _, _, config, _ = checkpoint
-    assert any(name.startswith("model.encoder.vision_tower.") for name in tensors)
-    dg.params_from_hf(dict(tensors, **{"model.encoder.vision_tower.extra": np.zeros(3, np.float32)}), config)
+def folder(tmp_path, checkpoint, tensors: dict):
+    """A checkpoint folder of `tensors` and the checkpoint's config.json."""
+    save_file({name: np.ascontiguousarray(value) for name, value in tensors.items()},
+              str(tmp_path / "model.safetensors"))
+    (tmp_path / "config.json").write_text((checkpoint[1] / "config.json").read_text())
+    return tmp_path
 
 
-def test_tensors_under_the_encoders_tied_names_load(checkpoint, tensors):
+def test_vision_and_tied_tensors_are_skipped(checkpoint, tensors, tmp_path):
+    """The vision tower, the encoder's copies of the decoder's text weights and a tied LM head are held by a file
+    but not read; the decoder's copy is."""
     _, _, config, params = checkpoint
-    renamed = {name.replace("model.decoder.layers.1.mlp", "model.encoder.language_model.layers.1.mlp"): value
-               for name, value in tensors.items()}
-    loaded = dg.params_from_hf(renamed, config)
+    assert any(name.startswith("model.encoder.vision_tower.") for name in tensors)
+    name = "model.decoder.layers.1.mlp.gate_proj.weight"
+    extra = {"model.encoder.vision_tower.extra": np.zeros(3, np.float32), "lm_head.weight": tensors[
+        "model.decoder.embed_tokens.weight"], name.replace("model.decoder.", "model.encoder.language_model."): 0 *
+        tensors[name]}
+    _, loaded = load(folder(tmp_path, checkpoint, dict(tensors, **extra)))
     assert np.array_equal(loaded["layers"][1]["gate_up_proj"], params["layers"][1]["gate_up_proj"])
 
 
 def bad_tensors(tensors):
     name = "model.decoder.layers.2.self_attn.v_proj.weight"
     return {
-        "missing": (lambda t: t.pop(name), name),
-        "misshaped": (lambda t: t.update({name: t[name][:-1]}), rf"{name}.*shape \(31, 64\)"),
+        "missing": (lambda t: t.pop(name), rf"{name}: missing"),
+        "misshaped": (lambda t: t.update({name: t[name][:-1]}),
+                      rf"{name}: shape \[31, 64\], config expects \[32, 64\]"),
         "unexpected": (lambda t: t.update({"model.decoder.layers.0.extra.weight": t[name]}),
-                       "model.decoder.layers.0.extra.weight"),
+                       "model.decoder.layers.0.extra.weight: unexpected tensor"),
         "global layer with a value projection": (
             lambda t: t.update({"model.decoder.layers.1.self_attn.v_proj.weight": t[name]}),
-            "model.decoder.layers.1.self_attn.v_proj.weight"),
+            "model.decoder.layers.1.self_attn.v_proj.weight: unexpected tensor"),
         "encoder layer_scalar missing": (lambda t: t.pop("model.encoder.language_model.layers.0.layer_scalar"),
-                                         "model.encoder.language_model.layers.0.layer_scalar"),
+                                         "model.encoder.language_model.layers.0.layer_scalar: missing"),
+        "only the encoder's copy": (
+            lambda t: t.update({name.replace("model.decoder.", "model.encoder.language_model."): t.pop(name)}),
+            rf"{name}: missing"),
     }
 
 
 @pytest.mark.parametrize("case", ["missing", "misshaped", "unexpected", "global layer with a value projection",
-                                  "encoder layer_scalar missing"])
-def test_bad_tensor_is_named(checkpoint, tensors, case):
+                                  "encoder layer_scalar missing", "only the encoder's copy"])
+def test_bad_tensor_is_named(checkpoint, tensors, case, tmp_path):
+    """The converter's validation (from the file headers, before any data is read) names each bad tensor."""
     _, _, config, _ = checkpoint
     edit, pattern = bad_tensors(tensors)[case]
     broken = dict(tensors)
     edit(broken)
     with pytest.raises(ValueError, match=pattern):
-        dg.params_from_hf(broken, config)
+        plan_conversion(folder(tmp_path, checkpoint, broken), config)
 
 
 def test_checkpoint_folder_in_shards_loads(checkpoint, tensors, tmp_path):
@@ -203,7 +237,7 @@ def test_checkpoint_folder_in_shards_loads(checkpoint, tensors, tmp_path):
     for i, part in enumerate((names[::2], names[1::2])):
         save_file({name: tensors[name] for name in part}, str(tmp_path / f"model-{i}.safetensors"))
     (tmp_path / "config.json").write_text((path / "config.json").read_text())
-    _, loaded = dg.load_checkpoint(str(tmp_path))
+    _, loaded = load(tmp_path)
     assert np.array_equal(loaded["layers"][3]["experts_down"], params["layers"][3]["experts_down"])
 
 
@@ -297,7 +331,7 @@ def calm(checkpoint, tmp_path_factory):
         model.model.decoder.self_conditioning.down_proj.weight.mul_(0.1)
     path = tmp_path_factory.mktemp("diffusion_gemma_calm")
     model.save_pretrained(path)
-    config, params = dg.load_checkpoint(str(path))
+    config, params = load(path)
     return model, dataclasses.replace(config, canvas_length=CANVAS), params
 
 
@@ -355,3 +389,155 @@ def test_rows_of_a_batch_generate_what_each_generates_alone(calm, rng):
 def test_bad_options_are_named(options, message):
     with pytest.raises(ValueError, match=message):
         gen.DiffusionGemmaOptions(**options)
+
+
+# --- the registry: convert, load, generate, the command line, the server ----------------------------------------
+
+VOCAB, EOS = 160, 141  # the tiny tokenizer's vocabulary and its <|im_end|> (dllm_jax.testing.write_tiny_tokenizer)
+SERVED = dict(max_new_tokens=8, max_denoising_steps=2)
+
+
+@pytest.fixture(scope="module")
+def registry(tmp_path_factory):
+    """(HF folder, converted folder, the float32 model loaded from the converted one): a tiny transformers
+    checkpoint in the tiny tokenizer's vocabulary, canvases of 8 tokens, written with that tokenizer (no mask
+    token: the model has none) and converted."""
+    torch.manual_seed(1)
+    text = dict(TEXT, vocab_size=VOCAB, eos_token_id=EOS)
+    model = DiffusionGemmaForBlockDiffusion(HFConfig(text_config=text, vision_config=VISION, canvas_length=8))
+    root = tmp_path_factory.mktemp("registry")
+    model.save_pretrained(root / "hf")
+    write_tiny_tokenizer(root / "hf", VOCAB, mask_token_id=None, eos_token_id=EOS)
+    dllm_jax.convert_hf_checkpoint(root / "hf", root / "out", progress=False)
+    return root / "hf", root / "out", dllm_jax.load_model(root / "out", dtype="float32", progress=False)
+
+
+def test_the_converted_and_the_hf_folder_load_one_model(registry, rng):
+    hf, _, model = registry
+    direct = dllm_jax.load_model(hf, dtype="float32", progress=False)
+    assert type(model) is dllm_jax.DiffusionGemma and model.config == direct.config
+    assert model.config.stop_ids == (EOS,) and model.config.canvas_length == 8 and model.config.placeholder_ids == ()
+    assert jax.tree.all(jax.tree.map(np.array_equal, model.params(), direct.params()))
+    ids, canvas = rng.integers(0, VOCAB, (2, 5)), rng.integers(0, VOCAB, (2, 8))
+    np.testing.assert_array_equal(model(ids, canvas), dg.forward(direct.params(), ids, canvas, config=direct.config))
+
+
+def test_generate_runs_the_sampler_row_by_row(registry):
+    """dllm_jax.generate on a left-padded batch: each row's prompt as given, then the sampler's tokens of its real
+    prompt (dllm_jax.generate.diffusion_gemma.generate, same params and seed), cut to max_new_tokens."""
+    _, _, model = registry
+    ids = np.array([[0, 0, 5, 6, 7], [9, 8, 7, 6, 5]], np.int32)
+    mask = np.array([[0, 0, 1, 1, 1], [1, 1, 1, 1, 1]], np.int32)
+    options = dict(max_new_tokens=12, max_denoising_steps=3, t_min=0.5, t_max=0.9)
+    out = np.asarray(dllm_jax.generate(model, ids, attention_mask=mask, seed=4, **options))
+    assert out.shape == (2, 5 + 12) and out.dtype == np.int32
+    np.testing.assert_array_equal(out[:, :5], ids)
+    rows = gen.generate(model.params(), [[5, 6, 7], [9, 8, 7, 6, 5]], config=model.config,
+                        options=gen.DiffusionGemmaOptions(**options), seed=4, stop_ids=(EOS,), pad_id=0)
+    for got, (row, n) in zip(out, zip(rows, (3, 5))):
+        want = row[n:n + 12]
+        np.testing.assert_array_equal(got[5:5 + len(want)], want)
+        assert (got[5 + len(want):] == 0).all()  # the pad id where the canvases stopped early
+
+
+class Custom(dllm_jax.Dense):
+    """An attention policy of the user's own."""
+
+
+@pytest.mark.parametrize("call, message", [
+    (lambda m: dllm_jax.generate(m, np.ones((1, 3), np.int32), steps=4), r"unknown DiffusionGemma generate options "
+                                                                            r"\['steps'\]"),
+    (lambda m: dllm_jax.generate(m, np.ones((1, 3), np.int32), t_min=0.9), "t_max=0.8 must be above t_min=0.9"),
+    (lambda m: dllm_jax.generate(m, np.ones((1, 3), np.int32), method="sparsed"),
+     "SparseD is a method for LLaDA models .* for DiffusionGemma no sparse attention method applies to it yet"),
+    (lambda m: dllm_jax.generate(m, np.ones((1, 3), np.int32), method="mage"), "for DiffusionGemma no sparse"),
+    (lambda m: dllm_jax.generate(m, np.ones((1, 3), np.int32), method=Custom()),
+     "method=Custom: DiffusionGemma runs dense attention only"),
+    (lambda m: dllm_jax.generate(m, np.ones((1, 3), np.int32), progress=True), "reports no progress"),
+    (lambda m: dllm_jax.generate(m, np.ones((1, 3), np.int32), return_nfe=True), "return_nfe=True is for LLaDA"),
+    (lambda m: dllm_jax.generate(m, np.ones((1, 3), np.int32), attention_mask=np.zeros((1, 3), np.int32)),
+     "attention_mask row 0 marks no token"),
+    (lambda m: dllm_jax.generate(m, np.full((1, 3), VOCAB), max_new_tokens=8), r"token ids must lie in \[0, 160\)"),
+    (lambda m: dllm_jax.generate(m, np.ones((1, 3), np.int32), max_new_tokens=200_000), "exceeds the model's context"),
+], ids=["unknown option", "schedule", "bidirectional method", "block method", "own policy", "progress", "nfe",
+        "empty row", "token id", "context"])
+def test_generate_refusals_name_the_problem(registry, call, message):
+    with pytest.raises(ValueError, match=message):
+        call(registry[2])
+
+
+@pytest.mark.parametrize("call, message", [
+    (lambda hf, out: dllm_jax.load_model(hf, quantize="int8"), "DiffusionGemma weights cannot be quantized"),
+    (lambda hf, out: dllm_jax.convert_hf_checkpoint(hf, out.parent / "q", quantize="int8"),
+     "DiffusionGemma weights cannot be quantized"),
+    (lambda hf, out: dllm_jax.load_model(out, mesh=jax.make_mesh((1,), ("tp",))),
+     "DiffusionGemma weights cannot be sharded over a mesh"),
+    (lambda hf, out: dllm_jax.load_model(out, execution="scan", progress=False), "runs its layers unrolled only"),
+    (lambda hf, out: check_samples(dllm_jax.load_model(out, progress=False), []),
+     "evaluate supports .* models, got DiffusionGemma"),
+], ids=["quantize", "quantized conversion", "mesh", "scan", "eval"])
+def test_what_the_family_does_not_support_is_refused(registry, call, message):
+    hf, out, _ = registry
+    with pytest.raises(ValueError, match=message):
+        call(hf, out)
+
+
+def cli(argv):
+    """(exit status, stdout, stderr) of `dllm-jax` with `argv`."""
+    out, err = io.StringIO(), io.StringIO()
+    with contextlib.redirect_stdout(out), contextlib.redirect_stderr(err):
+        status = main(argv)
+    return status, out.getvalue(), err.getvalue()
+
+
+def answer_text(model, tokenizer, prompt_ids, seed: int, **options) -> str:
+    """The text of `dllm_jax.generate`'s answer to one prompt: cut after its stop id."""
+    out = np.asarray(dllm_jax.generate(model, np.asarray(prompt_ids, np.int32)[None], seed=seed, **options))
+    return tokenizer.decode(until_stop(out[0, len(prompt_ids):], model.config.stop_ids))
+
+
+def test_the_command_line_generates_what_generate_does(registry):
+    _, out, model = registry
+    status, text, err = cli(["generate", "--model", str(out), "--prompt", "w5 w6 w7", "--raw", "--gen-length", "8",
+                             "--steps", "2", "--t-max", "0.9", "--entropy-bound", "0.2", "--seed", "3",
+                             "--dtype", "float32"])
+    assert status == 0 and "[DiffusionGemma: 3 prompt tokens" in err, err
+    tokenizer = ChatTokenizer(out)
+    expected = answer_text(model, tokenizer, [5, 6, 7], 3, max_new_tokens=8, max_denoising_steps=2, t_max=0.9,
+                           entropy_bound=0.2)
+    assert text.rstrip("\n") == expected
+
+
+@pytest.mark.parametrize("flags, message", [
+    (["--temperature", "0.5"], "--temperature does not apply to DiffusionGemma: its sampler has no temperature"),
+    (["--remasking", "random"], "--remasking random applies to LLaDA models"),
+    (["--top-k", "2"], "--top-k applies to"),
+    (["--t-min", "0.9"], "--t-max 0.8 must be above --t-min 0.9"),
+    (["--method", "sparsed"], "for DiffusionGemma no sparse attention method applies"),
+])
+def test_the_command_line_refuses_flags_that_do_not_apply(registry, flags, message):
+    _, out, _ = registry
+    status, _, err = cli(["generate", "--model", str(out), "--prompt", "w5", *flags])
+    assert status == 2 and message in err, err
+
+
+def test_the_server_answers_what_generate_does(registry):
+    """`dllm-jax serve`'s flags for the family, and the lockstep server: each request (its own seed; every request
+    samples) is answered with what `dllm_jax.generate` gives its prompt alone; a temperature is refused."""
+    _, out, model = registry
+    flags = argparse.Namespace(**dict.fromkeys(FLAGS.values()) | dict(gen_length=8, steps=2))
+    assert family_options(flags, family_of(model)) == SERVED  # dllm-jax serve --gen-length 8 --steps 2
+    status, _, err = cli(["serve", "--model", str(out), "--denoising-steps", "2"])
+    assert status == 2 and "--denoising-steps does not apply to DiffusionGemma (its flags: --gen-length, --steps)" \
+        in err
+    tokenizer = ChatTokenizer(out)
+    prompts = [[5, 6, 7], [9, 8, 7, 6, 5]]
+    with running(build_app(model, tokenizer, model_name="dg", slots=2, **SERVED)) as url:
+        replies = [httpx.post(url + "/v1/completions", json=dict(model="dg", prompt=prompt, max_tokens=8, seed=seed),
+                              timeout=120) for prompt, seed in zip(prompts, (2, 7))]
+        refused = httpx.post(url + "/v1/completions", json=dict(model="dg", prompt=[5], max_tokens=8, temperature=0.5),
+                             timeout=120)
+    for reply, prompt, seed in zip(replies, prompts, (2, 7)):
+        assert reply.status_code == 200, reply.text
+        assert reply.json()["choices"][0]["text"] == answer_text(model, tokenizer, prompt, seed, **SERVED)
+    assert refused.status_code == 400 and "DiffusionGemma samples with" in refused.text

@@ -45,8 +45,12 @@ def sdar(checkpoints):
 
 @pytest.fixture(scope="module")
 def url(sdar):
+    """The SDAR server most tests share. One request per prefill: the tests that count compilations need the same
+    insert programs whatever the arrival timing (a batched prefill's rows, 1, 2 or 4, depend on which requests
+    one step admits; tests/test_serve_engine.py covers batched prefill)."""
     _, model, tokenizer = sdar
-    with running(build_app(model, tokenizer, model_name=NAME, slots=4, max_context=MAX_CONTEXT)) as base:
+    with running(build_app(model, tokenizer, model_name=NAME, slots=4, max_context=MAX_CONTEXT,
+                           prefill_batch=1)) as base:
         yield base
 
 

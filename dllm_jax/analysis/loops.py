@@ -22,9 +22,11 @@ def loop_for(kind: str, model, prompt_ids, method, options: dict) -> ProbeLoop:
     if family is None or family.method_kind != kind:
         names = " and ".join(f.label for f in family_for_kind(kind))
         hint = ""
-        if family is not None:
+        if family is not None and family.method_kind in ANALYSES:
             other = family_for_kind(family.method_kind)
             hint = f" ({' and '.join(f.label for f in other)} models: {ANALYSES[family.method_kind]})"
+        elif family is not None:
+            hint = f" ({family.label}: no sparse attention method applies to it yet, so no pattern to analyze)"
         raise ValueError(f"{caller} takes {names} models, got {type(model).__name__}{hint}")
     family.check_method(method)
     return family.probe_loop(model, prompt_ids, method, options)

@@ -2,8 +2,9 @@
 
 `make_method("sparsed", select=0.3)` is what the CLI and the notebooks use. A method serves one kind
 of decoding, named by the family it was published for: `BIDIRECTIONAL` ("LLaDA": full-sequence steps,
-LLaDA and Dream) or `BLOCK` ("SDAR": block steps over a KV cache, SDAR and LLaDA2); a model family's
-kind is its `method_kind` in `dllm_jax.families`. `check_method` is what `generate` calls (through
+LLaDA and Dream) or `BLOCK` ("SDAR": block steps over a KV cache, SDAR and LLaDA2). `CANVAS`
+("DiffusionGemma": canvases denoised against an encoder's KV cache) is a kind no method serves yet. A model
+family's kind is its `method_kind` in `dllm_jax.families`. `check_method` is what `generate` calls (through
 the family's entry), so that a method meant for the other kind fails with a sentence that names the
 methods which do apply, instead of deep inside the compiled loop.
 """
@@ -20,7 +21,8 @@ from dllm_jax.attention.sparsed import SparseD
 
 BIDIRECTIONAL = "LLaDA"  # methods that estimate their pattern from a full bidirectional sequence step
 BLOCK = "SDAR"  # methods that attend a query block against a KV cache
-KINDS = (BIDIRECTIONAL, BLOCK)
+CANVAS = "DiffusionGemma"  # canvases denoised against an encoder's KV cache: no published method serves it yet
+KINDS = (BIDIRECTIONAL, BLOCK, CANVAS)
 
 # name -> (kind, class). "flashblock+mage" is FlashBlock(inner=MAGE(...)), the paper's residual reuse.
 METHODS = {
@@ -103,8 +105,9 @@ def check_method(method, kind: str, family: str) -> None:
     if expected is not None and expected != kind:
         why = {BLOCK: "it attends a query block against SDAR's KV cache",
                BIDIRECTIONAL: "it estimates its pattern from the full bidirectional sequence of a LLaDA step"}[expected]
-        raise ValueError(f"{type(method).__name__} is a method for {expected} models ({why}); for "
-                         f"{family} use one of {method_names(kind)} (or method=None for dense attention)")
+        use = (f"use one of {method_names(kind)} (or method=None for dense attention)" if method_names(kind) else
+               "no sparse attention method applies to it yet: use method=None (dense attention)")
+        raise ValueError(f"{type(method).__name__} is a method for {expected} models ({why}); for {family} {use}")
 
 
 def _lookup(name: str):

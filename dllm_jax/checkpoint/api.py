@@ -89,6 +89,7 @@ def convert_hf_checkpoint(hf_dir, out_dir, *, dtype: str | None = None, quantize
         check_replaceable(out_dir)
     check_config_file(hf_dir)
     raw, config = read_hf_config(hf_dir)
+    family_of(config).check_quantize(quantize)
     plan = plan_conversion(hf_dir, config)  # fail on a bad checkpoint before creating anything
     sides = side_files(hf_dir)
     dtype = "bfloat16" if quantize else dtype or source_dtype(plan)
@@ -245,8 +246,10 @@ def load_model(path, *, dtype=None, quantize: str | None = None, verify: bool = 
         `generate` puts prompt rows over "dp"; None (the default) keeps everything on the default device.
         The weights are loaded on the default device first, then placed.
     Returns:
-      The NNX model of config.json's family (`LLaDA`, `SDAR`, `Dream` or `LLaDA2`); `model(input_ids) -> float32 logits
-      [B, L, V]` (bidirectional for LLaDA and Dream, block-causal for SDAR); `model.config`.
+      The NNX model of config.json's family (`LLaDA`, `SDAR`, `Dream`, `LLaDA2` or `DiffusionGemma`); `model(input_ids)
+      -> float32 logits [B, L, V]` (bidirectional for LLaDA and Dream, block-causal for SDAR); DiffusionGemma's
+      `model(input_ids, decoder_input_ids, self_conditioning_logits=None)` -> float32 canvas logits [B, C, V], as
+      transformers' forward (no quantize, mesh or execution="scan": refused with a ValueError); `model.config`.
     """
     path = Path(path)
     dtype = checked_dtype(dtype, "load_model") or "bfloat16"
@@ -258,6 +261,8 @@ def load_model(path, *, dtype=None, quantize: str | None = None, verify: bool = 
         raise ValueError(f"{path} is not a directory (load_model takes a checkpoint directory)")
     check_config_file(path)
     raw, config = read_hf_config(path)
+    family_of(config).check_quantize(quantize)
+    family_of(config).check_mesh(mesh)
     quantize = check_load_quantize(path, config, quantize, dtype)
     if mesh is not None:  # before reading any weight
         mesh = check_mesh(mesh, config, family_of(config).tp_split)
@@ -280,6 +285,7 @@ def quantize_params(params: dict, config, quantize: str | None):
         return params, config
     if config.quantize:
         raise ValueError(f"the parameters are already quantized ({config.quantize})")
+    family_of(config).check_quantize(quantize)
     params = quantize_tree(params, family_of(config).quantized, quantize)
     return params, dataclasses.replace(config, quantize=quantize)
 
@@ -387,6 +393,7 @@ def model_from_params(config, params: dict, *, execution: str = "unrolled", mesh
     it, over the axes ("dp", "sp", "tp"), as `model.mesh`."""
     family = family_of(config)
     check_execution(execution)
+    family.check_mesh(mesh)
     dtype = params["embed"].dtype
     params = family.prepare_params(params, config, execution=execution)
     if mesh is not None:

@@ -12,6 +12,7 @@ from __future__ import annotations
 import dataclasses
 import json
 import os
+import re
 import stat
 from pathlib import Path, PurePosixPath
 
@@ -193,14 +194,17 @@ def read_headers(hf_dir: Path) -> list[TensorEntry]:
 def plan_conversion(hf_dir: str | Path, config) -> list[PlannedTensor]:
     """Matches every tensor of the checkpoint to the parameter tree of `config`.
 
-    Raises one ValueError listing every missing, unexpected, mis-shaped or non-float tensor.
+    Raises one ValueError listing every missing, unexpected, mis-shaped or non-float tensor (the family's
+    `hf_skipped` names excepted: tensors the model does not read).
     """
     hf_dir = Path(hf_dir)
     entries = read_headers(hf_dir)
     rules = rules_for(config)
     shapes = param_shapes_for(config)
-    expand = family_of(config).hf_expected  # a family whose tensors are not one per rule and layer
+    family = family_of(config)
+    expand = family.hf_expected  # a family whose tensors are not one per rule and layer
     expected = expand(config, shapes) if expand else {}
+    skipped = re.compile("|".join(f"(?:{pattern})" for pattern in family.hf_skipped)) if family.hf_skipped else None
     for rule in () if expand else rules:
         layers = range(config.num_layers) if rule.per_layer else [None]
         for layer in layers:
@@ -209,6 +213,8 @@ def plan_conversion(hf_dir: str | Path, config) -> list[PlannedTensor]:
             expected[hf_name(rule, layer)] = (rule, layer, target)
     problems, plan = [], []
     for e in entries:
+        if e.name not in expected and skipped is not None and skipped.fullmatch(e.name):
+            continue  # held by the checkpoint, not read by the model (Family.hf_skipped)
         if e.name not in expected:
             problems.append(f"{e.name}: unexpected tensor {list(e.shape)} (not part of this model's config)")
             continue

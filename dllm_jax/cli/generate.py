@@ -91,7 +91,7 @@ def run_batch(model, tokenizer, args, request, batch, *, alone: bool) -> None:
     # is a maximum (as its help says), so the rest is cut here, and the report says it was decoded.
     new = out[:, prompt:prompt + args.gen_length]
     answers = [answer_ids(row, stops, request.config.pad_token_id, padded=batch.mask is not None) for row in new]
-    texts = [tokenizer.decode(ids, skip=(request.config.mask_token_id,)) for ids in answers]
+    texts = [tokenizer.decode(ids, skip=request.config.placeholder_ids) for ids in answers]
     # LLaDA and Dream denoise every position of the answer region; SDAR stops a row at its stop token
     counts = [len(row) if request.family in ("LLaDA", "Dream") else len(ids) for row, ids in zip(new, answers)]
     print_answers(texts, batch, alone=alone)

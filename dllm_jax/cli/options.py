@@ -20,6 +20,9 @@ OPTION_DESTS = {
     "SDAR": {"max_new_tokens": "gen_length", "denoising_steps": "steps", "remasking": "remasking",
              "confidence_threshold": "confidence_threshold", "temperature": "temperature", "top_k": "top_k",
              "top_p": "top_p"},
+    "DiffusionGemma": {"max_new_tokens": "gen_length", "max_denoising_steps": "steps", "entropy_bound": "entropy_bound",
+                       "t_min": "t_min", "t_max": "t_max", "stability_threshold": "stability_threshold",
+                       "confidence_threshold": "confidence_threshold"},
 }
 # generate's option fields -> the flags that set them (every family), for its errors' messages
 OPTION_FLAGS = {field: "--" + dest.replace("_", "-")

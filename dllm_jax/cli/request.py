@@ -6,7 +6,7 @@ from __future__ import annotations
 import dataclasses
 
 from dllm_jax.cli.methods import method_from_args
-from dllm_jax.cli.options import family_options, flag_names, option_default, options_class
+from dllm_jax.cli.options import OPTION_DESTS, family_options, flag_names, option_default, options_class
 from dllm_jax.cli.sampling import FAMILY_FLAGS, flag_families, remasking_families
 
 
@@ -14,8 +14,8 @@ from dllm_jax.cli.sampling import FAMILY_FLAGS, flag_families, remasking_familie
 class Request:
     """The generate / analyze flags, checked against the checkpoint's config.json before any weights load."""
 
-    config: object  # the checkpoint's LLaDAConfig, SDARConfig, DreamConfig or LLaDA2Config
-    family: str  # the sampler's family (`Family.sampler`): "LLaDA", "SDAR", "Dream" or "LLaDA2"
+    config: object  # the checkpoint's config (LLaDAConfig, SDARConfig, ..., DiffusionGemmaConfig)
+    family: str  # the sampler's family (`Family.sampler`): "LLaDA", "SDAR", "Dream", "LLaDA2" or "DiffusionGemma"
     method: object  # the --method attention policy; None for dense
     options: dict  # generate's options of the family
 
@@ -31,6 +31,8 @@ def checked_request(args) -> Request:
     entry = family_of(config)
     family = entry.sampler
     check_family_flags(args, family)
+    if args.temperature is not None and "temperature" not in OPTION_DESTS[family].values():
+        raise ValueError(f"--temperature does not apply to {family}: its sampler has no temperature option")
     entry.check_method(method)
     check_steps(args, family, config)
     check_top_k(args, config)

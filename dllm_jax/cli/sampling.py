@@ -16,11 +16,15 @@ FAMILY_FLAGS = {"block_length": ("--block-length", "LLaDA"), "cfg_scale": ("--cf
                 "top_k": ("--top-k", "SDAR"), "top_p": ("--top-p", "SDAR"),
                 "confidence_threshold": ("--confidence-threshold", "SDAR"), "cache": ("--cache", "LLaDA"),
                 "threshold": ("--threshold", "LLaDA"), "factor": ("--factor", "LLaDA"),
-                "cache_refresh": ("--cache-refresh", "LLaDA"), "alg_temp": ("--alg-temp", "Dream")}
+                "cache_refresh": ("--cache-refresh", "LLaDA"), "alg_temp": ("--alg-temp", "Dream"),
+                "entropy_bound": ("--entropy-bound", "DiffusionGemma"),
+                "t_min": ("--t-min", "DiffusionGemma"), "t_max": ("--t-max", "DiffusionGemma"),
+                "stability_threshold": ("--stability-threshold", "DiffusionGemma")}
 # Flags a second family's sampler reads too (Dream's official sampler has top-k and top-p, as SDAR's).
-# LLaDA2's official sampler reads block length, threshold, top-k and top-p.
+# LLaDA2's official sampler reads block length, threshold, top-k and top-p; DiffusionGemma's adaptive stopping a
+# confidence threshold (a mean entropy).
 SHARED_FLAGS = {"top_k": ("Dream", "LLaDA2"), "top_p": ("Dream", "LLaDA2"), "block_length": ("LLaDA2",),
-                "threshold": ("LLaDA2",)}
+                "threshold": ("LLaDA2",), "confidence_threshold": ("DiffusionGemma",)}
 REMASKING_FIELDS = {"LLaDA": "remasking", "SDAR": "remasking", "Dream": "alg"}  # Dream's alg: its remasking
 
 
@@ -78,14 +82,16 @@ def add_option_flags(parser: argparse.ArgumentParser) -> None:
     greedy, sdar = option_default("LLaDA", "temperature"), option_default("SDAR", "temperature")
     parser.add_argument("--temperature", type=non_negative_float, default=None, metavar="T",
                         help=f"sampling temperature: LLaDA and Dream default {greedy:g} (greedy); SDAR default "
-                             f"{sdar:g}, must be > 0 (--top-k 1 is greedy)")
+                             f"{sdar:g}, must be > 0 (--top-k 1 is greedy); not DiffusionGemma (--t-max, --t-min)")
     parser.add_argument("--cfg-scale", type=non_negative_float, default=None, metavar="S",
                         help="LLaDA only: classifier-free guidance (0: off)")
     parser.add_argument("--remasking", default=None, choices=list(remasking_families()), metavar="NAME",
                         help=remasking_help())
     parser.add_argument("--confidence-threshold", type=probability, default=None, metavar="X",
-                        help="SDAR only, low_confidence_dynamic remasking "
-                             f"({option_default('SDAR', 'confidence_threshold'):g})")
+                        help="SDAR: low_confidence_dynamic remasking "
+                             f"({option_default('SDAR', 'confidence_threshold'):g}); DiffusionGemma: a row stops "
+                             "denoising a canvas once its mean entropy is below X and its argmax stable "
+                             f"({option_default('DiffusionGemma', 'confidence_threshold'):g})")
     add_fast_dllm_flags(parser)
     parser.add_argument("--top-k", type=non_negative_int, default=None, metavar="N",
                         help="SDAR and Dream: top-k (0: off)")
@@ -93,6 +99,25 @@ def add_option_flags(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--alg-temp", type=non_negative_float, default=None, metavar="T",
                         help="Dream only: draw the committed positions from softmax(confidence / T) (0: the most "
                              "confident)")
+    add_diffusion_gemma_flags(parser)
+
+
+def add_diffusion_gemma_flags(parser: argparse.ArgumentParser) -> None:
+    """DiffusionGemma's sampler flags (transformers' option names; --steps is its max_denoising_steps)."""
+    def default(field):
+        return f"{option_default('DiffusionGemma', field):g}"
+
+    parser.add_argument("--entropy-bound", type=positive_float, default=None, metavar="X",
+                        help="DiffusionGemma only: a step accepts the lowest-entropy positions while their entropies, "
+                             f"summed without the largest, stay within X ({default('entropy_bound')})")
+    parser.add_argument("--t-min", type=non_negative_float, default=None, metavar="T",
+                        help=f"DiffusionGemma only: the last step's temperature ({default('t_min')})")
+    parser.add_argument("--t-max", type=non_negative_float, default=None, metavar="T",
+                        help=f"DiffusionGemma only: the first step's temperature ({default('t_max')}; linear to "
+                             "--t-min)")
+    parser.add_argument("--stability-threshold", type=non_negative_int, default=None, metavar="N",
+                        help="DiffusionGemma only: steps a canvas's argmax must stay unchanged before a row stops "
+                             f"({default('stability_threshold')})")
 
 
 def add_length_flags(parser: argparse.ArgumentParser) -> None:
@@ -102,11 +127,13 @@ def add_length_flags(parser: argparse.ArgumentParser) -> None:
     gen_length = option_default("LLaDA", "gen_length")
     parser.add_argument("--gen-length", type=positive_int, default=gen_length, metavar="N",
                         help=f"new tokens ({gen_length}). LLaDA: gen_length, exactly this many (Dream: max_new_tokens, "
-                             "too). SDAR: max_new_tokens; SDAR decodes whole blocks of its block_size, and at most "
-                             "this many are printed (fewer after a stop token)")
+                             "too). SDAR: max_new_tokens; SDAR decodes whole blocks of its block_size, DiffusionGemma "
+                             "whole canvases of its canvas_length, and at most this many are printed (fewer after a "
+                             "stop token)")
     parser.add_argument("--steps", type=positive_int, default=None, metavar="N",
                         help="LLaDA and Dream steps in all (default gen-length) / SDAR denoising_steps per block "
-                             "(default block_size)")
+                             "(default block_size) / LLaDA2 steps per block / DiffusionGemma max_denoising_steps per "
+                             f"canvas ({option_default('DiffusionGemma', 'max_denoising_steps')})")
     parser.add_argument("--block-length", type=positive_int, default=None, metavar="N",
                         help="LLaDA only: block_length (default gen-length)")
 

@@ -25,7 +25,10 @@ FLAGS = {"--denoising-steps": "denoising_steps", "--remasking": "remasking", "--
          "--factor": "factor"}
 FAMILY_FLAGS = {"SDAR": ("--denoising-steps", "--remasking"), "LLaDA2": ("--steps", "--block-length"),
                 "LLaDA": ("--gen-length", "--steps", "--block-length", "--cache", "--threshold", "--factor"),
-                "Dream": ("--gen-length", "--steps")}
+                "Dream": ("--gen-length", "--steps"), "DiffusionGemma": ("--gen-length", "--steps")}
+# where a flag sets an option of another name for a sampler: DiffusionGemma's steps are transformers'
+# max_denoising_steps
+OPTION_NAMES = {("DiffusionGemma", "--steps"): "max_denoising_steps"}
 # where the server departs from the Options' default on purpose: LLaDA serves with Fast-dLLM's dual cache (its
 # accuracy kept in the paper's and docs/benchmarks.md's measurements, several times faster at long contexts)
 SERVE_DEFAULTS = {"LLaDA": dict(cache="dual")}
@@ -37,9 +40,9 @@ def add_parser(subparsers) -> None:
         help="serve a checkpoint over an OpenAI-compatible HTTP API (continuous batching for SDAR and LLaDA2)",
         description="Loads a checkpoint and serves POST /v1/completions and /v1/chat/completions (stream: true "
                     "sends each decoded block), GET /v1/models, /health and /metrics (Prometheus). SDAR and LLaDA2 "
-                    "requests share --slots rows of one compiled block step (continuous batching); LLaDA and Dream "
-                    "requests are generated in lockstep batches of up to --slots (a sampled request alone), with the answer length "
-                    "fixed by --gen-length. Each request gets what `dllm_jax.generate` gives its prompt alone. "
+                    "requests share --slots rows of one compiled block step (continuous batching); LLaDA, Dream and "
+                    "DiffusionGemma requests are generated in lockstep batches of up to --slots (a sampled request "
+                    "alone: every DiffusionGemma request samples), with the answer length fixed by --gen-length. Each request gets what `dllm_jax.generate` gives its prompt alone. "
                     "Sampling options are the server's (a request may repeat them). SIGTERM or Ctrl-C stops taking "
                     "requests, finishes the running ones, then exits. Needs the serve extra: pip install "
                     "'dllm-jax[serve]'.")
@@ -74,10 +77,11 @@ def add_parser(subparsers) -> None:
     serve.add_argument("--remasking", choices=["low_confidence_dynamic", "low_confidence_static", "sequential"],
                        default=None, help="which tokens a step commits (default: SDAR's, low_confidence_dynamic)")
     serve.add_argument("--gen-length", type=positive_int, default=None, metavar="N",
-                       help="LLaDA, Dream (lockstep): the answer region every request decodes (the family's "
-                            "default); a request's max_tokens may not exceed it")
+                       help="LLaDA, Dream, DiffusionGemma (lockstep): the answer region every request decodes (the "
+                            "family's default); a request's max_tokens may not exceed it")
     serve.add_argument("--steps", type=positive_int, default=None, metavar="N",
-                       help="LLaDA, Dream: denoising steps; LLaDA2: steps per block (the family's default)")
+                       help="LLaDA, Dream: denoising steps; LLaDA2: steps per block; DiffusionGemma: "
+                            "max_denoising_steps per canvas (the family's default)")
     serve.add_argument("--block-length", type=positive_int, default=None, metavar="N",
                        help="LLaDA, LLaDA2: block length (the family's default)")
     add_fast_dllm_flags(serve, served=True)
@@ -104,8 +108,9 @@ def family_options(args: argparse.Namespace, family) -> dict:
     if stray:
         verb = "does" if len(stray) == 1 else "do"
         raise ValueError(f"{', '.join(stray)} {verb} not apply to {family.label} (its flags: {', '.join(mine)})")
-    options = SERVE_DEFAULTS.get(family.sampler, {}) | {
-        family.answer_option if flag == "--gen-length" else FLAGS[flag]: getattr(args, FLAGS[flag]) for flag in given}
+    names = {flag: OPTION_NAMES.get((family.sampler, flag), FLAGS[flag]) for flag in given} | (
+        {"--gen-length": family.answer_option} if "--gen-length" in given else {})
+    options = SERVE_DEFAULTS.get(family.sampler, {}) | {names[flag]: getattr(args, FLAGS[flag]) for flag in given}
     if options.get("cache") == "none":
         options["cache"] = None
     return options

@@ -1,10 +1,11 @@
 """Generation: one compiled loop per model family; `generate` looks the model's family up
-(`dllm_jax.families`) and runs its `run` (dllm_jax.generate.llada, .sdar, .dream, .llada2)."""
+(`dllm_jax.families`) and runs its `run` (dllm_jax.generate.llada, .sdar, .dream, .llada2, .diffusion_gemma)."""
 
 from __future__ import annotations
 
 from dllm_jax import families  # the registry imports this package's family modules: read at call time
 from dllm_jax import validation
+from dllm_jax.generate.diffusion_gemma import DiffusionGemmaOptions
 from dllm_jax.generate.dream import DreamOptions
 from dllm_jax.generate.llada import LLaDAOptions
 from dllm_jax.generate.llada2 import LLaDA2Options
@@ -60,6 +61,13 @@ def generate(model, prompt_ids, *, attention_mask=None, seed: int = 0, method=No
       the tokens after the first EOS are Dream's padding). `attention_mask` [B, P] (padding anywhere, as the
       official code: positions count real tokens, padding keys are hidden; dense attention only). Mask ids
       in the prompt are infilled (the same number in every row).
+    DiffusionGemma options (`dllm_jax.generate.diffusion_gemma.run`, transformers' names and defaults):
+      max_new_tokens=256, max_denoising_steps=48, entropy_bound=0.1, t_min=0.4, t_max=0.8, stability_threshold=1,
+      confidence_threshold=0.005 (None: no adaptive stopping). Canvases of config.canvas_length uniformly random
+      tokens are denoised after the prompt (it has no mask token and always samples: `seed` decides the draws).
+      Returns int32 [B, P + max_new_tokens]: the prompt as given, then each row's first max_new_tokens tokens, the
+      pad id after its stop id. `attention_mask` [B, P] marks each row's prompt tokens (padding anywhere). Dense
+      attention only (no sparse method applies to it yet); no progress bar, no return_nfe.
     Fast-dLLM (NVlabs/Fast-dLLM, LLaDA; `dllm_jax.generate.llada.generate_llada_fast`): `cache="prefix"`
       reuses every layer's keys and values of the positions before the block from the block's first
       step, `cache="dual"` those after it too (the block's later steps then run the block alone);
@@ -89,4 +97,4 @@ def generate(model, prompt_ids, *, attention_mask=None, seed: int = 0, method=No
     return family.run(model, prompt_ids, attention_mask, seed, method, progress, return_nfe, options)
 
 
-__all__ = ["DreamOptions", "LLaDA2Options", "LLaDAOptions", "SDAROptions", "generate"]
+__all__ = ["DiffusionGemmaOptions", "DreamOptions", "LLaDA2Options", "LLaDAOptions", "SDAROptions", "generate"]

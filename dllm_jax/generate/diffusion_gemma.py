@@ -19,6 +19,10 @@ Each row runs in its own coordinates (its prompt at positions 0..len-1, its canv
 tokens are those of generating it alone. Random draws come from one key: canvas k's initial tokens, and step j's
 uniforms (one per position, sampling by the inverse of the distribution's CDF) and re-noising tokens
 (`initial_canvas`, `step_draws`), the same for every row.
+
+`dllm_jax.generate.generate` runs it for a `DiffusionGemma` model through this module's registry entry (`FAMILY`:
+`prepare` checks a request, `run` lays the answers out as every family's generate does); `generate` below is the
+same loop on a parameter tree and lists of prompts.
 """
 
 from __future__ import annotations
@@ -32,8 +36,14 @@ import numpy as np
 from flax import struct
 
 from dllm_jax import validation as check
-from dllm_jax.models.diffusion_gemma import decode, encode, init_cache
-from dllm_jax.models.diffusion_gemma_config import DiffusionGemmaConfig
+from dllm_jax.attention import methods
+from dllm_jax.attention.policy import Dense
+from dllm_jax.diffusion_gemma_config import DiffusionGemmaConfig
+from dllm_jax.families import Family
+from dllm_jax.generate.requests import as_array, check_context, check_prompt, make_options
+from dllm_jax.models import diffusion_gemma_weights as weights
+from dllm_jax.models import hf_names
+from dllm_jax.models.diffusion_gemma import DiffusionGemma, decode, encode, init_cache
 
 
 @dataclasses.dataclass(frozen=True, kw_only=True)
@@ -232,3 +242,64 @@ def generate(params, prompts, *, config: DiffusionGemmaConfig, options: Diffusio
                                      stop_ids=tuple(int(i) for i in stop_ids), pad_id=int(pad_id), backend=backend)
     out = np.asarray(out)[:, :int(ran) * config.canvas_length]
     return [np.concatenate([np.asarray(prompt, np.int32), row]) for prompt, row in zip(prompts, out)]
+
+
+# --- the registry's entry ------------------------------------------------------------------------------------
+
+def prepare(model, prompt_ids, attention_mask, method, options: dict):
+    """(DiffusionGemmaOptions, each row's prompt tokens) of a request, checked on the host: the options, the
+    prompt ids [B, P], attention_mask [B, P] (1: a token, 0: padding anywhere; each row's tokens are its prompt,
+    at positions 0..n-1), each row's prompt and canvases within the context, and dense attention (`method`: no
+    sparse attention method applies to DiffusionGemma yet)."""
+    if type(method) is not Dense:
+        raise ValueError(f"method={type(method).__name__}: DiffusionGemma runs dense attention only (no sparse "
+                         "attention method applies to its canvas decoder yet); use method=None")
+    opts = make_options(DiffusionGemmaOptions, "DiffusionGemma", options)
+    prompt_ids = as_array("prompt_ids", prompt_ids)
+    check_prompt(model.config, prompt_ids, attention_mask)
+    mask = np.ones(prompt_ids.shape, bool) if attention_mask is None else np.asarray(attention_mask).astype(bool)
+    rows = [row[keep] for row, keep in zip(prompt_ids, mask)]
+    generated = opts.canvases(model.config.canvas_length) * model.config.canvas_length
+    for b, row in enumerate(rows):
+        if not len(row):
+            raise ValueError(f"attention_mask row {b} marks no token: every prompt needs at least one")
+        check_context(model.config, len(row), generated, row=b if len(rows) > 1 else None)
+    return opts, rows
+
+
+def run(model, prompt_ids, attention_mask, seed, method, progress, return_nfe, options: dict):
+    """`dllm_jax.generate.generate` for a DiffusionGemma model: options max_new_tokens=256, max_denoising_steps=48,
+    entropy_bound=0.1, t_min=0.4, t_max=0.8, stability_threshold=1, confidence_threshold=0.005 (None: no adaptive
+    stopping), transformers' names and defaults. Returns int32 [B, P + max_new_tokens]: each row's prompt_ids as
+    given, then its first max_new_tokens generated tokens (whole canvases of config.canvas_length are decoded),
+    config.pad_token_id after its first stop id (config.stop_ids). Rows are generated in one loop, each as it is
+    alone with the same seed."""
+    if return_nfe:
+        raise ValueError("return_nfe=True is for LLaDA models (DiffusionGemma's forwards per row follow its adaptive "
+                         "stopping)")
+    if progress:
+        raise ValueError("progress=True: DiffusionGemma's loop reports no progress (pass progress=False)")
+    opts, rows = prepare(model, prompt_ids, attention_mask, method, options)
+    config = model.config
+    out = generate(model.params(), [row.tolist() for row in rows], config=config, options=opts, seed=seed,
+                   stop_ids=config.stop_ids, pad_id=config.pad_token_id)
+    b, p = np.shape(prompt_ids)
+    ids = np.full((b, p + opts.max_new_tokens), config.pad_token_id, np.int32)
+    ids[:, :p] = np.asarray(prompt_ids)
+    for r, (prompt, row) in enumerate(zip(rows, out)):
+        new = row[len(prompt):][:opts.max_new_tokens]
+        ids[r, p:p + len(new)] = new
+    return ids
+
+
+def probe_loop(model, prompt_ids, method, options: dict):
+    raise ValueError("DiffusionGemma has no loop for the pattern probes: no sparse attention method applies to it yet")
+
+
+FAMILY = Family(name="diffusiongemma", config_class=DiffusionGemmaConfig, model_class=DiffusionGemma,
+                options_class=DiffusionGemmaOptions, prepare=prepare, run=run, probe_loop=probe_loop,
+                answer_option="max_new_tokens", method_kind=methods.CANVAS, param_shapes=weights.param_shapes,
+                hf_rules=hf_names.DIFFUSION_GEMMA_RULES, hf_expected=hf_names.diffusion_gemma_expected,
+                hf_skipped=hf_names.DIFFUSION_GEMMA_SKIPPED, prepare_params=weights.prepare_params,
+                to_module_tree=weights.to_module_tree, quantized=None, param_axes=None, tp_split=(),
+                stops_field="eos_token_ids")

@@ -22,7 +22,9 @@ buffer per layer l (sliding and global layers differ in K and D) and an int32 fi
 `encode` appends tokens at each row's fill length and advances it; `decode` writes the canvas's keys
 and values into the slots just past the fill length (scratch: the filled prefix and the length are
 left as they were) and attends over the buffer, so max_length must hold the longest row plus the canvas.
-Parameters: `dllm_jax.models.diffusion_gemma_weights` (the tree and transformers' names).
+Parameters: `dllm_jax.models.diffusion_gemma_weights` (the checkpoint layout and the inference tree these
+functions read). `DiffusionGemma` is the registry's model (`dllm_jax.load_model`): the inference tree as nnx
+parameters, called as transformers' forward.
 """
 
 from __future__ import annotations
@@ -32,18 +34,18 @@ import functools
 import jax
 import jax.numpy as jnp
 import numpy as np
+from flax import nnx
 
 import pallas_kernels as pk
 from dllm_jax.attention.dense import dense_attention, matmul_precision
 from dllm_jax.attention.kernels import call
+from dllm_jax.diffusion_gemma_config import GLOBAL, SLIDING, DiffusionGemmaConfig, RopeConfig
 from dllm_jax.models.block_diffusion import KVCache, replace_layer, write_rows
-from dllm_jax.models.diffusion_gemma_config import GLOBAL, SLIDING, DiffusionGemmaConfig, RopeConfig, from_hf_config
-from dllm_jax.models.diffusion_gemma_weights import load_checkpoint, params_from_hf
+from dllm_jax.models.diffusion_gemma_weights import inference_shapes
 from dllm_jax.models.layers import apply_rope, check_inputs
 from dllm_jax.models.moe import dispatch, tile_rows
 
-__all__ = ["DiffusionGemmaConfig", "KVCache", "from_hf_config", "params_from_hf", "load_checkpoint", "init_cache",
-           "encode", "decode", "forward"]
+__all__ = ["DiffusionGemma", "DiffusionGemmaConfig", "KVCache", "init_cache", "encode", "decode", "forward"]
 
 
 # --- pieces ----------------------------------------------------------------------------------------
@@ -259,3 +261,42 @@ def forward(params, input_ids, decoder_input_ids, self_conditioning_logits=None,
     cache = encode(params, jnp.asarray(input_ids, jnp.int32), cache, config=config, backend=backend)
     return decode(params, jnp.asarray(decoder_input_ids, jnp.int32), cache, self_conditioning_logits, config=config,
                   backend=backend)[0]
+
+
+# --- the registry's model ---------------------------------------------------------------------------------
+
+class Weights(nnx.Module):
+    """A dict of weights as nnx parameters (one attribute each), built zeroed from its shapes."""
+
+    def __init__(self, shapes: dict):
+        for name, shape in shapes.items():
+            setattr(self, name, nnx.Param(jnp.zeros(shape.shape, shape.dtype)))
+
+    def values(self) -> dict:
+        return {name: value.get_value() for name, value in vars(self).items() if isinstance(value, nnx.Param)}
+
+
+class DiffusionGemma(nnx.Module):
+    """DiffusionGemma's text model around its inference tree (`dllm_jax.load_model` builds it from a checkpoint;
+    `dllm_jax.generate` runs its sampler). `model(input_ids, decoder_input_ids, self_conditioning_logits=None)` is
+    `forward`: float32 canvas logits [B, C, V], as transformers' forward returns them. `model.config` is its
+    `DiffusionGemmaConfig`; `execution` is "unrolled" only (`prepare_params` refuses "scan")."""
+
+    def __init__(self, config: DiffusionGemmaConfig, *, dtype=jnp.bfloat16, rngs: nnx.Rngs | None = None,
+                 execution: str = "unrolled"):
+        del rngs  # the weights come from a checkpoint (`model_from_params`); nothing is drawn
+        self.config, self.execution, self.mesh = config, execution, None
+        shapes = inference_shapes(config, dtype)
+        self.embed = nnx.Param(jnp.zeros(shapes["embed"].shape, dtype))
+        self.final_norm = nnx.Param(jnp.zeros(shapes["final_norm"].shape, dtype))
+        self.self_conditioning = Weights(shapes["self_conditioning"])
+        self.layers = nnx.List([Weights(layer) for layer in shapes["layers"]])
+
+    def params(self) -> dict:
+        """The inference tree as plain arrays (`dllm_jax.models.diffusion_gemma_weights`)."""
+        return dict(embed=self.embed.get_value(), final_norm=self.final_norm.get_value(),
+                    self_conditioning=self.self_conditioning.values(),
+                    layers=tuple(layer.values() for layer in self.layers))
+
+    def __call__(self, input_ids, decoder_input_ids, self_conditioning_logits=None):
+        return forward(self.params(), input_ids, decoder_input_ids, self_conditioning_logits, config=self.config)

@@ -1,17 +1,20 @@
-"""DiffusionGemma's weights: transformers' safetensors names -> the JAX parameter tree.
+"""DiffusionGemma's weights: the checkpoint layout (what conversion stores, `param_shapes`) and the inference tree
+the functions of `dllm_jax.models.diffusion_gemma` read (`prepare_params`). transformers' tensor names are its
+name map in `dllm_jax.models.hf_names` (`DIFFUSION_GEMMA_RULES`, `diffusion_gemma_expected`).
 
-transformers keeps one copy of the text weights, under `model.decoder.` (the encoder's
-`model.encoder.language_model.` tensors are tied to them, and so is `lm_head.weight` to the embedding); a file
-holding only the encoder's copy of a tensor is read from there. Two things are not tied: each layer's
-`layer_scalar` (a buffer: the encoder's and the decoder's are read separately) and the decoder's
-self-conditioning block (the decoder's alone). Vision-tower tensors (`model.encoder.vision_tower.`,
-`model.encoder.embed_vision.`) are ignored.
+Checkpoint layout: sliding and global layers differ in head_dim, KV heads and the value projection (a global
+layer has none), so each layer type's weights are stacked apart, in "sliding" and "global" groups ([Ls, ...] and
+[Lg, ...]: the k-th layer of that type at index k); weights [in, out], except the experts', kept as transformers
+stores them ([E, 2 Im, d] gate and up, [E, d, Im] down). transformers keeps one copy of the text weights, under
+`model.decoder.` (the encoder's `model.encoder.language_model.` tensors and `lm_head.weight` are tied to them):
+that copy is read; the untied exceptions are each layer's `layer_scalar` (the encoder's and the decoder's are
+both read) and the decoder's self-conditioning block. Vision-tower tensors are skipped.
 
-Parameter tree (d hidden, I intermediate, E experts, Im expert intermediate, V vocabulary; per layer H query
+Inference tree (d hidden, I intermediate, E experts, Im expert intermediate, V vocabulary; per layer H query
 heads, K key/value heads of D dims; weights [in, out]):
   embed [V, d]; final_norm [d];
   self_conditioning: pre_norm [d], gate_up_proj [d, 2I], down_proj [I, d];
-  layers: a tuple with one dict per layer (sliding and global layers differ in D, K and v_proj):
+  layers: a tuple with one dict per layer:
     attn_norm [d], q_proj [d, H D], k_proj [d, K D], v_proj [d, K D] (sliding layers only: a global layer's
     values are its keys before k_norm), q_norm / k_norm [D], o_proj [H D, d], post_attn_norm [d],
     mlp_norm [d], gate_up_proj [d, 2I], down_proj [I, d], post_mlp_norm [d] (the dense MLP),
@@ -24,152 +27,90 @@ Gate and up projections are interleaved into one matrix (column 2j gate j, 2j + 
 
 from __future__ import annotations
 
-import json
-import os
-
+import jax
 import jax.numpy as jnp
-import numpy as np
 
-from dllm_jax.models.diffusion_gemma_config import DiffusionGemmaConfig, from_hf_config
+from dllm_jax.diffusion_gemma_config import GLOBAL, SLIDING, DiffusionGemmaConfig
 
-DECODER = "model.decoder."
-ENCODER = "model.encoder.language_model."
-IGNORED = ("model.encoder.vision_tower.", "model.encoder.embed_vision.")
-TIED_HEAD = "lm_head.weight"
+GROUPS = {SLIDING: "sliding", GLOBAL: "global"}  # layer type -> its group of stacked weights
+
+
+def layer_shapes(config: DiffusionGemmaConfig, layer: int) -> dict:
+    """One layer's checkpoint-layout weights {leaf: shape} (the layer's type decides D, K and v_proj)."""
+    d, i, e, im = config.hidden_size, config.intermediate_size, config.num_experts, config.moe_intermediate_size
+    h, kv, hd = config.num_heads, config.kv_heads[layer], config.head_dims[layer]
+    shapes = dict(attn_norm=(d,), q_proj=(d, h * hd), k_proj=(d, kv * hd), v_proj=(d, kv * hd), q_norm=(hd,),
+                  k_norm=(hd,), o_proj=(h * hd, d), post_attn_norm=(d,), mlp_norm=(d,), gate_proj=(d, i),
+                  up_proj=(d, i), down_proj=(i, d), post_mlp_norm=(d,), router=(d, e), router_scale=(d,),
+                  expert_scale=(e,), moe_norm=(d,), experts_gate_up=(e, 2 * im, d), experts_down=(e, d, im),
+                  post_moe_norm=(d,), post_ffw_norm=(d,), decoder_scalar=(1,), encoder_scalar=(1,))
+    if not config.is_sliding(layer):
+        del shapes["v_proj"]
+    return shapes
+
+
+def param_shapes(config: DiffusionGemmaConfig) -> dict:
+    """The checkpoint-layout shapes (module docstring): embed, final_norm, self_conditioning, and a group of
+    stacked weights per layer type present."""
+    d, i = config.hidden_size, config.intermediate_size
+    shapes = dict(embed=(config.vocab_size, d), final_norm=(d,),
+                  self_conditioning=dict(pre_norm=(d,), gate_proj=(d, i), up_proj=(d, i), down_proj=(i, d)))
+    for kind, group in GROUPS.items():
+        layers = [layer for layer, t in enumerate(config.layer_types) if t == kind]
+        if layers:  # one shape per type (the config checks it)
+            shapes[group] = {leaf: (len(layers), *shape) for leaf, shape in layer_shapes(config, layers[0]).items()}
+    return shapes
 
 
 def interleave(gate, up):
     """[..., n] and [..., n] -> [..., 2n] with column 2j gate j and 2j + 1 up j."""
-    return np.stack([gate, up], axis=-1).reshape(*gate.shape[:-1], -1)
+    return jnp.stack([gate, up], axis=-1).reshape(*gate.shape[:-1], -1)
 
 
-def sources(config: DiffusionGemmaConfig) -> dict:
-    """HF name (without its stack prefix) -> (parameter path, HF shape, transform to the tree's layout)."""
-    d, i, v = config.hidden_size, config.intermediate_size, config.vocab_size
-    e, im = config.num_experts, config.moe_intermediate_size
-    rows = {"embed_tokens.weight": (("embed",), (v, d), np.asarray), "norm.weight": (("final_norm",), (d,), np.asarray)}
-    for layer in range(config.num_layers):
-        h, kv, hd = config.num_heads, config.kv_heads[layer], config.head_dims[layer]
-        p = f"layers.{layer}."
-        named = {
-            "input_layernorm.weight": ("attn_norm", (d,)), "self_attn.q_proj.weight": ("q_proj", (h * hd, d)),
-            "self_attn.k_proj.weight": ("k_proj", (kv * hd, d)), "self_attn.q_norm.weight": ("q_norm", (hd,)),
-            "self_attn.k_norm.weight": ("k_norm", (hd,)), "self_attn.o_proj.weight": ("o_proj", (d, h * hd)),
-            "post_attention_layernorm.weight": ("post_attn_norm", (d,)),
-            "pre_feedforward_layernorm.weight": ("mlp_norm", (d,)), "mlp.down_proj.weight": ("down_proj", (d, i)),
-            "post_feedforward_layernorm_1.weight": ("post_mlp_norm", (d,)), "router.proj.weight": ("router", (e, d)),
-            "router.scale": ("router_scale", (d,)), "router.per_expert_scale": ("expert_scale", (e,)),
-            "pre_feedforward_layernorm_2.weight": ("moe_norm", (d,)),
-            "post_feedforward_layernorm_2.weight": ("post_moe_norm", (d,)),
-            "post_feedforward_layernorm.weight": ("post_ffw_norm", (d,)),
-        }
-        if config.is_sliding(layer):
-            named["self_attn.v_proj.weight"] = ("v_proj", (kv * hd, d))
-        for hf, (name, shape) in named.items():
-            rows[p + hf] = (("layers", layer, name), shape, np.transpose if len(shape) == 2 else np.asarray)
-        rows[p + "experts.gate_up_proj"] = (("layers", layer, "experts_gate_up"), (e, 2 * im, d),
-                                            lambda w: interleave(*np.split(np.swapaxes(w, 1, 2), 2, axis=-1)))
-        rows[p + "experts.down_proj"] = (("layers", layer, "experts_down"), (e, d, im), lambda w: np.swapaxes(w, 1, 2))
-    return rows
+def inference_layer(p: dict) -> dict:
+    """One layer's checkpoint-layout weights -> its inference dict (module docstring)."""
+    p = dict(p)
+    p["gate_up_proj"] = interleave(p.pop("gate_proj"), p.pop("up_proj"))
+    p["experts_gate_up"] = interleave(*jnp.split(jnp.swapaxes(p["experts_gate_up"], -1, -2), 2, axis=-1))
+    p["experts_down"] = jnp.swapaxes(p["experts_down"], -1, -2)
+    p["decoder_scalar"], p["encoder_scalar"] = p["decoder_scalar"].reshape(()), p["encoder_scalar"].reshape(())
+    return p
 
 
-def paired(config: DiffusionGemmaConfig) -> dict:
-    """Parameters built from a gate and an up projection: path -> (gate name, up name, HF shape of each)."""
-    d, i = config.hidden_size, config.intermediate_size
-    pairs = {("self_conditioning", "gate_up_proj"): ("self_conditioning.gate_proj.weight",
-                                                      "self_conditioning.up_proj.weight")}
-    for layer in range(config.num_layers):
-        pairs[("layers", layer, "gate_up_proj")] = (f"layers.{layer}.mlp.gate_proj.weight",
-                                                    f"layers.{layer}.mlp.up_proj.weight")
-    return {path: (gate, up, (i, d)) for path, (gate, up) in pairs.items()}
+def prepare_params(params: dict, config: DiffusionGemmaConfig, *, execution: str = "unrolled") -> dict:
+    """A parameter tree (checkpoint or inference layout) in the inference layout. Takes ownership: the groups are
+    emptied leaf by leaf as the layers take their slices (peak: the model plus one stacked leaf). The layers run
+    unrolled only (their shapes differ by type, so one `lax.scan` body cannot hold them)."""
+    if execution != "unrolled":
+        raise ValueError(f"execution={execution!r}: DiffusionGemma runs its layers unrolled only (sliding and global "
+                         "layers differ in shape, so no scan body holds them all); use execution='unrolled'")
+    if isinstance(params.get("layers"), tuple):
+        return params
+    rows = [{} for _ in config.layer_types]
+    for kind, group in GROUPS.items():
+        stack = params.pop(group, {})
+        layers = [layer for layer, t in enumerate(config.layer_types) if t == kind]
+        for leaf in list(stack):
+            values = stack.pop(leaf)
+            for k, layer in enumerate(layers):
+                rows[layer][leaf] = values[k]
+    sc = params.pop("self_conditioning")
+    return dict(embed=params.pop("embed"), final_norm=params.pop("final_norm"),
+                self_conditioning=dict(pre_norm=sc["pre_norm"], gate_up_proj=interleave(sc["gate_proj"], sc["up_proj"]),
+                                       down_proj=sc["down_proj"]),
+                layers=tuple(inference_layer(row) for row in rows))
 
 
-def take_exact(tensors: dict, full: str, shape: tuple, used: set) -> np.ndarray:
-    if full not in tensors:
-        raise ValueError(f"checkpoint lacks the tensor {full!r}")
-    value = np.asarray(tensors[full])
-    if tuple(value.shape) != tuple(shape):
-        raise ValueError(f"tensor {full!r} has shape {tuple(value.shape)}, expected {tuple(shape)}")
-    used.add(full)
-    return value
+def inference_shapes(config: DiffusionGemmaConfig, dtype) -> dict:
+    """The inference tree's shapes, as jax.ShapeDtypeStruct leaves (nothing is computed)."""
+    abstract = jax.tree.map(lambda shape: jax.ShapeDtypeStruct(shape, dtype), param_shapes(config),
+                            is_leaf=lambda x: isinstance(x, tuple))
+    return jax.eval_shape(lambda p: prepare_params(p, config), abstract)
 
 
-def take(tensors: dict, name: str, shape: tuple, used: set, *, tied: bool = True) -> np.ndarray:
-    """The decoder's tensor `name` (or, when tied and the file lacks it, the encoder's copy), shape-checked."""
-    encoder_only = tied and DECODER + name not in tensors and ENCODER + name in tensors
-    return take_exact(tensors, (ENCODER if encoder_only else DECODER) + name, shape, used)
+def to_module_tree(params: dict) -> dict:
+    """The inference tree -> nnx's pure dict (what `nnx.replace_by_pure_dict` takes)."""
+    return dict(params, layers=dict(enumerate(params["layers"])))
 
 
-def check_all_used(tensors: dict, used: set) -> None:
-    """Every tensor is read, a tied copy of one read, or ignored (vision); anything else is a ValueError."""
-    def known(name):
-        if name in used or name.startswith(IGNORED):
-            return True
-        if name == TIED_HEAD:
-            return DECODER + "embed_tokens.weight" in used or ENCODER + "embed_tokens.weight" in used
-        return name.startswith(ENCODER) and DECODER + name[len(ENCODER):] in used
-
-    unexpected = sorted(name for name in tensors if not known(name))
-    if unexpected:
-        raise ValueError(f"checkpoint holds {len(unexpected)} unexpected tensors: {unexpected[:8]}")
-
-
-def put(tree: dict, path: tuple, value) -> None:
-    node = tree
-    for key in path[:-1]:
-        node = node.setdefault(key, {})
-    node[path[-1]] = value
-
-
-def params_from_hf(tensors: dict, config: DiffusionGemmaConfig, *, dtype=None) -> dict:
-    """The parameter tree (module docstring) of transformers' tensors {name: array} (numpy, as
-    `safetensors.numpy` loads them), cast to `dtype` (default: as stored). A missing, misshaped or
-    unexpected tensor is a ValueError naming it."""
-    used: set = set()
-    tree: dict = {}
-    for name, (path, shape, transform) in sources(config).items():
-        put(tree, path, transform(take(tensors, name, shape, used)))
-    for path, (gate, up, shape) in paired(config).items():
-        tied = path[0] != "self_conditioning"
-        put(tree, path, interleave(take(tensors, gate, shape, used, tied=tied).T,
-                                   take(tensors, up, shape, used, tied=tied).T))
-    d, i = config.hidden_size, config.intermediate_size
-    put(tree, ("self_conditioning", "pre_norm"), take(tensors, "self_conditioning.pre_norm.weight", (d,), used,
-                                                      tied=False))
-    put(tree, ("self_conditioning", "down_proj"), take(tensors, "self_conditioning.down_proj.weight", (d, i), used,
-                                                       tied=False).T)
-    for layer in range(config.num_layers):
-        scalar = f"layers.{layer}.layer_scalar"
-        put(tree, ("layers", layer, "decoder_scalar"), take(tensors, scalar, (1,), used, tied=False).reshape(()))
-        put(tree, ("layers", layer, "encoder_scalar"), take_exact(tensors, ENCODER + scalar, (1,), used).reshape(()))
-    check_all_used(tensors, used)
-    cast = (lambda x: jnp.asarray(x)) if dtype is None else (lambda x: jnp.asarray(x, dtype))
-    layers = tuple(jax_tree(tree["layers"][layer], cast) for layer in range(config.num_layers))
-    return dict(jax_tree({k: v for k, v in tree.items() if k != "layers"}, cast), layers=layers)
-
-
-def jax_tree(tree: dict, cast) -> dict:
-    return {k: jax_tree(v, cast) if isinstance(v, dict) else cast(v) for k, v in tree.items()}
-
-
-def read_safetensors(path: str) -> dict:
-    """Every tensor of a checkpoint folder's `*.safetensors` files (one file or shards) as numpy arrays."""
-    from safetensors.numpy import load_file
-
-    files = sorted(f for f in os.listdir(path) if f.endswith(".safetensors"))
-    if not files:
-        raise ValueError(f"{path} holds no .safetensors file")
-    tensors: dict = {}
-    for name in files:
-        tensors.update(load_file(os.path.join(path, name)))
-    return tensors
-
-
-def load_checkpoint(path: str, *, dtype=None) -> tuple[DiffusionGemmaConfig, dict]:
-    """(config, params) of a transformers DiffusionGemma checkpoint folder (config.json + safetensors)."""
-    with open(os.path.join(path, "config.json")) as f:
-        config = from_hf_config(json.load(f))
-    return config, params_from_hf(read_safetensors(path), config, dtype=dtype)
-
-
-__all__ = ["params_from_hf", "load_checkpoint", "read_safetensors"]
+__all__ = ["param_shapes", "prepare_params", "to_module_tree", "inference_shapes"]

@@ -9,6 +9,8 @@ from __future__ import annotations
 
 import dataclasses
 
+from dllm_jax.models.diffusion_gemma_weights import GROUPS
+
 
 @dataclasses.dataclass(frozen=True)
 class Rule:
@@ -119,6 +121,58 @@ def llada2_expected(config, shapes: dict) -> dict:
                 continue
             for e in range(config.num_experts):  # routed experts: one tensor per expert
                 expected[one.replace(r"(\d+)", str(e))] = (rule, (index, e), full[2:])
+    return expected
+
+
+# DiffusionGemma (transformers' DiffusionGemmaForBlockDiffusion): the decoder's copy of the text weights, each layer
+# type's stacked apart ("sliding", "global": dllm_jax.models.diffusion_gemma_weights), so every per-layer rule comes
+# once per group; the experts' tensors keep transformers' layout ("copy").
+DECODER_LAYER = r"model\.decoder\.layers\.(\d+)\."
+DIFFUSION_GEMMA_LAYER = {  # leaf -> (HF name after the layer prefix, transform)
+    "attn_norm": ("input_layernorm.weight", "copy"), "q_proj": ("self_attn.q_proj.weight", "transpose"),
+    "k_proj": ("self_attn.k_proj.weight", "transpose"), "v_proj": ("self_attn.v_proj.weight", "transpose"),
+    "q_norm": ("self_attn.q_norm.weight", "copy"), "k_norm": ("self_attn.k_norm.weight", "copy"),
+    "o_proj": ("self_attn.o_proj.weight", "transpose"), "post_attn_norm": ("post_attention_layernorm.weight", "copy"),
+    "mlp_norm": ("pre_feedforward_layernorm.weight", "copy"), "gate_proj": ("mlp.gate_proj.weight", "transpose"),
+    "up_proj": ("mlp.up_proj.weight", "transpose"), "down_proj": ("mlp.down_proj.weight", "transpose"),
+    "post_mlp_norm": ("post_feedforward_layernorm_1.weight", "copy"), "router": ("router.proj.weight", "transpose"),
+    "router_scale": ("router.scale", "copy"), "expert_scale": ("router.per_expert_scale", "copy"),
+    "moe_norm": ("pre_feedforward_layernorm_2.weight", "copy"), "experts_gate_up": ("experts.gate_up_proj", "copy"),
+    "experts_down": ("experts.down_proj", "copy"), "post_moe_norm": ("post_feedforward_layernorm_2.weight", "copy"),
+    "post_ffw_norm": ("post_feedforward_layernorm.weight", "copy"), "decoder_scalar": ("layer_scalar", "copy"),
+}
+DIFFUSION_GEMMA_RULES = (
+    Rule(r"model\.decoder\.embed_tokens\.weight", ("embed",), "copy"),
+    Rule(r"model\.decoder\.norm\.weight", ("final_norm",), "copy"),
+    Rule(r"model\.decoder\.self_conditioning\.pre_norm\.weight", ("self_conditioning", "pre_norm"), "copy"),
+    Rule(r"model\.decoder\.self_conditioning\.gate_proj\.weight", ("self_conditioning", "gate_proj"), "transpose"),
+    Rule(r"model\.decoder\.self_conditioning\.up_proj\.weight", ("self_conditioning", "up_proj"), "transpose"),
+    Rule(r"model\.decoder\.self_conditioning\.down_proj\.weight", ("self_conditioning", "down_proj"), "transpose"),
+) + tuple(Rule(DECODER_LAYER + name.replace(".", r"\."), (group, leaf), transform)
+          for group in ("sliding", "global") for leaf, (name, transform) in DIFFUSION_GEMMA_LAYER.items()) + tuple(
+    Rule(r"model\.encoder\.language_model\.layers\.(\d+)\.layer_scalar", (group, "encoder_scalar"), "copy")
+    for group in ("sliding", "global"))
+# what a DiffusionGemma checkpoint may hold that is not read: the vision tower, and the copies tied to the
+# decoder's (the encoder's text weights, the LM head); the encoder's layer_scalars are read (expected first)
+DIFFUSION_GEMMA_SKIPPED = (r"model\.encoder\.(vision_tower|embed_vision)\..*", r"model\.encoder\.language_model\..*",
+                           r"lm_head\.weight")
+
+
+def diffusion_gemma_expected(config, shapes: dict) -> dict:
+    """{HF name: (rule, index into its group's stack or None, target shape)} of a DiffusionGemma checkpoint: layer
+    l's tensors go to its type's group at index (the layers of that type before it)."""
+    expected = {}
+    for rule in DIFFUSION_GEMMA_RULES:
+        group, leaf = rule.path[0], rule.path[-1]
+        name = rule.pattern.replace("\\.", ".")
+        if group not in ("sliding", "global"):
+            expected[name] = (rule, None, tree_get(shapes, rule.path))
+            continue
+        if group not in shapes or leaf not in shapes[group]:
+            continue  # a layer type the config has not, or a global layer's absent v_proj
+        layers = [layer for layer, kind in enumerate(config.layer_types) if GROUPS[kind] == group]
+        for index, layer in enumerate(layers):
+            expected[name.replace(r"(\d+)", str(layer))] = (rule, index, shapes[group][leaf][1:])
     return expected
 
 

@@ -133,7 +133,7 @@ def build_app(model, tokenizer, *, model_name: str, slots: int = 8, max_context:
         sampling |= {} if top_p == 1 else dict(top_p=top_p)
         sampling |= {} if top_k == 0 else dict(top_k=top_k)
         engine = LockstepEngine(model, slots=slots, max_context=max_context, method=method, **(options | sampling))
-    skip = (model.config.mask_token_id,)
+    skip = model.config.placeholder_ids
     metrics = Metrics()
     worker = Worker(engine, lambda ids: tokenizer.decode(ids, skip=skip), max_queue=max_queue,
                     observer=metrics.observer())

@@ -1,10 +1,10 @@
-"""Lockstep serving for the families the slot engine does not run (LLaDA, Dream): queued requests
-are generated together, up to `slots` at a time, by one `dllm_jax.generate` call, with the same interface
-as `Engine` so the HTTP server and its worker take either.
+"""Lockstep serving for the families the slot engine does not run (LLaDA, Dream, DiffusionGemma): queued
+requests are generated together, up to `slots` at a time, by one `dllm_jax.generate` call, with the same
+interface as `Engine` so the HTTP server and its worker take either.
 
-LLaDA and Dream denoise their whole answer region at every step, so a request's answer depends on that
-region's length: the server fixes it (the family's answer option, e.g. `gen_length`) with the rest of the
-sampling options, and a request's `max_new_tokens` only cuts the answer. Greedy requests (temperature 0, the
+LLaDA and Dream denoise their whole answer region at every step (DiffusionGemma its canvases after the prompt),
+so a request's answer depends on that region's length: the server fixes it (the family's answer option, e.g.
+`gen_length`) with the rest of the sampling options, and a request's `max_new_tokens` only cuts the answer. Greedy requests (temperature 0, the
 families' default, and no random remasking) are generated together, a batch's rows each getting what `generate` gives their prompt alone
 (LLaDA's left-padded rows hide their pad keys, `padding="mask"`; a family that takes no padding, LLaDA2 if served
 this way, gets batches of one prompt length, the others waiting for the next). A request may sample with its own
@@ -12,9 +12,10 @@ temperature (Dream: and top-p, top-k) and seed: a batch draws its noise from one
 sampled request is generated alone, with its own values and seed, and gets what `generate` gives it. A LLaDA
 request may also choose its remasking rule and, where the server decodes with Fast-dLLM's confidence threshold,
 its own threshold: greedy requests that agree on them are batched together. These values are inputs of the
-compiled loop (dllm_jax.generate.sampling.RowSampling), so a new one compiles nothing. A
-request's answer arrives when its batch ends: no block-by-block progress, and a new request waits for the running
-batch.
+compiled loop (dllm_jax.generate.sampling.RowSampling), so a new one compiles nothing. A family whose generate
+has no temperature option samples every request (DiffusionGemma: canvases of random tokens, its own temperature
+schedule): each is generated alone with its own seed. A request's answer arrives when its batch ends: no
+block-by-block progress, and a new request waits for the running batch.
 """
 
 from __future__ import annotations
@@ -31,7 +32,7 @@ from dllm_jax.serve.requests import RequestQueue, SamplingValues
 from dllm_jax.tokenizer import left_pad
 
 # the samplers (`Family.sampler`) whose batches may mix prompt lengths, and the options that hide the padding
-PADDED = {"LLaDA": dict(padding="mask"), "Dream": {}}
+PADDED = {"LLaDA": dict(padding="mask"), "Dream": {}, "DiffusionGemma": {}}
 
 
 class LockstepEngine(RequestQueue):
@@ -100,9 +101,10 @@ class LockstepEngine(RequestQueue):
         return {}  # answers arrive whole, when their batch ends
 
     def greedy(self, request) -> bool:
-        """Whether the request draws no random numbers (temperature 0, and no random remasking): its seed is moot."""
+        """Whether the request draws no random numbers (temperature 0, and no random remasking): its seed is moot.
+        Never for a family without a temperature option (its sampler always draws)."""
         remasking = request.sampling.remasking or getattr(self.checked, "remasking", None)
-        return request.sampling.temperature == 0 and remasking != "random"
+        return "temperature" in self.sampled and request.sampling.temperature == 0 and remasking != "random"
 
     def step(self) -> list[Completion]:
         """Generates the next batch: up to `slots` queued greedy requests in arrival order (of the first one's

@@ -16,13 +16,16 @@ What the reader accepts is what the JAX port computes exactly; anything else is 
     partial_rotary_factor of the frequencies, each over the whole head_dim, the rest left unrotated);
   * a tied LM head (`tie_word_embeddings` true: transformers also unties encoder from decoder otherwise),
     no attention biases, a GELU activation.
+The stop ids are the text config's `eos_token_id` (one id or a list), the padding id its `pad_token_id`. There is
+no mask token: the model denoises canvases of uniformly random tokens (`dllm_jax.generate.diffusion_gemma`).
+`to_hf_config` writes a text-only config.json that `from_hf_config` reads back as the same config.
 """
 
 from __future__ import annotations
 
 import dataclasses
 
-from dllm_jax.hf_config import check_object, hf_dict, hf_int, hf_real
+from dllm_jax.hf_config import ModelConfig, check_object, hf_dict, hf_int, hf_real, token_id
 from dllm_jax.validation import choice, flag
 
 SLIDING, GLOBAL = "sliding_attention", "full_attention"
@@ -35,6 +38,7 @@ DEFAULT_ROPE = {SLIDING: {"rope_type": "default", "rope_theta": 10_000.0},
                 GLOBAL: {"rope_type": "proportional", "partial_rotary_factor": 0.25, "rope_theta": 1_000_000.0}}
 DEFAULT_GLOBAL_HEAD_DIM = 512
 SLIDING_PATTERN = 6  # every sixth layer global when `layer_types` is absent
+DEFAULT_CONTEXT = 131_072  # transformers' max_position_embeddings default
 
 
 @dataclasses.dataclass(frozen=True)
@@ -49,8 +53,9 @@ class RopeConfig:
 
 
 @dataclasses.dataclass(frozen=True, kw_only=True)
-class DiffusionGemmaConfig:
-    """The text model's shape (hashable: a static jit argument). Per-layer tuples are indexed by layer."""
+class DiffusionGemmaConfig(ModelConfig):
+    """The text model's shape and token ids (hashable: a static jit argument). Per-layer tuples are indexed by
+    layer."""
 
     vocab_size: int
     hidden_size: int
@@ -68,6 +73,14 @@ class DiffusionGemmaConfig:
     gelu_tanh: bool = True
     final_logit_softcapping: float = 30.0
     canvas_length: int = 256
+    max_position_embeddings: int = DEFAULT_CONTEXT
+    eos_token_ids: tuple[int, ...] = (1,)
+    pad_token_id: int = 0
+
+    family = "diffusiongemma"
+    MODEL_TYPES = ("diffusion_gemma", "diffusion_gemma_text")
+    ARCHITECTURES = ("DiffusionGemmaForBlockDiffusion",)
+    tie_word_embeddings = True  # the only layout read (module docstring)
 
     def __post_init__(self):
         n = len(self.layer_types)
@@ -80,6 +93,15 @@ class DiffusionGemmaConfig:
                                  f"num_key_value_heads={kv}")
         if self.top_k_experts > self.num_experts:
             raise ValueError(f"top_k_experts={self.top_k_experts} must be <= num_experts={self.num_experts}")
+        # a tuple keeps the config hashable (a static jit argument)
+        object.__setattr__(self, "eos_token_ids", tuple(
+            token_id(f"eos_token_ids[{i}] (config.json key 'eos_token_id')", e, self.vocab_size)
+            for i, e in enumerate(self.eos_token_ids)))
+        object.__setattr__(self, "pad_token_id", token_id("pad_token_id", self.pad_token_id, self.vocab_size))
+
+    @property
+    def stop_ids(self) -> tuple[int, ...]:
+        return self.eos_token_ids
 
     @property
     def num_layers(self) -> int:
@@ -90,6 +112,42 @@ class DiffusionGemmaConfig:
 
     def rope_of(self, layer_type: str) -> RopeConfig:
         return dict(self.rope)[layer_type]
+
+    @classmethod
+    def from_hf_config(cls, hf: dict) -> DiffusionGemmaConfig:
+        """The config of a transformers DiffusionGemma config.json (a dict; the module docstring says what is
+        read)."""
+        cls.check_hf_names(hf)
+        return cls(**read_fields(hf))
+
+    def to_hf_config(self) -> dict:
+        """A text-only transformers config.json describing this config (no vision tower)."""
+        first = {kind: self.layer_types.index(kind) for kind in reversed(self.layer_types)}
+        base = first.get(SLIDING, 0)  # the global head_dim / KV heads; the other type's go to per_layer_config
+        per_layer = {str(i): {"head_dim": d, "num_key_value_heads": kv}
+                     for i, (d, kv) in enumerate(zip(self.head_dims, self.kv_heads))
+                     if (d, kv) != (self.head_dims[base], self.kv_heads[base])}
+        text = dict(
+            model_type="diffusion_gemma_text", vocab_size=self.vocab_size, hidden_size=self.hidden_size,
+            intermediate_size=self.intermediate_size, num_hidden_layers=self.num_layers,
+            num_attention_heads=self.num_heads, head_dim=self.head_dims[base], num_key_value_heads=self.kv_heads[base],
+            per_layer_config=per_layer, layer_types=list(self.layer_types), sliding_window=self.sliding_window,
+            rope_parameters={kind: rope_hf(rope) for kind, rope in self.rope}, num_experts=self.num_experts,
+            top_k_experts=self.top_k_experts, moe_intermediate_size=self.moe_intermediate_size,
+            rms_norm_eps=self.rms_norm_eps, final_logit_softcapping=self.final_logit_softcapping,
+            hidden_activation="gelu_pytorch_tanh" if self.gelu_tanh else "gelu",
+            max_position_embeddings=self.max_position_embeddings, eos_token_id=list(self.eos_token_ids),
+            pad_token_id=self.pad_token_id, attention_bias=False, tie_word_embeddings=True)
+        return dict(architectures=[self.ARCHITECTURES[0]], model_type=self.MODEL_TYPES[0],
+                    canvas_length=self.canvas_length, tie_word_embeddings=True, text_config=text)
+
+
+def rope_hf(rope: RopeConfig) -> dict:
+    """A RoPE's `rope_parameters` entry: default where every frequency rotates, else proportional."""
+    if rope.rotated == rope.head_dim // 2 and rope.factor == 1.0:
+        return {"rope_type": "default", "rope_theta": rope.theta}
+    return {"rope_type": "proportional", "rope_theta": rope.theta, "factor": rope.factor,
+            "partial_rotary_factor": 2 * rope.rotated / rope.head_dim}
 
 
 def text_config(hf) -> tuple[dict, dict]:
@@ -194,8 +252,15 @@ def check_supported(text: dict, top: dict) -> None:
             raise ValueError(f"config.json lacks the required key {key!r} (every DiffusionGemma layer has experts)")
 
 
-def from_hf_config(hf: dict) -> DiffusionGemmaConfig:
-    """The config of a transformers DiffusionGemma config.json (a dict; the module docstring says what is read)."""
+def read_stop_ids(text: dict, top: dict) -> tuple[int, ...]:
+    """The text config's eos_token_id (else the top level's): one id or a list; absent: transformers' default 1."""
+    eos = text.get("eos_token_id", top.get("eos_token_id"))
+    eos = [1] if eos is None else eos if isinstance(eos, list) else [eos]
+    return tuple(hf_int({"eos_token_id": e}, "eos_token_id") for e in eos)
+
+
+def read_fields(hf: dict) -> dict:
+    """DiffusionGemmaConfig's fields of a config.json (the module docstring says what is read)."""
     text, top = text_config(hf)
     check_supported(text, top)
     num_layers = hf_int(text, "num_hidden_layers")
@@ -217,6 +282,7 @@ def from_hf_config(hf: dict) -> DiffusionGemmaConfig:
         ("num_heads", "num_attention_heads"), ("sliding_window", "sliding_window"), ("num_experts", "num_experts"),
         ("top_k_experts", "top_k_experts"), ("moe_intermediate_size", "moe_intermediate_size"))}
     sizes["canvas_length"] = hf_int(top, "canvas_length", 256)
+    sizes["max_position_embeddings"] = hf_int(text, "max_position_embeddings", DEFAULT_CONTEXT)
     for field, value in sizes.items():
         if value < 1:
             raise ValueError(f"config.json: {field} must be a positive integer, got {value}")
@@ -224,9 +290,9 @@ def from_hf_config(hf: dict) -> DiffusionGemmaConfig:
         if d < 1 or d % 2 or kv < 1:
             raise ValueError(f"config.json: layer {layer} needs an even head_dim and num_key_value_heads >= 1, got "
                              f"head_dim={d}, num_key_value_heads={kv} (head_dim / per_layer_config)")
-    return DiffusionGemmaConfig(layer_types=types, head_dims=head_dims, kv_heads=kv_heads, rope=rope,
-                                rms_norm_eps=eps, gelu_tanh=ACTIVATIONS[activation], final_logit_softcapping=softcap,
-                                **sizes)
+    return dict(layer_types=types, head_dims=head_dims, kv_heads=kv_heads, rope=rope, rms_norm_eps=eps,
+                gelu_tanh=ACTIVATIONS[activation], final_logit_softcapping=softcap,
+                eos_token_ids=read_stop_ids(text, top), pad_token_id=hf_int(text, "pad_token_id", 0), **sizes)
 
 
-__all__ = ["DiffusionGemmaConfig", "RopeConfig", "from_hf_config", "SLIDING", "GLOBAL"]
+__all__ = ["DiffusionGemmaConfig", "RopeConfig", "SLIDING", "GLOBAL"]
