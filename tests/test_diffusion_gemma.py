@@ -15,6 +15,7 @@ import json
 
 import httpx
 import jax
+import jax.numpy as jnp
 import numpy as np
 import pytest
 import torch
@@ -121,6 +122,19 @@ def test_rows_of_different_prompt_lengths_match_each_alone(checkpoint, rng):
     for row, n in enumerate(lengths):
         ref = reference(model, ids[row:row + 1, :n], canvas[row:row + 1], logits[row:row + 1])
         assert relative(out[row:row + 1], ref) <= TOLERANCE
+
+
+def test_a_sliding_layer_reads_only_its_window_of_the_cache(checkpoint):
+    """`sliding_view`: window - 1 positions before the new tokens and theirs, per row, whatever the buffer's length;
+    the whole buffer where that is not shorter."""
+    _, _, config, _ = checkpoint
+    cache = dg.init_cache(config, 2, 40)
+    cache = cache.replace(k=tuple(k + jnp.arange(40)[None, :, None, None] for k in cache.k))  # key j holds j
+    keys, _, seen = dg.sliding_view(cache, 0, jnp.asarray([20, 2]), 6, WINDOW)
+    assert keys.shape[1] == seen.shape[1] == WINDOW - 1 + 6
+    assert seen[0].tolist() == list(range(20 - (WINDOW - 1), 26)) and seen[1].tolist() == list(range(0, 9))
+    assert np.array_equal(keys[:, :, 0, 0], seen)
+    assert dg.sliding_view(dg.init_cache(config, 1, 8), 0, jnp.asarray([2]), 6, WINDOW)[2].shape == (1, 8)
 
 
 def test_prompt_encoded_in_two_calls_matches_one(checkpoint, rng):

@@ -21,7 +21,9 @@ The cache (`dllm_jax.models.block_diffusion.KVCache`): one [B, max_length, K_l, 
 buffer per layer l (sliding and global layers differ in K and D) and an int32 fill length per row.
 `encode` appends tokens at each row's fill length and advances it; `decode` writes the canvas's keys
 and values into the slots just past the fill length (scratch: the filled prefix and the length are
-left as they were) and attends over the buffer, so max_length must hold the longest row plus the canvas.
+left as they were) and attends over the buffer, so max_length must hold the longest row plus the canvas. A sliding
+layer reads only its window of the buffer (`sliding_view`: the window - 1 positions before the new tokens and
+theirs), so its cost does not grow with the prompt; global layers read the whole buffer under a mask.
 Parameters: `dllm_jax.models.diffusion_gemma_weights` (the checkpoint layout and the inference tree these
 functions read). `DiffusionGemma` is the registry's model (`dllm_jax.load_model`): the inference tree as nnx
 parameters, called as transformers' forward.
@@ -39,7 +41,7 @@ from flax import nnx
 import pallas_kernels as pk
 from dllm_jax.attention.dense import dense_attention, matmul_precision
 from dllm_jax.attention.kernels import call
-from dllm_jax.diffusion_gemma_config import GLOBAL, SLIDING, DiffusionGemmaConfig, RopeConfig
+from dllm_jax.diffusion_gemma_config import DiffusionGemmaConfig, RopeConfig
 from dllm_jax.models.block_diffusion import KVCache, replace_layer, write_rows
 from dllm_jax.models.diffusion_gemma_weights import inference_shapes
 from dllm_jax.models.layers import apply_rope, check_inputs
@@ -174,6 +176,18 @@ def write_layer(cache: KVCache, layer: int, k, v, start) -> KVCache:
                          v=replace_layer(cache.v, layer, write_rows(cache.v[layer], v, start)))
 
 
+def sliding_view(cache: KVCache, layer: int, start, n: int, window: int):
+    """(keys, values [B, size, K, D], their positions int32 [B, size]) of what a sliding layer's queries at
+    start..start+n-1 may see: the `window` - 1 positions before start and the n from it, a slice of each row's
+    buffer (size = window - 1 + n, or the whole buffer where that is not shorter), so a sliding layer reads its
+    window, not the whole cache."""
+    max_length = cache.max_length
+    size = min(window - 1 + n, max_length)
+    low = jnp.clip(start - (window - 1), 0, max_length - size)
+    take = jax.vmap(lambda buffer, first: jax.lax.dynamic_slice_in_dim(buffer, first, size, axis=0))
+    return take(cache.k[layer], low), take(cache.v[layer], low), low[:, None] + jnp.arange(size, dtype=jnp.int32)
+
+
 @functools.partial(jax.jit, static_argnames=("config", "backend"))
 def encode(params, input_ids, cache: KVCache, lengths=None, *, config: DiffusionGemmaConfig,
            backend: str = "auto") -> KVCache:
@@ -183,14 +197,17 @@ def encode(params, input_ids, cache: KVCache, lengths=None, *, config: Diffusion
     b, n = input_ids.shape
     start = cache.length
     positions = start[:, None] + jnp.arange(n, dtype=jnp.int32)  # [B, n]
-    keys = jnp.arange(cache.max_length, dtype=jnp.int32)
-    causal = keys[None, None, :] <= positions[:, :, None]  # [B, n, S]
-    masks = {GLOBAL: causal, SLIDING: causal & (positions[:, :, None] - keys[None, None, :] < config.sliding_window)}
+    every = jnp.broadcast_to(jnp.arange(cache.max_length, dtype=jnp.int32), (b, cache.max_length))
 
     def attend(q, k, v, cache: KVCache, layer: int):
         cache = write_layer(cache, layer, k, v, start)
-        mask = masks[config.layer_types[layer]]
-        return dense_attention(q, cache.k[layer], cache.v[layer], mask=mask, scale=1.0, backend=backend), cache
+        if config.is_sliding(layer):
+            keys, values, seen = sliding_view(cache, layer, start, n, config.sliding_window)
+            window = positions[:, :, None] - seen[:, None, :] < config.sliding_window
+        else:
+            keys, values, seen, window = cache.k[layer], cache.v[layer], every, True
+        mask = (seen[:, None, :] <= positions[:, :, None]) & window  # causal [B, n, keys]
+        return dense_attention(q, keys, values, mask=mask, scale=1.0, backend=backend), cache
 
     _, cache = run_stack(params, embed(params, input_ids), positions, attend, cache, "encoder_scalar", config, backend,
                          last_feed_forward=False)  # only the keys and values are kept
@@ -223,15 +240,18 @@ def decode(params, canvas_ids, cache: KVCache, self_conditioning_logits=None, *,
     b, c = canvas_ids.shape
     start = cache.length
     positions = start[:, None] + jnp.arange(c, dtype=jnp.int32)
-    keys = jnp.arange(cache.max_length, dtype=jnp.int32)[None, :]
-    seen = keys < (start + c)[:, None]  # [B, S]
-    # transformers' sliding cache keeps the last sliding_window - 1 prompt positions; the canvas sees them all
-    key_masks = {GLOBAL: seen, SLIDING: seen & (keys >= (start - (config.sliding_window - 1))[:, None])}
+    every = jnp.broadcast_to(jnp.arange(cache.max_length, dtype=jnp.int32), (b, cache.max_length))
 
     def attend(q, k, v, cache: KVCache, layer: int):
         cache = write_layer(cache, layer, k, v, start)
-        key_mask = key_masks[config.layer_types[layer]]
-        return dense_attention(q, cache.k[layer], cache.v[layer], key_mask=key_mask, scale=1.0, backend=backend), cache
+        if config.is_sliding(layer):
+            # transformers' sliding cache keeps the last sliding_window - 1 prompt positions; the canvas sees them all
+            keys, values, seen = sliding_view(cache, layer, start, c, config.sliding_window)
+            key_mask = seen >= (start - (config.sliding_window - 1))[:, None]
+        else:
+            keys, values, seen, key_mask = cache.k[layer], cache.v[layer], every, True
+        key_mask = key_mask & (seen < (start + c)[:, None])  # [B, keys]
+        return dense_attention(q, keys, values, key_mask=key_mask, scale=1.0, backend=backend), cache
 
     x = self_condition(params["self_conditioning"], embed(params, canvas_ids), self_conditioning_logits,
                        params["embed"], config, conditioned)
