@@ -68,7 +68,9 @@ class Family:
     # names (regexes, whole-name matches) of tensors a checkpoint may hold that the model does not read (a vision
     # tower, copies tied to tensors it reads); any other tensor outside the expected ones is refused
     hf_skipped: tuple[str, ...] = ()
-    # checkpoint layout -> inference layout, and inference tree -> nnx pure dict (dllm_jax.models.layers's)
+    # checkpoint layout -> inference layout, and inference tree -> nnx pure dict (dllm_jax.models.layers's), for
+    # the layer executions it has (`load_model(execution=)`)
+    executions: tuple[str, ...] = layers.EXECUTIONS
     prepare_params: Callable = layers.prepare_params
     to_module_tree: Callable = layers.to_module_tree
     # weight quantization (dllm_jax.quantize): the checkpoint-layout tensors quantized, nested like the tree,
@@ -140,6 +142,13 @@ class Family:
         if quantize is not None and self.quantized is None:
             raise ValueError(f"quantize={quantize!r}: {self.label} weights cannot be quantized (the family has no "
                              "quantized layout of its tensors): convert or load it without quantize")
+
+    def check_execution(self, execution: str) -> None:
+        """ValueError for a layer execution the family's model does not have (checked before any weight is read)."""
+        layers.check_execution(execution)
+        if execution not in self.executions:
+            raise ValueError(f"execution={execution!r}: {self.label} runs its layers {' or '.join(self.executions)} "
+                             "only (its layers differ in shape, so no scan body holds them all)")
 
     def check_mesh(self, mesh) -> None:
         """ValueError where a mesh is given and the family's weights have no sharding axes."""

@@ -263,6 +263,7 @@ def load_model(path, *, dtype=None, quantize: str | None = None, verify: bool = 
     raw, config = read_hf_config(path)
     family_of(config).check_quantize(quantize)
     family_of(config).check_mesh(mesh)
+    family_of(config).check_execution(execution)
     quantize = check_load_quantize(path, config, quantize, dtype)
     if mesh is not None:  # before reading any weight
         mesh = check_mesh(mesh, config, family_of(config).tp_split)
@@ -392,7 +393,7 @@ def model_from_params(config, params: dict, *, execution: str = "unrolled", mesh
     placed on it (`dllm_jax.sharding.shard_params`; any mesh `load_model` takes) and the model remembers
     it, over the axes ("dp", "sp", "tp"), as `model.mesh`."""
     family = family_of(config)
-    check_execution(execution)
+    family.check_execution(execution)
     family.check_mesh(mesh)
     dtype = params["embed"].dtype
     params = family.prepare_params(params, config, execution=execution)

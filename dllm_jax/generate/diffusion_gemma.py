@@ -301,5 +301,6 @@ FAMILY = Family(name="diffusiongemma", config_class=DiffusionGemmaConfig, model_
                 answer_option="max_new_tokens", method_kind=methods.CANVAS, param_shapes=weights.param_shapes,
                 hf_rules=hf_names.DIFFUSION_GEMMA_RULES, hf_expected=hf_names.diffusion_gemma_expected,
                 hf_skipped=hf_names.DIFFUSION_GEMMA_SKIPPED, prepare_params=weights.prepare_params,
-                to_module_tree=weights.to_module_tree, quantized=None, param_axes=None, tp_split=(),
+                to_module_tree=weights.to_module_tree, executions=("unrolled",), quantized=None, param_axes=None,
+                tp_split=(),
                 stops_field="eos_token_ids")

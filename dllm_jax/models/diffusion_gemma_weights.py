@@ -80,10 +80,7 @@ def inference_layer(p: dict) -> dict:
 def prepare_params(params: dict, config: DiffusionGemmaConfig, *, execution: str = "unrolled") -> dict:
     """A parameter tree (checkpoint or inference layout) in the inference layout. Takes ownership: the groups are
     emptied leaf by leaf as the layers take their slices (peak: the model plus one stacked leaf). The layers run
-    unrolled only (their shapes differ by type, so one `lax.scan` body cannot hold them)."""
-    if execution != "unrolled":
-        raise ValueError(f"execution={execution!r}: DiffusionGemma runs its layers unrolled only (sliding and global "
-                         "layers differ in shape, so no scan body holds them all); use execution='unrolled'")
+    unrolled only (their shapes differ by type, so one `lax.scan` body cannot hold them: the family's `executions`)."""
     if isinstance(params.get("layers"), tuple):
         return params
     rows = [{} for _ in config.layer_types]
