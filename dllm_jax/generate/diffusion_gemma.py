@@ -152,7 +152,8 @@ def denoise_step(params, s: DenoiseCarry, key, canvas, *, config: DiffusionGemma
     tempered = logits / temperature(options, s.step)
     uniforms, noise = step_draws(key, canvas, s.step, config)
     sampled = inverse_cdf(jax.nn.softmax(tempered, axis=-1), uniforms)
-    accept = accepted_positions(entropy(tempered), options.entropy_bound)
+    token_entropy = entropy(tempered)
+    accept = accepted_positions(token_entropy, options.entropy_bound)
     current = jnp.where(accept, sampled, noise)  # the accepted tokens, the rest re-noised
     argmax = jnp.argmax(tempered, axis=-1).astype(jnp.int32)
     frozen = s.done[:, None]
@@ -163,7 +164,8 @@ def denoise_step(params, s: DenoiseCarry, key, canvas, *, config: DiffusionGemma
         stable = jnp.all(history == argmax[None], axis=(0, 2))  # no history (threshold 0): stable
         if options.stability_threshold:
             history = jnp.concatenate([history[1:], argmax[None]], axis=0)
-        done = done | (stable & (jnp.mean(entropy(tempered), axis=-1) < options.confidence_threshold))
+        # this step's entropies serve every row: a frozen row (whose logits are last step's) is done already
+        done = done | (stable & (jnp.mean(token_entropy, axis=-1) < options.confidence_threshold))
     return DenoiseCarry(current=current, argmax=argmax, logits=tempered.astype(s.logits.dtype), history=history,
                         done=done, forwards=s.forwards + ~s.done, cache=cache, step=s.step + 1)
 
