@@ -32,6 +32,7 @@ from dllm_jax.attention.policy import AttentionPolicy, Dense, check_policy
 from dllm_jax.hf_config import ModelConfig
 from dllm_jax.models import hf_names, layers
 
+LIKELIHOODS = ("masked", "block")
 # what tensor parallelism splits over "tp" in every family (the KV heads, the MLP, the vocabulary)
 TP_SPLIT = ("num_kv_heads", "intermediate_size", "vocab_size")
 
@@ -83,6 +84,10 @@ class Family:
     # evaluation (dllm_jax.eval.evaluate): greedy one-token-per-step options for an answer length, or None
     # where evaluate has no defaults for the family (refused)
     eval_options: Callable[[int, Any, dict], dict] | None = None
+    # the lm-evaluation-harness model's log-likelihood estimate (dllm_jax.eval.likelihood): LIKELIHOODS[0], "masked"
+    # (the whole answer masked at once: masked diffusion), LIKELIHOODS[1], "block" (block by block, each given the
+    # clean positions before it: block diffusion), or None where it has none (refused)
+    likelihood: str | None = None
     # the config field holding a tuple of stop ids that may be empty (config.stop_ids reads every family's)
     stops_field: str | None = None
     # serving (dllm_jax.serve): the pieces of its block loop the slot engine needs, or None where requests are
@@ -92,6 +97,8 @@ class Family:
     def __post_init__(self):
         if self.method_kind not in methods.KINDS:
             raise ValueError(f"{self.name}: method_kind={self.method_kind!r} is not one of {methods.KINDS}")
+        if self.likelihood not in (None, *LIKELIHOODS):
+            raise ValueError(f"{self.name}: likelihood={self.likelihood!r} is not None or one of {LIKELIHOODS}")
         if self.config_class.family != self.name:
             raise ValueError(f"{self.config_class.__name__}.family={self.config_class.family!r} is not {self.name!r}")
 

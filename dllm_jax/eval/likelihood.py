@@ -37,10 +37,8 @@ import jax.numpy as jnp
 import numpy as np
 
 from dllm_jax import validation as check
-from dllm_jax.families import family_of
+from dllm_jax.families import FAMILIES, family_of
 from dllm_jax.generate import generate
-from dllm_jax.models.block_diffusion import BlockDiffusionLM
-from dllm_jax.models.llada import LLaDA
 
 MC_NUM = 128  # the official evaluation's defaults
 BATCH_SIZE = 32
@@ -83,16 +81,18 @@ def masked_log_likelihood(model, prompt_ids, answer_ids, masks, positions=None) 
 
 
 def answer_blocks(model, prompt_length: int, answer_length: int) -> list[np.ndarray]:
-    """The answer positions (indices into the answer) each estimate term masks: all of them for a masked-diffusion
-    model, those of each block (blocks of `block_size` from the sequence's start) for a block-diffusion one; a
-    ValueError for other models (Dream's logits predict the token after each position, which this estimate does not
-    shift)."""
+    """The answer positions (indices into the answer) each estimate term masks, as the model's family estimates
+    (`Family.likelihood`): all of them for a masked-diffusion model, those of each block (blocks of `block_size`
+    from the sequence's start) for a block-diffusion one; a ValueError for a family without an estimate (Dream's
+    logits predict the token after each position, which this estimate does not shift)."""
     answer = np.arange(answer_length)
-    if isinstance(model, LLaDA):
+    family = family_of(model.config)
+    if family.likelihood is None:
+        supported = ", ".join(f.label for f in FAMILIES.values() if f.likelihood is not None)
+        raise ValueError(f"log-likelihoods are estimated for {supported} models, not {type(model).__name__} "
+                         "(generate_until tasks work for every family)")
+    if family.likelihood == "masked":
         return [answer]
-    if not isinstance(model, BlockDiffusionLM):
-        raise ValueError(f"log-likelihoods are estimated for masked-diffusion (LLaDA) and block-diffusion (SDAR, "
-                         f"LLaDA2) models, not {type(model).__name__} (generate_until tasks work for every family)")
     blocks = (prompt_length + answer) // model.config.block_size
     return [answer[blocks == block] for block in np.unique(blocks)]
 

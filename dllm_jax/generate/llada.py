@@ -451,4 +451,4 @@ def eval_options(answer_length: int, config: LLaDAConfig, given: dict) -> dict:
 FAMILY = Family(name="llada", config_class=LLaDAConfig, model_class=llada_model.LLaDA, options_class=LLaDAOptions,
                 prepare=prepare, run=run, probe_loop=probe_loop, answer_option="gen_length", remasking=REMASKING,
                 method_kind=methods.BIDIRECTIONAL, param_shapes=layers.lm_param_shapes, hf_rules=hf_names.LLADA_RULES,
-                param_axes=DECODER_AXES, eval_options=eval_options)
+                param_axes=DECODER_AXES, eval_options=eval_options, likelihood="masked")

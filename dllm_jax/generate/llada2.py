@@ -316,6 +316,6 @@ FAMILY = Family(name="llada2", config_class=LLaDA2Config, model_class=llada2_mod
                 param_shapes=llada2_model.param_shapes, hf_rules=hf_names.LLADA2_RULES,
                 hf_expected=hf_names.llada2_expected, prepare_params=llada2_model.prepare_params,
                 to_module_tree=llada2_model.to_module_tree, param_axes=llada2_model.PARAM_AXES,
-                quantized=llada2_model.QUANTIZED,
+                quantized=llada2_model.QUANTIZED, likelihood="block",
                 tp_split=TP_SPLIT + ("moe_intermediate_size",),  # the experts' hidden dimension splits too
                 slots=SLOTS)

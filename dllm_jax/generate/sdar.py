@@ -336,4 +336,5 @@ def eval_options(answer_length: int, config: SDARConfig, given: dict) -> dict:
 FAMILY = Family(name="sdar", config_class=SDARConfig, model_class=sdar_model.SDAR, options_class=SDAROptions,
                 prepare=prepare, run=run, probe_loop=probe_loop, answer_option="max_new_tokens", remasking=REMASKING,
                 method_kind=methods.BLOCK, param_shapes=layers.lm_param_shapes, hf_rules=hf_names.SDAR_RULES,
-                param_axes=DECODER_AXES, eval_options=eval_options, stops_field="eos_token_ids", slots=SLOTS)
+                param_axes=DECODER_AXES, eval_options=eval_options, likelihood="block", stops_field="eos_token_ids",
+                slots=SLOTS)
