@@ -59,10 +59,17 @@ def _folded_queries(q_ref, *, queries: int, group: int, rows: int):
 
 
 def _dense_kernel(kvlen_ref, q_ref, k_ref, v_ref, o_ref, lse_ref, *store_refs, scale_log2, block_kv, num_splits,
-                  fold, store=None):
+                  fold, store=None, per_query=False):
     q = _folded_queries(q_ref, **fold)
-    lo, hi = _share(kvlen_ref[0], num_splits, block_kv)
+    if per_query:  # kvlen_ref holds the row's fill length per query: folded row g * Nq + n is query n
+        limit = kvlen_ref[jnp.arange(fold["rows"]) % fold["queries"]]
+        total, least = jnp.max(limit), jnp.min(limit)
+    else:
+        limit, total = None, kvlen_ref[0]
+        least = total
+    lo, hi = _share(total, num_splits, block_kv)
     n = jnp.maximum(hi - lo, 0)
+    whole = jnp.maximum(jnp.minimum(hi, least) - lo, 0) // block_kv  # tiles every query sees whole
     capacity = k_ref.shape[0]  # >= block_kv (`_split_kv`), not necessarily a multiple of it
 
     def tile(j, carry, masked):
@@ -82,12 +89,14 @@ def _dense_kernel(kvlen_ref, q_ref, k_ref, v_ref, o_ref, lse_ref, *store_refs, s
             store_refs[0][:, pl.ds(first, block_kv)] = s * c.LN2
         elif store == "probs":
             _store_probs(*store_refs, s, first, start // block_kv, block_kv, valid)
-        return c.masked_update(carry, s, v, valid)
+        if limit is None or valid is None:
+            return c.masked_update(carry, s, v, valid)
+        # keys below one query's fill length and at or past another's: hidden per query
+        s = jnp.where(valid[None, :] & (position[None, :] < limit[:, None]), s, -jnp.inf)
+        return c.logits_update(carry, s, c.mask_values(v, valid))
 
-    carry = jax.lax.fori_loop(0, n // block_kv, functools.partial(tile, masked=False),
-                              c.init_carry(q.shape[0], q.shape[1]))
-    carry = jax.lax.fori_loop(n // block_kv, (n + block_kv - 1) // block_kv,
-                              functools.partial(tile, masked=True), carry)
+    carry = jax.lax.fori_loop(0, whole, functools.partial(tile, masked=False), c.init_carry(q.shape[0], q.shape[1]))
+    carry = jax.lax.fori_loop(whole, (n + block_kv - 1) // block_kv, functools.partial(tile, masked=True), carry)
     o_ref[...], lse_ref[...] = c.finalize(carry)
 
 
@@ -274,9 +283,12 @@ def _split_kv(q, k, v, kv_len, *, scale, block_kv, num_splits, num_warps, num_st
     # smaller cache is padded to one tile, a copy of fewer than block_kv rows
     nk = k.shape[1]
     k, v = c.pad_axis(k, 1, max(nk, block_kv)), c.pad_axis(v, 1, max(nk, block_kv))
+    per_query = kv_len.ndim == 2
     kernel = functools.partial(_dense_kernel, scale_log2=scale * c.LOG2E, block_kv=block_kv,
-                               num_splits=num_splits, store=store)
-    lead = [(pl.BlockSpec((None, 1), lambda s, bi, h: (bi, 0)), kv_len[:, None])]
+                               num_splits=num_splits, store=store, per_query=per_query)
+    # [B, 1] fill lengths, or [B, Nq] padded to a power of two (Triton's block shapes; the padding is never read)
+    lengths = c.pad_axis(kv_len, 1, c.next_pow2(kv_len.shape[1])) if per_query else kv_len[:, None]
+    lead = [(pl.BlockSpec((None, lengths.shape[1]), lambda s, bi, h: (bi, 0)), lengths)]
     out = _launch(kernel, lead, q, k, v, block_kv=block_kv, num_splits=num_splits, num_warps=num_warps,
                   num_stages=num_stages, interpret=interpret, name="split_kv_attention", store=store)
     if store is None:
@@ -334,7 +346,9 @@ def split_kv_attention(q, k, v, *, kv_len=None, scale=None, return_lse=False, in
       q: [B, Nq, Hq, D] (a block of queries; G * Nq <= 256 with G = Hq / Hkv).
       k, v: [B, Nk, Hkv, D], e.g. one layer's static KV cache of capacity Nk (read in place).
       kv_len: None, int or int [B]: the filled length; keys at or beyond it are ignored, whatever
-        they hold (the kernel zeroes their values at tile load: NaN or Inf there cannot leak).
+        they hold (the kernel zeroes their values at tile load: NaN or Inf there cannot leak). Or int
+        [B, Nq]: each query's own fill length (segments of a block that see different prefixes of the
+        cache, attended in one pass over it; not with return_logits / return_probs).
       scale: default 1/sqrt(D). return_lse: also return the natural-log LSE f32 [B, Hq, Nq].
       block_kv: key tile (power of two >= 16); any capacity Nk >= block_kv is read in place, a
         multiple of block_kv or not (a smaller one is padded to one tile). num_splits: programs per
@@ -355,12 +369,27 @@ def split_kv_attention(q, k, v, *, kv_len=None, scale=None, return_lse=False, in
     b, nq, nk, hq, hkv, d = c.check_qkv(q, k, v)
     _check_block_queries(q, k, block_kv, num_splits)
     store = _stored(return_logits, return_probs)
-    lengths = c.kv_lengths(kv_len, b, nk)
+    lengths = fill_lengths(kv_len, b, nq, nk, store)
     splits = num_splits or default_num_splits(b, hkv, nk, block_kv)
     o, lse, *stored = _split_kv(q, k, v, lengths, scale=c.resolve_scale(scale, d), block_kv=block_kv,
                                 num_splits=splits, num_warps=num_warps, num_stages=num_stages, interpret=interpret,
                                 store=store)
     return _returned(o, lse, stored, return_lse)
+
+
+def fill_lengths(kv_len, batch: int, num_queries: int, num_keys: int, store=None) -> jax.Array:
+    """`kv_len` as int32 [B] (None, an int or [B]: `_common.kv_lengths`) or int32 [B, Nq] (one per query, checked
+    and clamped alike)."""
+    if kv_len is None or jnp.ndim(kv_len) < 2:
+        return c.kv_lengths(kv_len, batch, num_keys)
+    if jnp.shape(kv_len) != (batch, num_queries):
+        raise ValueError(f"kv_len must be a scalar or shape [{batch}] or [{batch}, {num_queries}] (one per query), "
+                         f"got shape {jnp.shape(kv_len)}")
+    if store is not None:
+        raise ValueError("kv_len per query [B, Nq] does not go with return_logits / return_probs: they keep one "
+                         "fill length per row")
+    rows = c.kv_lengths(jnp.reshape(kv_len, (-1,)), batch * num_queries, num_keys)
+    return rows.reshape(batch, num_queries)
 
 
 def _stored(return_logits, return_probs):
@@ -385,8 +414,9 @@ def split_kv_attention_reference(q, k, v, *, kv_len=None, scale=None, return_lse
     b, nq, nk, hq, hkv, d = c.check_qkv(q, k, v)
     _check_block_queries(q, k, block_kv, num_splits)
     store = _stored(return_logits, return_probs)
-    lengths = c.kv_lengths(kv_len, b, nk)
-    allowed = (jnp.arange(nk)[None, :] < lengths[:, None])[:, None, None, :]
+    lengths = fill_lengths(kv_len, b, nq, nk, store)
+    # [B, 1, 1 | Nq, Nk]: the row's fill length, or each query's
+    allowed = jnp.arange(nk) < (lengths[:, None, None, None] if lengths.ndim == 1 else lengths[:, None, :, None])
     o, lse = c.dense_reference(q, k, v, allowed, c.resolve_scale(scale, d))
     stored = []
     if store is not None:

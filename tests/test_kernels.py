@@ -178,6 +178,10 @@ class KernelChecks:
         (5, 2, 2, 64, [64, 1], None),    # the default split count
         (4, 4, 2, 300, [300, 290], 3),   # a full cache whose last tile runs past a capacity of 9.4 tiles
         (4, 2, 1, 20, [20, 7], 2),       # a capacity below one tile (padded to one)
+        # a fill length per query: two segments of a block (the second sees 4 keys more), an empty first
+        # segment; lengths scattered over tiles and splits, a query that sees no key
+        (8, 4, 2, 300, [[217] * 4 + [221] * 4, [0] * 4 + [4] * 4], 3),
+        (5, 2, 1, 200, [[10, 200, 37, 129, 128], [0, 0, 1, 64, 65]], 4),
     ])
     def test_split_kv(self, rng, dtype, nq, hq, hkv, nk, kv_len, splits):
         q, k, v = qkv(rng, 2, nq, nk, hq, hkv, 64, dtype)
@@ -541,6 +545,12 @@ def _bad_calls():
         "column range": (lambda: cs(q, k, v, idx.at[0, 0, 0, 0].set(64), cnt), "out of range [0, 64)"),
         "group size": (lambda: pk.column_sparse_attention(q, k, v, idx, cnt, group_size=24), "group_size=24"),
         "split-KV rows": (lambda: pk.split_kv_attention(jnp.zeros((1, 200, 4, 64), BF16), k, v), "at most 256"),
+        "split-KV query lengths": (lambda: pk.split_kv_attention(q, k, v, kv_len=jnp.ones((1, 3), jnp.int32)),
+                                   "[1, 64] (one per query)"),
+        "split-KV query lengths stored": (lambda: pk.split_kv_attention(q, k, v, kv_len=jnp.ones((1, 64), jnp.int32),
+                                                                        return_logits=True), "one fill length per row"),
+        "split-KV query length range": (lambda: pk.split_kv_attention(q, k, v, kv_len=jnp.full((1, 64), 65)),
+                                        "out of range"),
         "gather heads": (lambda: pk.split_kv_gather_attention(q[:, :4], k, v, idx[:, :, 0], cnt[:, :, 0]),
                          "one list per KV head"),
         "lse dtype": (lambda: pk.block_scores(q, k, lse.astype(BF16), block_q=32, block_kv=32), "lse must be float32"),
@@ -574,6 +584,18 @@ def test_bad_input_raises_value_error(case):
     call, message = _bad_calls()[case]
     with pytest.raises(ValueError, match=re.escape(message)):
         call()
+
+
+def test_split_kv_fill_length_per_query_is_each_query_attended_alone(rng):
+    """The reference's [B, Nq] fill lengths mean what they say: each query's output and LSE are those of that
+    query alone against the cache filled to its own length (the kernels are checked against this reference)."""
+    q, k, v = qkv(rng, 2, 6, 90, 4, 2, 64, jnp.float32)
+    lengths = jnp.asarray([[3, 90, 40, 41, 0, 64], [1, 1, 2, 77, 77, 90]], jnp.int32)
+    o, lse = pk.split_kv_attention_reference(q, k, v, kv_len=lengths, return_lse=True)
+    for i in range(6):
+        o_i, lse_i = pk.split_kv_attention_reference(q[:, i:i + 1], k, v, kv_len=lengths[:, i], return_lse=True)
+        np.testing.assert_allclose(np.asarray(o[:, i:i + 1]), np.asarray(o_i), rtol=1e-5, atol=1e-6)
+        np.testing.assert_allclose(np.asarray(lse[..., i:i + 1]), np.asarray(lse_i), rtol=1e-6)
 
 
 @pytest.mark.parametrize("nk", [200, 256])
