@@ -8,11 +8,12 @@ import numpy as np
 import pytest
 
 from dllm_jax import SDAR, SDARConfig, convert_hf_checkpoint, load_model, shipped_config
+from dllm_jax.attention.policy import Dense
 from dllm_jax.config import config_from_hf
 from dllm_jax.models import block_diffusion, sdar
 from dllm_jax.models.block_diffusion import block_causal_mask
 from dllm_jax.models.sdar import forward, param_shapes
-from dllm_jax.testing import random_hf_tensors, tiny_sdar_config, write_hf_checkpoint
+from dllm_jax.testing import jaxpr_equations, random_hf_tensors, tiny_sdar_config, write_hf_checkpoint
 from test_llada_numerics import BF16_BOUND, FP32_BOUND, relative_error
 from torch_reference import block_causal_logits, qwen3_reference
 
@@ -156,6 +157,42 @@ def test_block_step_works_inside_jit_loops(rng):
     full = model(blocks.transpose(1, 0, 2).reshape(1, -1))
     assert cache.length.tolist() == [12]
     assert relative_error(logits.transpose(1, 0, 2, 3).reshape(full.shape), np.asarray(full, np.float64)) <= 1e-5
+
+
+def test_commit_and_step_reads_the_cache_once_per_layer_where_split_kv_runs(rng):
+    """Dense under the split-KV kernel attends a commit and the next block's first step in one call per layer (a
+    fill length per query), with the logits and cache of one call per segment: rows with and without a pending
+    block, at different fill lengths; both equal the full block-causal forward."""
+    config = tiny_sdar_config()
+    model = SDAR(config, dtype=jnp.float32, rngs=__import__("flax").nnx.Rngs(0))
+    params, n = model.params(), config.block_size
+    ids = jnp.asarray(rng.integers(0, 180, (2, 5 * n)))
+    cache = model.prefill(ids[:, :3 * n], model.init_cache(2, 8 * n))
+    cache = cache.replace(length=jnp.asarray([3 * n, 2 * n], jnp.int32))  # row 1: one block less filled
+    pending = jnp.asarray([True, False])
+    finished, block = ids[:, 3 * n:4 * n], ids[:, 4 * n:]
+    zeros = jnp.zeros((2,), jnp.int32)
+
+    def step(policy):
+        states = block_diffusion.init_policy_state(policy, config, 2, 8 * n)
+        return sdar.commit_and_step(params, finished, pending, block, cache, states, zeros, zeros, config=config,
+                                    policy=policy)
+
+    joined, apart = Dense(backend="interpret"), Dense(backend="reference")
+    q = jnp.zeros((2, 2 * n, config.num_heads, config.head_dim))
+    assert joined.joins_segments(q, cache.k[0]) and not apart.joins_segments(q, cache.k[0])
+    equations = list(jaxpr_equations(jax.make_jaxpr(lambda: step(joined))().jaxpr))
+    passes = [e for e in equations if e.primitive.name == "pallas_call" and e.params["name"] == "split_kv_attention"]
+    assert len(passes) == config.num_layers
+    (got, got_cache, _), (want, want_cache, _) = step(joined), step(apart)
+    assert relative_error(got, np.asarray(want, np.float64)) <= 1e-5
+    np.testing.assert_array_equal(np.asarray(got_cache.length), [4 * n, 2 * n])
+    for a, b in zip(got_cache.k + got_cache.v, want_cache.k + want_cache.v):
+        assert relative_error(a, np.asarray(b, np.float64)) <= 1e-5
+    # row 0 commits its block and steps the next; row 1 (nothing pending) steps `block` at its own fill length
+    full0 = model(ids[:1])[:, 4 * n:]
+    full1 = model(jnp.concatenate([ids[1:, :2 * n], block[1:]], axis=1))[:, 2 * n:]
+    assert relative_error(got, np.asarray(jnp.concatenate([full0, full1]), np.float64)) <= 1e-5
 
 
 def test_block_causal_mask():

@@ -14,7 +14,7 @@ from pathlib import Path
 import jax
 import jax.numpy as jnp
 from dllm_jax.attention.methods import describe
-from dllm_jax.attention.policy import Mode
+from dllm_jax.attention.policy import Dense, Mode
 from dllm_jax.bench import family_methods, kernel_profile, time_carried
 
 from .measure import OUT_OF_TIME, activation_bytes, error_row, kv_bytes_per_position, memory_verdict, weight_bytes, with_copy
@@ -25,10 +25,18 @@ from .tables import cell, markdown_table
 SECTION = "mage128k"
 
 
+@dataclasses.dataclass(frozen=True)
+class DenseApart(Dense):
+    """Dense with one call per segment of a forward: the commit riding on the next block's first step reads the
+    cache twice (method "dense/apart": the baseline of the one-pass forward)."""
+
+    def joins_segments(self, q, k) -> bool:
+        return False
+
+
 def long_rows(model, config, plan: Plan, *, baseline: bool, copy: dict | None, deadline: float):
     """Dense and MAGE: the time of one output block of the generate loop (`denoise_block`: the block's
     denoising forwards and its commit) against a long cache, in the loop's own code."""
-    from dllm_jax.attention.policy import Dense
     from dllm_jax.generate import block_loop as loops
     from dllm_jax.generate import sdar as gen
     from dllm_jax.models import block_diffusion
@@ -38,19 +46,17 @@ def long_rows(model, config, plan: Plan, *, baseline: bool, copy: dict | None, d
     s, n = plan.long_prompt, config.block_size
     options = gen.SDAROptions(**sdar_options(plan))
     mage = family_methods("SDAR", small=plan.small_methods)["mage"]
-    # "mage/sort", "mage/threshold", "mage/kernel": the same selection found by lax.top_k, by the radix threshold and
-    # by the Pallas kernel; "mage/per-layer": each sparse layer's top k found in the layer (MAGE's default until
-    # session 22, which made one batched selection after the block's first forward the default); "mage/keys": its
+    # "mage/sort", "mage/threshold": the same selection found by lax.top_k and by the radix threshold;
+    # "mage/per-layer": each sparse layer's top k found in the layer (instead of one batched selection after the
+    # block's first forward); "mage/keys": its
     # scores from the keys read again (kv_scores) instead of the exact pass's logits; "mage/probs": from their
     # float16 form (half the bytes written and read)
     methods = family_methods("SDAR", small=plan.small_methods, names=("flashblock", "flashblock+mage"))
     known = {"mage": mage, "mage/sort": dataclasses.replace(mage, select_by="sort"),
              "mage/threshold": dataclasses.replace(mage, select_by="threshold"),
-             "mage/kernel": dataclasses.replace(mage, select_by="kernel"),
-             "mage/kernel+probs": dataclasses.replace(mage, select_by="kernel", scores_from="probs"),
              "mage/per-layer": dataclasses.replace(mage, select_after_forward=False),
              "mage/keys": dataclasses.replace(mage, scores_from="keys"),
-             "mage/probs": dataclasses.replace(mage, scores_from="probs"), **methods}
+             "mage/probs": dataclasses.replace(mage, scores_from="probs"), "dense/apart": DenseApart(), **methods}
     policies = {"dense": Dense()} | {name: known[name] for name in plan.long_methods}
     repeats = 3
     for batch in plan.long_batches:
@@ -94,8 +100,12 @@ def long_rows(model, config, plan: Plan, *, baseline: bool, copy: dict | None, d
                     # the list and the closure hold the cache: at batch 4 a 128k cache is 77 GB, and the next
                     # method's would not fit beside it
                     (cache, state), held, traced = held[0], None, None
-                ideal = block_bytes(policy, config, batch=batch, prefix=s, steps=plan.sdar_steps,
-                                    forwards=forwards, weights=w)
+                # the commit's segment reads the cache in the first step's call where the policy joins them
+                probe = jax.ShapeDtypeStruct((batch, 2 * n, config.num_heads, config.head_dim), params["embed"].dtype)
+                cache_probe = jax.ShapeDtypeStruct((batch, capacity, config.num_kv_heads, config.head_dim),
+                                                   params["embed"].dtype)
+                ideal = block_bytes(policy, config, batch=batch, prefix=s, steps=plan.sdar_steps, forwards=forwards,
+                                    weights=w, joined=not baseline and policy.joins_segments(probe, cache_probe))
                 row["block_bytes"] = ideal
                 if copy is not None:
                     ideal_ms = ideal / (copy["copy_tb_s"] * 1e12) * 1e3
@@ -129,9 +139,11 @@ def block_modes(policy, steps: int) -> list[int]:
     return modes
 
 
-def block_bytes(policy, config, *, batch: int, prefix: int, steps: int, forwards: int, weights: int) -> int:
+def block_bytes(policy, config, *, batch: int, prefix: int, steps: int, forwards: int, weights: int,
+                joined: bool = False) -> int:
     """The bytes an output block must read, the method's byte ideal: the weights once per forward, and per row and
-    layer the whole prefix's K and V in every segment (`block_modes`) but the SPARSE ones, where a selection of k
+    layer the whole prefix's K and V in every segment (`block_modes`; with `joined`, the commit's segment and the
+    first step's read it once between them) but the SPARSE ones, where a selection of k
     keys (MAGE's; FlashBlock alone reads none) and the block's own are read instead; a method's exact layers read
     the whole prefix in every segment. What a method reads or writes besides is not counted (MAGE's Eq. 3 scores:
     the logits its first step's pass writes and reads back, or the keys read again with scores_from="keys")."""
@@ -139,7 +151,7 @@ def block_bytes(policy, config, *, batch: int, prefix: int, steps: int, forwards
     exact, k = getattr(selector, "exact_layers", 0), getattr(selector, "k", 0)
     modes = block_modes(policy, steps)
     sparse = sum(mode == int(Mode.SPARSE) for mode in modes)
-    full = config.num_layers * len(modes) - (config.num_layers - exact) * sparse
+    full = config.num_layers * (len(modes) - joined) - (config.num_layers - exact) * sparse
     rows = full * prefix + (config.num_layers - exact) * sparse * (min(k, prefix) + config.block_size)
     return forwards * weights + batch * rows * kv_bytes_per_position(config) // config.num_layers
 

@@ -32,10 +32,10 @@ class Plan:
     # mage128k's methods, each against dense (always timed first): "mage/sort" and "mage/threshold" are MAGE with its
     # top k by lax.top_k over the scores and by the radix threshold instead of its default tile tournament;
     # "mage/keys" MAGE with its scores from the keys read again instead of its exact pass's logits, "mage/probs" from
-    # their float16 form; "mage/kernel" with its top k by the Pallas kernel (no sort; one program per row of every
-    # sparse layer at once), "mage/kernel+probs" both; "mage/per-layer" with each layer's top k found in the layer
-    # instead of in MAGE's one batched selection after the block's first forward
-    long_methods: tuple[str, ...] = ("mage", "mage/sort", "mage/threshold", "mage/kernel", "mage/kernel+probs",
+    # their float16 form; "mage/per-layer" with each layer's top k found in the layer instead of in MAGE's one
+    # batched selection after the block's first forward; "dense/apart": dense with the commit's segment attending in
+    # a call of its own (the cache read twice in that forward)
+    long_methods: tuple[str, ...] = ("dense/apart", "mage", "mage/sort", "mage/threshold",
                                      "mage/per-layer", "mage/keys", "mage/probs", "flashblock", "flashblock+mage")
     execution: str | None = None  # the models' layer execution (`load_model`'s); None: the package default
     quantize: str | None = None  # the models' weight quantization (`load_model`'s): None, "int8" or "fp8"

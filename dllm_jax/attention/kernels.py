@@ -6,6 +6,8 @@ with `interpret=True` for "interpret") and never "auto".
 
 from __future__ import annotations
 
+import jax.numpy as jnp
+
 import pallas_kernels as pk
 from dllm_jax.attention import backends
 from dllm_jax.attention.dense import dense_attention
@@ -43,6 +45,13 @@ def attention(q, k, v, backend: str, *, key_mask=None, mask=None, kv_len=None, s
     them) by the code `backends.dense` resolves: `dense_attention` (cuDNN or XLA), the split-KV
     kernel or the flash kernel. Returns out [B, L, Hq, D]."""
     op, which = backends.dense(backend, q, k, kv_len=kv_len, key_mask=key_mask, mask=mask)
+    if op != "split_kv" and kv_len is not None and jnp.ndim(kv_len) == 2:
+        # a fill length per query [B, L] (`AttentionPolicy.joins_segments`) only the split-KV kernel takes: the
+        # others get it as the block mask it is
+        per_query = jnp.arange(k.shape[1]) < jnp.asarray(kv_len, jnp.int32)[..., None]
+        mask = per_query if mask is None else mask & per_query
+        op, which = backends.dense(backend, q, k, key_mask=key_mask, mask=mask)
+        kv_len = None
     if op == "split_kv":
         return run(pk.split_kv_attention, pk.split_kv_attention_reference, which, q, k, v, kv_len=kv_len, scale=scale)
     if op == "flash":

@@ -133,6 +133,13 @@ class AttentionPolicy(abc.ABC):
         policy's states have everywhere else."""
         return layers
 
+    def joins_segments(self, q, k) -> bool:
+        """Whether the segments of one cached forward (a finished block's commit riding on the next block's first
+        step: queries q [B, Nq, Hq, D] of all segments, one layer's cache k) attend in one call, `kv_len` then a
+        fill length per query [B, Nq] and the mode the last segment's, so the cache is read once (False, the
+        default: one call per segment, each in its own mode)."""
+        return False
+
     def pattern_mask(self, state, *, num_queries: int, num_keys: int, num_heads: int):
         return None
 
@@ -205,6 +212,11 @@ class Dense(AttentionPolicy):
     def attend(self, q, k, v, state, mode, *, key_mask=None, mask=None, kv_len=None, scale=None):
         return kernels.attention(q, k, v, self.backend, key_mask=key_mask, mask=mask, kv_len=kv_len,
                                  scale=scale), state
+
+    def joins_segments(self, q, k) -> bool:
+        # where the split-KV kernel runs (the long caches): its fill length per query reads the cache once for
+        # every segment; elsewhere one call per segment, as exact and no slower
+        return backends.dense(self.backend, q, k, kv_len=0)[0] == "split_kv"
 
     def attend_window(self, q, k, v, state, mode, *, start, **masks):
         # cuDNN under "auto", as every call without a fill length: the split-KV kernel (kv_len = L) measured

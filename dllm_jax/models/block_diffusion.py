@@ -202,7 +202,8 @@ def cached_forward(params, segments: tuple, cache: KVCache, policy_state, *, con
                    policy: AttentionPolicy, decoder: BlockDecoder):
     """One forward over the concatenated segments against the cache: per layer, every segment's K/V
     is written at its positions (in order: a later segment overwrites an earlier one at the same
-    positions), then each segment attends (in order, the policy state threaded through). Returns
+    positions), then each segment attends (in order, the policy state threaded through; all in one call where
+    the policy `joins_segments`). Returns
     (float32 logits of the last segment [B, n, V], cache with the writes, policy_state); fill
     lengths unchanged."""
     params = decoder.cached_params(params, config)
@@ -217,12 +218,17 @@ def cached_forward(params, segments: tuple, cache: KVCache, policy_state, *, con
         parts = [jnp.split(x, bounds, axis=1) for x in (q, k, v)]
         for seg, k_seg, v_seg in zip(segments, parts[1], parts[2]):
             ck, cv = write_rows(ck, k_seg, seg.start), write_rows(cv, v_seg, seg.start)
+        cache = cache.replace(k=replace_layer(cache.k, layer, ck), v=replace_layer(cache.v, layer, cv))
+        if len(segments) > 1 and policy.joins_segments(q, ck):  # one pass over the cache, a fill length per query
+            kv_len = jnp.concatenate([jnp.broadcast_to((seg.start + n)[:, None], (q.shape[0], n))
+                                      for seg, n in zip(segments, sizes)], axis=1)
+            out, policy_state = attend_layer(policy, segments[-1].mode, q, ck, cv, policy_state, layer, kv_len=kv_len)
+            return out, (cache, policy_state)
         outs = []
         for seg, q_seg, n in zip(segments, parts[0], sizes):
             out, policy_state = attend_layer(policy, seg.mode, q_seg, ck, cv, policy_state, layer,
                                              kv_len=seg.start + n)
             outs.append(out)
-        cache = cache.replace(k=replace_layer(cache.k, layer, ck), v=replace_layer(cache.v, layer, cv))
         return jnp.concatenate(outs, axis=1), (cache, policy_state)
 
     ids = jnp.concatenate([seg.ids for seg in segments], axis=1)
