@@ -88,6 +88,19 @@ def test_masked_keys_have_no_influence(rng):
     np.testing.assert_array_equal(np.asarray(out), np.asarray(dense_attention(q, k2, v2, key_mask=key_mask)))
 
 
+@pytest.mark.parametrize("backend", ["reference", "xla", "interpret"])
+def test_a_fill_length_per_query_hides_each_querys_own_keys(rng, backend):
+    """kernels.attention with kv_len [B, L] (segments seeing different cache prefixes): the split-KV kernel takes it
+    as it is ("interpret"), the jnp attention as the block mask it is; each query equals its own call."""
+    q = jnp.asarray(rng.standard_normal((2, 6, 4, 32)), jnp.float32)
+    k, v = (jnp.asarray(rng.standard_normal((2, 40, 2, 32)), jnp.float32) for _ in range(2))
+    lengths = jnp.asarray([[5, 5, 5, 9, 9, 9], [40, 1, 17, 30, 30, 2]], jnp.int32)
+    out = kernels.attention(q, k, v, backend, kv_len=lengths)
+    for i in range(6):
+        alone = kernels.attention(q[:, i:i + 1], k, v, "reference", kv_len=lengths[:, i])
+        np.testing.assert_allclose(np.asarray(out[:, i:i + 1]), np.asarray(alone), rtol=1e-5, atol=1e-5)
+
+
 def test_cpu_uses_xla_and_unknown_backend_is_rejected():
     assert backends.dense_default(jnp.bfloat16, 128) == ("cudnn" if jax.default_backend() == "gpu" else "xla")
     assert backends.dense_default(jnp.float32, 128) == "xla"
