@@ -24,7 +24,8 @@ rate, requests per second), prompt lengths log-uniform and output lengths unifor
 `--long-prompts N` makes a long-context trace: N requests of each trace, evenly spaced, carry prompts of
 `--long-lengths` tokens, and the server serves the trace a second time without them; each row reports the other
 requests' inter-block gaps (seconds between a request's streamed blocks, p50 / p99), so the two rows show what the
-long prefills cost the requests decoding beside them (lockstep is not run).
+long prefills cost the requests decoding beside them (lockstep is not run). `--methods dense,mage` serves each
+trace once per attention method (`Engine(method=...)`).
 
 Both decode greedily with SDAR's defaults (4 denoising steps per block, dynamic remasking). Compilation is
 done before the clock starts: the server's inserts (every prefill length the trace needs) and block step,
@@ -125,6 +126,9 @@ def parse_args(argv=None) -> argparse.Namespace:
     parser.add_argument("--prefill-batch", default="0",
                         help="the most requests of one prompt bucket prefilled in one program, comma-separated: each "
                              "value serves the trace once (Engine(prefill_batch=...); 0: every slot, the default)")
+    parser.add_argument("--methods", default="dense",
+                        help="attention methods the server runs, comma-separated (dense, mage, flashblock, "
+                             "flashblock+mage): each serves the trace once (Engine(method=...))")
     parser.add_argument("--no-lockstep", action="store_true",
                         help="time the server only (a diagnosis run: no lockstep rows, no speedups)")
     parser.add_argument("--clients", choices=("process", "thread"), default="process",
@@ -143,6 +147,7 @@ def parse_args(argv=None) -> argparse.Namespace:
     args.schedules = args.schedules.split(",")
     args.prefix_cache_mb = [int(v) for v in args.prefix_cache_mb.split(",")]
     args.prefill_batch = [int(v) for v in args.prefill_batch.split(",")]
+    args.methods = [v.strip() for v in args.methods.split(",")]
     if unknown := sorted(set(args.schedules) - set(SCHEDULES)):
         parser.error(f"--schedules: {', '.join(unknown)} is not one of {', '.join(SCHEDULES)}")
     return args
@@ -373,11 +378,14 @@ def main(argv=None) -> Path:
         rows.append(dict(rate=rate, mode="lockstep", **summary(served, short)))
         print(json.dumps(rows[-1]), flush=True)
     overlaps = {"off": [False], "on": [True], "both": [False, True]}[args.overlap]
-    for overlap, schedule, cache_mb, batch in [(o, s, c, b) for b in args.prefill_batch for c in args.prefix_cache_mb
-                                               for s in args.schedules for o in overlaps]:
+    for method, overlap, schedule, cache_mb, batch in [(m, o, s, c, b) for m in args.methods for b in args.prefill_batch
+                                                       for c in args.prefix_cache_mb for s in args.schedules
+                                                       for o in overlaps]:
         mode = (("server overlapped" if overlap else "server") + (", by forward" if schedule == "forward" else "")
-                + (f", prefix cache {cache_mb} MB" if cache_mb else "") + (f", prefill batch {batch}" if batch else ""))
+                + (f", prefix cache {cache_mb} MB" if cache_mb else "") + (f", prefill batch {batch}" if batch else "")
+                + (f", {method}" if method != "dense" else ""))
         app = build_app(model, tokenizer, model_name=args.model, slots=args.slots, max_context=context,
+                        method=None if method == "dense" else method,
                         max_queue=args.requests * 2, overlap=overlap, schedule=schedule,
                         prefix_cache_bytes=cache_mb * 2**20, prefill_batch=batch or None)
         with running(app) as url:
@@ -415,7 +423,8 @@ def main(argv=None) -> Path:
                 jax=jax.__version__, date=datetime.date.today().isoformat(), model=args.model, slots=args.slots,
                 requests=args.requests, prompt_lengths=args.prompt_lengths, output_lengths=args.output_lengths,
                 seed=args.seed, lockstep_widths=pads, lockstep_new_tokens=new, overlap=args.overlap,
-                clients=args.clients, shared_prefixes=[len(p) for p in shared], shared_fraction=args.shared_fraction,
+                clients=args.clients, methods=args.methods, shared_prefixes=[len(p) for p in shared],
+                shared_fraction=args.shared_fraction,
                 long_prompts=sorted(len(r.prompt) for t in traces.values() for r in t if len(r.prompt) > short))
     header = ["rate (req/s)", "mode", "tokens/s", "vs lockstep", "first block p50 / p99 (s)", "latency p50 / p99 (s)",
               "inter-block p50 / p99 (s)"]
