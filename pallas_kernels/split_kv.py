@@ -58,8 +58,10 @@ def _folded_queries(q_ref, *, queries: int, group: int, rows: int):
     return q_ref[(r % queries) * (q_ref.shape[0] // queries) + head, :]
 
 
-def _dense_kernel(kvlen_ref, q_ref, k_ref, v_ref, o_ref, lse_ref, *store_refs, scale_log2, block_kv, num_splits,
-                  fold, store=None, per_query=False):
+def _dense_kernel(kvlen_ref, q_ref, k_ref, v_ref, *refs, scale_log2, block_kv, num_splits, fold, store=None,
+                  per_query=False, scaled=False):
+    # scaled: k / v are float8 rows with one float32 scale per (position, KV head), dequantized in registers
+    ks_ref, vs_ref, o_ref, lse_ref, *store_refs = refs if scaled else (None, None, *refs)
     q = _folded_queries(q_ref, **fold)
     if per_query:  # kvlen_ref holds the row's fill length per query: folded row g * Nq + n is query n
         limit = kvlen_ref[jnp.arange(fold["rows"]) % fold["queries"]]
@@ -83,6 +85,9 @@ def _dense_kernel(kvlen_ref, q_ref, k_ref, v_ref, o_ref, lse_ref, *store_refs, s
             valid = (position >= start) & (position < hi)
         k = k_ref[pl.ds(first, block_kv), :]
         v = v_ref[pl.ds(first, block_kv), :]
+        if scaled:
+            k = (k.astype(jnp.float32) * ks_ref[pl.ds(first, block_kv)][:, None]).astype(q.dtype)
+            v = (v.astype(jnp.float32) * vs_ref[pl.ds(first, block_kv)][:, None]).astype(q.dtype)
         s = c.logits(q, k, scale_log2)
         if store == "logits":  # every key below kv_len lies in one program's share and gets its logit; a last
             # tile loaded from below its start rewrites its neighbours' columns with the same values
@@ -228,7 +233,8 @@ def split_kv_combine_reference(o, lse, shape, dtype, *, num_splits=None, interpr
     return o.astype(dtype), lse
 
 
-def _launch(kernel, lead, q, k, v, *, block_kv, num_splits, num_warps, num_stages, interpret, name, store=None):
+def _launch(kernel, lead, q, k, v, *, block_kv, num_splits, num_warps, num_stages, interpret, name, store=None,
+            scales=()):
     """Runs `kernel` on (lead inputs..., q as [B, Nq * Hq, D], k, v); `lead` is a list of (BlockSpec, array).
 
     Each program folds its KV head's queries into one tile itself (`_folded_queries`: the kernel takes `fold`) and
@@ -264,33 +270,36 @@ def _launch(kernel, lead, q, k, v, *, block_kv, num_splits, num_warps, num_stage
             pl.BlockSpec((None, nq * hq, d), lambda s, bi, h: (bi, 0, 0)),  # the row's queries, as they are
             pl.BlockSpec((None, nk, None, d), lambda s, bi, h: (bi, 0, h, 0)),
             pl.BlockSpec((None, nk, None, d), lambda s, bi, h: (bi, 0, h, 0)),
+            *(pl.BlockSpec((None, nk, None), lambda s, bi, h: (bi, 0, h)) for _ in scales),  # [B, Nk, Hkv] scales
         ],
         out_specs=out_specs,
         out_shape=out_shape,
         compiler_params=c.compiler_params(d, num_warps, num_stages if num_stages is not None else c.fitting_stages(
-            NUM_STAGES, rows=block_kv, head_dim=d, dtype=k.dtype, reserved=reserved)),
+            NUM_STAGES, rows=block_kv, head_dim=d, dtype=q.dtype, reserved=reserved)),
         interpret=interpret,
         name=name,
-    )(*(x for _, x in lead), q.reshape(b, nq * hq, d), k, v)
+    )(*(x for _, x in lead), q.reshape(b, nq * hq, d), k, v, *scales)
     o, lse = split_kv_combine(o, lse, q.shape, q.dtype, num_splits=num_splits, interpret=interpret)
     return (o, lse, *(x[:, :, :nq * hq // hkv] for x in rest))
 
 
 @functools.partial(jax.jit, static_argnames=("scale", "block_kv", "num_splits", "num_warps", "num_stages",
                                              "interpret", "store"))
-def _split_kv(q, k, v, kv_len, *, scale, block_kv, num_splits, num_warps, num_stages, interpret, store=None):
+def _split_kv(q, k, v, kv_len, k_scale=None, v_scale=None, *, scale, block_kv, num_splits, num_warps, num_stages,
+              interpret, store=None):
     # any capacity of at least one tile is read in place (the kernel's last tile stays in bounds); a
     # smaller cache is padded to one tile, a copy of fewer than block_kv rows
     nk = k.shape[1]
     k, v = c.pad_axis(k, 1, max(nk, block_kv)), c.pad_axis(v, 1, max(nk, block_kv))
+    scales = () if k_scale is None else tuple(c.pad_axis(x, 1, max(nk, block_kv)) for x in (k_scale, v_scale))
     per_query = kv_len.ndim == 2
     kernel = functools.partial(_dense_kernel, scale_log2=scale * c.LOG2E, block_kv=block_kv,
-                               num_splits=num_splits, store=store, per_query=per_query)
+                               num_splits=num_splits, store=store, per_query=per_query, scaled=bool(scales))
     # [B, 1] fill lengths, or [B, Nq] padded to a power of two (Triton's block shapes; the padding is never read)
     lengths = c.pad_axis(kv_len, 1, c.next_pow2(kv_len.shape[1])) if per_query else kv_len[:, None]
     lead = [(pl.BlockSpec((None, lengths.shape[1]), lambda s, bi, h: (bi, 0)), lengths)]
     out = _launch(kernel, lead, q, k, v, block_kv=block_kv, num_splits=num_splits, num_warps=num_warps,
-                  num_stages=num_stages, interpret=interpret, name="split_kv_attention", store=store)
+                  num_stages=num_stages, interpret=interpret, name="split_kv_attention", store=store, scales=scales)
     if store is None:
         return out
     return (*out[:2], out[2][..., :nk], *out[3:])
@@ -339,7 +348,8 @@ def _check_block_queries(q, k, block_kv, num_splits):
 
 
 def split_kv_attention(q, k, v, *, kv_len=None, scale=None, return_lse=False, interpret=False, block_kv=BLOCK_KV,
-                       num_splits=None, num_warps=None, num_stages=None, return_logits=False, return_probs=False):
+                       num_splits=None, num_warps=None, num_stages=None, return_logits=False, return_probs=False,
+                       k_scale=None, v_scale=None):
     """Dense attention of a short query block over a long KV cache, split along the keys.
 
     Args:
@@ -363,18 +373,57 @@ def split_kv_attention(q, k, v, *, kv_len=None, scale=None, return_lse=False, in
         probability to 11 significant bits, 1 at its tile's maximum (`kv_scores_from_probs`). Columns at or
         beyond kv_len, and the maxima of tiles wholly beyond it, are unspecified.
 
+      k_scale, v_scale: float32 [B, Nk, Hkv] with k and v float8_e4m3fn: a quantized cache, position j of KV
+        head h holding k[:, j, h] * k_scale[:, j, h] (`dequantize`), dequantized in registers as the tiles load
+        (the cache is read at one byte per element); not with return_logits / return_probs.
+
     Returns o [B, Nq, Hq, D] in q.dtype, or (o, lse), then the logits or (probs, tile_max) where asked.
     """
     scale = c.check_scale(scale)
-    b, nq, nk, hq, hkv, d = c.check_qkv(q, k, v)
-    _check_block_queries(q, k, block_kv, num_splits)
     store = _stored(return_logits, return_probs)
+    k_abstract, v_abstract = check_scaled(q, k, v, k_scale, v_scale, store)
+    b, nq, nk, hq, hkv, d = c.check_qkv(q, k_abstract, v_abstract)
+    _check_block_queries(q, k, block_kv, num_splits)
     lengths = fill_lengths(kv_len, b, nq, nk, store)
     splits = num_splits or default_num_splits(b, hkv, nk, block_kv)
-    o, lse, *stored = _split_kv(q, k, v, lengths, scale=c.resolve_scale(scale, d), block_kv=block_kv,
-                                num_splits=splits, num_warps=num_warps, num_stages=num_stages, interpret=interpret,
-                                store=store)
+    o, lse, *stored = _split_kv(q, k, v, lengths, k_scale, v_scale, scale=c.resolve_scale(scale, d),
+                                block_kv=block_kv, num_splits=splits, num_warps=num_warps, num_stages=num_stages,
+                                interpret=interpret, store=store)
     return _returned(o, lse, stored, return_lse)
+
+
+KV_DTYPE = jnp.dtype(jnp.float8_e4m3fn)  # the quantized cache's element type
+
+
+def quantize(x):
+    """Rows x [B, Nk, Hkv, D] as (float8_e4m3fn [B, Nk, Hkv, D], float32 scales [B, Nk, Hkv]): each (position, KV
+    head) scaled so that its largest magnitude is e4m3's largest, 448 (an all-zero row gets scale 1)."""
+    amax = jnp.max(jnp.abs(x.astype(jnp.float32)), axis=-1)
+    scale = jnp.where(amax > 0, amax / 448.0, 1.0)
+    return (x.astype(jnp.float32) / scale[..., None]).astype(KV_DTYPE), scale
+
+
+def dequantize(x, scale, dtype):
+    """Quantized rows x [B, Nk, Hkv, D] (float8) with scales [B, Nk, Hkv] as `dtype`."""
+    return (x.astype(jnp.float32) * scale[..., None]).astype(dtype)
+
+
+def check_scaled(q, k, v, k_scale, v_scale, store=None):
+    """k and v as the dtype-checked shapes `_common.check_qkv` takes: themselves, or with scales (a float8 cache,
+    `split_kv_attention`'s k_scale / v_scale) shapes of q's dtype once the scales are checked."""
+    if k_scale is None and v_scale is None:
+        return k, v
+    if k_scale is None or v_scale is None:
+        raise ValueError("k_scale and v_scale come together (a quantized cache has both)")
+    if jnp.dtype(k.dtype) != KV_DTYPE or jnp.dtype(v.dtype) != KV_DTYPE:
+        raise ValueError(f"k_scale / v_scale go with float8_e4m3fn k and v, got {k.dtype} and {v.dtype}")
+    for name, x, of in (("k_scale", k_scale, k), ("v_scale", v_scale, v)):
+        if x.shape != of.shape[:3] or jnp.dtype(x.dtype) != jnp.float32:
+            raise ValueError(f"{name} must be float32 {list(of.shape[:3])} (one per position and KV head), got "
+                             f"{x.dtype} {list(x.shape)}")
+    if store is not None:
+        raise ValueError("a quantized cache (k_scale / v_scale) does not go with return_logits / return_probs")
+    return jax.ShapeDtypeStruct(k.shape, q.dtype), jax.ShapeDtypeStruct(v.shape, q.dtype)
 
 
 def fill_lengths(kv_len, batch: int, num_queries: int, num_keys: int, store=None) -> jax.Array:
@@ -406,14 +455,17 @@ def _returned(o, lse, stored: list, return_lse: bool):
 
 def split_kv_attention_reference(q, k, v, *, kv_len=None, scale=None, return_lse=False, interpret=False,
                                  block_kv=BLOCK_KV, num_splits=None, num_warps=None, num_stages=None,
-                                 return_logits=False, return_probs=False):
+                                 return_logits=False, return_probs=False, k_scale=None, v_scale=None):
     """The same function as `split_kv_attention`, computed densely in fp32 jnp (logits at or beyond kv_len: -inf;
-    probabilities there 0, the maxima of tiles wholly beyond it -inf)."""
+    probabilities there 0, the maxima of tiles wholly beyond it -inf; a quantized cache dequantized first)."""
     scale = c.check_scale(scale)
     del interpret, num_warps, num_stages
+    store = _stored(return_logits, return_probs)
+    check_scaled(q, k, v, k_scale, v_scale, store)
+    if k_scale is not None:
+        k, v = dequantize(k, k_scale, q.dtype), dequantize(v, v_scale, q.dtype)
     b, nq, nk, hq, hkv, d = c.check_qkv(q, k, v)
     _check_block_queries(q, k, block_kv, num_splits)
-    store = _stored(return_logits, return_probs)
     lengths = fill_lengths(kv_len, b, nq, nk, store)
     # [B, 1, 1 | Nq, Nk]: the row's fill length, or each query's
     allowed = jnp.arange(nk) < (lengths[:, None, None, None] if lengths.ndim == 1 else lengths[:, None, :, None])

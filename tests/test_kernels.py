@@ -191,6 +191,22 @@ class KernelChecks:
         assert_attention_close(out, ref, dtype)
 
     @pytest.mark.parametrize("dtype", [F32, BF16])
+    @pytest.mark.parametrize("nq,nk,kv_len,splits", [
+        (4, 300, [0, 217], 3),                           # an empty row, a length inside a tile
+        (8, 20, [[20] * 4 + [16] * 4, [7] * 8], 2),      # a capacity below one tile; a fill length per query
+    ])
+    def test_split_kv_reads_a_float8_cache(self, rng, dtype, nq, nk, kv_len, splits):
+        """k / v float8 with a scale per position and KV head, dequantized in the kernel: the reference's result
+        (which dequantizes first); scratch past the fill lengths holds NaN and Inf scales."""
+        q, k, v = qkv(rng, 2, nq, nk, 4, 2, 64, dtype)
+        (k8, ks), (v8, vs) = (split_kv.quantize(x) for x in (k, v))
+        ks, vs = (x.at[:, nk - 2:].set(jnp.nan).at[:, nk - 1:].set(jnp.inf) for x in (ks, vs))
+        lengths = jnp.minimum(jnp.asarray(kv_len), nk - 2)
+        out, ref = self.both(pk.split_kv_attention, pk.split_kv_attention_reference, q, k8, v8, kv_len=lengths,
+                             k_scale=ks, v_scale=vs, block_kv=32, num_splits=splits)
+        assert_attention_close(out, ref, dtype)
+
+    @pytest.mark.parametrize("dtype", [F32, BF16])
     @pytest.mark.parametrize("b,hkv,splits,g,nq,d", [
         (2, 2, 3, 2, 4, 64),     # query rows padded to 16: the padding is not read
         (1, 8, 33, 4, 4, 128),   # SDAR-8B at batch 1 and 128k: 33 splits

@@ -9,7 +9,7 @@ from __future__ import annotations
 import jax.numpy as jnp
 
 import pallas_kernels as pk
-from dllm_jax.attention import backends
+from dllm_jax.attention import backends, kv_rows
 from dllm_jax.attention.dense import dense_attention
 
 # the kernels that have a Mosaic GPU version and so take a `backend` argument of their own
@@ -45,6 +45,12 @@ def attention(q, k, v, backend: str, *, key_mask=None, mask=None, kv_len=None, s
     them) by the code `backends.dense` resolves: `dense_attention` (cuDNN or XLA), the split-KV
     kernel or the flash kernel. Returns out [B, L, Hq, D]."""
     op, which = backends.dense(backend, q, k, kv_len=kv_len, key_mask=key_mask, mask=mask)
+    if isinstance(k, kv_rows.QuantizedRows):  # a float8 cache: the split-KV kernel reads it as it is
+        if op == "split_kv":
+            return run(pk.split_kv_attention, pk.split_kv_attention_reference, which, q, k.data, v.data,
+                       kv_len=kv_len, scale=scale, k_scale=k.scale, v_scale=v.scale)
+        k, v = kv_rows.dense_rows(k, q.dtype), kv_rows.dense_rows(v, q.dtype)
+        op, which = backends.dense(backend, q, k, kv_len=kv_len, key_mask=key_mask, mask=mask)
     if op != "split_kv" and kv_len is not None and jnp.ndim(kv_len) == 2:
         # a fill length per query [B, L] (`AttentionPolicy.joins_segments`) only the split-KV kernel takes: the
         # others get it as the block mask it is

@@ -39,13 +39,13 @@ import jax.numpy as jnp
 import numpy as np
 
 from dllm_jax import validation as check
-from dllm_jax.attention import methods
+from dllm_jax.attention import kv_rows, methods
 from dllm_jax.attention.policy import AttentionPolicy, Dense
 from dllm_jax.config import LLaDA2Config
 from dllm_jax.families import TP_SPLIT, Family
 from dllm_jax.generate.progress import progress_bar, tick
-from dllm_jax.generate.requests import (ProbeLoop, as_array, check_context, check_prompt, make_options, on_devices,
-                                        on_mesh, rows_on_mesh, until_stop)
+from dllm_jax.generate.requests import (ProbeLoop, as_array, check_cache_method, check_context, check_prompt,
+                                        make_options, on_devices, on_mesh, rows_on_mesh, until_stop)
 from dllm_jax.generate.sampling import (RowSampling, against_rows, commit_top, row_sampling, sample_tokens,
                                         sample_tokens_per_row, top_k_bound, transfer_counts)
 from dllm_jax.generate.block_loop import BlockSampler, SlotLoop, cache_capacity, decode_blocks
@@ -70,6 +70,7 @@ class LLaDA2Options:
     top_p: float = 1.0
     threshold: float = 0.95
     minimal_topk: int = 1
+    kv_cache_dtype: str = "auto"  # "fp8": the KV cache in e4m3 with per-position scales (dense attention)
 
     def __post_init__(self):
         def store(name, value):
@@ -85,6 +86,7 @@ class LLaDA2Options:
         store("top_k", check.integer("top_k", self.top_k, minimum=0, hint=" (0 turns the filter off)"))
         store("top_p", check.real("top_p", self.top_p, low=0, high=1, low_open=True))
         store("threshold", check.real("threshold", self.threshold, low=0, high=1))
+        kv_rows.check_kv_cache_dtype(self.kv_cache_dtype)
 
     def sampling(self, batch: int) -> RowSampling:
         """The sampling values in every row of a batch: the loop's traced inputs."""
@@ -188,7 +190,9 @@ def generate_llada2(params, prompt_ids, seed, run_id=0, prompt_length=None, rows
         first, num_blocks = p // bl, -(-(p + o.gen_length) // bl)
         x = jnp.full((b, width), config.mask_token_id, jnp.int32).at[:, :n].set(prompt_ids.astype(jnp.int32))
         params = llada2_model.inference(params, config)
-        cache = llada2_model.init_cache(config, b, cache_capacity(width, bl), params["embed"].dtype)
+        check_cache_method(o.kv_cache_dtype, policy, mesh)
+        cache = llada2_model.init_cache(config, b, cache_capacity(width, bl),
+                                        kv_rows.cache_dtype(o.kv_cache_dtype, params["embed"].dtype))
         cache = shard_kv_cache(cache, mesh)
         # every row at the same positions: the shared scan with one prompt length, first and last block
         per_row = functools.partial(jnp.full, (b,), dtype=jnp.int32)

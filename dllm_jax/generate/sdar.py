@@ -47,14 +47,14 @@ import numpy as np
 
 from dllm_jax import quantize
 from dllm_jax import validation as check
-from dllm_jax.attention import methods
+from dllm_jax.attention import kv_rows, methods
 from dllm_jax.attention.policy import AttentionPolicy, Dense
 from dllm_jax.config import SDARConfig
 from dllm_jax.families import Family
 from dllm_jax.generate.block_loop import BlockSampler, SlotLoop, cache_capacity, decode_blocks, trim
 from dllm_jax.generate.progress import progress_bar, tick
-from dllm_jax.generate.requests import (ProbeLoop, answer_window, as_array, check_context, check_prompt, make_options,
-                                        on_devices, on_mesh, rows_on_mesh)
+from dllm_jax.generate.requests import (ProbeLoop, answer_window, as_array, check_cache_method, check_context,
+                                        check_prompt, make_options, on_devices, on_mesh, rows_on_mesh)
 from dllm_jax.generate.sampling import (SDAR_REMASKING, RowSampling, row_sampling, sample_tokens, sample_tokens_per_row,
                                         top_k_bound, transfer_counts, transfer_mask)
 from dllm_jax.models import block_diffusion, hf_names, layers
@@ -83,6 +83,7 @@ class SDAROptions:
     temperature: float = 1.0
     top_k: int = 0
     top_p: float = 1.0
+    kv_cache_dtype: str = "auto"  # "fp8": the KV cache in e4m3 with per-position scales (dense attention)
 
     def __post_init__(self):
         def store(name, value):  # canonical int / float: equal options hash equal as static jit arguments
@@ -98,6 +99,7 @@ class SDAROptions:
         store("top_k", check.integer("top_k", self.top_k, minimum=0, hint=" (0 turns the filter off)"))
         store("top_p", check.real("top_p", self.top_p, low=0, high=1, low_open=True))
         store("confidence_threshold", check.real("confidence_threshold", self.confidence_threshold, low=0, high=1))
+        kv_rows.check_kv_cache_dtype(self.kv_cache_dtype)
 
     def sampling(self, batch: int) -> RowSampling:
         """The sampling values in every row of a batch: the loop's traced inputs."""
@@ -169,7 +171,9 @@ def generate_sdar(params, prompt_ids, attention_mask, seed, run_id=0, rows: RowS
     x = jnp.where(columns < p, shifted, config.mask_token_id)
     first = lengths // bl  # each row's first decoded block (its trailing prompt tokens, if any)
     last = -(-(lengths + o.max_new_tokens) // bl)  # one past its last block
-    cache = block_diffusion.init_cache(config, b, cache_capacity(width, bl), params["embed"].dtype)
+    check_cache_method(o.kv_cache_dtype, policy, mesh)
+    cache = block_diffusion.init_cache(config, b, cache_capacity(width, bl),
+                                       kv_rows.cache_dtype(o.kv_cache_dtype, params["embed"].dtype))
     cache = shard_kv_cache(cache, mesh)  # rows over "dp", KV heads over "tp" on a sharded model
     params = block_diffusion.unrolled(params, config)
     prefill_width = p // bl * bl

@@ -38,6 +38,8 @@ from flax import struct
 
 from dllm_jax.attention.policy import AttentionPolicy, Dense, Mode, attend_layer, check_policy, stacked_state
 from dllm_jax.config import DecoderConfig
+from dllm_jax.attention import kv_rows
+from dllm_jax.attention.kv_rows import write_rows
 from dllm_jax.models.layers import DecoderLM, check_inputs, inference_layers, lm_head, lm_param_shapes
 from dllm_jax.sharding import shard_kv_cache
 
@@ -58,16 +60,11 @@ class KVCache:
 
 
 def init_cache(config: DecoderConfig, batch: int, max_length: int, dtype=jnp.bfloat16) -> KVCache:
+    """An empty cache; `dtype` `kv_rows.FP8` makes every layer's rows `kv_rows.QuantizedRows`."""
     shape = (batch, max_length, config.num_kv_heads, config.head_dim)
     layers = range(config.num_layers)
-    return KVCache(tuple(jnp.zeros(shape, dtype) for _ in layers), tuple(jnp.zeros(shape, dtype) for _ in layers),
-                   jnp.zeros((batch,), jnp.int32))
-
-
-def write_rows(buffer, new, start):
-    """buffer [B, S, ...] with new [B, n, ...] written at rows start[b]..start[b]+n-1 of each row b."""
-    return jax.vmap(lambda row, x, s: jax.lax.dynamic_update_slice_in_dim(row, x, s, axis=0))(
-        buffer, new.astype(buffer.dtype), start)
+    return KVCache(tuple(kv_rows.zeros(shape, dtype) for _ in layers),
+                   tuple(kv_rows.zeros(shape, dtype) for _ in layers), jnp.zeros((batch,), jnp.int32))
 
 
 def replace_layer(layers: tuple, index: int, value) -> tuple:
@@ -173,8 +170,7 @@ def prefill(params, input_ids, cache: KVCache, lengths=None, *, config: DecoderC
 
         def attend(q, k, v, state, layer):
             cache, policy_state = state
-            write = lambda buf, x: jax.lax.dynamic_update_slice_in_dim(buf, x.astype(buf.dtype), start, axis=1)  # noqa: E731
-            ck, cv = write(cache.k[layer], k), write(cache.v[layer], v)
+            ck, cv = kv_rows.write_span(cache.k[layer], k, start), kv_rows.write_span(cache.v[layer], v, start)
             cache = cache.replace(k=replace_layer(cache.k, layer, ck), v=replace_layer(cache.v, layer, cv))
             out, policy_state = attend_layer(policy, Mode.DENSE, q, ck, cv, policy_state, layer, mask=mask)
             return out, (cache, policy_state)

@@ -61,13 +61,14 @@ def prefill_buckets(block_size: int, width: int, chunk: int = INSERT_CHUNK) -> t
 
 
 def init_slots(params, *, config, slots: int, width: int, policy: AttentionPolicy, loop: SlotLoop,
-               block_length: int) -> Slots:
+               block_length: int, cache_dtype=None) -> Slots:
     """Every slot free: masks, an empty cache of `width` positions plus one block of scratch (in whole
-    128-key tiles, as `generate` allocates), the policy's initial state, no pending commit."""
+    128-key tiles, as `generate` allocates; in `cache_dtype`, default the weights'), the policy's initial state, no
+    pending commit."""
     bl = block_length
     capacity = cache_capacity(width, bl)
     carry = DecodeCarry(x=jnp.full((slots, width), config.mask_token_id, jnp.int32),
-                        cache=loop.init_cache(config, slots, capacity, params["embed"].dtype),
+                        cache=loop.init_cache(config, slots, capacity, cache_dtype or params["embed"].dtype),
                         policy_state=loop.init_policy_state(policy, config, slots, width, block_length=bl),
                         finished=no_pending_block(slots, bl), draws=jnp.zeros((slots,), jnp.int32),
                         decoded=jnp.zeros((slots,), jnp.int32), stopped=jnp.zeros((slots,), bool))
@@ -110,8 +111,8 @@ def insert(params, state: Slots, slots, prompts, lengths, max_new_tokens, seeds,
     padded = jnp.pad(prompts, ((0, 0), (0, width - prompts.shape[1])))
     rows = jnp.where(jnp.arange(width)[None] < lengths[:, None], padded, config.mask_token_id)
     put = lambda big, new: big.at[slots].set(new)  # noqa: E731
-    new_cache = carry.cache.replace(k=tuple(map(put, carry.cache.k, cache.k)),
-                                    v=tuple(map(put, carry.cache.v, cache.v)),
+    new_cache = carry.cache.replace(k=jax.tree.map(put, carry.cache.k, cache.k),
+                                    v=jax.tree.map(put, carry.cache.v, cache.v),
                                     length=carry.cache.length.at[slots].set(first * bl))
     finished = carry.finished.replace(pending=carry.finished.pending.at[slots].set(False))
     carry = carry.replace(x=carry.x.at[slots].set(rows), cache=new_cache, finished=finished,
