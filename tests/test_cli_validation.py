@@ -112,6 +112,7 @@ def test_a_word_for_a_number_still_names_the_kind(capsys):
     ("sdar", ["--threshold", "0.9"], "--threshold applies to LLaDA models; this checkpoint is SDAR"),
     ("llada", ["--cache-refresh", "2"], "--cache-refresh 2 needs --cache 'prefix' or 'dual'"),  # named by flag
     ("sdar", ["--remasking", "random"], "--remasking random applies to LLaDA models; this checkpoint is SDAR"),
+    ("llada", ["--kv-cache-dtype", "fp8"], "--kv-cache-dtype applies to SDAR models; this checkpoint is LLaDA"),
     ("sdar", ["--temperature", "0"], "--temperature 0: SDAR's sampler divides the logits by the temperature"),
     ("sdar", ["--remasking", "sequential", "--confidence-threshold", "0.5"],
      "--confidence-threshold applies to --remasking low_confidence_dynamic only, not sequential"),

@@ -19,12 +19,13 @@ FAMILY_FLAGS = {"block_length": ("--block-length", "LLaDA"), "cfg_scale": ("--cf
                 "cache_refresh": ("--cache-refresh", "LLaDA"), "alg_temp": ("--alg-temp", "Dream"),
                 "entropy_bound": ("--entropy-bound", "DiffusionGemma"),
                 "t_min": ("--t-min", "DiffusionGemma"), "t_max": ("--t-max", "DiffusionGemma"),
-                "stability_threshold": ("--stability-threshold", "DiffusionGemma")}
+                "stability_threshold": ("--stability-threshold", "DiffusionGemma"),
+                "kv_cache_dtype": ("--kv-cache-dtype", "SDAR")}
 # Flags a second family's sampler reads too (Dream's official sampler has top-k and top-p, as SDAR's).
 # LLaDA2's official sampler reads block length, threshold, top-k and top-p; DiffusionGemma's adaptive stopping a
 # confidence threshold (a mean entropy).
 SHARED_FLAGS = {"top_k": ("Dream", "LLaDA2"), "top_p": ("Dream", "LLaDA2"), "block_length": ("LLaDA2",),
-                "threshold": ("LLaDA2",), "confidence_threshold": ("DiffusionGemma",)}
+                "threshold": ("LLaDA2",), "confidence_threshold": ("DiffusionGemma",), "kv_cache_dtype": ("LLaDA2",)}
 REMASKING_FIELDS = {"LLaDA": "remasking", "SDAR": "remasking", "Dream": "alg"}  # Dream's alg: its remasking
 
 
@@ -93,6 +94,9 @@ def add_option_flags(parser: argparse.ArgumentParser) -> None:
                              "denoising a canvas once its mean entropy is below X and its argmax stable "
                              f"({option_default('DiffusionGemma', 'confidence_threshold'):g})")
     add_fast_dllm_flags(parser)
+    parser.add_argument("--kv-cache-dtype", choices=["auto", "fp8"], default=None,
+                        help="SDAR and LLaDA2: the KV cache in the model's dtype (auto, the default) or in fp8 (e4m3 "
+                             "with a scale per position and KV head: half the bytes read per step; dense attention)")
     parser.add_argument("--top-k", type=non_negative_int, default=None, metavar="N",
                         help="SDAR and Dream: top-k (0: off)")
     parser.add_argument("--top-p", type=fraction, default=None, metavar="X", help="SDAR and Dream: top-p (1: off)")

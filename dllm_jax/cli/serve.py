@@ -22,8 +22,9 @@ temperature_flag = number(float, "a number in [0, 2]", lambda v: 0 <= v <= 2)
 # "--gen-length" sets the family's answer option: the lockstep families decode one answer length for every request)
 FLAGS = {"--denoising-steps": "denoising_steps", "--remasking": "remasking", "--gen-length": "gen_length",
          "--steps": "steps", "--block-length": "block_length", "--cache": "cache", "--threshold": "threshold",
-         "--factor": "factor"}
-FAMILY_FLAGS = {"SDAR": ("--denoising-steps", "--remasking"), "LLaDA2": ("--steps", "--block-length"),
+         "--factor": "factor", "--kv-cache-dtype": "kv_cache_dtype"}
+FAMILY_FLAGS = {"SDAR": ("--denoising-steps", "--remasking", "--kv-cache-dtype"),
+                "LLaDA2": ("--steps", "--block-length", "--kv-cache-dtype"),
                 "LLaDA": ("--gen-length", "--steps", "--block-length", "--cache", "--threshold", "--factor"),
                 "Dream": ("--gen-length", "--steps"), "DiffusionGemma": ("--gen-length", "--steps")}
 # where a flag sets an option of another name for a sampler: DiffusionGemma's steps are transformers'
@@ -85,6 +86,9 @@ def add_parser(subparsers) -> None:
     serve.add_argument("--block-length", type=positive_int, default=None, metavar="N",
                        help="LLaDA, LLaDA2: block length (the family's default)")
     add_fast_dllm_flags(serve, served=True)
+    serve.add_argument("--kv-cache-dtype", choices=["auto", "fp8"], default=None,
+                       help="SDAR, LLaDA2: the slots' KV cache in the model's dtype (auto, the default) or in fp8 "
+                            "(e4m3 with a scale per position and KV head: half the bytes; dense attention only)")
     serve.add_argument("--prefix-cache-mb", type=non_negative_int, default=0, metavar="MB",
                        help="SDAR, LLaDA2: device memory for the prefix cache, which keeps requests' complete prompt "
                             "blocks' keys and values so that a later prompt starting with the same blocks prefills "
