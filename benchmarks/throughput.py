@@ -41,7 +41,7 @@ Sections (`--sections`, comma-separated; every result is written as soon as it i
             tournament, by lax.top_k ("mage/sort") and by the radix threshold ("mage/threshold"), with its
             scores from the keys read again ("mage/keys"), FlashBlock, FlashBlock + MAGE), each with its byte
             ideal, and "dense/apart" (dense with the commit's segment in a call of its own: the cache read
-            twice in that forward). On a GPU
+            twice in that forward) and "dense/fp8" (dense on a float8 cache, kv_cache_dtype="fp8"). On a GPU
             each row also holds one traced block's kernels by time (`dllm_jax.bench.kernel_profile`).
   compile   first-call time minus warm-call time of SDAR generate (batch 1, the first prompt, dense)
             and LLaDA generate (the first --llada-runs point). A run whose sdar / llada section timed

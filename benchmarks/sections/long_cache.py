@@ -13,6 +13,7 @@ from pathlib import Path
 
 import jax
 import jax.numpy as jnp
+from dllm_jax.attention import kv_rows
 from dllm_jax.attention.methods import describe
 from dllm_jax.attention.policy import Dense, Mode
 from dllm_jax.bench import family_methods, kernel_profile, time_carried
@@ -56,7 +57,8 @@ def long_rows(model, config, plan: Plan, *, baseline: bool, copy: dict | None, d
              "mage/threshold": dataclasses.replace(mage, select_by="threshold"),
              "mage/per-layer": dataclasses.replace(mage, select_after_forward=False),
              "mage/keys": dataclasses.replace(mage, scores_from="keys"),
-             "mage/probs": dataclasses.replace(mage, scores_from="probs"), "dense/apart": DenseApart(), **methods}
+             "mage/probs": dataclasses.replace(mage, scores_from="probs"), "dense/apart": DenseApart(),
+             "dense/fp8": Dense(), **methods}
     policies = {"dense": Dense()} | {name: known[name] for name in plan.long_methods}
     repeats = 3
     for batch in plan.long_batches:
@@ -75,8 +77,11 @@ def long_rows(model, config, plan: Plan, *, baseline: bool, copy: dict | None, d
             cache = state = None
             try:
                 gc.collect()
-                # zeros stand in for a prefill: attention cost does not depend on the values
-                cache = model.init_cache(batch, capacity)
+                # zeros stand in for a prefill: attention cost does not depend on the values; "/fp8": the cache in
+                # float8 rows (kv_cache_dtype="fp8")
+                fp8 = name.endswith("/fp8")
+                cache = (block_diffusion.init_cache(config, batch, capacity, kv_rows.FP8) if fp8
+                         else model.init_cache(batch, capacity))
                 state = block_diffusion.init_policy_state(policy, config, batch, capacity)
                 loop = block_loop(gen, params, masks, policy, options, config, batch, baseline)
                 at = lambda c: c.replace(length=jnp.full(c.length.shape, s, jnp.int32))
@@ -105,7 +110,8 @@ def long_rows(model, config, plan: Plan, *, baseline: bool, copy: dict | None, d
                 cache_probe = jax.ShapeDtypeStruct((batch, capacity, config.num_kv_heads, config.head_dim),
                                                    params["embed"].dtype)
                 ideal = block_bytes(policy, config, batch=batch, prefix=s, steps=plan.sdar_steps, forwards=forwards,
-                                    weights=w, joined=not baseline and policy.joins_segments(probe, cache_probe))
+                                    weights=w, joined=not baseline and policy.joins_segments(probe, cache_probe),
+                                    position_bytes=fp8_position_bytes(config) if fp8 else None)
                 row["block_bytes"] = ideal
                 if copy is not None:
                     ideal_ms = ideal / (copy["copy_tb_s"] * 1e12) * 1e3
@@ -139,8 +145,13 @@ def block_modes(policy, steps: int) -> list[int]:
     return modes
 
 
+def fp8_position_bytes(config) -> int:
+    """K and V of one position in every layer in float8 rows: a byte per element and a float32 scale per KV head."""
+    return 2 * config.num_layers * config.num_kv_heads * (config.head_dim + 4)
+
+
 def block_bytes(policy, config, *, batch: int, prefix: int, steps: int, forwards: int, weights: int,
-                joined: bool = False) -> int:
+                joined: bool = False, position_bytes: int | None = None) -> int:
     """The bytes an output block must read, the method's byte ideal: the weights once per forward, and per row and
     layer the whole prefix's K and V in every segment (`block_modes`; with `joined`, the commit's segment and the
     first step's read it once between them) but the SPARSE ones, where a selection of k
@@ -153,7 +164,7 @@ def block_bytes(policy, config, *, batch: int, prefix: int, steps: int, forwards
     sparse = sum(mode == int(Mode.SPARSE) for mode in modes)
     full = config.num_layers * (len(modes) - joined) - (config.num_layers - exact) * sparse
     rows = full * prefix + (config.num_layers - exact) * sparse * (min(k, prefix) + config.block_size)
-    return forwards * weights + batch * rows * kv_bytes_per_position(config) // config.num_layers
+    return forwards * weights + batch * rows * (position_bytes or kv_bytes_per_position(config)) // config.num_layers
 
 
 def block_loop(gen, params, masks, policy, options, config, batch: int, baseline: bool):

@@ -34,8 +34,8 @@ class Plan:
     # "mage/keys" MAGE with its scores from the keys read again instead of its exact pass's logits, "mage/probs" from
     # their float16 form; "mage/per-layer" with each layer's top k found in the layer instead of in MAGE's one
     # batched selection after the block's first forward; "dense/apart": dense with the commit's segment attending in
-    # a call of its own (the cache read twice in that forward)
-    long_methods: tuple[str, ...] = ("dense/apart", "mage", "mage/sort", "mage/threshold",
+    # a call of its own (the cache read twice in that forward); "dense/fp8": dense on a float8 cache
+    long_methods: tuple[str, ...] = ("dense/apart", "dense/fp8", "mage", "mage/sort", "mage/threshold",
                                      "mage/per-layer", "mage/keys", "mage/probs", "flashblock", "flashblock+mage")
     execution: str | None = None  # the models' layer execution (`load_model`'s); None: the package default
     quantize: str | None = None  # the models' weight quantization (`load_model`'s): None, "int8" or "fp8"
