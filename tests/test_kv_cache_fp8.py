@@ -120,3 +120,13 @@ def test_float8_cache_is_refused_where_it_cannot_run(model):
     with pytest.raises(ValueError, match="kv_cache_dtype"):  # LLaDA's Fast-dLLM caches have no float8 form
         dllm_jax.generate(dllm_jax.LLaDA(dllm_jax.testing.tiny_llada_config(), rngs=__import__("flax").nnx.Rngs(0)),
                           ids, gen_length=8, steps=8, kv_cache_dtype="fp8")
+
+
+@pytest.mark.gpu
+def test_gpu_generation_reads_the_float8_cache_in_the_split_kv_kernel(model, rng):
+    """On a GPU the Triton split-KV kernel reads the float8 rows: the tokens of the dequantized rows (XLA)."""
+    ids = rng.integers(0, 170, (2, 37)).astype(np.int32)
+    options = dict(max_new_tokens=16, top_k=1, kv_cache_dtype="fp8")
+    kernel = np.asarray(dllm_jax.generate(model, ids, method=Dense(backend="triton"), **options))
+    xla = np.asarray(dllm_jax.generate(model, ids, method=Dense(backend="xla"), **options))
+    np.testing.assert_array_equal(kernel, xla)
