@@ -268,13 +268,16 @@ def rescale(carry, row_max):
     return shift, jnp.exp2(m - shift), m_new
 
 
-def logits_update(carry, s, v):
-    """The online-softmax step for base-2 logits s [m, n] (masked keys at -inf) and values v [n, D]."""
+def logits_update(carry, s, v, v_scale=None):
+    """The online-softmax step for base-2 logits s [m, n] (masked keys at -inf) and values v [n, D]; v_scale f32
+    [n] (a quantized cache's value scales, finite) multiplies each value row, applied to the probabilities'
+    columns instead (n multiplies per query row rather than n * D)."""
     acc, _, l = carry
     shift, alpha, m_new = rescale(carry, jnp.max(s, axis=1))
     p = jnp.exp2(s - shift[:, None])
     l = l * alpha + jnp.sum(p, axis=1)
-    pv = jax.lax.dot_general(p.astype(v.dtype), v, (((1,), (0,)), ((), ())), precision=EXACT_F32,
+    weights = p if v_scale is None else p * v_scale[None, :]
+    pv = jax.lax.dot_general(weights.astype(v.dtype), v, (((1,), (0,)), ((), ())), precision=EXACT_F32,
                              preferred_element_type=jnp.float32)
     return acc * alpha[:, None] + pv, m_new, l
 

@@ -85,20 +85,26 @@ def _dense_kernel(kvlen_ref, q_ref, k_ref, v_ref, *refs, scale_log2, block_kv, n
             valid = (position >= start) & (position < hi)
         k = k_ref[pl.ds(first, block_kv), :]
         v = v_ref[pl.ds(first, block_kv), :]
-        if scaled:
-            k = (k.astype(jnp.float32) * ks_ref[pl.ds(first, block_kv)][:, None]).astype(q.dtype)
-            v = (v.astype(jnp.float32) * vs_ref[pl.ds(first, block_kv)][:, None]).astype(q.dtype)
+        v_scale = None
+        if scaled:  # e4m3 converts exactly; a key's scale multiplies its logits' column, a value's its probabilities'
+            k, v = k.astype(q.dtype), v.astype(q.dtype)
+            v_scale = vs_ref[pl.ds(first, block_kv)]
+            if valid is not None:  # scratch scales (NaN, Inf) must not reach a product
+                v_scale = jnp.where(valid, v_scale, 0.0)
         s = c.logits(q, k, scale_log2)
+        if scaled:
+            s = s * ks_ref[pl.ds(first, block_kv)][None, :]
         if store == "logits":  # every key below kv_len lies in one program's share and gets its logit; a last
             # tile loaded from below its start rewrites its neighbours' columns with the same values
             store_refs[0][:, pl.ds(first, block_kv)] = s * c.LN2
         elif store == "probs":
             _store_probs(*store_refs, s, first, start // block_kv, block_kv, valid)
-        if limit is None or valid is None:
-            return c.masked_update(carry, s, v, valid)
-        # keys below one query's fill length and at or past another's: hidden per query
-        s = jnp.where(valid[None, :] & (position[None, :] < limit[:, None]), s, -jnp.inf)
-        return c.logits_update(carry, s, c.mask_values(v, valid))
+        if valid is None:
+            return c.logits_update(carry, s, v, v_scale)
+        # keys past the share hidden from every query; with a fill length per query, those below one query's and at
+        # or past another's from that query
+        keep = valid[None, :] if limit is None else valid[None, :] & (position[None, :] < limit[:, None])
+        return c.logits_update(carry, jnp.where(keep, s, -jnp.inf), c.mask_values(v, valid), v_scale)
 
     carry = jax.lax.fori_loop(0, whole, functools.partial(tile, masked=False), c.init_carry(q.shape[0], q.shape[1]))
     carry = jax.lax.fori_loop(whole, (n + block_kv - 1) // block_kv, functools.partial(tile, masked=True), carry)
@@ -374,8 +380,9 @@ def split_kv_attention(q, k, v, *, kv_len=None, scale=None, return_lse=False, in
         beyond kv_len, and the maxima of tiles wholly beyond it, are unspecified.
 
       k_scale, v_scale: float32 [B, Nk, Hkv] with k and v float8_e4m3fn: a quantized cache, position j of KV
-        head h holding k[:, j, h] * k_scale[:, j, h] (`dequantize`), dequantized in registers as the tiles load
-        (the cache is read at one byte per element); not with return_logits / return_probs.
+        head h holding k[:, j, h] * k_scale[:, j, h] (`dequantize`): the tiles load at one byte per element and
+        convert exactly, and each key's scale multiplies its column of the logits, each value's its column of the
+        probabilities (a multiply per query row and key, not per element); not with return_logits / return_probs.
 
     Returns o [B, Nq, Hq, D] in q.dtype, or (o, lse), then the logits or (probs, tile_max) where asked.
     """
@@ -463,13 +470,18 @@ def split_kv_attention_reference(q, k, v, *, kv_len=None, scale=None, return_lse
     store = _stored(return_logits, return_probs)
     check_scaled(q, k, v, k_scale, v_scale, store)
     if k_scale is not None:
-        k, v = dequantize(k, k_scale, q.dtype), dequantize(v, v_scale, q.dtype)
+        # in float32, as the kernel applies the scales to the float32 logits and probabilities
+        out_dtype, q = q.dtype, q.astype(jnp.float32)
+        k, v = dequantize(k, k_scale, jnp.float32), dequantize(v, v_scale, jnp.float32)
+    else:
+        out_dtype = q.dtype
     b, nq, nk, hq, hkv, d = c.check_qkv(q, k, v)
     _check_block_queries(q, k, block_kv, num_splits)
     lengths = fill_lengths(kv_len, b, nq, nk, store)
     # [B, 1, 1 | Nq, Nk]: the row's fill length, or each query's
     allowed = jnp.arange(nk) < (lengths[:, None, None, None] if lengths.ndim == 1 else lengths[:, None, :, None])
     o, lse = c.dense_reference(q, k, v, allowed, c.resolve_scale(scale, d))
+    o = o.astype(out_dtype)
     stored = []
     if store is not None:
         # row g * Nq + n of KV head h: query n of head h * G + g
