@@ -60,7 +60,7 @@ def _folded_queries(q_ref, *, queries: int, group: int, rows: int):
 
 def _dense_kernel(kvlen_ref, q_ref, k_ref, v_ref, *refs, scale_log2, block_kv, num_splits, fold, store=None,
                   per_query=False, scaled=False):
-    # scaled: k / v are float8 rows with one float32 scale per (position, KV head), dequantized in registers
+    # scaled: k / v are float8 rows with one float32 scale per (position, KV head), applied in registers (`tile`)
     ks_ref, vs_ref, o_ref, lse_ref, *store_refs = refs if scaled else (None, None, *refs)
     q = _folded_queries(q_ref, **fold)
     if per_query:  # kvlen_ref holds the row's fill length per query: folded row g * Nq + n is query n

@@ -1,7 +1,7 @@
 """A KV cache layer's rows in one of two storage forms: plain arrays [B, S, Hkv, D] in the model's dtype, or
 `QuantizedRows`: float8 e4m3 elements with one float32 scale per (row, position, KV head), written by
-quantizing each new position as it enters the cache and read by the split-KV kernel, which dequantizes in
-registers (`pallas_kernels.split_kv_attention(k_scale=, v_scale=)`): a long cache is read at one byte per
+quantizing each new position as it enters the cache and read by the split-KV kernel, which applies the scales
+in registers (`pallas_kernels.split_kv_attention(k_scale=, v_scale=)`): a long cache is read at one byte per
 element instead of two. Every other reader dequantizes the layer first (`dense_rows`).
 
 `kv_cache_dtype` ("auto": the model's dtype; "fp8": quantized rows) is the option that chooses; an init
