@@ -13,7 +13,6 @@ from pathlib import Path
 
 import jax
 import jax.numpy as jnp
-from dllm_jax.attention import kv_rows
 from dllm_jax.attention.methods import describe
 from dllm_jax.attention.policy import Dense, Mode
 from dllm_jax.bench import family_methods, kernel_profile, time_carried
@@ -80,8 +79,11 @@ def long_rows(model, config, plan: Plan, *, baseline: bool, copy: dict | None, d
                 # zeros stand in for a prefill: attention cost does not depend on the values; "/fp8": the cache in
                 # float8 rows (kv_cache_dtype="fp8")
                 fp8 = name.endswith("/fp8")
-                cache = (block_diffusion.init_cache(config, batch, capacity, kv_rows.FP8) if fp8
-                         else model.init_cache(batch, capacity))
+                if fp8:
+                    from dllm_jax.attention import kv_rows  # here: --baseline runs an older package without it
+                    cache = block_diffusion.init_cache(config, batch, capacity, kv_rows.FP8)
+                else:
+                    cache = model.init_cache(batch, capacity)
                 state = block_diffusion.init_policy_state(policy, config, batch, capacity)
                 loop = block_loop(gen, params, masks, policy, options, config, batch, baseline)
                 at = lambda c: c.replace(length=jnp.full(c.length.shape, s, jnp.int32))
