@@ -2,12 +2,15 @@
 request gets exactly what `generate` returns for its prompt alone, whatever shares the slots and whenever it
 arrives; slots are reused as requests finish; bad requests are refused before they are queued."""
 
+import functools
+
 import jax
 import numpy as np
 import pytest
 
 import dllm_jax
 from dllm_jax.serve import Engine
+from dllm_jax.serve.slots import insert, stop_table
 from dllm_jax.testing import tiny_llada2_config, tiny_llada_config, tiny_sdar_config
 
 
@@ -353,6 +356,23 @@ def test_requests_admitted_together_are_prefilled_in_one_program(model, rng, cou
         alone = np.asarray(dllm_jax.generate(model, prompt[None], max_new_tokens=8, seed=seed,
                                              **own_options(options, t, p, top_k, {"top_k": 1})))[0]
         np.testing.assert_array_equal(done[request_id].tokens, alone, err_msg=f"request {request_id}")
+
+
+@pytest.mark.parametrize("keep", [False, True], ids=["no prefix cache", "for the prefix cache"])
+def test_an_insert_prefills_rows_as_wide_as_its_bucket(model, keep):
+    """An insert's rows are its prompt bucket's width, not the slots' capacity (a burst of short prompts at a long
+    context stays small); kept for the prefix cache, they come back padded to the capacity its entries have."""
+    engine = Engine(model, slots=2, max_context=512, remasking="low_confidence_dynamic", denoising_steps=4)
+    bucket, prompts = engine.buckets[0], np.ones((2, engine.buckets[0]), np.int32)
+    state, rows = jax.eval_shape(
+        functools.partial(insert, config=engine.config, loop=engine.loop, block_length=engine.block_length,
+                          chunk=engine.prefill_chunk, keep=keep),
+        engine.params, engine.state, np.asarray([0, 1], np.int32), prompts, np.asarray([9, 12], np.int32),
+        np.asarray([8, 8], np.int32), np.zeros(2, np.int32), engine.state.rows,
+        np.stack([stop_table(engine.config, ())] * 2), None, np.int32(0))
+    capacity = engine.state.carry.cache.max_length
+    assert bucket < capacity and state.carry.cache.k[0].shape == engine.state.carry.cache.k[0].shape
+    assert rows.k[0].shape[:2] == (2, capacity if keep else bucket)
 
 
 def test_a_long_prompt_is_prefilled_a_chunk_per_step_while_the_others_decode(tiny_model, rng):

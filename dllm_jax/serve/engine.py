@@ -425,7 +425,8 @@ class Engine(RequestQueue):
             np.asarray([len(r.prompt_ids) for r in requests], np.int32),
             np.asarray([r.max_new_tokens for r in requests], np.int32), np.asarray([r.seed for r in requests], np.int32),
             values, np.stack([stop_table(self.config, r.sampling.stop_ids) for r in requests]), base, np.int32(begin),
-            config=self.config, loop=self.loop, block_length=self.block_length, chunk=self.prefill_chunk)
+            config=self.config, loop=self.loop, block_length=self.block_length, chunk=self.prefill_chunk,
+            keep=bool(self.prefix.max_bytes))
         self.timing.inserts += real
         self.timing.prefills += 1
         if self.prefix.max_bytes:

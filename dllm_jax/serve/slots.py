@@ -90,7 +90,7 @@ def stop_table(config, stop_ids: tuple[int, ...]) -> np.ndarray:
 
 
 def insert(params, state: Slots, slots, prompts, lengths, max_new_tokens, seeds, values: RowSampling, stop_ids, base,
-           begin, *, config, loop: SlotLoop, block_length: int, chunk: int = INSERT_CHUNK):
+           begin, *, config, loop: SlotLoop, block_length: int, chunk: int = INSERT_CHUNK, keep: bool = False):
     """Slots `slots` (int32 [k]; a slot may repeat with the same request's values, which pad a batch) take k requests:
     `prompts` int32 [k, bucket] (a multiple of the block size; row i's first `lengths[i]` tokens are its prompt) are
     prefilled together into the k-row cache `base`, whose rows replace the slots'; a slot's fill length is its
@@ -98,19 +98,20 @@ def insert(params, state: Slots, slots, prompts, lengths, max_new_tokens, seeds,
     stop flag and pending commit start afresh, its key is its seed's, its sampling values its row of `values`
     (`RowSampling` [k]), its stop ids its row of `stop_ids` (rows of `Slots.stop_ids`). The prefill runs in chunks
     of about `chunk` positions over the rows, those the longest prompt's complete blocks need, from position `begin`:
-    `base` holds the K/V of the positions below it (a prefix from the prefix cache; None: an empty cache, and
-    `begin` 0). Returns (the state, the k-row cache: what the prefix cache keeps)."""
+    `base` holds the K/V of the positions below it (a prefix from the prefix cache, the slots' capacity wide; None:
+    an empty cache of the bucket's width, and `begin` 0). Returns (the state, the k-row cache: with `keep`, padded to
+    the slots' capacity for the prefix cache to keep)."""
     bl = block_length
     carry = state.carry
     width = carry.x.shape[1]
     first = lengths // bl
-    if base is None:
-        base = loop.init_cache(config, prompts.shape[0], carry.cache.max_length, carry.cache.k[0].dtype)
+    if base is None:  # rows as wide as the bucket, not the slots' capacity: a burst of short prompts stays small
+        base = loop.init_cache(config, prompts.shape[0], prompts.shape[1], carry.cache.k[0].dtype)
     cache = loop.prefill(loop.loop_params(params, config), prompts, base, first * bl, config=config,
                          block_length=bl, chunk_tokens=chunk, begin=begin)
     padded = jnp.pad(prompts, ((0, 0), (0, width - prompts.shape[1])))
     rows = jnp.where(jnp.arange(width)[None] < lengths[:, None], padded, config.mask_token_id)
-    put = lambda big, new: big.at[slots].set(new)  # noqa: E731
+    put = lambda big, new: big.at[slots, :new.shape[1]].set(new)  # noqa: E731  (past the bucket: scratch)
     new_cache = carry.cache.replace(k=jax.tree.map(put, carry.cache.k, cache.k),
                                     v=jax.tree.map(put, carry.cache.v, cache.v),
                                     length=carry.cache.length.at[slots].set(first * bl))
@@ -125,6 +126,10 @@ def insert(params, state: Slots, slots, prompts, lengths, max_new_tokens, seeds,
                           rows=jax.tree.map(lambda rows, value: rows.at[slots].set(value), state.rows, values),
                           progress=jax.tree.map(lambda a: a.at[slots].set(0), state.progress),
                           stop_ids=state.stop_ids.at[slots].set(stop_ids))
+    if keep:
+        def wide(rows):
+            return jnp.pad(rows, [(0, 0), (0, carry.cache.max_length - rows.shape[1])] + [(0, 0)] * (rows.ndim - 2))
+        cache = cache.replace(k=jax.tree.map(wide, cache.k), v=jax.tree.map(wide, cache.v))
     return state, cache
 
 
@@ -157,7 +162,8 @@ def step(params, state: Slots, *, config, options, policy: AttentionPolicy, loop
 SCHEDULES = ("block", "forward")
 
 
-insert_program = jax.jit(insert, static_argnames=("config", "loop", "block_length", "chunk"), donate_argnames=("state",))
+insert_program = jax.jit(insert, static_argnames=("config", "loop", "block_length", "chunk", "keep"),
+                         donate_argnames=("state",))
 step_program = jax.jit(step, static_argnames=("config", "options", "policy", "loop", "block_length", "schedule"),
                     donate_argnames=("state",))
 
