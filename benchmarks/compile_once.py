@@ -204,7 +204,8 @@ def main(argv=None) -> None:
     parser.add_argument("--tiny", action="store_true", help="the same cases at tiny configs (a CPU check)")
     args = parser.parse_args(argv)
     device = jax.devices()[0].device_kind
-    meta = dict(benchmark="_".join(filter(None, ["compile_once", args.tag, "tiny" if args.tiny else ""])), device=device, jax=jax.__version__,
+    name = "_".join(filter(None, ["compile_once", args.tag, "tiny" if args.tiny else ""]))
+    meta = dict(benchmark=name, device=device, jax=jax.__version__,
                 date=datetime.date.today().isoformat(), cache=jax.config.jax_compilation_cache_dir,
                 xla_flags=os.environ.get("XLA_FLAGS", ""), sdar=SDAR, llada=LLADA, prompt=PROMPT)
     rows = []

@@ -148,7 +148,8 @@ def main(argv=None) -> None:
 
     from dllm_jax.bench import write_results
 
-    meta = dict(benchmark="_".join(filter(None, ["compile_profile", args.tag, "tiny" if args.tiny else ""])), device=None,
+    name = "_".join(filter(None, ["compile_profile", args.tag, "tiny" if args.tiny else ""]))
+    meta = dict(benchmark=name, device=None,
                 jax=jax.__version__, date=datetime.date.today().isoformat(), flag_sets=FLAGS,
                 xla_flags=os.environ.get("XLA_FLAGS", ""))
     rows = []

@@ -402,14 +402,6 @@ def split_kv_attention(q, k, v, *, kv_len=None, scale=None, return_lse=False, in
 KV_DTYPE = jnp.dtype(jnp.float8_e4m3fn)  # the quantized cache's element type
 
 
-def quantize(x):
-    """Rows x [B, Nk, Hkv, D] as (float8_e4m3fn [B, Nk, Hkv, D], float32 scales [B, Nk, Hkv]): each (position, KV
-    head) scaled so that its largest magnitude is e4m3's largest, 448 (an all-zero row gets scale 1)."""
-    amax = jnp.max(jnp.abs(x.astype(jnp.float32)), axis=-1)
-    scale = jnp.where(amax > 0, amax / 448.0, 1.0)
-    return (x.astype(jnp.float32) / scale[..., None]).astype(KV_DTYPE), scale
-
-
 def dequantize(x, scale, dtype):
     """Quantized rows x [B, Nk, Hkv, D] (float8) with scales [B, Nk, Hkv] as `dtype`."""
     return (x.astype(jnp.float32) * scale[..., None]).astype(dtype)

@@ -18,6 +18,7 @@ from jax.experimental import pallas as pl
 
 import pallas_kernels as pk
 from pallas_kernels import split_kv
+from dllm_jax.attention import kv_rows
 from dllm_jax.testing import jaxpr_equations
 
 pytestmark = pytest.mark.filterwarnings("ignore::DeprecationWarning")  # the Triton backend warns on use
@@ -199,7 +200,7 @@ class KernelChecks:
         """k / v float8 with a scale per position and KV head, dequantized in the kernel: the reference's result
         (which dequantizes first); scratch past the fill lengths holds NaN and Inf scales."""
         q, k, v = qkv(rng, 2, nq, nk, 4, 2, 64, dtype)
-        (k8, ks), (v8, vs) = (split_kv.quantize(x) for x in (k, v))
+        (k8, ks), (v8, vs) = (kv_rows.quantize_rows(x) for x in (k, v))
         ks, vs = (x.at[:, nk - 2:].set(jnp.nan).at[:, nk - 1:].set(jnp.inf) for x in (ks, vs))
         lengths = jnp.minimum(jnp.asarray(kv_len), nk - 2)
         out, ref = self.both(pk.split_kv_attention, pk.split_kv_attention_reference, q, k8, v8, kv_len=lengths,

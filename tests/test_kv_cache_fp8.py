@@ -11,12 +11,11 @@ import dllm_jax
 from dllm_jax.attention import kv_rows
 from dllm_jax.attention.policy import Dense
 from dllm_jax.generate.llada2 import LLaDA2Options
-from dllm_jax.generate.requests import check_cache_method
+from dllm_jax.generate.requests import cache_dtype_of
 from dllm_jax.generate.sdar import SDAROptions
 from dllm_jax.models import block_diffusion, sdar
 from dllm_jax.serve.engine import Engine
 from dllm_jax.testing import tiny_llada2_config, tiny_sdar_config
-from pallas_kernels import split_kv
 from test_llada_numerics import relative_error
 
 E4M3_STEP = 2.0 ** -3  # e4m3 keeps 3 mantissa bits: a value rounds to within half a step of 1/8 of its binade
@@ -25,9 +24,9 @@ E4M3_STEP = 2.0 ** -3  # e4m3 keeps 3 mantissa bits: a value rounds to within ha
 def test_quantized_rows_round_trip_within_e4m3_rounding(rng):
     x = jnp.asarray(rng.standard_normal((2, 7, 3, 32)) * rng.uniform(0.01, 100, (2, 7, 3, 1)), jnp.float32)
     x = x.at[1, 2, 0].set(0.0)  # an all-zero row: scale 1, zeros back
-    data, scale = split_kv.quantize(x)
+    data, scale = kv_rows.quantize_rows(x)
     assert data.dtype == jnp.float8_e4m3fn and scale.shape == (2, 7, 3)
-    back = np.asarray(split_kv.dequantize(data, scale, jnp.float32))
+    back = np.asarray(kv_rows.dense_rows(kv_rows.QuantizedRows(data=data, scale=scale), jnp.float32))
     amax = np.max(np.abs(np.asarray(x)), axis=-1, keepdims=True)
     assert np.all(np.abs(back - np.asarray(x)) <= E4M3_STEP / 2 * np.maximum(np.abs(np.asarray(x)), amax / 64))
     np.testing.assert_array_equal(back[1, 2, 0], 0.0)
@@ -40,7 +39,7 @@ def test_writes_quantize_each_position_and_leave_the_rest(rng):
     new = jnp.asarray(rng.standard_normal((2, 3, 2, 16)), jnp.float32)
     rows = kv_rows.write_rows(layer, new, jnp.asarray([0, 5]))
     span = kv_rows.write_span(layer, new, 4)
-    data, scale = split_kv.quantize(new)
+    data, scale = kv_rows.quantize_rows(new)
     for got, starts in ((rows, (0, 5)), (span, (4, 4))):
         assert isinstance(got, kv_rows.QuantizedRows)
         for b, s in enumerate(starts):
@@ -116,7 +115,7 @@ def test_float8_cache_is_refused_where_it_cannot_run(model):
     with pytest.raises(ValueError, match="runs with dense attention; FlashBlock"):
         Engine(model, slots=2, max_context=32, method="flashblock", kv_cache_dtype="fp8")
     with pytest.raises(ValueError, match="runs on one device"):
-        check_cache_method("fp8", Dense(), mesh=jax.make_mesh((1,), ("tp",)))
+        cache_dtype_of("fp8", Dense(), jnp.float32, mesh=jax.make_mesh((1,), ("tp",)))
     with pytest.raises(ValueError, match="kv_cache_dtype"):  # LLaDA's Fast-dLLM caches have no float8 form
         dllm_jax.generate(dllm_jax.LLaDA(dllm_jax.testing.tiny_llada_config(), rngs=__import__("flax").nnx.Rngs(0)),
                           ids, gen_length=8, steps=8, kv_cache_dtype="fp8")

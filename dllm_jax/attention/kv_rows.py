@@ -14,10 +14,18 @@ import jax
 import jax.numpy as jnp
 from flax import struct
 
+from dllm_jax import quantize
 from pallas_kernels import split_kv
 
 KV_CACHE_DTYPES = ("auto", "fp8")
 FP8 = split_kv.KV_DTYPE  # the cache dtype that stands for quantized rows
+
+
+def quantize_rows(x):
+    """Rows x [B, n, Hkv, D] as (float8 data, float32 scales [B, n, Hkv]): each (position, KV head) over its
+    absmax, as the weights are per output channel (`dllm_jax.quantize.quantize_weight`; the dot with a query sums
+    over D)."""
+    return quantize.quantize_weight(x, (3,), "fp8")
 
 
 @struct.dataclass
@@ -62,7 +70,7 @@ def write_rows(buffer, new, start):
     (quantized where the buffer is)."""
     put = jax.vmap(lambda row, x, s: jax.lax.dynamic_update_slice_in_dim(row, x, s, axis=0))
     if isinstance(buffer, QuantizedRows):
-        data, scale = split_kv.quantize(new)
+        data, scale = quantize_rows(new)
         return QuantizedRows(data=put(buffer.data, data, start), scale=put(buffer.scale, scale, start))
     return put(buffer, new.astype(buffer.dtype), start)
 
@@ -71,7 +79,7 @@ def write_span(buffer, new, start):
     """buffer [B, S, ...] with new [B, n, Hkv, D] written at positions start..start+n-1 of every row."""
     put = lambda buf, x: jax.lax.dynamic_update_slice_in_dim(buf, x, start, axis=1)  # noqa: E731
     if isinstance(buffer, QuantizedRows):
-        data, scale = split_kv.quantize(new)
+        data, scale = quantize_rows(new)
         return QuantizedRows(data=put(buffer.data, data), scale=put(buffer.scale, scale))
     return put(buffer, new.astype(buffer.dtype))
 
@@ -79,5 +87,5 @@ def write_span(buffer, new, start):
 def dense_rows(rows, dtype):
     """A layer's rows as a plain array of `dtype` (quantized rows dequantized: a copy of the layer)."""
     if isinstance(rows, QuantizedRows):
-        return split_kv.dequantize(rows.data, rows.scale, dtype)
+        return quantize.dequantize(rows.data, rows.scale, (3,), dtype)
     return rows

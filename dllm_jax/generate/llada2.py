@@ -44,7 +44,7 @@ from dllm_jax.attention.policy import AttentionPolicy, Dense
 from dllm_jax.config import LLaDA2Config
 from dllm_jax.families import TP_SPLIT, Family
 from dllm_jax.generate.progress import progress_bar, tick
-from dllm_jax.generate.requests import (ProbeLoop, as_array, check_cache_method, check_context, check_prompt,
+from dllm_jax.generate.requests import (ProbeLoop, as_array, cache_dtype_of, check_context, check_prompt,
                                         make_options, on_devices, on_mesh, rows_on_mesh, until_stop)
 from dllm_jax.generate.sampling import (RowSampling, against_rows, commit_top, row_sampling, sample_tokens,
                                         sample_tokens_per_row, top_k_bound, transfer_counts)
@@ -190,9 +190,8 @@ def generate_llada2(params, prompt_ids, seed, run_id=0, prompt_length=None, rows
         first, num_blocks = p // bl, -(-(p + o.gen_length) // bl)
         x = jnp.full((b, width), config.mask_token_id, jnp.int32).at[:, :n].set(prompt_ids.astype(jnp.int32))
         params = llada2_model.inference(params, config)
-        check_cache_method(o.kv_cache_dtype, policy, mesh)
         cache = llada2_model.init_cache(config, b, cache_capacity(width, bl),
-                                        kv_rows.cache_dtype(o.kv_cache_dtype, params["embed"].dtype))
+                                        cache_dtype_of(o.kv_cache_dtype, policy, params["embed"].dtype, mesh))
         cache = shard_kv_cache(cache, mesh)
         # every row at the same positions: the shared scan with one prompt length, first and last block
         per_row = functools.partial(jnp.full, (b,), dtype=jnp.int32)

@@ -11,6 +11,7 @@ from typing import Any, Callable
 import jax
 import numpy as np
 
+from dllm_jax.attention import kv_rows
 from dllm_jax.attention.policy import AttentionPolicy, Dense
 from dllm_jax.attention.sharded import Sharded
 from dllm_jax.models.layers import check_inputs
@@ -135,14 +136,14 @@ def on_mesh(mesh, prompt_ids: np.ndarray, mask):
     return jax.device_put(prompt_ids, sharding), None if mask is None else jax.device_put(mask, sharding)
 
 
-def check_cache_method(kv_cache_dtype: str, policy, mesh=None) -> None:
-    """ValueError where a float8 cache meets what cannot read it: an attention method other than dense (their
-    kernels read plain rows) or a mesh."""
-    if kv_cache_dtype != "fp8":
-        return
-    if mesh is not None:
+def cache_dtype_of(kv_cache_dtype: str, policy, model_dtype, mesh=None):
+    """The dtype the KV cache is made in for the option `kv_cache_dtype` (`kv_rows.cache_dtype`); ValueError where a
+    float8 cache meets what cannot read it: an attention method other than dense (their kernels read plain rows) or
+    a mesh."""
+    if kv_cache_dtype == "fp8" and mesh is not None:
         raise ValueError("kv_cache_dtype='fp8' runs on one device; a sharded model keeps its cache in the model's "
                          "dtype (use kv_cache_dtype='auto' with mesh=)")
-    if type(policy) is not Dense:
+    if kv_cache_dtype == "fp8" and type(policy) is not Dense:
         raise ValueError(f"kv_cache_dtype='fp8' runs with dense attention; {type(policy).__name__} reads a cache in "
                          "the model's dtype (use kv_cache_dtype='auto' with a method)")
+    return kv_rows.cache_dtype(kv_cache_dtype, model_dtype)

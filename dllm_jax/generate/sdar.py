@@ -53,7 +53,7 @@ from dllm_jax.config import SDARConfig
 from dllm_jax.families import Family
 from dllm_jax.generate.block_loop import BlockSampler, SlotLoop, cache_capacity, decode_blocks, trim
 from dllm_jax.generate.progress import progress_bar, tick
-from dllm_jax.generate.requests import (ProbeLoop, answer_window, as_array, check_cache_method, check_context,
+from dllm_jax.generate.requests import (ProbeLoop, answer_window, as_array, cache_dtype_of, check_context,
                                         check_prompt, make_options, on_devices, on_mesh, rows_on_mesh)
 from dllm_jax.generate.sampling import (SDAR_REMASKING, RowSampling, row_sampling, sample_tokens, sample_tokens_per_row,
                                         top_k_bound, transfer_counts, transfer_mask)
@@ -171,9 +171,8 @@ def generate_sdar(params, prompt_ids, attention_mask, seed, run_id=0, rows: RowS
     x = jnp.where(columns < p, shifted, config.mask_token_id)
     first = lengths // bl  # each row's first decoded block (its trailing prompt tokens, if any)
     last = -(-(lengths + o.max_new_tokens) // bl)  # one past its last block
-    check_cache_method(o.kv_cache_dtype, policy, mesh)
     cache = block_diffusion.init_cache(config, b, cache_capacity(width, bl),
-                                       kv_rows.cache_dtype(o.kv_cache_dtype, params["embed"].dtype))
+                                       cache_dtype_of(o.kv_cache_dtype, policy, params["embed"].dtype, mesh))
     cache = shard_kv_cache(cache, mesh)  # rows over "dp", KV heads over "tp" on a sharded model
     params = block_diffusion.unrolled(params, config)
     prefill_width = p // bl * bl

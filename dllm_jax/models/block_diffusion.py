@@ -36,10 +36,10 @@ import jax
 import jax.numpy as jnp
 from flax import struct
 
-from dllm_jax.attention.policy import AttentionPolicy, Dense, Mode, attend_layer, check_policy, stacked_state
-from dllm_jax.config import DecoderConfig
 from dllm_jax.attention import kv_rows
 from dllm_jax.attention.kv_rows import write_rows
+from dllm_jax.attention.policy import AttentionPolicy, Dense, Mode, attend_layer, check_policy, stacked_state
+from dllm_jax.config import DecoderConfig
 from dllm_jax.models.layers import DecoderLM, check_inputs, inference_layers, lm_head, lm_param_shapes
 from dllm_jax.sharding import shard_kv_cache
 

@@ -55,10 +55,9 @@ import jax.numpy as jnp
 import numpy as np
 
 from dllm_jax import validation as check
-from dllm_jax.attention import kv_rows
 from dllm_jax.families import FAMILIES, family_of
 from dllm_jax.generate.block_loop import trim
-from dllm_jax.generate.requests import check_cache_method, check_context, make_options
+from dllm_jax.generate.requests import cache_dtype_of, check_context, make_options
 from dllm_jax.generate.sampling import RowSampling, row_sampling
 from dllm_jax.serve.prefix_cache import PrefixCache, shared_positions
 from dllm_jax.serve.requests import Request, RequestQueue, SamplingValues
@@ -204,10 +203,10 @@ class Engine(RequestQueue):
         self.buckets = prefill_buckets(bl, self.width, self.prefill_chunk)
         self.prefill_batch = check.integer("prefill_batch", self.slots if prefill_batch is None else prefill_batch,
                                            minimum=1)
-        check_cache_method(options.kv_cache_dtype, self.policy)
         self.state = init_slots(self.params, config=config, slots=self.slots, width=self.width, policy=self.policy,
                                 loop=self.loop, block_length=bl,
-                                cache_dtype=kv_rows.cache_dtype(options.kv_cache_dtype, self.params["embed"].dtype))
+                                cache_dtype=cache_dtype_of(options.kv_cache_dtype, self.policy,
+                                                           self.params["embed"].dtype))
         self.prefix = PrefixCache(prefix_cache_bytes, bl)
         self.staged: dict[int, Staged] = {}  # slot -> the long prompt prefilled into it a chunk per step
         self.running: list[Request | None] = [None] * self.slots
