@@ -4,7 +4,9 @@ logits stay close to bf16's)."""
 
 import json
 
-from benchmarks import compile_once, quantization
+import pytest
+
+from benchmarks import compile_once, diffusion_gemma, quantization
 
 
 def results(out, stem: str) -> dict:
@@ -26,3 +28,10 @@ def test_quantization_shapes_on_the_tiny_configs(tmp_path):
     rows = results(tmp_path, "quantization")["rows"]
     int8 = [r for r in rows if r["quantize"] == "int8"]
     assert int8 and all(r["logits_rel_error"] < 0.05 and r["argmax_agreement"] > 0.9 for r in int8), int8
+
+
+def test_diffusion_gemma_against_transformers_on_a_small_stand_in(tmp_path):
+    diffusion_gemma.main(["--small", "--layers", "2", "--points", "1:24:16", "--steps", "2", "--out", str(tmp_path)])
+    rows = results(tmp_path, "diffusion_gemma")["rows"]
+    assert [(r["side"], r["tokens"]) for r in rows] == [("transformers", 16), ("dllm_jax", 16)]
+    assert rows[1]["vs_transformers"] == pytest.approx(rows[1]["tokens_per_s"] / rows[0]["tokens_per_s"])

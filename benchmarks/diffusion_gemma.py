@@ -1,0 +1,217 @@
+"""DiffusionGemma-26B-A4B at its real shapes (random bf16 weights): generation tokens/s of this port against
+transformers' own `DiffusionGemmaForBlockDiffusion.generate`, on the same GPU in the same run, same options.
+
+The shapes are those of `google/diffusiongemma-26B-A4B-it`'s text model as public copies of its config.json give
+them (`TEXT_26B_A4B`: 30 layers, 5 sliding (window 1024, head_dim 256, 8 KV heads) to 1 global (head_dim 512, 2 KV
+heads), hidden 2816, a dense MLP of 2112 beside 128 experts of 704 (top 8), vocabulary 262144); the weights are
+random (no hub access), so the timed work is exact but the tokens mean nothing. Both sides run the sampler's
+defaults (entropy bound 0.1, t 0.8 -> 0.4, adaptive stopping on) with `--steps` denoising steps per 256-token
+canvas: random weights are never confident, so every canvas runs all its steps on both sides.
+
+Each point (`--points batch:prompt:new`) is timed on its second call (the first compiles): transformers in a
+child process first (torch and JAX cannot both hold 26B of weights on an 80 GB card), then this port. tokens/s
+counts the generated tokens returned (a row may stop at a random EOS). Results: <out>/diffusion_gemma<tag>_<device>
+_<date>.{json,md}, rewritten after every row.
+
+    PYTHONPATH=. python -m benchmarks.diffusion_gemma --out benchmarks/results            # one GPU
+    PYTHONPATH=. python -m benchmarks.diffusion_gemma --layers 2 --points 1:64:256 --steps 2 --small  # smoke run
+"""
+
+from __future__ import annotations
+
+import argparse
+import datetime
+import functools
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import numpy as np
+
+# vLLM's published figure for the same model and workload (its blog, FP8 weights, one H100), quoted as reported
+VLLM_REPORTED = "vLLM (as reported, FP8, one H100): 895 output tokens/s at batch 1, 4k prompt, 512 new, 16 steps"
+
+TEXT_26B_A4B = dict(
+    vocab_size=262144, hidden_size=2816, intermediate_size=2112, num_hidden_layers=30, num_attention_heads=16,
+    num_key_value_heads=8, head_dim=256, global_head_dim=512, num_global_key_value_heads=2, sliding_window=1024,
+    layer_types=(["sliding_attention"] * 5 + ["full_attention"]) * 5, num_experts=128, top_k_experts=8,
+    moe_intermediate_size=704, final_logit_softcapping=30.0, rms_norm_eps=1e-6, max_position_embeddings=131072,
+    rope_parameters={"sliding_attention": {"rope_type": "default", "rope_theta": 10000.0},
+                     "full_attention": {"rope_type": "proportional", "partial_rotary_factor": 0.25,
+                                        "rope_theta": 1000000.0}},
+    tie_word_embeddings=True, eos_token_id=[1, 106], pad_token_id=0)
+# a stand-in of the same layout small enough for a CPU smoke run (`--small`)
+TEXT_SMALL = TEXT_26B_A4B | dict(vocab_size=512, hidden_size=64, intermediate_size=96, num_attention_heads=4,
+                                 num_key_value_heads=2, head_dim=16, global_head_dim=32, num_global_key_value_heads=1,
+                                 sliding_window=16, num_experts=8, top_k_experts=2, moe_intermediate_size=32)
+# the smallest vision tower transformers builds (the port skips it; transformers' model needs one)
+VISION = dict(hidden_size=16, intermediate_size=32, num_hidden_layers=1, num_attention_heads=2, num_key_value_heads=2,
+              head_dim=8, position_embedding_size=16, patch_size=2)
+
+
+def text_config(args) -> dict:
+    text = dict(TEXT_SMALL if args.small else TEXT_26B_A4B)
+    if args.layers is not None:
+        text["num_hidden_layers"] = args.layers
+        text["layer_types"] = text["layer_types"][-args.layers:]  # keeps a global last
+    return text
+
+
+def points(args) -> list[tuple[int, int, int]]:
+    out = []
+    for point in args.points:
+        try:
+            batch, prompt, new = (int(x) for x in point.split(":"))
+        except ValueError:
+            raise SystemExit(f"--points entries are batch:prompt:new (three integers), got {point!r}") from None
+        out.append((batch, prompt, new))
+    return out
+
+
+def prompt_ids(batch: int, prompt: int, vocab: int) -> np.ndarray:
+    # ids from 3: clear of the pad, eos and bos ids
+    return np.random.default_rng(batch).integers(3, vocab, (batch, prompt)).astype(np.int32)
+
+
+def generated(tail: np.ndarray, pad_id: int) -> int:
+    return int(np.sum(tail != pad_id))
+
+
+# --- transformers (a child process: JAX never initialises the GPU there) ----------------------------------------
+
+def transformers_rows(args) -> list[dict]:
+    import torch
+    from transformers import DiffusionGemmaConfig as HFConfig
+    from transformers import DiffusionGemmaForBlockDiffusion
+
+    from dllm_jax.bench import call_times
+
+    text = text_config(args)
+    device = "cuda" if torch.cuda.is_available() else "cpu"
+    torch.manual_seed(0)
+    with torch.device(device):
+        model = DiffusionGemmaForBlockDiffusion._from_config(HFConfig(text_config=text, vision_config=VISION),
+                                                            torch_dtype=torch.bfloat16).eval()
+    rows = []
+    for batch, prompt, new in points(args):
+        ids = torch.as_tensor(prompt_ids(batch, prompt, text["vocab_size"]), dtype=torch.long, device=device)
+
+        def run():
+            with torch.no_grad():
+                out = model.generate(input_ids=ids, max_new_tokens=new, max_denoising_steps=args.steps)
+            return out.sequences.cpu().numpy()  # synchronises
+
+        what = dict(side="transformers", batch=batch, prompt=prompt, new_tokens=new, steps=args.steps)
+        try:
+            first, seconds = call_times(run, repeats=1, warmup=0, burst_s=0)[0], call_times(run, repeats=1,
+                                                                                           warmup=0, burst_s=0)[0]
+            tokens = generated(run()[:, prompt:prompt + new], text["pad_token_id"])
+        except Exception as err:  # an out-of-memory point is a result, not the end of the run
+            rows.append(what | dict(error=f"{type(err).__name__}: {err}"[:300]))
+            continue
+        rows.append(what | dict(first_call_s=first, seconds=seconds, tokens=tokens, tokens_per_s=tokens / seconds))
+        print(rows[-1], flush=True)
+    return rows
+
+
+def transformers_in_child(argv) -> list[dict]:
+    """The transformers rows, measured in a child process (JSON on its last stdout line)."""
+    env = dict(os.environ, JAX_PLATFORMS="cpu")
+    done = subprocess.run([sys.executable, "-m", "benchmarks.diffusion_gemma", *argv, "--transformers-child"],
+                          env=env, stdout=subprocess.PIPE, text=True)
+    lines = done.stdout.strip().splitlines()
+    if done.returncode or not lines:
+        return [dict(side="transformers", error=f"child process exited {done.returncode}")]
+    return json.loads(lines[-1])
+
+
+# --- this port --------------------------------------------------------------------------------------------------
+
+def port_rows(args, reference: list[dict]):
+    import jax
+    import jax.numpy as jnp
+
+    from dllm_jax import generate
+    from dllm_jax.bench import call_times
+    from dllm_jax.checkpoint.api import model_from_params
+    from dllm_jax.diffusion_gemma_config import DiffusionGemmaConfig
+    from dllm_jax.testing import random_params
+
+    text = text_config(args)
+    config = DiffusionGemmaConfig.from_hf_config(dict(text_config=text, canvas_length=256,
+                                                      architectures=["DiffusionGemmaForBlockDiffusion"],
+                                                      model_type="diffusion_gemma", tie_word_embeddings=True))
+    model = model_from_params(config, random_params(config, jax.random.key(0), jnp.bfloat16))
+    for batch, prompt, new in points(args):
+        ids = prompt_ids(batch, prompt, config.vocab_size)
+        run = functools.partial(generate, model, ids, max_new_tokens=new, max_denoising_steps=args.steps, seed=0)
+        what = dict(side="dllm_jax", batch=batch, prompt=prompt, new_tokens=new, steps=args.steps)
+        try:
+            first, seconds = call_times(run, repeats=2, warmup=0, burst_s=0)[:2]
+            tokens = generated(np.asarray(run())[:, prompt:], config.pad_token_id)
+        except Exception as err:
+            yield what | dict(error=f"{type(err).__name__}: {err}"[:300])
+            continue
+        base = next((r for r in reference if (r.get("batch"), r.get("prompt"), r.get("new_tokens")) ==
+                     (batch, prompt, new) and "tokens_per_s" in r), None)
+        yield what | dict(first_call_s=first, seconds=seconds, tokens=tokens, tokens_per_s=tokens / seconds,
+                          vs_transformers=None if base is None else tokens / seconds / base["tokens_per_s"])
+
+
+# --- output -----------------------------------------------------------------------------------------------------
+
+def markdown(meta: dict, rows: list[dict]) -> list[str]:
+    from dllm_jax.bench import cell, markdown_table
+
+    table = markdown_table(
+        ["side", "batch", "prompt", "new", "steps", "first call s", "s", "tokens", "tokens/s", "vs transformers"],
+        [[r["side"], r.get("batch", "-"), r.get("prompt", "-"), r.get("new_tokens", "-"), r.get("steps", "-"),
+          cell(r.get("first_call_s"), ".1f"), cell(r.get("seconds"), ".2f"), r.get("tokens", "-"),
+          cell(r.get("tokens_per_s"), ".1f"), cell(r.get("vs_transformers"), ".2f", "x") if "error" not in r
+          else r["error"][:80]] for r in rows])
+    return [f"# {meta['benchmark']}: DiffusionGemma {meta['shapes']}, random bf16 weights",
+            "", f"{meta['device']}, jax {meta['jax']}, {meta['date']}; transformers {meta['transformers']}, "
+                f"torch {meta['torch']}", "", *table, "", VLLM_REPORTED]
+
+
+def main(argv=None):
+    argv = sys.argv[1:] if argv is None else argv
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--points", nargs="+", default=["1:4096:512", "16:4096:512"], help="batch:prompt:new points")
+    parser.add_argument("--steps", type=int, default=16, help="denoising steps per canvas")
+    parser.add_argument("--layers", type=int, default=None, help="the last N layers only (smoke runs)")
+    parser.add_argument("--small", action="store_true", help="a tiny stand-in of the same layout (CPU smoke runs)")
+    parser.add_argument("--no-transformers", action="store_true", help="time this port only")
+    parser.add_argument("--transformers-child", action="store_true", help=argparse.SUPPRESS)
+    parser.add_argument("--tag", default="")
+    parser.add_argument("--out", type=Path, default=Path("benchmarks/results"))
+    args = parser.parse_args(argv)
+    if args.transformers_child:
+        print(json.dumps(transformers_rows(args)), flush=True)
+        return
+    reference = [] if args.no_transformers else transformers_in_child(
+        [a for a in argv if a != "--no-transformers"])
+
+    import jax
+    import torch
+    import transformers
+
+    from dllm_jax.bench import write_results
+
+    shapes = "26B-A4B" if not args.small else "small stand-in"
+    meta = dict(benchmark=f"diffusion_gemma{args.tag}", device=jax.devices()[0].device_kind, jax=jax.__version__,
+                transformers=transformers.__version__, torch=torch.__version__, shapes=shapes,
+                date=datetime.date.today().isoformat(), args={k: str(v) for k, v in vars(args).items()})
+    rows = list(reference)
+    for row in port_rows(args, reference):
+        rows.append(row)
+        print(row, flush=True)
+        write_results(args.out, meta, rows, markdown(meta, rows))
+    if not rows or all(r["side"] == "transformers" for r in rows):
+        write_results(args.out, meta, rows, markdown(meta, rows))
+
+
+if __name__ == "__main__":
+    main()
