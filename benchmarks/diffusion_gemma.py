@@ -10,8 +10,9 @@ canvas: random weights are never confident, so every canvas runs all its steps o
 
 Each point (`--points batch:prompt:new`) is timed on its second call (the first compiles): transformers in a
 child process first (torch and JAX cannot both hold 26B of weights on an 80 GB card), then this port. tokens/s
-counts the generated tokens returned (a row may stop at a random EOS). Results: <out>/diffusion_gemma<tag>_<device>
-_<date>.{json,md}, rewritten after every row.
+counts the generated tokens returned (a row may stop at a random EOS). `--quantize int8|fp8` runs this port on
+quantized weights (drawn, then quantized leaf by leaf) against transformers in bf16. Results:
+<out>/diffusion_gemma<tag>_<device>_<date>.{json,md}, rewritten after every row.
 
     PYTHONPATH=. python -m benchmarks.diffusion_gemma --out benchmarks/results            # one GPU
     PYTHONPATH=. python -m benchmarks.diffusion_gemma --layers 2 --points 1:64:256 --steps 2 --small  # smoke run
@@ -20,6 +21,7 @@ _<date>.{json,md}, rewritten after every row.
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import datetime
 import functools
 import json
@@ -29,6 +31,9 @@ import sys
 from pathlib import Path
 
 import numpy as np
+
+# 52 GB of bf16 weights: JAX's default pool (75% of the card) would leave an 80 GB card too little for the loop
+os.environ.setdefault("XLA_PYTHON_CLIENT_MEM_FRACTION", "0.92")
 
 # vLLM's published figure for the same model and workload (its blog, FP8 weights, one H100), quoted as reported
 VLLM_REPORTED = "vLLM (as reported, FP8, one H100): 895 output tokens/s at batch 1, 4k prompt, 512 new, 16 steps"
@@ -120,14 +125,51 @@ def transformers_in_child(argv) -> list[dict]:
     """The transformers rows, measured in a child process (JSON on its last stdout line)."""
     env = dict(os.environ, JAX_PLATFORMS="cpu")
     done = subprocess.run([sys.executable, "-m", "benchmarks.diffusion_gemma", *argv, "--transformers-child"],
-                          env=env, stdout=subprocess.PIPE, text=True)
+                          env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
     lines = done.stdout.strip().splitlines()
     if done.returncode or not lines:
-        return [dict(side="transformers", error=f"child process exited {done.returncode}")]
+        last = (done.stderr.strip().splitlines() or [""])[-1]
+        return [dict(side="transformers", error=f"child process exited {done.returncode}: {last}")]
     return json.loads(lines[-1])
 
 
 # --- this port --------------------------------------------------------------------------------------------------
+
+def random_inference_params(config, key, dtype) -> dict:
+    """Random weights drawn leaf by leaf in the inference layout, one layer's tensor at a time (the checkpoint layout
+    stacks each layer type's experts: 25.4 GB for the sliding layers' gate/up at 26B-A4B, a draw and a re-layout
+    that leave an 80 GB card too fragmented for the loop); a quantized config's weights quantized as drawn."""
+    import jax
+    import jax.numpy as jnp
+
+    from dllm_jax.models.diffusion_gemma_weights import inference_shapes
+    from dllm_jax.quantize import is_scale, quantize_jit, scale_name
+    from dllm_jax.testing import random_tree_leaf
+
+    keys = iter(jax.random.split(key, 10_000))
+
+    def draw(name: str, shape: tuple[int, ...]):
+        if not shape:  # the layers' output scalars
+            return jnp.ones((), dtype)
+        return random_tree_leaf(next(keys), name=name, shape=shape, dtype=jnp.dtype(dtype))
+
+    def weights(stored: dict) -> dict:
+        out = {}
+        for name, leaf in stored.items():
+            if isinstance(leaf, dict):
+                out[name] = weights(leaf)
+            elif isinstance(leaf, tuple):
+                out[name] = tuple(weights(layer) for layer in leaf)
+            elif scale_name(name) in stored:  # stored [..., out, in]: drawn [..., in, out], quantized over `in`
+                shape = (*leaf.shape[:-2], leaf.shape[-1], leaf.shape[-2])
+                values, out[scale_name(name)] = quantize_jit(draw(name, shape), (len(shape) - 2,), config.quantize)
+                out[name] = jnp.swapaxes(values, -1, -2)
+            elif not (is_scale(name) and name.removesuffix("_scale") in stored):
+                out[name] = draw(name, leaf.shape)
+        return out
+
+    return weights(inference_shapes(config, dtype))
+
 
 def port_rows(args, reference: list[dict]):
     import jax
@@ -137,17 +179,18 @@ def port_rows(args, reference: list[dict]):
     from dllm_jax.bench import call_times
     from dllm_jax.checkpoint.api import model_from_params
     from dllm_jax.diffusion_gemma_config import DiffusionGemmaConfig
-    from dllm_jax.testing import random_params
 
     text = text_config(args)
     config = DiffusionGemmaConfig.from_hf_config(dict(text_config=text, canvas_length=256,
                                                       architectures=["DiffusionGemmaForBlockDiffusion"],
                                                       model_type="diffusion_gemma", tie_word_embeddings=True))
-    model = model_from_params(config, random_params(config, jax.random.key(0), jnp.bfloat16))
+    config = dataclasses.replace(config, quantize=args.quantize)
+    model = model_from_params(config, random_inference_params(config, jax.random.key(0), jnp.bfloat16))
     for batch, prompt, new in points(args):
         ids = prompt_ids(batch, prompt, config.vocab_size)
         run = functools.partial(generate, model, ids, max_new_tokens=new, max_denoising_steps=args.steps, seed=0)
-        what = dict(side="dllm_jax", batch=batch, prompt=prompt, new_tokens=new, steps=args.steps)
+        side = "dllm_jax" + (f" {args.quantize}" if args.quantize else "")
+        what = dict(side=side, batch=batch, prompt=prompt, new_tokens=new, steps=args.steps)
         try:
             first, seconds = call_times(run, repeats=2, warmup=0, burst_s=0)[:2]
             tokens = generated(np.asarray(run())[:, prompt:], config.pad_token_id)
@@ -183,6 +226,8 @@ def main(argv=None):
     parser.add_argument("--steps", type=int, default=16, help="denoising steps per canvas")
     parser.add_argument("--layers", type=int, default=None, help="the last N layers only (smoke runs)")
     parser.add_argument("--small", action="store_true", help="a tiny stand-in of the same layout (CPU smoke runs)")
+    parser.add_argument("--quantize", choices=["int8", "fp8"], default=None,
+                        help="this port's weights quantized (transformers runs bf16)")
     parser.add_argument("--no-transformers", action="store_true", help="time this port only")
     parser.add_argument("--transformers-child", action="store_true", help=argparse.SUPPRESS)
     parser.add_argument("--tag", default="")
@@ -209,7 +254,7 @@ def main(argv=None):
         rows.append(row)
         print(row, flush=True)
         write_results(args.out, meta, rows, markdown(meta, rows))
-    if not rows or all(r["side"] == "transformers" for r in rows):
+    if all(r["side"] == "transformers" for r in rows):
         write_results(args.out, meta, rows, markdown(meta, rows))
 
 

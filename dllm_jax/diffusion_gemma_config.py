@@ -26,6 +26,7 @@ from __future__ import annotations
 import dataclasses
 
 from dllm_jax.hf_config import ModelConfig, check_object, hf_dict, hf_int, hf_real, token_id
+from dllm_jax.quantize import check_quantize
 from dllm_jax.validation import choice, flag
 
 SLIDING, GLOBAL = "sliding_attention", "full_attention"
@@ -76,6 +77,8 @@ class DiffusionGemmaConfig(ModelConfig):
     max_position_embeddings: int = DEFAULT_CONTEXT
     eos_token_ids: tuple[int, ...] = (1,)
     pad_token_id: int = 0
+    # None, or how the linear layers' weights are stored (`dllm_jax.quantize`; not an HF key, as other families')
+    quantize: str | None = None
 
     family = "diffusiongemma"
     MODEL_TYPES = ("diffusion_gemma", "diffusion_gemma_text")
@@ -83,6 +86,7 @@ class DiffusionGemmaConfig(ModelConfig):
     tie_word_embeddings = True  # the only layout read (module docstring)
 
     def __post_init__(self):
+        check_quantize(self.quantize, where="quantize")
         n = len(self.layer_types)
         if len(self.head_dims) != n or len(self.kv_heads) != n:
             raise ValueError(f"head_dims ({len(self.head_dims)}) and kv_heads ({len(self.kv_heads)}) must have one "

@@ -33,5 +33,6 @@ def test_quantization_shapes_on_the_tiny_configs(tmp_path):
 def test_diffusion_gemma_against_transformers_on_a_small_stand_in(tmp_path):
     diffusion_gemma.main(["--small", "--layers", "2", "--points", "1:24:16", "--steps", "2", "--out", str(tmp_path)])
     rows = results(tmp_path, "diffusion_gemma")["rows"]
-    assert [(r["side"], r["tokens"]) for r in rows] == [("transformers", 16), ("dllm_jax", 16)]
+    assert [r["side"] for r in rows] == ["transformers", "dllm_jax"]
+    assert all(0 < r["tokens"] <= 16 for r in rows)  # a row may stop at a random EOS
     assert rows[1]["vs_transformers"] == pytest.approx(rows[1]["tokens_per_s"] / rows[0]["tokens_per_s"])

@@ -10,6 +10,7 @@ import argparse
 import contextlib
 import copy
 import dataclasses
+import functools
 import io
 import json
 
@@ -396,6 +397,22 @@ def test_rows_of_a_batch_generate_what_each_generates_alone(calm, rng):
         assert np.array_equal(row[len(prompt):], np.asarray(alone)[0, :int(ran) * CANVAS])
 
 
+def test_a_prompt_encoded_in_chunks_generates_what_it_does_in_one_pass(calm, rng):
+    """The prefill in chunks of 4 positions (rows of 9, 4 and 6 tokens: three chunks, rows ending inside the first
+    and the second) fills the cache as one pass does: the same canvases."""
+    _, config, params = calm
+    options = gen.DiffusionGemmaOptions(max_new_tokens=16, max_denoising_steps=8)
+    ids = np.zeros((3, 9), np.int32)
+    lengths = np.asarray([9, 4, 6], np.int32)
+    for row, n in enumerate(lengths):
+        ids[row, :n] = rng.integers(2, 128, n)
+    run = functools.partial(gen.generate_canvases_jit, params, ids, lengths, jax.random.key(5), config=config,
+                            options=options, stop_ids=(), pad_id=0)
+    whole, chunked = run(), run(prefill_chunk=4)
+    assert int(whole[1]) == int(chunked[1]) == 2
+    np.testing.assert_array_equal(np.asarray(chunked[0]), np.asarray(whole[0]))
+
+
 @pytest.mark.parametrize("options, message", [
     (dict(max_denoising_steps=0), "max_denoising_steps"), (dict(t_min=0.8, t_max=0.4), "t_max=0.4 must be above"),
     (dict(entropy_bound=0.0), "entropy_bound"), (dict(stability_threshold=-1), "stability_threshold"),
@@ -480,16 +497,29 @@ def test_generate_refusals_name_the_problem(registry, call, message):
         call(registry[2])
 
 
+def test_int8_weights_convert_load_and_generate(registry):
+    """An int8 conversion loads as the HF folder quantized at load (the same stored weights and scales), and the
+    quantized model generates (bfloat16 rows through the quantized GEMMs and the grouped experts' kernel)."""
+    hf, out, _ = registry
+    dllm_jax.convert_hf_checkpoint(hf, out.parent / "int8", quantize="int8", progress=False)
+    converted = dllm_jax.load_model(out.parent / "int8", progress=False)
+    at_load = dllm_jax.load_model(hf, quantize="int8", progress=False)
+    assert converted.config.quantize == at_load.config.quantize == "int8"
+    layer = converted.params()["layers"][0]
+    assert layer["experts_gate_up"].dtype == layer["q_proj"].dtype == np.int8
+    assert converted.params()["embed"].dtype == layer["router"].dtype == np.dtype("bfloat16")  # the tied head
+    assert jax.tree.all(jax.tree.map(np.array_equal, converted.params(), at_load.params()))
+    out_ids = np.asarray(dllm_jax.generate(converted, np.array([[5, 6, 7]], np.int32), seed=1, **SERVED))
+    assert out_ids.shape == (1, 3 + SERVED["max_new_tokens"]) and 0 <= out_ids.min() and out_ids.max() < VOCAB
+
+
 @pytest.mark.parametrize("call, message", [
-    (lambda hf, out: dllm_jax.load_model(hf, quantize="int8"), "DiffusionGemma weights cannot be quantized"),
-    (lambda hf, out: dllm_jax.convert_hf_checkpoint(hf, out.parent / "q", quantize="int8"),
-     "DiffusionGemma weights cannot be quantized"),
     (lambda hf, out: dllm_jax.load_model(out, mesh=jax.make_mesh((1,), ("tp",))),
      "DiffusionGemma weights cannot be sharded over a mesh"),
     (lambda hf, out: dllm_jax.load_model(out, execution="scan", progress=False), "runs its layers unrolled only"),
     (lambda hf, out: check_samples(dllm_jax.load_model(out, progress=False), []),
      "evaluate supports .* models, got DiffusionGemma"),
-], ids=["quantize", "quantized conversion", "mesh", "scan", "eval"])
+], ids=["mesh", "scan", "eval"])
 def test_what_the_family_does_not_support_is_refused(registry, call, message):
     hf, out, _ = registry
     with pytest.raises(ValueError, match=message):

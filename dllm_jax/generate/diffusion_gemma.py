@@ -46,6 +46,10 @@ from dllm_jax.models import hf_names
 from dllm_jax.models.diffusion_gemma import DiffusionGemma, decode, encode, init_cache
 
 
+# prompt positions encoded per pass (`encode_prompt`): bounds the prefill's attention scores
+PREFILL_CHUNK = 1024
+
+
 @dataclasses.dataclass(frozen=True, kw_only=True)
 class DiffusionGemmaOptions:
     """The sampler's options, with transformers' names and defaults (`DiffusionGemmaGenerationConfig`).
@@ -197,15 +201,35 @@ def finalize(tokens, finished, *, stop_ids: tuple[int, ...], pad_id: int):
     return tokens, finished | jnp.any(is_stop, axis=1)
 
 
+def encode_prompt(params, prompt, lengths, cache, *, config: DiffusionGemmaConfig, backend: str, chunk: int):
+    """The cache after prompt [B, P] (`lengths` [B] real tokens per row), encoded `chunk` positions at a time: a
+    pass's attention holds [B, H, chunk, cache length] scores, not [B, H, P, cache length] (at a 4k prompt and batch
+    16, 18 GiB per global layer), and a sliding layer reads its window of the cache. The cache must hold
+    ceil(P / chunk) * chunk positions (a chunk past a row's prompt writes its scratch slots)."""
+    b, p = prompt.shape
+    if p <= chunk:
+        return encode(params, prompt, cache, lengths, config=config, backend=backend)
+    pieces = -(-p // chunk)
+    padded = jnp.pad(prompt, ((0, 0), (0, pieces * chunk - p)))
+
+    def piece(i, cache):
+        ids = jax.lax.dynamic_slice_in_dim(padded, i * chunk, chunk, axis=1)
+        return encode(params, ids, cache, jnp.clip(lengths - i * chunk, 0, chunk), config=config, backend=backend)
+
+    return jax.lax.fori_loop(0, pieces, piece, cache)
+
+
 def generate_canvases(params, prompt, lengths, key, *, config: DiffusionGemmaConfig, options: DiffusionGemmaOptions,
-                      stop_ids: tuple[int, ...], pad_id: int, backend: str = "auto"):
+                      stop_ids: tuple[int, ...], pad_id: int, backend: str = "auto",
+                      prefill_chunk: int = PREFILL_CHUNK):
     """(int32 [B, canvases * C] generated tokens, int32 [] canvases run, int32 [B] decoder forwards each row needed)
-    after prompt [B, P] (row b's real tokens first, `lengths` [B] of them; the rest ignored). Jit-compatible: the
-    loops are `lax.while_loop`s."""
+    after prompt [B, P] (row b's real tokens first, `lengths` [B] of them; the rest ignored), encoded
+    `prefill_chunk` positions at a time. Jit-compatible: the loops are `lax.while_loop`s."""
     b, p = prompt.shape
     c, canvases = config.canvas_length, options.canvases(config.canvas_length)
-    cache = init_cache(config, b, p + canvases * c, params["embed"].dtype)
-    cache = encode(params, prompt, cache, lengths, config=config, backend=backend)
+    encoded = p if p <= prefill_chunk else -(-p // prefill_chunk) * prefill_chunk
+    cache = init_cache(config, b, encoded + canvases * c, params["embed"].dtype)
+    cache = encode_prompt(params, prompt, lengths, cache, config=config, backend=backend, chunk=prefill_chunk)
 
     def one_canvas(s: CanvasCarry) -> CanvasCarry:
         tokens, cache, forwards = denoise_canvas(params, s.cache, key, s.canvas, s.finished, config=config,
@@ -224,7 +248,7 @@ def generate_canvases(params, prompt, lengths, key, *, config: DiffusionGemmaCon
 
 
 generate_canvases_jit = jax.jit(generate_canvases, static_argnames=("config", "options", "stop_ids", "pad_id",
-                                                                    "backend"))
+                                                                    "backend", "prefill_chunk"))
 
 
 def generate(params, prompts, *, config: DiffusionGemmaConfig, options: DiffusionGemmaOptions, seed: int = 0,
@@ -303,6 +327,6 @@ FAMILY = Family(name="diffusiongemma", config_class=DiffusionGemmaConfig, model_
                 answer_option="max_new_tokens", method_kind=methods.CANVAS, param_shapes=weights.param_shapes,
                 hf_rules=hf_names.DIFFUSION_GEMMA_RULES, hf_expected=hf_names.diffusion_gemma_expected,
                 hf_skipped=hf_names.DIFFUSION_GEMMA_SKIPPED, prepare_params=weights.prepare_params,
-                to_module_tree=weights.to_module_tree, executions=("unrolled",), quantized=None, param_axes=None,
-                tp_split=(),
+                to_module_tree=weights.to_module_tree, executions=("unrolled",), quantized=weights.QUANTIZED,
+                param_axes=None, tp_split=(),
                 stops_field="eos_token_ids")

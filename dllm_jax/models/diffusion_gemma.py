@@ -46,6 +46,7 @@ from dllm_jax.models.block_diffusion import KVCache, replace_layer, write_rows
 from dllm_jax.models.diffusion_gemma_weights import inference_shapes
 from dllm_jax.models.layers import apply_rope, check_inputs
 from dllm_jax.models.moe import dispatch, tile_rows
+from dllm_jax.quantize import linear, scale_name
 
 __all__ = ["DiffusionGemma", "DiffusionGemmaConfig", "KVCache", "init_cache", "encode", "decode", "forward"]
 
@@ -63,13 +64,19 @@ def dot(x, w):
     return jnp.matmul(x, w, precision=matmul_precision(x.dtype))
 
 
+def project(x, p: dict, name: str):
+    """x @ p[name]: a full-precision or a quantized weight (`dllm_jax.quantize.linear`)."""
+    return linear(x, p, name, precision=matmul_precision(x.dtype))
+
+
 def gelu_gate(both, config: DiffusionGemmaConfig):
     """gelu(gate) * up of interleaved columns [..., 2n] (`diffusion_gemma_weights`)."""
     return jax.nn.gelu(both[..., 0::2], approximate=config.gelu_tanh) * both[..., 1::2]
 
 
-def gated_mlp(x, gate_up, down, config: DiffusionGemmaConfig):
-    return dot(gelu_gate(dot(x, gate_up), config), down)
+def gated_mlp(x, p: dict, config: DiffusionGemmaConfig):
+    """The GELU-gated MLP of p's gate_up_proj and down_proj."""
+    return project(gelu_gate(project(x, p, "gate_up_proj"), config), p, "down_proj")
 
 
 def inv_frequencies(rope: RopeConfig) -> np.ndarray:
@@ -102,48 +109,48 @@ def attention_sublayer(p, x, tables, attend, state, layer: int, config: Diffusio
     b, n, _ = x.shape
     hd = config.head_dims[layer]
     h = norm(x, p["attn_norm"], eps)
-    q = norm(dot(h, p["q_proj"]).reshape(b, n, config.num_heads, hd), p["q_norm"], eps)
-    raw_k = dot(h, p["k_proj"]).reshape(b, n, -1, hd)
-    raw_v = dot(h, p["v_proj"]).reshape(b, n, -1, hd) if config.is_sliding(layer) else raw_k
+    q = norm(project(h, p, "q_proj").reshape(b, n, config.num_heads, hd), p["q_norm"], eps)
+    raw_k = project(h, p, "k_proj").reshape(b, n, -1, hd)
+    raw_v = project(h, p, "v_proj").reshape(b, n, -1, hd) if config.is_sliding(layer) else raw_k
     k = norm(raw_k, p["k_norm"], eps)
     q, k = apply_rope(q, cos, sin, in_fp32=False), apply_rope(k, cos, sin, in_fp32=False)
     with jax.named_scope("attention"):
         out, state = attend(q, k, norm(raw_v, None, eps), state, layer)
-    return x + norm(dot(out.reshape(b, n, -1), p["o_proj"]), p["post_attn_norm"], eps), state
+    return x + norm(project(out.reshape(b, n, -1), p, "o_proj"), p["post_attn_norm"], eps), state
 
 
 def route(p, x, config: DiffusionGemmaConfig):
     """(weights fp32 [T, k], experts int32 [T, k]) of tokens x [T, d]: softmax over all experts of the
     scaled, scale-free-normed x, the top k renormalized to sum 1, then times each expert's own scale."""
-    h = norm(x, None, config.rms_norm_eps) * p["router_scale"] * jnp.asarray(config.hidden_size ** -0.5, x.dtype)
+    h = norm(x, None, config.rms_norm_eps) * p["router_norm"] * jnp.asarray(config.hidden_size ** -0.5, x.dtype)
     probs = jax.nn.softmax(dot(h, p["router"]).astype(jnp.float32), axis=-1)
     weights, experts = jax.lax.top_k(probs, config.top_k_experts)
     weights = weights / jnp.sum(weights, axis=-1, keepdims=True)
     return weights * p["expert_scale"][experts].astype(jnp.float32), experts.astype(jnp.int32)
 
 
-def routed_experts(x, experts, weights, gate_up, down, config: DiffusionGemmaConfig, backend: str):
+def routed_experts(x, experts, weights, p: dict, config: DiffusionGemmaConfig, backend: str):
     """sum_j weights[:, j] * expert_{experts[:, j]}(x) for x [T, d], through `moe.dispatch` and the grouped
-    matmul (`dllm_jax.models.moe.routed_experts`, whose SwiGLU gate is replaced by Gemma's GELU one)."""
+    matmul (`dllm_jax.models.moe.routed_experts`, whose SwiGLU gate is replaced by Gemma's GELU one), of p's
+    experts_gate_up and experts_down (quantized ones with their scales)."""
     t, k = experts.shape
     block_m = tile_rows(t * k, config.num_experts)
     rows, tile_expert, buffer_rows = dispatch(experts, config.num_experts, block_m)
     copies = jnp.zeros((buffer_rows, x.shape[1]), x.dtype).at[rows].set(jnp.repeat(x, k, axis=0))
     grouped = functools.partial(call, pk.grouped_matmul, pk.grouped_matmul_reference, backend, block_m=block_m)
-    h = gelu_gate(grouped(copies, gate_up, tile_expert), config)  # padding rows stay 0: gelu(0) * 0
-    y = grouped(h, down, tile_expert)[rows].reshape(t, k, -1)
+    h = grouped(copies, p["experts_gate_up"], tile_expert, w_scale=p.get(scale_name("experts_gate_up")))
+    h = gelu_gate(h, config)  # padding rows stay 0: gelu(0) * 0
+    y = grouped(h, p["experts_down"], tile_expert, w_scale=p.get(scale_name("experts_down")))[rows].reshape(t, k, -1)
     return jnp.sum(y.astype(jnp.float32) * weights[..., None], axis=1).astype(x.dtype)
 
 
 def feed_forward_sublayer(p, x, config: DiffusionGemmaConfig, backend: str):
     """x + post_ffw_norm(dense MLP + routed experts), each branch with its own pre and post norms."""
     eps = config.rms_norm_eps
-    dense = norm(gated_mlp(norm(x, p["mlp_norm"], eps), p["gate_up_proj"], p["down_proj"], config),
-                 p["post_mlp_norm"], eps)
+    dense = norm(gated_mlp(norm(x, p["mlp_norm"], eps), p, config), p["post_mlp_norm"], eps)
     flat = x.reshape(-1, x.shape[-1])
     weights, experts = route(p, flat, config)
-    moe = routed_experts(norm(flat, p["moe_norm"], eps), experts, weights, p["experts_gate_up"], p["experts_down"],
-                         config, backend)
+    moe = routed_experts(norm(flat, p["moe_norm"], eps), experts, weights, p, config, backend)
     moe = norm(moe.reshape(x.shape), p["post_moe_norm"], eps)
     return x + norm(dense + moe, p["post_ffw_norm"], eps)
 
@@ -226,7 +233,7 @@ def self_condition(p, x, previous_logits, table, config: DiffusionGemmaConfig, c
     soft = dot(probs, table) * jnp.asarray(table.shape[1] ** 0.5, table.dtype)
     if conditioned is not None:
         soft = soft * jnp.reshape(jnp.asarray(conditioned), (-1, 1, 1)).astype(soft.dtype)
-    return norm(x + gated_mlp(norm(soft, p["pre_norm"], eps), p["gate_up_proj"], p["down_proj"], config), None, eps)
+    return norm(x + gated_mlp(norm(soft, p["pre_norm"], eps), p, config), None, eps)
 
 
 @functools.partial(jax.jit, static_argnames=("config", "backend"))

@@ -136,7 +136,7 @@ DIFFUSION_GEMMA_LAYER = {  # leaf -> (HF name after the layer prefix, transform)
     "mlp_norm": ("pre_feedforward_layernorm.weight", "copy"), "gate_proj": ("mlp.gate_proj.weight", "transpose"),
     "up_proj": ("mlp.up_proj.weight", "transpose"), "down_proj": ("mlp.down_proj.weight", "transpose"),
     "post_mlp_norm": ("post_feedforward_layernorm_1.weight", "copy"), "router": ("router.proj.weight", "transpose"),
-    "router_scale": ("router.scale", "copy"), "expert_scale": ("router.per_expert_scale", "copy"),
+    "router_norm": ("router.scale", "copy"), "expert_scale": ("router.per_expert_scale", "copy"),
     "moe_norm": ("pre_feedforward_layernorm_2.weight", "copy"), "experts_gate_up": ("experts.gate_up_proj", "copy"),
     "experts_down": ("experts.down_proj", "copy"), "post_moe_norm": ("post_feedforward_layernorm_2.weight", "copy"),
     "post_ffw_norm": ("post_feedforward_layernorm.weight", "copy"), "decoder_scalar": ("layer_scalar", "copy"),
