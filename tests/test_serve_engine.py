@@ -417,6 +417,24 @@ def test_llada2_prompts_sharing_a_prefix_and_a_long_prompt_get_what_generate_giv
     assert engine.prefix.hit_tokens >= 12 and engine.timing.prefill_chunks == 2
 
 
+def test_one_long_prompt_is_staged_at_a_time_and_shorter_ones_pass_the_next(model, rng):
+    """Two long prompts then a short one, three free slots: the first long prompt is staged, the second waits at the
+    head of the queue (one staged cache, a slot wide, at a time), the short one is admitted; the second is staged
+    once the first takes its slot."""
+    engine = Engine(model, slots=3, max_context=64, prefill_chunk=8, overlap=False, remasking="sequential", top_k=1)
+    first, second = (engine.submit(rng.integers(0, 40, 20), 8, seed) for seed in (0, 1))
+    short = engine.submit(rng.integers(0, 40, 5), 8, 2)
+    engine.step()
+    assert [s.request.request_id for s in engine.staged.values()] == [first]
+    assert [r.request_id for r in engine.queue] == [second]
+    assert short in [r.request_id for r in engine.running if r is not None]
+    while first not in [r.request_id for r in engine.running if r is not None]:
+        engine.step()
+    engine.step()
+    assert [s.request.request_id for s in engine.staged.values()] == [second] and not engine.queue
+    assert set(engine.run()) >= {second}
+
+
 def test_a_staged_request_can_be_cancelled(model, rng):
     engine = Engine(model, slots=1, max_context=64, prefill_chunk=8, overlap=False, remasking="sequential", top_k=1)
     request = engine.submit(rng.integers(0, 40, 34), 8, 0)

@@ -402,16 +402,22 @@ def test_llada_is_served_with_fast_dllm_and_each_request_gets_generate_alone(che
         assert "decodes without Fast-dLLM's factor rule" in refused.json()["error"]["message"]
 
 
-def test_the_memory_plan_adds_up(sdar):
+@pytest.mark.parametrize("prefix_cache_bytes", [0, 1000])
+def test_the_memory_plan_adds_up(sdar, prefix_cache_bytes):
+    """Weights, the slots' rows, the staged long prompt's row, an insert's rows (prefill_batch of the chunk bucket,
+    a slot wide where the prefix cache keeps them)."""
     _, model, _ = sdar
-    engine = Engine(model, slots=3, max_context=64, prefix_cache_bytes=1000)
+    engine = Engine(model, slots=3, max_context=64, prefill_chunk=16, prefill_batch=2,
+                    prefix_cache_bytes=prefix_cache_bytes)
     plan = engine.memory_plan()
     per_row = sum(leaf.nbytes for leaf in jax.tree.leaves(engine.state.carry.cache)) // 3
-    assert plan["kv_cache"] == 3 * per_row and plan["prefix_cache"] == 1000 and plan["slot_state"] > 0
+    assert plan["kv_cache"] == 3 * per_row and plan["prefix_cache"] == prefix_cache_bytes and plan["slot_state"] > 0
     assert plan["weights"] == sum(leaf.nbytes for leaf in jax.tree.leaves(model.params()))
+    assert plan["staged_prompt"] == per_row and engine.width == 64
+    assert plan["insert"] == 2 * per_row * (64 if prefix_cache_bytes else 16) // 64
     if plan["device"] is not None:
         assert plan["headroom"] == plan["device"] - sum(plan[k] for k in ("weights", "kv_cache", "slot_state",
-                                                                          "prefix_cache"))
+                                                                          "prefix_cache", "staged_prompt", "insert"))
 
 
 def test_a_prefix_cache_for_a_lockstep_family_is_refused_before_loading(checkpoints, capsys):

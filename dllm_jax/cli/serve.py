@@ -125,7 +125,8 @@ def memory_line(engine) -> str:
     plan = engine.memory_plan()
     gb = lambda n: f"{n / 1e9:.2f} GB"  # noqa: E731
     line = (f"weights {gb(plan['weights'])}, KV cache {gb(plan['kv_cache'])} ({engine.slots} slots x {engine.width} "
-            f"positions), slot state {gb(plan['slot_state'])}, prefix cache up to {gb(plan['prefix_cache'])}")
+            f"positions), slot state {gb(plan['slot_state'])}, prefix cache up to {gb(plan['prefix_cache'])}, a "
+            f"staged long prompt {gb(plan['staged_prompt'])}, inserts up to {gb(plan['insert'])}")
     if plan["device"] is None:
         return line + "; the device reports no memory limit"
     return line + f"; device {gb(plan['device'])}, headroom {gb(plan['headroom'])}"

@@ -27,8 +27,8 @@ denoising steps; LLaDA2: block length, steps) are the engine's, static in its co
 What differs between the families (model functions, sampler, block length, request checks) is the family's
 `SlotLoop` (`dllm_jax.families`: `Family.slots`).
 
-Prompts are prefilled in a few static lengths (`prefill_buckets`: whole blocks, doubling up to
-`INSERT_CHUNK`, then the slot width): a prompt takes the shortest bucket that holds its complete blocks, and the
+Prompts are prefilled in a few static lengths (`prefill_buckets`: whole blocks, doubling up to the prefill
+chunk, the chunk, then the slot width): a prompt takes the shortest bucket that holds its complete blocks, and the
 requests admitted at one step that share a bucket are prefilled together, in one program of 1, 2, 4, ... rows
 (`Engine.admit`), so the inserts compile once per bucket and batch size. The width bucket prefills in chunks of `INSERT_CHUNK` positions and runs
 only the chunks its prompt's complete blocks need (`dllm_jax.models.block_diffusion.prefill`), so a long prompt pays for
@@ -220,12 +220,18 @@ class Engine(RequestQueue):
 
     def memory_plan(self) -> dict:
         """Bytes on the device: the weights, the slots' KV cache, the rest of the slots' state, the prefix cache's
-        budget, and the device's memory and what is left of it after all four (None where the device does not
-        say: `jax.Device.memory_stats`)."""
+        budget, the cache of the one long prompt staged at a time (a row as wide as a slot's), the most an insert
+        prefills at once (`prefill_batch` rows of the chunk bucket; of a slot's width where the prefix cache keeps
+        them), and the device's memory and what is left of it after all six (None where the device does not say:
+        `jax.Device.memory_stats`)."""
         kv = sum(leaf.nbytes for leaf in jax.tree.leaves(self.state.carry.cache))
+        row = kv // self.slots
+        # a prompt of at most a chunk takes the chunk bucket (the last but the width); kept rows are a slot wide
+        insert_width = self.buckets[-2] if len(self.buckets) > 1 and not self.prefix.max_bytes else self.width
         plan = dict(weights=sum(leaf.nbytes for leaf in jax.tree.leaves(self.params)), kv_cache=kv,
                     slot_state=sum(leaf.nbytes for leaf in jax.tree.leaves(self.state)) - kv,
-                    prefix_cache=self.prefix.max_bytes)
+                    prefix_cache=self.prefix.max_bytes, staged_prompt=row,
+                    insert=self.prefill_batch * row * insert_width // self.width)
         limit = (jax.devices()[0].memory_stats() or {}).get("bytes_limit")
         return plan | dict(device=limit, headroom=None if limit is None else limit - sum(plan.values()))
 
@@ -339,14 +345,16 @@ class Engine(RequestQueue):
         with complete blocks of one admitted before it in the same call waits for that one's prefill, so that it
         finds them in the prefix cache. A prompt with more than `prefill_chunk` positions left to prefill holds its
         slot and is prefilled a chunk per call (chunked prefill: the busy slots decode between its chunks), then
-        takes the slot."""
+        takes the slot. One such prompt is staged at a time (its cache is a row as wide as a slot's): a later one
+        keeps its place at the head of the queue while the shorter ones behind it are admitted."""
         start = time.perf_counter()
         self.advance_staged()
         pending: dict[int, list] = {}  # prompt bucket -> [(slot, request)], to prefill together
+        deferred = []  # long prompts waiting for the staged one
         for slot in [slot for slot, running in enumerate(self.running) if running is None and slot not in self.staged]:
-            if not self.queue:
+            request = self.next_admissible(deferred)
+            if request is None:
                 break
-            request = self.queue.popleft()
             blocks = self.complete_blocks(request)
             entry, begin = None, 0
             if self.prefix.max_bytes and len(blocks):
@@ -366,7 +374,19 @@ class Engine(RequestQueue):
                 continue
             pending.setdefault(self.bucket(request), []).append((slot, request))
         self.prefill(pending)
+        self.queue.extendleft(reversed(deferred))
         self.timing.admit_s += time.perf_counter() - start
+
+    def next_admissible(self, deferred: list) -> Request | None:
+        """The next queued request, or None: while a long prompt is staged, later long ones (more than a chunk of
+        complete blocks; a prefix-cache hit may shorten one, found at its turn) go to `deferred`, in order."""
+        while self.queue:
+            request = self.queue.popleft()
+            if self.staged and len(self.complete_blocks(request)) > self.prefill_chunk:
+                deferred.append(request)
+                continue
+            return request
+        return None
 
     def advance_staged(self) -> None:
         """One prefill chunk of each long prompt in `staged`; one whose prefill is complete takes its slot."""
