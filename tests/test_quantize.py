@@ -210,6 +210,17 @@ def test_fp8_generation_compiles_with_cublas_gemms_only_where_every_gemm_is_fp8_
     assert program(int8, 4 * rows) is generate_sdar_jit and program(config, 4 * rows) is generate_sdar_jit
 
 
+def test_diffusion_gemma_fp8_generation_compiles_with_cublas_gemms_where_every_pass_is_wide():
+    from dllm_jax.generate.diffusion_gemma import generate_canvases_cublas_jit, generate_canvases_jit, program
+
+    config = tiny_diffusion_gemma_config(canvas_length=W8A8_MIN_ROWS // 2)
+    fp8, int8 = (dataclasses.replace(config, quantize=mode) for mode in ("fp8", "int8"))
+    assert program(fp8, 2, 1000) is generate_canvases_cublas_jit  # canvases of 64 rows per prompt, 2 prompts
+    assert program(fp8, 1, 1000) is generate_canvases_jit  # a canvas of 64 rows: weight-only GEMMs
+    assert program(fp8, 4, 16) is generate_canvases_jit  # the prompt's pass: 64 rows
+    assert program(int8, 8, 1000) is generate_canvases_jit and program(config, 8, 1000) is generate_canvases_jit
+
+
 @pytest.mark.gpu
 def test_wide_fp8_generation_runs_on_cublas_gemms(sdar_hf):
     """FP8 generation at a batch whose GEMMs are all FP8 x FP8 compiles with cuBLAS's GEMMs and generates: the

@@ -35,6 +35,7 @@ import jax.numpy as jnp
 import numpy as np
 from flax import struct
 
+from dllm_jax import quantize
 from dllm_jax import validation as check
 from dllm_jax.attention import methods
 from dllm_jax.attention.policy import Dense
@@ -247,8 +248,19 @@ def generate_canvases(params, prompt, lengths, key, *, config: DiffusionGemmaCon
     return s.out, s.canvas, s.forwards
 
 
-generate_canvases_jit = jax.jit(generate_canvases, static_argnames=("config", "options", "stop_ids", "pad_id",
-                                                                    "backend", "prefill_chunk"))
+STATIC = ("config", "options", "stop_ids", "pad_id", "backend", "prefill_chunk")
+generate_canvases_jit = jax.jit(generate_canvases, static_argnames=STATIC)
+# the same program for FP8 weights where every GEMM is FP8 x FP8 (quantize.cublas_gemms)
+generate_canvases_cublas_jit = jax.jit(generate_canvases, static_argnames=STATIC,
+                                       compiler_options=quantize.CUBLAS_GEMMS)
+
+
+def program(config: DiffusionGemmaConfig, batch: int, prompt_width: int):
+    """The jitted generation for `batch` prompts of `prompt_width` positions: generate_canvases_cublas_jit where
+    FP8 weights meet enough rows in every pass (the prompt's first chunk, each canvas) that every GEMM is FP8 x FP8,
+    else generate_canvases_jit."""
+    rows = batch * min(prompt_width, config.canvas_length, PREFILL_CHUNK)
+    return generate_canvases_cublas_jit if quantize.cublas_gemms(config.quantize, rows) else generate_canvases_jit
 
 
 def generate(params, prompts, *, config: DiffusionGemmaConfig, options: DiffusionGemmaOptions, seed: int = 0,
@@ -264,8 +276,9 @@ def generate(params, prompts, *, config: DiffusionGemmaConfig, options: Diffusio
         ids[row, :len(prompt)] = prompt
     if ids.min() < 0 or ids.max() >= config.vocab_size:
         raise ValueError(f"token ids must be in [0, {config.vocab_size}), got [{ids.min()}, {ids.max()}]")
-    out, ran, _ = generate_canvases_jit(params, ids, lengths, jax.random.key(seed), config=config, options=options,
-                                     stop_ids=tuple(int(i) for i in stop_ids), pad_id=int(pad_id), backend=backend)
+    run = program(config, *ids.shape)
+    out, ran, _ = run(params, ids, lengths, jax.random.key(seed), config=config, options=options,
+                      stop_ids=tuple(int(i) for i in stop_ids), pad_id=int(pad_id), backend=backend)
     out = np.asarray(out)[:, :int(ran) * config.canvas_length]
     return [np.concatenate([np.asarray(prompt, np.int32), row]) for prompt, row in zip(prompts, out)]
 
