@@ -38,14 +38,12 @@ import jax.numpy as jnp
 import numpy as np
 from flax import nnx
 
-import pallas_kernels as pk
 from dllm_jax.attention.dense import dense_attention, matmul_precision
-from dllm_jax.attention.kernels import call
 from dllm_jax.diffusion_gemma_config import DiffusionGemmaConfig, RopeConfig
+from dllm_jax.models import moe
 from dllm_jax.models.block_diffusion import KVCache, replace_layer, write_rows
 from dllm_jax.models.diffusion_gemma_weights import inference_shapes
 from dllm_jax.models.layers import apply_rope, check_inputs
-from dllm_jax.models.moe import dispatch, tile_rows
 from dllm_jax.quantize import linear, scale_name
 
 __all__ = ["DiffusionGemma", "DiffusionGemmaConfig", "KVCache", "init_cache", "encode", "decode", "forward"]
@@ -130,18 +128,12 @@ def route(p, x, config: DiffusionGemmaConfig):
 
 
 def routed_experts(x, experts, weights, p: dict, config: DiffusionGemmaConfig, backend: str):
-    """sum_j weights[:, j] * expert_{experts[:, j]}(x) for x [T, d], through `moe.dispatch` and the grouped
-    matmul (`dllm_jax.models.moe.routed_experts`, whose SwiGLU gate is replaced by Gemma's GELU one), of p's
-    experts_gate_up and experts_down (quantized ones with their scales)."""
-    t, k = experts.shape
-    block_m = tile_rows(t * k, config.num_experts)
-    rows, tile_expert, buffer_rows = dispatch(experts, config.num_experts, block_m)
-    copies = jnp.zeros((buffer_rows, x.shape[1]), x.dtype).at[rows].set(jnp.repeat(x, k, axis=0))
-    grouped = functools.partial(call, pk.grouped_matmul, pk.grouped_matmul_reference, backend, block_m=block_m)
-    h = grouped(copies, p["experts_gate_up"], tile_expert, w_scale=p.get(scale_name("experts_gate_up")))
-    h = gelu_gate(h, config)  # padding rows stay 0: gelu(0) * 0
-    y = grouped(h, p["experts_down"], tile_expert, w_scale=p.get(scale_name("experts_down")))[rows].reshape(t, k, -1)
-    return jnp.sum(y.astype(jnp.float32) * weights[..., None], axis=1).astype(x.dtype)
+    """sum_j weights[:, j] * expert_{experts[:, j]}(x) for x [T, d]: `dllm_jax.models.moe.routed_experts` with
+    Gemma's GELU gate, of p's experts_gate_up and experts_down (quantized ones with their scales)."""
+    return moe.routed_experts(x, experts, weights, p["experts_gate_up"], p["experts_down"],
+                              gate_up_scale=p.get(scale_name("experts_gate_up")),
+                              down_scale=p.get(scale_name("experts_down")), backend=backend,
+                              gate=functools.partial(gelu_gate, config=config)).astype(x.dtype)
 
 
 def feed_forward_sublayer(p, x, config: DiffusionGemmaConfig, backend: str):
@@ -150,9 +142,9 @@ def feed_forward_sublayer(p, x, config: DiffusionGemmaConfig, backend: str):
     dense = norm(gated_mlp(norm(x, p["mlp_norm"], eps), p, config), p["post_mlp_norm"], eps)
     flat = x.reshape(-1, x.shape[-1])
     weights, experts = route(p, flat, config)
-    moe = routed_experts(norm(flat, p["moe_norm"], eps), experts, weights, p, config, backend)
-    moe = norm(moe.reshape(x.shape), p["post_moe_norm"], eps)
-    return x + norm(dense + moe, p["post_ffw_norm"], eps)
+    routed = routed_experts(norm(flat, p["moe_norm"], eps), experts, weights, p, config, backend)
+    routed = norm(routed.reshape(x.shape), p["post_moe_norm"], eps)
+    return x + norm(dense + routed, p["post_ffw_norm"], eps)
 
 
 def run_stack(params, x, positions, attend, state, scalar: str, config: DiffusionGemmaConfig, backend: str, *,

@@ -51,9 +51,11 @@ def dispatch(idx, num_experts: int, block_m: int):
 
 @functools.partial(jax.named_call, name="routed_experts")
 def routed_experts(x, idx, weights, gate_up, down, *, gate_up_scale=None, down_scale=None, backend: str = "auto",
-                   mesh=None):
-    """sum_j weights[:, j] * expert_{idx[:, j]}(x) for tokens x [T, d]: SwiGLU experts with interleaved
-    gate/up columns gate_up [E, d, 2 Im] and down [E, Im, d]; idx int32 [T, k], weights fp32 [T, k].
+                   mesh=None, gate=swiglu_gate):
+    """sum_j weights[:, j] * expert_{idx[:, j]}(x) for tokens x [T, d]: gated experts with interleaved
+    gate/up columns gate_up [E, d, 2 Im] and down [E, Im, d]; idx int32 [T, k], weights fp32 [T, k]. `gate`
+    makes [.., 2 Im] interleaved gate/up products into [.., Im] (SwiGLU's by default; it must map 0 to 0: the
+    padding rows).
     Quantized experts (`dllm_jax.quantize`) come stored [E, out, in] with their float32 scales [E, out]
     (`gate_up_scale`, `down_scale`). Returns fp32 [T, d]. `backend` as `dllm_jax.attention.kernels` takes it.
     With a `mesh` (axes "dp", "sp", "tp"; a Mesh or the AbstractMesh of `jax.sharding.get_abstract_mesh()`),
@@ -63,7 +65,8 @@ def routed_experts(x, idx, weights, gate_up, down, *, gate_up_scale=None, down_s
     if mesh is not None and mesh.shape["dp"] * mesh.shape["tp"] > 1:
         def per_device(x, idx, weights, gate_up, down, *scales):
             named = dict(zip(("gate_up_scale", "down_scale"), scales))
-            return jax.lax.psum(routed_experts(x, idx, weights, gate_up, down, backend=backend, **named), "tp")
+            return jax.lax.psum(routed_experts(x, idx, weights, gate_up, down, backend=backend, gate=gate, **named),
+                                "tp")
 
         rows = P("dp", None)
         if quantized:  # [E, out, in]: gate/up's output columns and down's input rows are the hidden dimension
@@ -79,6 +82,6 @@ def routed_experts(x, idx, weights, gate_up, down, *, gate_up_scale=None, down_s
     copies = jnp.zeros((buffer_rows, x.shape[1]), x.dtype).at[rows].set(jnp.repeat(x, k, axis=0))
     grouped = functools.partial(call, pk.grouped_matmul, pk.grouped_matmul_reference, backend, block_m=block_m)
     h = grouped(copies, gate_up, tile_expert, w_scale=gate_up_scale)
-    h = swiglu_gate(h)  # padding rows stay 0: silu(0) * 0
+    h = gate(h)  # padding rows stay 0
     y = grouped(h, down, tile_expert, w_scale=down_scale)[rows].reshape(t, k, -1)
     return jnp.sum(y.astype(jnp.float32) * weights[..., None], axis=1)
