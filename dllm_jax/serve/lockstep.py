@@ -73,8 +73,10 @@ class LockstepEngine(RequestQueue):
         other = {name: getattr(sampling, name) for name in ("temperature", "top_p", "top_k")
                  if name not in self.sampled and getattr(sampling, name) != getattr(SamplingValues(), name)}
         if other:
-            raise ValueError(f"{', '.join(f'{k}={v}' for k, v in other.items())}: {self.family.label} samples with "
-                             f"{', '.join(self.sampled)} only (its generate has no such option)")
+            takes = (f"samples with {', '.join(self.sampled)} only" if self.sampled else
+                     "takes no sampling values from a request (its sampler's schedule is the server's options)")
+            raise ValueError(f"{', '.join(f'{k}={v}' for k, v in other.items())}: {self.family.label} {takes} (its "
+                             "generate has no such option)")
         if max_new_tokens > self.answer:
             raise ValueError(f"max_new_tokens={max_new_tokens} exceeds the {self.answer} tokens this server decodes "
                              f"per answer ({self.family.answer_option}, fixed by the server: the family denoises "
