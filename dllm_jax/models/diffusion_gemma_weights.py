@@ -36,6 +36,7 @@ import jax
 import jax.numpy as jnp
 
 from dllm_jax.diffusion_gemma_config import GLOBAL, SLIDING, DiffusionGemmaConfig
+from dllm_jax.models.layers import interleave
 from dllm_jax.quantize import SCALE, quantized_shapes, stored_dtypes, transpose_quantized
 
 GROUPS = {SLIDING: "sliding", GLOBAL: "global"}  # layer type -> its group of stacked weights
@@ -81,11 +82,6 @@ def param_shapes(config: DiffusionGemmaConfig) -> dict:
         if layers:  # one shape per type (the config checks it)
             shapes[group] = {leaf: (len(layers), *shape) for leaf, shape in layer_shapes(config, layers[0]).items()}
     return quantized_shapes(shapes, QUANTIZED) if config.quantize else shapes
-
-
-def interleave(gate, up):
-    """[..., n] and [..., n] -> [..., 2n] with column 2j gate j and 2j + 1 up j."""
-    return jnp.stack([gate, up], axis=-1).reshape(*gate.shape[:-1], -1)
 
 
 def inference_layer(p: dict) -> dict:

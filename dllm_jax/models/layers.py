@@ -120,6 +120,11 @@ def attention_sublayer(p, x, cos, sin, attend, state, layer, config):
     return x + out, state
 
 
+def interleave(gate, up):
+    """[..., n] gate and up -> [..., 2n] with column 2j gate j and 2j + 1 up j (the layout `swiglu_gate` reads)."""
+    return jnp.stack([gate, up], axis=-1).reshape(*gate.shape[:-1], -1)
+
+
 def swiglu_gate(both):
     """silu(gate) * up of one GEMM's output with interleaved columns [..., 2n] (module docstring)."""
     return jax.nn.silu(both[..., 0::2]) * both[..., 1::2]

@@ -48,8 +48,8 @@ from dllm_jax.attention.dense import matmul_precision
 from dllm_jax.attention.policy import AttentionPolicy, Dense
 from dllm_jax.config import LLaDA2Config
 from dllm_jax.models import block_diffusion
-from dllm_jax.models.layers import (QUANTIZED_INFERENCE as DECODER_QUANTIZED, attention_sublayer, layer_params,
-                                    mlp_sublayer, rms_norm, rope_tables, swiglu_gate)
+from dllm_jax.models.layers import (QUANTIZED_INFERENCE as DECODER_QUANTIZED, attention_sublayer, interleave,
+                                    layer_params, mlp_sublayer, rms_norm, rope_tables, swiglu_gate)
 from dllm_jax.models.moe import routed_experts
 from dllm_jax.sharding import DECODER_AXES, traced_mesh
 from dllm_jax.models.block_diffusion import (BlockDecoder, BlockDiffusionLM, KVCache, Segment, init_cache,
@@ -119,11 +119,6 @@ def param_shapes(config: LLaDA2Config) -> dict:
     if not config.tie_word_embeddings:
         shapes["lm_head"] = (d, config.vocab_size)
     return shapes
-
-
-def interleave(gate, up):
-    """[..., n] gate and up -> [..., 2n] with column 2j gate j, 2j + 1 up j."""
-    return jnp.stack([gate, up], axis=-1).reshape(*gate.shape[:-1], -1)
 
 
 def group_qkv(w, config: LLaDA2Config):
