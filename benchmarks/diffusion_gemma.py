@@ -96,9 +96,8 @@ def transformers_rows(args) -> list[dict]:
     text = text_config(args)
     device = "cuda" if torch.cuda.is_available() else "cpu"
     torch.manual_seed(0)
-    with torch.device(device):
-        model = DiffusionGemmaForBlockDiffusion._from_config(HFConfig(text_config=text, vision_config=VISION),
-                                                            torch_dtype=torch.bfloat16).eval()
+    model = transformers_model(DiffusionGemmaForBlockDiffusion, HFConfig(text_config=text, vision_config=VISION),
+                               device)
     rows = []
     for batch, prompt, new in points(args):
         ids = torch.as_tensor(prompt_ids(batch, prompt, text["vocab_size"]), dtype=torch.long, device=device)
@@ -119,6 +118,27 @@ def transformers_rows(args) -> list[dict]:
         rows.append(what | dict(first_call_s=first, seconds=seconds, tokens=tokens, tokens_per_s=tokens / seconds))
         print(rows[-1], flush=True)
     return rows
+
+
+def transformers_model(model_class, config, device: str):
+    """transformers' model with random bf16 weights on `device`. Built on the meta device, then given memory: its
+    encoder and decoder share their weights, and a model built on the GPU holds both copies until they are tied
+    (104 GB at 26B-A4B). `init_weights` draws the weights and recomputes the buffers, except the layer scalars,
+    which the constructor sets to 1."""
+    import torch
+
+    with torch.device("meta"):
+        model = model_class._from_config(config, dtype=torch.bfloat16)
+    model.to_empty(device=device)
+    model.init_weights()
+    with torch.no_grad():
+        for name, buffer in model.named_buffers():
+            if name.endswith("layer_scalar"):
+                buffer.fill_(1.0)
+    dtypes = {p.dtype for p in model.parameters()}
+    if dtypes != {torch.bfloat16}:
+        raise RuntimeError(f"transformers' model holds {dtypes} weights, not bfloat16 only")
+    return model.eval()
 
 
 def transformers_in_child(argv) -> list[dict]:

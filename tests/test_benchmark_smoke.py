@@ -36,3 +36,23 @@ def test_diffusion_gemma_against_transformers_on_a_small_stand_in(tmp_path):
     assert [r["side"] for r in rows] == ["transformers", "dllm_jax"]
     assert all(0 < r["tokens"] <= 16 for r in rows)  # a row may stop at a random EOS
     assert rows[1]["vs_transformers"] == pytest.approx(rows[1]["tokens_per_s"] / rows[0]["tokens_per_s"])
+
+
+def test_the_transformers_side_is_built_in_bf16_with_the_constructors_buffers_and_tied_weights():
+    import argparse
+
+    import torch
+    from transformers import DiffusionGemmaConfig, DiffusionGemmaForBlockDiffusion
+
+    config = lambda: DiffusionGemmaConfig(  # noqa: E731
+        text_config=diffusion_gemma.text_config(argparse.Namespace(small=True, layers=2)),
+        vision_config=diffusion_gemma.VISION)
+    built = diffusion_gemma.transformers_model(DiffusionGemmaForBlockDiffusion, config(), "cpu")
+    usual = DiffusionGemmaForBlockDiffusion._from_config(config(), dtype=torch.bfloat16)
+    buffers = dict(usual.named_buffers())
+    assert {name: b.float() for name, b in built.named_buffers()}.keys() == buffers.keys()
+    for name, buffer in built.named_buffers():
+        torch.testing.assert_close(buffer.float(), buffers[name].float(), rtol=0, atol=0, msg=name)
+    assert {p.dtype for p in built.parameters()} == {torch.bfloat16}
+    assert sum(p.numel() for p in built.parameters()) == sum(p.numel() for p in usual.parameters())  # tied
+    assert all(torch.isfinite(p.float()).all() for p in built.parameters())
