@@ -11,7 +11,8 @@ canvas: random weights are never confident, so every canvas runs all its steps o
 Each point (`--points batch:prompt:new`) is timed on its second call (the first compiles): transformers in a
 child process first (torch and JAX cannot both hold 26B of weights on an 80 GB card), then this port. tokens/s
 counts the generated tokens returned (a row may stop at a random EOS). `--quantize int8|fp8` runs this port on
-quantized weights (drawn, then quantized leaf by leaf) against transformers in bf16. Results:
+quantized weights (drawn, then quantized leaf by leaf) against transformers in bf16; `--profile` adds one call's GPU
+kernels by time (`dllm_jax.bench.kernel_profile`; traces under <out>/traces). Results:
 <out>/diffusion_gemma<tag>_<device>_<date>.{json,md}, rewritten after every row.
 
     PYTHONPATH=. python -m benchmarks.diffusion_gemma --out benchmarks/results            # one GPU
@@ -196,7 +197,7 @@ def port_rows(args, reference: list[dict]):
     import jax.numpy as jnp
 
     from dllm_jax import generate
-    from dllm_jax.bench import call_times
+    from dllm_jax.bench import call_times, kernel_profile
     from dllm_jax.checkpoint.api import model_from_params
     from dllm_jax.diffusion_gemma_config import DiffusionGemmaConfig
 
@@ -214,13 +215,17 @@ def port_rows(args, reference: list[dict]):
         try:
             first, seconds = call_times(run, repeats=2, warmup=0, burst_s=0)[:2]
             tokens = generated(np.asarray(run())[:, prompt:], config.pad_token_id)
+            # one more call under the profiler: its GPU kernels by time (None on a CPU)
+            kernels = kernel_profile(lambda: np.asarray(run()), args.out / "traces" / f"b{batch}_p{prompt}_n{new}") \
+                if args.profile else None
         except Exception as err:
             yield what | dict(error=f"{type(err).__name__}: {err}"[:300])
             continue
         base = next((r for r in reference if (r.get("batch"), r.get("prompt"), r.get("new_tokens")) ==
                      (batch, prompt, new) and "tokens_per_s" in r), None)
         yield what | dict(first_call_s=first, seconds=seconds, tokens=tokens, tokens_per_s=tokens / seconds,
-                          vs_transformers=None if base is None else tokens / seconds / base["tokens_per_s"])
+                          vs_transformers=None if base is None else tokens / seconds / base["tokens_per_s"],
+                          kernels=kernels)
 
 
 # --- output -----------------------------------------------------------------------------------------------------
@@ -234,9 +239,15 @@ def markdown(meta: dict, rows: list[dict]) -> list[str]:
           cell(r.get("first_call_s"), ".1f"), cell(r.get("seconds"), ".2f"), r.get("tokens", "-"),
           cell(r.get("tokens_per_s"), ".1f"), cell(r.get("vs_transformers"), ".2f", "x") if "error" not in r
           else r["error"][:80]] for r in rows])
+    profiles = []
+    for r in rows:
+        if r.get("kernels"):
+            top = "; ".join(f"{k['name']} {k['ms']:.1f} ms ({k['launches']})" for k in r["kernels"]["kinds"][:8])
+            profiles.append(f"- {r['side']} batch {r['batch']}: GPU kernels {r['kernels']['gpu_ms']:.1f} ms in "
+                            f"{r['kernels']['launches']} launches; by kind: {top}")
     return [f"# {meta['benchmark']}: DiffusionGemma {meta['shapes']}, random bf16 weights",
             "", f"{meta['device']}, jax {meta['jax']}, {meta['date']}; transformers {meta['transformers']}, "
-                f"torch {meta['torch']}", "", *table, "", VLLM_REPORTED]
+                f"torch {meta['torch']}", "", *table, "", VLLM_REPORTED, *([""] + profiles if profiles else [])]
 
 
 def main(argv=None):
@@ -249,6 +260,8 @@ def main(argv=None):
     parser.add_argument("--quantize", choices=["int8", "fp8"], default=None,
                         help="this port's weights quantized (transformers runs bf16)")
     parser.add_argument("--no-transformers", action="store_true", help="time this port only")
+    parser.add_argument("--profile", action="store_true",
+                        help="one more call of this port under the profiler: its GPU kernels by time in the results")
     parser.add_argument("--transformers-child", action="store_true", help=argparse.SUPPRESS)
     parser.add_argument("--tag", default="")
     parser.add_argument("--out", type=Path, default=Path("benchmarks/results"))
