@@ -12,7 +12,7 @@ Each point (`--points batch:prompt:new`) is timed on its second call (the first 
 child process first (torch and JAX cannot both hold 26B of weights on an 80 GB card), then this port. tokens/s
 counts the generated tokens returned (a row may stop at a random EOS). `--quantize int8|fp8` runs this port on
 quantized weights (drawn, then quantized leaf by leaf) against transformers in bf16; `--profile` adds one call's GPU
-kernels by time (`dllm_jax.bench.kernel_profile`; traces under <out>/traces). Results:
+kernels by time (`dllm_jax.bench.kernel_profile`; the trace in a temporary folder). Results:
 <out>/diffusion_gemma<tag>_<device>_<date>.{json,md}, rewritten after every row.
 
     PYTHONPATH=. python -m benchmarks.diffusion_gemma --out benchmarks/results            # one GPU
@@ -29,6 +29,7 @@ import json
 import os
 import subprocess
 import sys
+import tempfile
 from pathlib import Path
 
 import numpy as np
@@ -216,7 +217,7 @@ def port_rows(args, reference: list[dict]):
             first, seconds = call_times(run, repeats=2, warmup=0, burst_s=0)[:2]
             tokens = generated(np.asarray(run())[:, prompt:], config.pad_token_id)
             # one more call under the profiler: its GPU kernels by time (None on a CPU)
-            kernels = kernel_profile(lambda: np.asarray(run()), args.out / "traces" / f"b{batch}_p{prompt}_n{new}") \
+            kernels = kernel_profile(lambda: np.asarray(run()), Path(tempfile.mkdtemp(prefix="dg_trace_"))) \
                 if args.profile else None
         except Exception as err:
             yield what | dict(error=f"{type(err).__name__}: {err}"[:300])
