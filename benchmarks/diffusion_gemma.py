@@ -216,9 +216,10 @@ def port_rows(args, reference: list[dict]):
         try:
             first, seconds = call_times(run, repeats=2, warmup=0, burst_s=0)[:2]
             tokens = generated(np.asarray(run())[:, prompt:], config.pad_token_id)
-            # one more call under the profiler: its GPU kernels by time (None on a CPU)
-            kernels = kernel_profile(lambda: np.asarray(run()), Path(tempfile.mkdtemp(prefix="dg_trace_"))) \
-                if args.profile else None
+            kernels = None
+            if args.profile:  # one more call under the profiler: its GPU kernels by time (None on a CPU)
+                with tempfile.TemporaryDirectory(prefix="dg_trace_") as trace:
+                    kernels = kernel_profile(lambda: np.asarray(run()), Path(trace))
         except Exception as err:
             yield what | dict(error=f"{type(err).__name__}: {err}"[:300])
             continue
