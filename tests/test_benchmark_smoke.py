@@ -52,7 +52,7 @@ def test_the_transformers_side_is_built_in_bf16_with_the_constructors_buffers_an
     built = diffusion_gemma.transformers_model(DiffusionGemmaForBlockDiffusion, config(), "cpu")
     usual = DiffusionGemmaForBlockDiffusion._from_config(config(), dtype=torch.bfloat16)
     buffers = dict(usual.named_buffers())
-    assert {name: b.float() for name, b in built.named_buffers()}.keys() == buffers.keys()
+    assert {name for name, _ in built.named_buffers()} == buffers.keys()
     for name, buffer in built.named_buffers():
         torch.testing.assert_close(buffer.float(), buffers[name].float(), rtol=0, atol=0, msg=name)
     assert {p.dtype for p in built.parameters()} == {torch.bfloat16}
