@@ -25,6 +25,7 @@ import argparse
 import dataclasses
 import datetime
 import functools
+import itertools
 import json
 import os
 import subprocess
@@ -193,21 +194,26 @@ def random_inference_params(config, key, dtype) -> dict:
     return weights(inference_shapes(config, dtype))
 
 
-def port_rows(args, reference: list[dict]):
+def port_model(args):
+    """This port's model with random weights (quantized with --quantize)."""
     import jax
     import jax.numpy as jnp
 
-    from dllm_jax import generate
-    from dllm_jax.bench import call_times, kernel_profile
     from dllm_jax.checkpoint.api import model_from_params
     from dllm_jax.diffusion_gemma_config import DiffusionGemmaConfig
 
-    text = text_config(args)
-    config = DiffusionGemmaConfig.from_hf_config(dict(text_config=text, canvas_length=256,
+    config = DiffusionGemmaConfig.from_hf_config(dict(text_config=text_config(args), canvas_length=256,
                                                       architectures=["DiffusionGemmaForBlockDiffusion"],
                                                       model_type="diffusion_gemma", tie_word_embeddings=True))
     config = dataclasses.replace(config, quantize=args.quantize)
-    model = model_from_params(config, random_inference_params(config, jax.random.key(0), jnp.bfloat16))
+    return model_from_params(config, random_inference_params(config, jax.random.key(0), jnp.bfloat16))
+
+
+def port_rows(args, model, reference: list[dict]):
+    from dllm_jax import generate
+    from dllm_jax.bench import call_times, kernel_profile
+
+    config = model.config
     for batch, prompt, new in points(args):
         ids = prompt_ids(batch, prompt, config.vocab_size)
         run = functools.partial(generate, model, ids, max_new_tokens=new, max_denoising_steps=args.steps, seed=0)
@@ -230,11 +236,85 @@ def port_rows(args, reference: list[dict]):
                           kernels=kernels)
 
 
+# --- MAGE on the canvas step -------------------------------------------------------------------------------------
+
+def canvas_steps(params, canvas, cache, *, config, method, steps: int):
+    """(logits, cache) after `steps` denoising forwards of one canvas against `cache` (updated in place, as in the
+    sampler's loop): dense, or with MAGE a selecting forward, then forwards over its selection. Jit it with the
+    cache donated."""
+    import jax
+
+    from dllm_jax.models.diffusion_gemma import decode, decode_mage
+
+    logits = jax.numpy.zeros((*canvas.shape, config.vocab_size), params["embed"].dtype)
+    if method is None:
+        def step(_, carry):
+            out, cache = decode(params, canvas, carry[1], carry[0], config=config)
+            return out.astype(logits.dtype), cache
+        return jax.lax.fori_loop(0, steps, step, (logits, cache))
+    out, cache, selection = decode_mage(params, canvas, cache, logits, config=config, method=method)
+
+    def step(_, carry):
+        out, cache, _ = decode_mage(params, canvas, carry[1], carry[0], selection, config=config, method=method)
+        return out.astype(logits.dtype), cache
+    return jax.lax.fori_loop(0, steps - 1, step, (out.astype(logits.dtype), cache))
+
+
+def canvas_step_rows(args, model):
+    """One canvas's `--steps` denoising forwards against a cache of each --mage-contexts length (random keys and
+    values), dense and with MAGE(k=--mage-k) on the global layers, at batch 1: milliseconds per canvas."""
+    import jax
+    import jax.numpy as jnp
+
+    from dllm_jax.attention.mage import MAGE
+    from dllm_jax.bench import call_times
+    from dllm_jax.models.diffusion_gemma import init_cache
+
+    config, params = model.config, model.params()
+    c = config.canvas_length
+    steps_jit = jax.jit(canvas_steps, static_argnames=("config", "method", "steps"), donate_argnames=("cache",))
+    for context in args.mage_contexts:
+        cache = init_cache(config, 1, context + c, params["embed"].dtype)
+        keys = iter(jax.random.split(jax.random.key(context), 2 * config.num_layers))
+        draw = jax.jit(lambda key, like: jax.random.normal(key, like.shape, like.dtype), donate_argnums=1)
+        cache = cache.replace(k=tuple(draw(next(keys), b) for b in cache.k),
+                              v=tuple(draw(next(keys), b) for b in cache.v), length=jnp.full((1,), context, jnp.int32))
+        canvas = jnp.asarray(prompt_ids(1, c, config.vocab_size))
+        row = dict(side="canvas step", context=context, steps=args.steps, k=args.mage_k)
+        for name, method in (("dense", None), ("mage", MAGE(k=args.mage_k))):
+            holder = [cache]
+
+            def run(method=method):
+                logits, holder[0] = steps_jit(params, canvas, holder[0], config=config, method=method,
+                                              steps=args.steps)
+                np.asarray(logits[0, 0, :1])  # synchronises
+            try:
+                first, seconds = call_times(run, repeats=2, warmup=0, burst_s=0)[:2]
+            except Exception as err:
+                row[f"{name}_error"] = f"{type(err).__name__}: {err}"[:300]
+                break
+            row[f"{name}_ms"], row[f"{name}_first_s"] = seconds * 1e3, first
+            cache = holder[0]
+        if "dense_ms" in row and "mage_ms" in row:
+            row["speedup"] = row["dense_ms"] / row["mage_ms"]
+        del cache
+        yield row
+
+
 # --- output -----------------------------------------------------------------------------------------------------
 
 def markdown(meta: dict, rows: list[dict]) -> list[str]:
     from dllm_jax.bench import cell, markdown_table
 
+    steps = [r for r in rows if r["side"] == "canvas step"]
+    rows = [r for r in rows if r["side"] != "canvas step"]
+    step_table = [] if not steps else ["", "One canvas's denoising forwards at batch 1 against a cache of `context` "
+                                       "positions (random keys and values), dense and with MAGE on the global layers:",
+                                       "", *markdown_table(
+        ["context", "steps", "k", "dense ms", "MAGE ms", "dense / MAGE"],
+        [[r["context"], r["steps"], r["k"], cell(r.get("dense_ms"), ".1f"), cell(r.get("mage_ms"), ".1f"),
+          cell(r.get("speedup"), ".2f", "x") if "speedup" in r else r.get("dense_error", r.get("mage_error", ""))[:80]]
+         for r in steps])]
     table = markdown_table(
         ["side", "batch", "prompt", "new", "steps", "first call s", "s", "tokens", "tokens/s", "vs transformers"],
         [[r["side"], r.get("batch", "-"), r.get("prompt", "-"), r.get("new_tokens", "-"), r.get("steps", "-"),
@@ -249,13 +329,14 @@ def markdown(meta: dict, rows: list[dict]) -> list[str]:
                             f"{r['kernels']['launches']} launches; by kind: {top}")
     return [f"# {meta['benchmark']}: DiffusionGemma {meta['shapes']}, random bf16 weights",
             "", f"{meta['device']}, jax {meta['jax']}, {meta['date']}; transformers {meta['transformers']}, "
-                f"torch {meta['torch']}", "", *table, "", VLLM_REPORTED, *([""] + profiles if profiles else [])]
+                f"torch {meta['torch']}", "", *table, "", VLLM_REPORTED, *([""] + profiles if profiles else []),
+            *step_table]
 
 
 def main(argv=None):
     argv = sys.argv[1:] if argv is None else argv
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    parser.add_argument("--points", nargs="+", default=["1:4096:512", "16:4096:512"], help="batch:prompt:new points")
+    parser.add_argument("--points", nargs="*", default=["1:4096:512", "16:4096:512"], help="batch:prompt:new points")
     parser.add_argument("--steps", type=int, default=16, help="denoising steps per canvas")
     parser.add_argument("--layers", type=int, default=None, help="the last N layers only (smoke runs)")
     parser.add_argument("--small", action="store_true", help="a tiny stand-in of the same layout (CPU smoke runs)")
@@ -264,6 +345,9 @@ def main(argv=None):
     parser.add_argument("--no-transformers", action="store_true", help="time this port only")
     parser.add_argument("--profile", action="store_true",
                         help="one more call of this port under the profiler: its GPU kernels by time in the results")
+    parser.add_argument("--mage-contexts", nargs="*", type=int, default=[],
+                        help="cache lengths at which one canvas's forwards are timed dense and with MAGE")
+    parser.add_argument("--mage-k", type=int, default=512, help="MAGE's k for --mage-contexts")
     parser.add_argument("--transformers-child", action="store_true", help=argparse.SUPPRESS)
     parser.add_argument("--tag", default="")
     parser.add_argument("--out", type=Path, default=Path("benchmarks/results"))
@@ -285,7 +369,8 @@ def main(argv=None):
                 transformers=transformers.__version__, torch=torch.__version__, shapes=shapes,
                 date=datetime.date.today().isoformat(), args={k: str(v) for k, v in vars(args).items()})
     rows = list(reference)
-    for row in port_rows(args, reference):
+    model = port_model(args)
+    for row in itertools.chain(port_rows(args, model, reference), canvas_step_rows(args, model)):
         rows.append(row)
         print(row, flush=True)
         write_results(args.out, meta, rows, markdown(meta, rows))

@@ -59,7 +59,7 @@ class Family:
     remasking: tuple[str, ...] = ()
     # which attention methods apply and which analysis probes it (dllm_jax.attention.methods.KINDS):
     # BIDIRECTIONAL (full-sequence steps: `analyze`), BLOCK (block steps over a KV cache: `analyze_blocks`) or
-    # CANVAS (canvases denoised against an encoder's cache: no method applies yet, nothing to analyze)
+    # CANVAS (canvases denoised against an encoder's cache: MAGE applies; nothing to analyze)
     method_kind: str
     # checkpoints: checkpoint-layout shapes of a config, the HF name map, and (None: one tensor per rule and
     # layer) the function giving {HF name: (rule, index, shape)} where tensors are stacked differently

@@ -34,6 +34,8 @@ from dllm_jax.eval.evaluate import check_samples
 from dllm_jax.families import family_of
 from dllm_jax.generate import diffusion_gemma as gen
 from dllm_jax.generate.requests import until_stop
+from dllm_jax.attention import mage
+from dllm_jax.attention.mage import MAGE
 from dllm_jax.models import diffusion_gemma as dg
 from dllm_jax.serve.app import build_app, running
 from dllm_jax.testing import write_tiny_tokenizer
@@ -428,6 +430,120 @@ VOCAB, EOS = 160, 141  # the tiny tokenizer's vocabulary and its <|im_end|> (dll
 SERVED = dict(max_new_tokens=8, max_denoising_steps=2)
 
 
+# --- MAGE on the canvases' global layers --------------------------------------------------------------------------
+
+def attention_over(q, keys, values):
+    """numpy softmax attention without a scale (DiffusionGemma's) of q [n, G, D] over keys, values [m, D]."""
+    logits = np.einsum("ngd,md->ngm", q, keys)
+    p = np.exp(logits - logits.max(-1, keepdims=True))
+    return np.einsum("ngm,md->ngd", p / p.sum(-1, keepdims=True), values)
+
+
+def test_canvas_attention_attends_to_the_selected_rows_and_the_canvas(rng):
+    """`mage.canvas_attention` against numpy over the listed prefix rows (each KV head its own; a row whose prefix is
+    shorter than k lists it whole and repeats its last row, which must not count twice) and the new tokens."""
+    b, s, n, hkv, g, d, k = 2, 12, 3, 2, 2, 8, 4
+    q = rng.standard_normal((b, n, hkv * g, d)).astype(np.float32)
+    new_k, new_v = (rng.standard_normal((b, n, hkv, d)).astype(np.float32) for _ in range(2))
+    cache_k, cache_v = (rng.standard_normal((b, s, hkv, d)).astype(np.float32) for _ in range(2))
+    prefix = np.array([9, 2])
+    distinct = np.stack([np.sort(rng.choice(9, k, replace=False)) for _ in range(hkv)])
+    indices = np.stack([distinct, [[0, 1, 1, 1], [1, 0, 0, 0]]])  # row 1: its 2 prefix rows, then repeats
+    got = np.asarray(mage.canvas_attention(q, new_k, new_v, cache_k, cache_v, jnp.asarray(indices, jnp.int32),
+                                           jnp.asarray(prefix, jnp.int32), scale=1.0, backend="xla"))
+    for row in range(b):
+        for h in range(hkv):
+            rows = indices[row, h, :min(k, prefix[row])]
+            keys = np.concatenate([cache_k[row, rows, h], new_k[row, :, h]])
+            values = np.concatenate([cache_v[row, rows, h], new_v[row, :, h]])
+            want = attention_over(q[row, :, h * g:(h + 1) * g], keys, values)
+            np.testing.assert_allclose(got[row, :, h * g:(h + 1) * g], want, rtol=1e-5, atol=1e-5)
+
+
+@pytest.mark.parametrize("softmax_over", ["prefix", "prefix+block"])
+def test_canvas_prefix_scores_are_those_of_the_block_methods(rng, softmax_over):
+    """The plain-jnp Eq. 3 a canvas ranks by equals `prefix_scores` (SDAR's MAGE, its reference backend) where that
+    takes the shapes: a block of 3 queries after per-row prefixes of 9 and 2 positions, 2 query heads per KV head."""
+    b, s, n, hkv, g, d = 2, 16, 3, 2, 2, 16
+    q = rng.standard_normal((b, n, hkv * g, d)).astype(np.float32)
+    cache_k = rng.standard_normal((b, s, hkv, d)).astype(np.float32)
+    prefix = jnp.asarray([9, 2], jnp.int32)
+    got = mage.canvas_prefix_scores(q, cache_k, prefix, scale=d ** -0.5, softmax_over=softmax_over)
+    want = mage.prefix_scores(q, cache_k, prefix_len=prefix, backend="reference", softmax_over=softmax_over)
+    np.testing.assert_allclose(np.asarray(got), np.asarray(want), rtol=1e-5, atol=1e-7)
+    assert np.isneginf(np.asarray(got)[1, :, 2:]).all()
+
+
+def encoded(config, params, prompts):
+    """The cache after right-padded prompts (lists of ids), with room for one canvas."""
+    lengths = np.array([len(p) for p in prompts], np.int32)
+    ids = np.zeros((len(prompts), lengths.max()), np.int32)
+    for row, p in enumerate(prompts):
+        ids[row, :len(p)] = p
+    cache = dg.init_cache(config, len(prompts), int(lengths.max()) + config.canvas_length, jnp.float32)
+    return dg.encode(params, ids, cache, lengths, config=config)
+
+
+def test_mage_selects_per_row_and_is_exact_where_k_holds_the_prefix(calm, rng):
+    """decode_mage: the selecting step is the dense step; a row's selection (ascending distinct prefix positions, its
+    prefix whole where it has at most k) is that of its prompt alone; the later step over a selection that holds the
+    whole prefix gives the dense logits; over a smaller one, other logits."""
+    _, config, params = calm
+    prompts = [rng.integers(2, 128, 11), rng.integers(2, 128, 3)]
+    cache = encoded(config, params, prompts)
+    canvas = rng.integers(0, 128, (2, config.canvas_length)).astype(np.int32)
+    previous = jnp.asarray(rng.standard_normal((2, config.canvas_length, 128)) * 3, jnp.float32)
+    dense, _ = dg.decode(params, canvas, cache, previous, config=config)
+    method = MAGE(k=5, exact_layers=0)
+    assert dg.sparse_layers(config, method) == (1, 3) and dg.sparse_layers(config, MAGE(exact_layers=2)) == (3,)
+    first, _, selection = dg.decode_mage(params, canvas, cache, previous, config=config, method=method)
+    assert relative(first, np.asarray(dense)) < 1e-5  # two programs: the same math up to fp32 rounding
+    for layer, chosen in selection.items():
+        chosen = np.asarray(chosen)
+        assert chosen.shape == (2, config.kv_heads[layer], 5)
+        assert all(len(set(h)) == 5 and list(h) == sorted(h) and h.max() < 11 for h in chosen[0])
+        assert (chosen[1, :, :3] == np.arange(3)).all()  # 3 positions: all of them (the rest repeat the last)
+    alone = dg.decode_mage(params, canvas[:1], encoded(config, params, prompts[:1]), previous[:1], config=config,
+                           method=method)[2]
+    assert all(np.array_equal(alone[layer][0], selection[layer][0]) for layer in selection)
+    later, _, _ = dg.decode_mage(params, canvas, cache, previous, selection, config=config, method=method)
+    assert relative(later[1], np.asarray(dense[1])) < 1e-5  # its prefix held whole
+    assert relative(later[0], np.asarray(dense[0])) > 1e-3  # 5 of 11 positions
+    whole = dg.decode_mage(params, canvas, cache, previous, config=config, method=MAGE(k=16, exact_layers=0))[2]
+    later, _, _ = dg.decode_mage(params, canvas, cache, previous, whole, config=config,
+                                 method=MAGE(k=16, exact_layers=0))
+    assert relative(later, np.asarray(dense)) < 1e-5
+
+
+def test_mage_generation_is_dense_where_k_holds_the_context_and_runs_short(calm, rng):
+    """The sampler with MAGE: token for token dense generation while k holds every cached position (two canvases:
+    the second attends to the first, selected too); with a small k, a different generation of the same length."""
+    _, config, params = calm
+    options = gen.DiffusionGemmaOptions(max_new_tokens=16, max_denoising_steps=6)
+    prompts = [rng.integers(2, 128, 9), rng.integers(2, 128, 4)]
+    run = functools.partial(gen.generate, params, prompts, config=config, options=options, seed=2)
+    dense, whole, short = run(), run(method=MAGE(k=64, exact_layers=0)), run(method=MAGE(k=2, exact_layers=0))
+    assert all(np.array_equal(a, b) for a, b in zip(dense, whole))
+    assert [len(r) for r in short] == [len(r) for r in dense] and any(
+        not np.array_equal(a, b) for a, b in zip(dense, short))
+
+
+def test_generate_and_the_command_line_take_mage(registry):
+    """method="mage" through dllm_jax.generate and `dllm-jax generate --method mage --mage-k`."""
+    _, out, model = registry
+    ids = np.array([[5, 6, 7, 8, 9]], np.int32)
+    options = dict(max_new_tokens=8, max_denoising_steps=3, seed=1)
+    via_name = np.asarray(dllm_jax.generate(model, ids, method="mage", **options))
+    np.testing.assert_array_equal(via_name, dllm_jax.generate(model, ids, method=MAGE(), **options))
+    status, text, err = cli(["generate", "--model", str(out), "--prompt", "w5 w6 w7", "--raw", "--gen-length", "8",
+                             "--steps", "2", "--seed", "3", "--dtype", "float32", "--method", "mage", "--mage-k", "2",
+                             "--exact-layers", "0"])
+    assert status == 0, err
+    expected = answer_text(model, ChatTokenizer(out), [5, 6, 7], 3, max_new_tokens=8, max_denoising_steps=2,
+                           method=MAGE(k=2, exact_layers=0))
+    assert text.rstrip("\n") == expected
+
+
 @pytest.fixture(scope="module")
 def registry(tmp_path_factory):
     """(HF folder, converted folder, the float32 model loaded from the converted one): a tiny transformers
@@ -480,10 +596,11 @@ class Custom(dllm_jax.Dense):
                                                                             r"\['steps'\]"),
     (lambda m: dllm_jax.generate(m, np.ones((1, 3), np.int32), t_min=0.9), "t_max=0.8 must be above t_min=0.9"),
     (lambda m: dllm_jax.generate(m, np.ones((1, 3), np.int32), method="sparsed"),
-     "SparseD is a method for LLaDA models .* for DiffusionGemma no sparse attention method applies to it yet"),
-    (lambda m: dllm_jax.generate(m, np.ones((1, 3), np.int32), method="mage"), "for DiffusionGemma no sparse"),
+     r"SparseD is a method for LLaDA models .* for DiffusionGemma use one of \['mage'\]"),
+    (lambda m: dllm_jax.generate(m, np.ones((1, 3), np.int32), method="flashblock"),
+     r"FlashBlock is a method for SDAR models .* for DiffusionGemma use one of \['mage'\]"),
     (lambda m: dllm_jax.generate(m, np.ones((1, 3), np.int32), method=Custom()),
-     "method=Custom: DiffusionGemma runs dense attention only"),
+     "method=Custom: DiffusionGemma's canvases attend densely or with MAGE"),
     (lambda m: dllm_jax.generate(m, np.ones((1, 3), np.int32), progress=True), "reports no progress"),
     (lambda m: dllm_jax.generate(m, np.ones((1, 3), np.int32), return_nfe=True), "return_nfe=True is for LLaDA"),
     (lambda m: dllm_jax.generate(m, np.ones((1, 3), np.int32), attention_mask=np.zeros((1, 3), np.int32)),
@@ -557,7 +674,7 @@ def test_the_command_line_generates_what_generate_does(registry):
     (["--remasking", "random"], "--remasking random applies to LLaDA models"),
     (["--top-k", "2"], "--top-k applies to"),
     (["--t-min", "0.9"], "--t-max 0.8 must be above --t-min 0.9"),
-    (["--method", "sparsed"], "for DiffusionGemma no sparse attention method applies"),
+    (["--method", "sparsed"], "for DiffusionGemma use one of ['mage']"),
 ])
 def test_the_command_line_refuses_flags_that_do_not_apply(registry, flags, message):
     _, out, _ = registry

@@ -35,6 +35,7 @@ from jax.sharding import PartitionSpec as P
 import pallas_kernels as pk
 from dllm_jax import validation
 from dllm_jax.attention import kernels
+from dllm_jax.attention.dense import dense_attention
 from dllm_jax.attention.policy import AttentionPolicy, Mode, check_backend, check_field, field_label, switch_rows
 from dllm_jax.attention.select import check_method, top_k_positions
 
@@ -183,6 +184,43 @@ def selected_attention(q, k, v, selection: Selection, backend: str):
     """(o, lse) over the selected prefix rows plus the whole current block, in one gathered split-KV pass (a
     separate block pass merged by LSE cost six small kernels per layer and step)."""
     return kernels.split_kv_gather(q, k, v, selection.listed, selection.counts, backend)
+
+
+def gather_rows(buffer, indices):
+    """[B, k, Hkv, D]: the rows `indices` [B, Hkv, k] (`select_prefix`'s layout) of one layer's cache buffer
+    [B, S, Hkv, D], each KV head its own: out[b, j, h] = buffer[b, indices[b, h, j], h]."""
+    return jnp.take_along_axis(buffer, jnp.swapaxes(indices, 1, 2)[..., None], axis=1)
+
+
+def canvas_prefix_scores(q, k_cache, prefix_len, *, scale, softmax_over: str = "prefix"):
+    """`prefix_scores` in plain jnp for query blocks no kernel here takes (a DiffusionGemma canvas: 256 queries
+    times the group, 512-wide heads): f32 [B, Hkv, S], Eq. 3's score at each of a row's prefix positions (its
+    softmax over the prefix, or with softmax_over="prefix+block" over the prefix and the n rows after it, the
+    block's own), -inf elsewhere. q [B, n, Hq, D]; k_cache [B, S, Hkv, D]; prefix_len int scalar or int32 [B]."""
+    check_softmax_over(softmax_over)
+    b, n, hq, _ = q.shape
+    s, hkv = k_cache.shape[1], k_cache.shape[2]
+    prefix_len = row_lengths(prefix_len, b)[:, None, None, None]
+    seen = prefix_len + (n if softmax_over == "prefix+block" else 0)
+    grouped = q.reshape(b, n, hkv, hq // hkv, -1).astype(jnp.float32)
+    logits = jnp.einsum("bnhgd,bshd->bhgns", grouped, k_cache.astype(jnp.float32)) * scale
+    position = jnp.arange(s)
+    probs = jax.nn.softmax(jnp.where(position < seen[..., None], logits, -jnp.inf), axis=-1)
+    return jnp.where(position < prefix_len[..., 0], jnp.mean(probs, axis=(2, 3)), -jnp.inf)
+
+
+def canvas_attention(q, k, v, k_cache, v_cache, indices, prefix_len, *, scale, backend: str = "auto"):
+    """A later step's attention for decoders whose heads no kernel here takes (DiffusionGemma's canvas, 512 wide):
+    queries q [B, n, Hq, D] over the selected prefix rows `indices` [B, Hkv, k] of one layer's cache k_cache,
+    v_cache [B, S, Hkv, D] (the first min(k, prefix_len[b]) of a row valid, `prefix_counts`) and over the n new
+    tokens' own keys and values k, v [B, n, Hkv, D]: one `dense_attention` over the gathered rows followed by
+    the new ones. prefix_len: int scalar or int32 [B]; `backend`: dense_attention's."""
+    b, n = q.shape[:2]
+    valid = jnp.arange(indices.shape[-1]) < prefix_counts(row_lengths(prefix_len, b), indices.shape[-1])[:, None]
+    keys = jnp.concatenate([gather_rows(k_cache, indices), k.astype(k_cache.dtype)], axis=1)
+    values = jnp.concatenate([gather_rows(v_cache, indices), v.astype(v_cache.dtype)], axis=1)
+    key_mask = jnp.concatenate([valid, jnp.ones((b, n), bool)], axis=1)
+    return dense_attention(q, keys, values, key_mask=key_mask, scale=scale, backend=backend)
 
 
 def split_exact_attention(q, k, v, kv_len, backend: str, *, return_logits: bool = False, return_probs: bool = False):

@@ -2,9 +2,9 @@
 
 `make_method("sparsed", select=0.3)` is what the CLI and the notebooks use. A method serves one kind
 of decoding, named by the family it was published for: `BIDIRECTIONAL` ("LLaDA": full-sequence steps,
-LLaDA and Dream) or `BLOCK` ("SDAR": block steps over a KV cache, SDAR and LLaDA2). `CANVAS`
-("DiffusionGemma": canvases denoised against an encoder's KV cache) is a kind no method serves yet. A model
-family's kind is its `method_kind` in `dllm_jax.families`. `check_method` is what `generate` calls (through
+LLaDA and Dream) or `BLOCK` ("SDAR": block steps over a KV cache, SDAR and LLaDA2); MAGE serves `CANVAS` too
+("DiffusionGemma": canvases denoised against an encoder's KV cache, a block of 256 queries over a long prefix). A
+model family's kind is its `method_kind` in `dllm_jax.families`. `check_method` is what `generate` calls (through
 the family's entry), so that a method meant for the other kind fails with a sentence that names the
 methods which do apply, instead of deep inside the compiled loop.
 """
@@ -21,19 +21,19 @@ from dllm_jax.attention.sparsed import SparseD
 
 BIDIRECTIONAL = "LLaDA"  # methods that estimate their pattern from a full bidirectional sequence step
 BLOCK = "SDAR"  # methods that attend a query block against a KV cache
-CANVAS = "DiffusionGemma"  # canvases denoised against an encoder's KV cache: no published method serves it yet
+CANVAS = "DiffusionGemma"  # canvases denoised against an encoder's KV cache
 KINDS = (BIDIRECTIONAL, BLOCK, CANVAS)
 
-# name -> (kind, class). "flashblock+mage" is FlashBlock(inner=MAGE(...)), the paper's residual reuse.
+# name -> (the kinds it serves, class). "flashblock+mage" is FlashBlock(inner=MAGE(...)), the paper's residual reuse.
 METHODS = {
-    "sparsed": (BIDIRECTIONAL, SparseD),
-    "pulsecol": (BIDIRECTIONAL, PulseCol),
-    "sparge": (BIDIRECTIONAL, SpargeAttn),
-    "mage": (BLOCK, MAGE),
-    "flashblock": (BLOCK, FlashBlock),
-    "flashblock+mage": (BLOCK, FlashBlock),
+    "sparsed": ((BIDIRECTIONAL,), SparseD),
+    "pulsecol": ((BIDIRECTIONAL,), PulseCol),
+    "sparge": ((BIDIRECTIONAL,), SpargeAttn),
+    "mage": ((BLOCK, CANVAS), MAGE),
+    "flashblock": ((BLOCK,), FlashBlock),
+    "flashblock+mage": ((BLOCK,), FlashBlock),
 }
-KIND_OF_CLASS = {cls: kind for kind, cls in METHODS.values()}
+KINDS_OF_CLASS = {cls: kinds for kinds, cls in METHODS.values()}
 
 # Fields set by generate (bind) or nested configs: not user parameters.
 _INTERNAL = {"total_steps", "prefill_len", "inner", "layer_is_exact"}
@@ -94,15 +94,16 @@ def describe(method) -> str:
 
 
 def method_names(kind: str | None = None) -> list[str]:
-    """The methods of `kind` (BIDIRECTIONAL or BLOCK; None: all)."""
-    return [name for name, (k, _) in METHODS.items() if kind is None or k == kind]
+    """The methods that serve `kind` (one of KINDS; None: all)."""
+    return [name for name, (kinds, _) in METHODS.items() if kind is None or kind in kinds]
 
 
 def check_method(method, kind: str, family: str) -> None:
-    """Raises ValueError if `method` is one of the published methods and serves the other kind of model
-    than `kind` (the model's; `family`: its family's label, for the message)."""
-    expected = KIND_OF_CLASS.get(type(method))
-    if expected is not None and expected != kind:
+    """Raises ValueError if `method` is one of the published methods and does not serve `kind` (the model's;
+    `family`: its family's label, for the message)."""
+    served = KINDS_OF_CLASS.get(type(method))
+    if served is not None and kind not in served:
+        expected = served[0]
         why = {BLOCK: "it attends a query block against SDAR's KV cache",
                BIDIRECTIONAL: "it estimates its pattern from the full bidirectional sequence of a LLaDA step"}[expected]
         use = (f"use one of {method_names(kind)} (or method=None for dense attention)" if method_names(kind) else
@@ -113,5 +114,6 @@ def check_method(method, kind: str, family: str) -> None:
 def _lookup(name: str):
     if name not in METHODS:
         raise ValueError(f"unknown method {name!r}; known: ['dense'] + {list(METHODS)} "
-                         f"(LLaDA: {method_names(BIDIRECTIONAL)}; SDAR: {method_names(BLOCK)})")
+                         f"(LLaDA: {method_names(BIDIRECTIONAL)}; SDAR: {method_names(BLOCK)}; "
+                         f"DiffusionGemma: {method_names(CANVAS)})")
     return METHODS[name]

@@ -28,6 +28,7 @@ same loop on a parameter tree and lists of prompts.
 from __future__ import annotations
 
 import dataclasses
+import functools
 import math
 
 import jax
@@ -38,13 +39,14 @@ from flax import struct
 from dllm_jax import quantize
 from dllm_jax import validation as check
 from dllm_jax.attention import methods
+from dllm_jax.attention.mage import MAGE
 from dllm_jax.attention.policy import Dense
 from dllm_jax.diffusion_gemma_config import DiffusionGemmaConfig
 from dllm_jax.families import Family
 from dllm_jax.generate.requests import as_array, check_context, check_prompt, make_options
 from dllm_jax.models import diffusion_gemma_weights as weights
 from dllm_jax.models import hf_names
-from dllm_jax.models.diffusion_gemma import DiffusionGemma, decode, encode, init_cache
+from dllm_jax.models.diffusion_gemma import DiffusionGemma, decode, decode_mage, encode, init_cache
 
 
 # prompt positions encoded per pass (`encode_prompt`): bounds the prefill's attention scores
@@ -137,6 +139,7 @@ class DenoiseCarry:
     forwards: jax.Array  # int32 [B]: decoder forwards each row needed (not counting those after it stopped)
     cache: object  # the encoder's cache (the decoder writes the canvas's keys and values in its scratch slots)
     step: jax.Array  # int32 []: steps run
+    selection: dict | None = None  # MAGE's selection per sparse layer, made at the canvas's first step (`decode_mage`)
 
 
 @struct.dataclass
@@ -151,9 +154,13 @@ class CanvasCarry:
 
 
 def denoise_step(params, s: DenoiseCarry, key, canvas, *, config: DiffusionGemmaConfig, options: DiffusionGemmaOptions,
-                 backend: str) -> DenoiseCarry:
-    logits, cache = decode(params, s.current, s.cache, s.logits, config=config, backend=backend,
-                           conditioned=s.step > 0)
+                 backend: str, method) -> DenoiseCarry:
+    if method is None:
+        (logits, cache), selection = decode(params, s.current, s.cache, s.logits, config=config, backend=backend,
+                                            conditioned=s.step > 0), None
+    else:
+        logits, cache, selection = decode_mage(params, s.current, s.cache, s.logits, s.selection, config=config,
+                                               method=method, backend=backend, conditioned=s.step > 0)
     tempered = logits / temperature(options, s.step)
     uniforms, noise = step_draws(key, canvas, s.step, config)
     sampled = inverse_cdf(jax.nn.softmax(tempered, axis=-1), uniforms)
@@ -172,22 +179,25 @@ def denoise_step(params, s: DenoiseCarry, key, canvas, *, config: DiffusionGemma
         # this step's entropies serve every row: a frozen row (whose logits are last step's) is done already
         done = done | (stable & (jnp.mean(token_entropy, axis=-1) < options.confidence_threshold))
     return DenoiseCarry(current=current, argmax=argmax, logits=tempered.astype(s.logits.dtype), history=history,
-                        done=done, forwards=s.forwards + ~s.done, cache=cache, step=s.step + 1)
+                        done=done, forwards=s.forwards + ~s.done, cache=cache, step=s.step + 1, selection=selection)
 
 
 def denoise_canvas(params, cache, key, canvas, finished, *, config: DiffusionGemmaConfig,
-                   options: DiffusionGemmaOptions, backend: str):
+                   options: DiffusionGemmaOptions, backend: str, method):
     """(int32 argmax canvas [B, C], cache, int32 [B] forwards each row needed) of canvas `canvas` after each row's
-    last denoising step (a row `finished` before it needs none)."""
+    last denoising step (a row `finished` before it needs none). With `method` (a MAGE) the first step attends
+    exactly and selects; the loop's steps attend to its selection."""
     b, c = cache.length.shape[0], config.canvas_length
     start = jnp.broadcast_to(initial_canvas(key, canvas, config), (b, c))
     dtype = params["embed"].dtype
     s = DenoiseCarry(current=start, argmax=start, logits=jnp.zeros((b, c, config.vocab_size), dtype),
                      history=jnp.full((options.stability_threshold, b, c), -1, jnp.int32),
                      done=jnp.zeros((b,), bool), forwards=jnp.zeros((b,), jnp.int32), cache=cache, step=jnp.int32(0))
-    s = jax.lax.while_loop(
-        lambda s: (s.step < options.max_denoising_steps) & ~jnp.all(s.done),
-        lambda s: denoise_step(params, s, key, canvas, config=config, options=options, backend=backend), s)
+    step = functools.partial(denoise_step, params, key=key, canvas=canvas, config=config, options=options,
+                             backend=backend, method=method)
+    if method is not None:  # the first step, which every canvas runs, selects: the loop's carry holds a selection
+        s = step(s)
+    s = jax.lax.while_loop(lambda s: (s.step < options.max_denoising_steps) & ~jnp.all(s.done), step, s)
     # a finished row's forwards are discarded (its canvas becomes pad): they are not counted, as transformers counts
     return s.argmax, s.cache, jnp.where(finished, 0, s.forwards)
 
@@ -222,10 +232,11 @@ def encode_prompt(params, prompt, lengths, cache, *, config: DiffusionGemmaConfi
 
 def generate_canvases(params, prompt, lengths, key, *, config: DiffusionGemmaConfig, options: DiffusionGemmaOptions,
                       stop_ids: tuple[int, ...], pad_id: int, backend: str = "auto",
-                      prefill_chunk: int = PREFILL_CHUNK):
+                      prefill_chunk: int = PREFILL_CHUNK, method=None):
     """(int32 [B, canvases * C] generated tokens, int32 [] canvases run, int32 [B] decoder forwards each row needed)
     after prompt [B, P] (row b's real tokens first, `lengths` [B] of them; the rest ignored), encoded
-    `prefill_chunk` positions at a time. Jit-compatible: the loops are `lax.while_loop`s."""
+    `prefill_chunk` positions at a time; `method`: None (dense) or a MAGE on the canvases' global layers
+    (`decode_mage`). Jit-compatible: the loops are `lax.while_loop`s."""
     b, p = prompt.shape
     c, canvases = config.canvas_length, options.canvases(config.canvas_length)
     encoded = p if p <= prefill_chunk else -(-p // prefill_chunk) * prefill_chunk
@@ -234,7 +245,7 @@ def generate_canvases(params, prompt, lengths, key, *, config: DiffusionGemmaCon
 
     def one_canvas(s: CanvasCarry) -> CanvasCarry:
         tokens, cache, forwards = denoise_canvas(params, s.cache, key, s.canvas, s.finished, config=config,
-                                                 options=options, backend=backend)
+                                                 options=options, backend=backend, method=method)
         tokens, finished = finalize(tokens, s.finished, stop_ids=stop_ids, pad_id=pad_id)
         if canvases > 1:  # the next canvas attends to this one, encoded as the prompt was (the last one's is unused)
             cache = encode(params, tokens, cache, config=config, backend=backend)
@@ -248,7 +259,7 @@ def generate_canvases(params, prompt, lengths, key, *, config: DiffusionGemmaCon
     return s.out, s.canvas, s.forwards
 
 
-STATIC = ("config", "options", "stop_ids", "pad_id", "backend", "prefill_chunk")
+STATIC = ("config", "options", "stop_ids", "pad_id", "backend", "prefill_chunk", "method")
 generate_canvases_jit = jax.jit(generate_canvases, static_argnames=STATIC)
 # the same program for FP8 weights where every GEMM is FP8 x FP8 (quantize.cublas_gemms)
 generate_canvases_cublas_jit = jax.jit(generate_canvases, static_argnames=STATIC,
@@ -264,10 +275,10 @@ def program(config: DiffusionGemmaConfig, batch: int, prompt_width: int):
 
 
 def generate(params, prompts, *, config: DiffusionGemmaConfig, options: DiffusionGemmaOptions, seed: int = 0,
-             stop_ids: tuple[int, ...] = (), pad_id: int = 0, backend: str = "auto") -> list[np.ndarray]:
+             stop_ids: tuple[int, ...] = (), pad_id: int = 0, backend: str = "auto", method=None) -> list[np.ndarray]:
     """Each prompt (a list of int token ids) followed by its generated canvases, as transformers' `generate`
     returns a prompt alone: the canvases run until every row stopped (a row's tokens past its stop id, and its
-    canvases after it, are `pad_id`). One jitted loop for the batch."""
+    canvases after it, are `pad_id`). One jitted loop for the batch; `method`: None (dense) or a `MAGE`."""
     if not prompts or any(len(p) == 0 for p in prompts):
         raise ValueError("generate needs at least one prompt, each of at least one token")
     lengths = np.asarray([len(p) for p in prompts], np.int32)
@@ -278,7 +289,7 @@ def generate(params, prompts, *, config: DiffusionGemmaConfig, options: Diffusio
         raise ValueError(f"token ids must be in [0, {config.vocab_size}), got [{ids.min()}, {ids.max()}]")
     run = program(config, *ids.shape)
     out, ran, _ = run(params, ids, lengths, jax.random.key(seed), config=config, options=options,
-                      stop_ids=tuple(int(i) for i in stop_ids), pad_id=int(pad_id), backend=backend)
+                      stop_ids=tuple(int(i) for i in stop_ids), pad_id=int(pad_id), backend=backend, method=method)
     out = np.asarray(out)[:, :int(ran) * config.canvas_length]
     return [np.concatenate([np.asarray(prompt, np.int32), row]) for prompt, row in zip(prompts, out)]
 
@@ -288,11 +299,11 @@ def generate(params, prompts, *, config: DiffusionGemmaConfig, options: Diffusio
 def prepare(model, prompt_ids, attention_mask, method, options: dict):
     """(DiffusionGemmaOptions, each row's prompt tokens) of a request, checked on the host: the options, the
     prompt ids [B, P], attention_mask [B, P] (1: a token, 0: padding anywhere; each row's tokens are its prompt,
-    at positions 0..n-1), each row's prompt and canvases within the context, and dense attention (`method`: no
-    sparse attention method applies to DiffusionGemma yet)."""
-    if type(method) is not Dense:
-        raise ValueError(f"method={type(method).__name__}: DiffusionGemma runs dense attention only (no sparse "
-                         "attention method applies to its canvas decoder yet); use method=None")
+    at positions 0..n-1), each row's prompt and canvases within the context, and the attention (`method`: Dense or
+    MAGE, on the global layers' cached prefix)."""
+    if type(method) not in (Dense, MAGE):
+        raise ValueError(f"method={type(method).__name__}: DiffusionGemma's canvases attend densely or with MAGE "
+                         "(method='mage') on their global layers; use one of those")
     opts = make_options(DiffusionGemmaOptions, "DiffusionGemma", options)
     prompt_ids = as_array("prompt_ids", prompt_ids)
     check_prompt(model.config, prompt_ids, attention_mask)
@@ -321,7 +332,8 @@ def run(model, prompt_ids, attention_mask, seed, method, progress, return_nfe, o
     opts, rows = prepare(model, prompt_ids, attention_mask, method, options)
     config = model.config
     out = generate(model.params(), [row.tolist() for row in rows], config=config, options=opts, seed=seed,
-                   stop_ids=config.stop_ids, pad_id=config.pad_token_id)
+                   stop_ids=config.stop_ids, pad_id=config.pad_token_id,
+                   method=None if type(method) is Dense else method)
     b, p = np.shape(prompt_ids)
     ids = np.full((b, p + opts.max_new_tokens), config.pad_token_id, np.int32)
     ids[:, :p] = np.asarray(prompt_ids)
@@ -332,7 +344,8 @@ def run(model, prompt_ids, attention_mask, seed, method, progress, return_nfe, o
 
 
 def probe_loop(model, prompt_ids, method, options: dict):
-    raise ValueError("DiffusionGemma has no loop for the pattern probes: no sparse attention method applies to it yet")
+    raise ValueError("DiffusionGemma has no loop for the pattern probes (dllm-jax analyze covers the LLaDA and SDAR "
+                     "loops)")
 
 
 FAMILY = Family(name="diffusiongemma", config_class=DiffusionGemmaConfig, model_class=DiffusionGemma,

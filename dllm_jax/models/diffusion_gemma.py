@@ -36,8 +36,9 @@ import functools
 import jax
 import jax.numpy as jnp
 import numpy as np
-from flax import nnx
+from flax import nnx, struct
 
+from dllm_jax.attention import mage
 from dllm_jax.attention.dense import dense_attention, matmul_precision
 from dllm_jax.diffusion_gemma_config import DiffusionGemmaConfig, RopeConfig
 from dllm_jax.models import moe
@@ -46,7 +47,8 @@ from dllm_jax.models.diffusion_gemma_weights import inference_shapes
 from dllm_jax.models.layers import apply_rope, check_inputs
 from dllm_jax.quantize import linear, scale_name
 
-__all__ = ["DiffusionGemma", "DiffusionGemmaConfig", "KVCache", "init_cache", "encode", "decode", "forward"]
+__all__ = ["DiffusionGemma", "DiffusionGemmaConfig", "KVCache", "init_cache", "encode", "decode", "decode_mage",
+           "forward"]
 
 
 # --- pieces ----------------------------------------------------------------------------------------
@@ -228,6 +230,63 @@ def self_condition(p, x, previous_logits, table, config: DiffusionGemmaConfig, c
     return norm(x + gated_mlp(norm(soft, p["pre_norm"], eps), p, config), None, eps)
 
 
+@struct.dataclass
+class CanvasState:
+    """What a canvas pass threads through its layers: the cache, and the selection each sparse layer made
+    ({layer: int32 [B, K_l, k]}, `decode_mage`)."""
+
+    cache: KVCache
+    selection: dict
+
+
+def sparse_layers(config: DiffusionGemmaConfig, method) -> tuple[int, ...]:
+    """The layers whose canvas attends to a selection of the cached prefix under `method` (a `MAGE`; None: none):
+    the global layers from its `exact_layers` on (a sliding layer reads its window, already short)."""
+    if method is None:
+        return ()
+    return tuple(layer for layer in range(config.num_layers)
+                 if not config.is_sliding(layer) and layer >= method.exact_layers)
+
+
+def canvas_pass(params, canvas_ids, cache: KVCache, self_conditioning_logits, selection, *,
+                config: DiffusionGemmaConfig, backend: str, conditioned, method):
+    """(logits, cache, selection) of `decode` (method None) or `decode_mage`."""
+    b, c = canvas_ids.shape
+    start = cache.length
+    positions = start[:, None] + jnp.arange(c, dtype=jnp.int32)
+    every = jnp.broadcast_to(jnp.arange(cache.max_length, dtype=jnp.int32), (b, cache.max_length))
+    sparse = sparse_layers(config, method)
+
+    def attend(q, k, v, state: CanvasState, layer: int):
+        cache, chosen = write_layer(state.cache, layer, k, v, start), state.selection
+        if layer in sparse and selection is not None:
+            out = mage.canvas_attention(q, k, v, cache.k[layer], cache.v[layer], selection[layer], start, scale=1.0,
+                                        backend=backend)
+            return out, CanvasState(cache=cache, selection=chosen)
+        if config.is_sliding(layer):
+            # transformers' sliding cache keeps the last sliding_window - 1 prompt positions; the canvas sees them all
+            keys, values, seen = sliding_view(cache, layer, start, c, config.sliding_window)
+            key_mask = seen >= (start - (config.sliding_window - 1))[:, None]
+        else:
+            keys, values, seen, key_mask = cache.k[layer], cache.v[layer], every, True
+            if layer in sparse:  # the paper's Eq. 3 over the canvas's queries; no kernel takes 512-wide heads
+                scores = mage.canvas_prefix_scores(q, keys, start, scale=1.0, softmax_over=method.softmax_over)
+                chosen = chosen | {layer: mage.ranked_selection(scores, start, k=method.k,
+                                                                select_by=method.select_by)}
+        key_mask = key_mask & (seen < (start + c)[:, None])  # [B, keys]
+        out = dense_attention(q, keys, values, key_mask=key_mask, scale=1.0, backend=backend)
+        return out, CanvasState(cache=cache, selection=chosen)
+
+    x = self_condition(params["self_conditioning"], embed(params, canvas_ids), self_conditioning_logits,
+                       params["embed"], config, conditioned)
+    x, state = run_stack(params, x, positions, attend, CanvasState(cache=cache, selection={}), "decoder_scalar",
+                         config, backend)
+    x = norm(x, params["final_norm"], config.rms_norm_eps)
+    logits = jnp.matmul(x, params["embed"].T, precision=matmul_precision(x.dtype)).astype(jnp.float32)
+    cap = config.final_logit_softcapping
+    return jnp.tanh(logits / cap) * cap, state.cache, state.selection if selection is None else selection
+
+
 @functools.partial(jax.jit, static_argnames=("config", "backend"))
 def decode(params, canvas_ids, cache: KVCache, self_conditioning_logits=None, *, config: DiffusionGemmaConfig,
            backend: str = "auto", conditioned=None):
@@ -236,29 +295,23 @@ def decode(params, canvas_ids, cache: KVCache, self_conditioning_logits=None, *,
     logits [B, C, V] where given and `conditioned` (bool, scalar or [B], traced: a loop's first step passes
     False) is not False. The returned cache holds the canvas's keys and values in its scratch slots; its
     filled prefix and lengths are unchanged. Jitted."""
-    b, c = canvas_ids.shape
-    start = cache.length
-    positions = start[:, None] + jnp.arange(c, dtype=jnp.int32)
-    every = jnp.broadcast_to(jnp.arange(cache.max_length, dtype=jnp.int32), (b, cache.max_length))
+    logits, cache, _ = canvas_pass(params, canvas_ids, cache, self_conditioning_logits, None, config=config,
+                                   backend=backend, conditioned=conditioned, method=None)
+    return logits, cache
 
-    def attend(q, k, v, cache: KVCache, layer: int):
-        cache = write_layer(cache, layer, k, v, start)
-        if config.is_sliding(layer):
-            # transformers' sliding cache keeps the last sliding_window - 1 prompt positions; the canvas sees them all
-            keys, values, seen = sliding_view(cache, layer, start, c, config.sliding_window)
-            key_mask = seen >= (start - (config.sliding_window - 1))[:, None]
-        else:
-            keys, values, seen, key_mask = cache.k[layer], cache.v[layer], every, True
-        key_mask = key_mask & (seen < (start + c)[:, None])  # [B, keys]
-        return dense_attention(q, keys, values, key_mask=key_mask, scale=1.0, backend=backend), cache
 
-    x = self_condition(params["self_conditioning"], embed(params, canvas_ids), self_conditioning_logits,
-                       params["embed"], config, conditioned)
-    x, cache = run_stack(params, x, positions, attend, cache, "decoder_scalar", config, backend)
-    x = norm(x, params["final_norm"], config.rms_norm_eps)
-    logits = jnp.matmul(x, params["embed"].T, precision=matmul_precision(x.dtype)).astype(jnp.float32)
-    cap = config.final_logit_softcapping
-    return jnp.tanh(logits / cap) * cap, cache
+@functools.partial(jax.jit, static_argnames=("config", "backend", "method"))
+def decode_mage(params, canvas_ids, cache: KVCache, self_conditioning_logits=None, selection=None, *,
+                config: DiffusionGemmaConfig, method, backend: str = "auto", conditioned=None):
+    """`decode` with MAGE (`dllm_jax.attention.mage.MAGE`: its k, exact_layers, softmax_over and select_by) on the
+    global layers' cached prefix (`sparse_layers`): (logits, cache, selection). Without `selection` every layer
+    attends exactly and each sparse layer keeps the k prefix positions per KV head that the canvas's queries
+    weigh most (the paper's Eq. 3: their softmax over the prefix, averaged over the KV head's query heads and the
+    canvas); with one ({layer: int32 [B, K, k]}, what a call without one returned for the same prefix) the sparse
+    layers attend to those positions and the canvas alone. A prefix of at most k positions is kept whole (exact
+    attention). Jitted."""
+    return canvas_pass(params, canvas_ids, cache, self_conditioning_logits, selection, config=config,
+                       backend=backend, conditioned=conditioned, method=method)
 
 
 def forward(params, input_ids, decoder_input_ids, self_conditioning_logits=None, *, config: DiffusionGemmaConfig,
