@@ -165,7 +165,7 @@ SETTINGS = (
 
 
 def family_of(method: str) -> tuple[str, ...]:
-    return ("LLaDA", "SDAR") if method == "dense" else (METHODS[method][0],)
+    return ("LLaDA", "SDAR") if method == "dense" else METHODS[method][0]
 
 
 @dataclasses.dataclass(frozen=True)

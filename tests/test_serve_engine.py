@@ -375,6 +375,23 @@ def test_an_insert_prefills_rows_as_wide_as_its_bucket(model, keep):
     assert rows.k[0].shape[:2] == (2, capacity if keep else bucket)
 
 
+def test_a_prompt_of_a_chunk_and_part_of_a_block_prefills_rows_just_past_the_chunk(model, rng):
+    """A prompt whose complete blocks fill one prefill chunk exactly, with a partial block after them, is inserted
+    (not staged) in rows of a chunk and a block (the bucket the memory plan counts), not as wide as a slot, and gets
+    what generate gives it alone."""
+    options = dict(remasking="low_confidence_dynamic", denoising_steps=4)
+    engine = Engine(model, slots=2, max_context=256, prefill_chunk=16, overlap=False, **options)
+    bl = engine.block_length
+    prompt = rng.integers(0, 40, 16 + bl - 1)
+    request_id = engine.submit(prompt, 8, 3)
+    width = engine.bucket(engine.queue[0])
+    assert width == 16 + bl < engine.width and engine.buckets[-2] == width
+    done = engine.run()
+    assert engine.timing.prefill_chunks == 0 and engine.timing.inserts == 1
+    alone = np.asarray(dllm_jax.generate(model, prompt[None], max_new_tokens=8, seed=3, **options))[0]
+    np.testing.assert_array_equal(done[request_id].tokens, alone)
+
+
 def test_a_long_prompt_is_prefilled_a_chunk_per_step_while_the_others_decode(tiny_model, rng):
     """Chunked prefill: a prompt of 4 prefill chunks arriving while a request decodes holds its slot for 4 steps,
     one chunk each, while the running request keeps decoding a block per step; both get what generate gives them

@@ -23,7 +23,8 @@ buffer per layer l (sliding and global layers differ in K and D) and an int32 fi
 and values into the slots just past the fill length (scratch: the filled prefix and the length are
 left as they were) and attends over the buffer, so max_length must hold the longest row plus the canvas. A sliding
 layer reads only its window of the buffer (`sliding_view`: the window - 1 positions before the new tokens and
-theirs), so its cost does not grow with the prompt; global layers read the whole buffer under a mask.
+theirs), so its cost does not grow with the prompt; global layers read the whole buffer under a mask, or with
+MAGE (`decode_mage`) a selection of k cached positions per KV head, chosen at a canvas's first step.
 Parameters: `dllm_jax.models.diffusion_gemma_weights` (the checkpoint layout and the inference tree these
 functions read). `DiffusionGemma` is the registry's model (`dllm_jax.load_model`): the inference tree as nnx
 parameters, called as transformers' forward.

@@ -28,7 +28,7 @@ What differs between the families (model functions, sampler, block length, reque
 `SlotLoop` (`dllm_jax.families`: `Family.slots`).
 
 Prompts are prefilled in a few static lengths (`prefill_buckets`: whole blocks, doubling up to the prefill
-chunk, the chunk, then the slot width): a prompt takes the shortest bucket that holds its complete blocks, and the
+chunk, the chunk, the chunk and a block, then the slot width): a prompt takes the shortest bucket that holds it, and the
 requests admitted at one step that share a bucket are prefilled together, in one program of 1, 2, 4, ... rows
 (`Engine.admit`), so the inserts compile once per bucket and batch size. The width bucket prefills in chunks of `INSERT_CHUNK` positions and runs
 only the chunks its prompt's complete blocks need (`dllm_jax.models.block_diffusion.prefill`), so a long prompt pays for
@@ -221,12 +221,13 @@ class Engine(RequestQueue):
     def memory_plan(self) -> dict:
         """Bytes on the device: the weights, the slots' KV cache, the rest of the slots' state, the prefix cache's
         budget, the cache of the one long prompt staged at a time (a row as wide as a slot's), the most an insert
-        prefills at once (`prefill_batch` rows of the chunk bucket; of a slot's width where the prefix cache keeps
-        them), and the device's memory and what is left of it after all six (None where the device does not say:
+        prefills at once (`prefill_batch` rows of the bucket past the chunk; of a slot's width where the prefix cache
+        keeps them), and the device's memory and what is left of it after all six (None where the device does not say:
         `jax.Device.memory_stats`)."""
         kv = sum(leaf.nbytes for leaf in jax.tree.leaves(self.state.carry.cache))
         row = kv // self.slots
-        # a prompt of at most a chunk takes the chunk bucket (the last but the width); kept rows are a slot wide
+        # an inserted prompt's complete blocks fit a chunk: at most the bucket of a chunk and a block (the last but the
+        # width); kept rows are a slot wide
         insert_width = self.buckets[-2] if len(self.buckets) > 1 and not self.prefix.max_bytes else self.width
         plan = dict(weights=sum(leaf.nbytes for leaf in jax.tree.leaves(self.params)), kv_cache=kv,
                     slot_state=sum(leaf.nbytes for leaf in jax.tree.leaves(self.state)) - kv,

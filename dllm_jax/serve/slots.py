@@ -51,14 +51,16 @@ INSERT_CHUNK = 512
 
 
 def prefill_buckets(block_size: int, width: int, chunk: int = INSERT_CHUNK) -> tuple[int, ...]:
-    """The static prompt lengths an insert prefills: one block, then doubling below `chunk`, `chunk` itself, then
-    the whole width (prefilled in chunks, as far as the prompt reaches): a prompt of at most a chunk never
-    prefills rows as wide as a slot."""
+    """The static prompt lengths an insert prefills: one block, then doubling below `chunk`, `chunk` itself, `chunk`
+    and one block, then the whole width (prefilled in chunks, as far as the prompt reaches): a prompt whose
+    complete blocks fit a chunk (at most chunk + block_size - 1 tokens; a longer one is prefilled a chunk per step,
+    `Engine.admit`) never prefills rows as wide as a slot."""
     buckets, n = [], block_size
     while n < min(chunk, width):
         buckets.append(n)
         n *= 2
-    return tuple(buckets) + ((chunk,) if block_size <= chunk < width else ()) + (width,)
+    last = tuple(b for b in (chunk, chunk + block_size) if block_size <= chunk and b < width)
+    return tuple(buckets) + last + (width,)
 
 
 def init_slots(params, *, config, slots: int, width: int, policy: AttentionPolicy, loop: SlotLoop,
