@@ -31,13 +31,17 @@ def test_quantization_shapes_on_the_tiny_configs(tmp_path):
 
 
 def test_diffusion_gemma_against_transformers_on_a_small_stand_in(tmp_path):
-    diffusion_gemma.main(["--small", "--layers", "2", "--points", "1:24:16", "--steps", "2", "--profile", "--out",
-                          str(tmp_path)])
+    diffusion_gemma.main(["--small", "--layers", "2", "--points", "1:24:16", "--steps", "2", "--profile",
+                          "--mage-contexts", "48", "--mage-k", "8", "--out", str(tmp_path)])
     rows = results(tmp_path, "diffusion_gemma")["rows"]
-    assert [r["side"] for r in rows] == ["transformers", "dllm_jax"]
-    assert all(0 < r["tokens"] <= 16 for r in rows)  # a row may stop at a random EOS
+    assert [r["side"] for r in rows] == ["transformers", "dllm_jax", "canvas step"]
+    assert all(0 < r["tokens"] <= 16 for r in rows[:2])  # a row may stop at a random EOS
     assert rows[1]["vs_transformers"] == pytest.approx(rows[1]["tokens_per_s"] / rows[0]["tokens_per_s"])
     assert "kernels" in rows[1]  # None on a CPU: the trace holds no GPU kernels
+    step = rows[2]
+    assert (step["context"], step["steps"], step["k"]) == (48, 2, 8)
+    assert step["speedup"] == pytest.approx(step["dense_ms"] / step["mage_ms"])
+    assert "| 48 | 2 | 8 |" in next(tmp_path.glob("diffusion_gemma_*.md")).read_text()
 
 
 def test_the_transformers_side_is_built_in_bf16_with_the_constructors_buffers_and_tied_weights():

@@ -544,6 +544,32 @@ def test_generate_and_the_command_line_take_mage(registry):
     assert text.rstrip("\n") == expected
 
 
+@pytest.mark.gpu
+def test_mage_on_a_gpu_with_512_wide_global_heads_is_dense_where_k_holds_the_prefix():
+    """bf16 on a GPU with the 26B-A4B's global heads (512 wide, 8 query heads per KV head) and 256-token canvases: the
+    selecting step is the dense step, a later step over a selection of the whole prefix gives the dense logits, and
+    one over 64 of 1,000 positions other, finite logits."""
+    from benchmarks.diffusion_gemma import TEXT_SMALL, random_inference_params
+
+    text = TEXT_SMALL | dict(num_hidden_layers=6, layer_types=TEXT_SMALL["layer_types"][-6:], num_attention_heads=16,
+                             global_head_dim=512, num_global_key_value_heads=2)
+    config = DiffusionGemmaConfig.from_hf_config(dict(text_config=text, canvas_length=256, model_type="diffusion_gemma",
+                                                      architectures=["DiffusionGemmaForBlockDiffusion"]))
+    params = random_inference_params(config, jax.random.key(0), jnp.bfloat16)
+    rng = np.random.default_rng(0)
+    prompt = rng.integers(3, config.vocab_size, (2, 1000)).astype(np.int32)
+    cache = dg.init_cache(config, 2, 1000 + 256, jnp.bfloat16)
+    cache = dg.encode(params, prompt, cache, np.array([1000, 300], np.int32), config=config)
+    canvas = rng.integers(3, config.vocab_size, (2, 256)).astype(np.int32)
+    dense, _ = dg.decode(params, canvas, cache, config=config)
+    for k, exact in ((1024, True), (64, False)):
+        method = MAGE(k=k, exact_layers=0)
+        first, _, selection = dg.decode_mage(params, canvas, cache, config=config, method=method)
+        later, _, _ = dg.decode_mage(params, canvas, cache, None, selection, config=config, method=method)
+        assert relative(first, np.asarray(dense)) < 2e-2 and np.isfinite(np.asarray(later)).all()
+        assert (relative(later, np.asarray(dense)) < 2e-2) == exact
+
+
 @pytest.fixture(scope="module")
 def registry(tmp_path_factory):
     """(HF folder, converted folder, the float32 model loaded from the converted one): a tiny transformers
