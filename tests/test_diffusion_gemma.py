@@ -613,6 +613,16 @@ def test_generate_runs_the_sampler_row_by_row(registry):
         assert (got[5 + len(want):] == 0).all()  # the pad id where the canvases stopped early
 
 
+def test_progress_bar_counts_canvases(registry, capsys):
+    _, _, model = registry
+    ids = np.array([[5, 6, 7]], np.int32)
+    options = dict(max_new_tokens=16, max_denoising_steps=2, seed=2, confidence_threshold=None)
+    out = dllm_jax.generate(model, ids, progress=True, **options)
+    np.testing.assert_array_equal(out, dllm_jax.generate(model, ids, **options))
+    err = capsys.readouterr().err
+    assert "DiffusionGemma canvases" in err and "/2" in err
+
+
 class Custom(dllm_jax.Dense):
     """An attention policy of the user's own."""
 
@@ -627,13 +637,12 @@ class Custom(dllm_jax.Dense):
      r"FlashBlock is a method for SDAR models .* for DiffusionGemma use one of \['mage'\]"),
     (lambda m: dllm_jax.generate(m, np.ones((1, 3), np.int32), method=Custom()),
      "method=Custom: DiffusionGemma's canvases attend densely or with MAGE"),
-    (lambda m: dllm_jax.generate(m, np.ones((1, 3), np.int32), progress=True), "reports no progress"),
     (lambda m: dllm_jax.generate(m, np.ones((1, 3), np.int32), return_nfe=True), "return_nfe=True is for LLaDA"),
     (lambda m: dllm_jax.generate(m, np.ones((1, 3), np.int32), attention_mask=np.zeros((1, 3), np.int32)),
      "attention_mask row 0 marks no token"),
     (lambda m: dllm_jax.generate(m, np.full((1, 3), VOCAB), max_new_tokens=8), r"token ids must lie in \[0, 160\)"),
     (lambda m: dllm_jax.generate(m, np.ones((1, 3), np.int32), max_new_tokens=200_000), "exceeds the model's context"),
-], ids=["unknown option", "schedule", "bidirectional method", "block method", "own policy", "progress", "nfe",
+], ids=["unknown option", "schedule", "bidirectional method", "block method", "own policy", "nfe",
         "empty row", "token id", "context"])
 def test_generate_refusals_name_the_problem(registry, call, message):
     with pytest.raises(ValueError, match=message):

@@ -43,6 +43,7 @@ from dllm_jax.attention.mage import MAGE
 from dllm_jax.attention.policy import Dense
 from dllm_jax.diffusion_gemma_config import DiffusionGemmaConfig
 from dllm_jax.families import Family
+from dllm_jax.generate.progress import progress_bar, tick
 from dllm_jax.generate.requests import as_array, check_context, check_prompt, make_options
 from dllm_jax.models import diffusion_gemma_weights as weights
 from dllm_jax.models import hf_names
@@ -232,11 +233,12 @@ def encode_prompt(params, prompt, lengths, cache, *, config: DiffusionGemmaConfi
 
 def generate_canvases(params, prompt, lengths, key, *, config: DiffusionGemmaConfig, options: DiffusionGemmaOptions,
                       stop_ids: tuple[int, ...], pad_id: int, backend: str = "auto",
-                      prefill_chunk: int = PREFILL_CHUNK, method=None):
+                      prefill_chunk: int = PREFILL_CHUNK, method=None, on_canvas=None, run_id=0):
     """(int32 [B, canvases * C] generated tokens, int32 [] canvases run, int32 [B] decoder forwards each row needed)
     after prompt [B, P] (row b's real tokens first, `lengths` [B] of them; the rest ignored), encoded
     `prefill_chunk` positions at a time; `method`: None (dense) or a MAGE on the canvases' global layers
-    (`decode_mage`). Jit-compatible: the loops are `lax.while_loop`s."""
+    (`decode_mage`). `on_canvas(run_id, canvas)` (static), if given, is called on the host after every canvas
+    (`dllm_jax.generate.progress.tick`: a progress bar). Jit-compatible: the loops are `lax.while_loop`s."""
     b, p = prompt.shape
     c, canvases = config.canvas_length, options.canvases(config.canvas_length)
     encoded = p if p <= prefill_chunk else -(-p // prefill_chunk) * prefill_chunk
@@ -250,6 +252,8 @@ def generate_canvases(params, prompt, lengths, key, *, config: DiffusionGemmaCon
         if canvases > 1:  # the next canvas attends to this one, encoded as the prompt was (the last one's is unused)
             cache = encode(params, tokens, cache, config=config, backend=backend)
         out = jax.lax.dynamic_update_slice_in_dim(s.out, tokens, s.canvas * c, axis=1)
+        if on_canvas is not None:
+            jax.debug.callback(on_canvas, run_id, s.canvas, ordered=False)
         return CanvasCarry(cache=cache, out=out, forwards=s.forwards + forwards, finished=finished,
                            canvas=s.canvas + 1)
 
@@ -259,7 +263,7 @@ def generate_canvases(params, prompt, lengths, key, *, config: DiffusionGemmaCon
     return s.out, s.canvas, s.forwards
 
 
-STATIC = ("config", "options", "stop_ids", "pad_id", "backend", "prefill_chunk", "method")
+STATIC = ("config", "options", "stop_ids", "pad_id", "backend", "prefill_chunk", "method", "on_canvas")
 generate_canvases_jit = jax.jit(generate_canvases, static_argnames=STATIC)
 # the same program for FP8 weights where every GEMM is FP8 x FP8 (quantize.cublas_gemms)
 generate_canvases_cublas_jit = jax.jit(generate_canvases, static_argnames=STATIC,
@@ -275,10 +279,12 @@ def program(config: DiffusionGemmaConfig, batch: int, prompt_width: int):
 
 
 def generate(params, prompts, *, config: DiffusionGemmaConfig, options: DiffusionGemmaOptions, seed: int = 0,
-             stop_ids: tuple[int, ...] = (), pad_id: int = 0, backend: str = "auto", method=None) -> list[np.ndarray]:
+             stop_ids: tuple[int, ...] = (), pad_id: int = 0, backend: str = "auto", method=None,
+             progress: bool = False) -> list[np.ndarray]:
     """Each prompt (a list of int token ids) followed by its generated canvases, as transformers' `generate`
     returns a prompt alone: the canvases run until every row stopped (a row's tokens past its stop id, and its
-    canvases after it, are `pad_id`). One jitted loop for the batch; `method`: None (dense) or a `MAGE`."""
+    canvases after it, are `pad_id`). One jitted loop for the batch; `method`: None (dense) or a `MAGE`;
+    `progress`: a tqdm bar advanced after every canvas from inside the loop."""
     if not prompts or any(len(p) == 0 for p in prompts):
         raise ValueError("generate needs at least one prompt, each of at least one token")
     lengths = np.asarray([len(p) for p in prompts], np.int32)
@@ -288,9 +294,12 @@ def generate(params, prompts, *, config: DiffusionGemmaConfig, options: Diffusio
     if ids.min() < 0 or ids.max() >= config.vocab_size:
         raise ValueError(f"token ids must be in [0, {config.vocab_size}), got [{ids.min()}, {ids.max()}]")
     run = program(config, *ids.shape)
-    out, ran, _ = run(params, ids, lengths, jax.random.key(seed), config=config, options=options,
-                      stop_ids=tuple(int(i) for i in stop_ids), pad_id=int(pad_id), backend=backend, method=method)
-    out = np.asarray(out)[:, :int(ran) * config.canvas_length]
+    with progress_bar(options.canvases(config.canvas_length), "DiffusionGemma canvases", progress) as run_id:
+        out, ran, _ = run(params, ids, lengths, jax.random.key(seed), config=config, options=options,
+                          stop_ids=tuple(int(i) for i in stop_ids), pad_id=int(pad_id), backend=backend, method=method,
+                          on_canvas=tick if progress else None, run_id=np.int32(run_id))
+        out, ran = np.asarray(out), int(ran)
+    out = out[:, :ran * config.canvas_length]
     return [np.concatenate([np.asarray(prompt, np.int32), row]) for prompt, row in zip(prompts, out)]
 
 
@@ -327,13 +336,11 @@ def run(model, prompt_ids, attention_mask, seed, method, progress, return_nfe, o
     if return_nfe:
         raise ValueError("return_nfe=True is for LLaDA models (DiffusionGemma's forwards per row follow its adaptive "
                          "stopping)")
-    if progress:
-        raise ValueError("progress=True: DiffusionGemma's loop reports no progress (pass progress=False)")
     opts, rows = prepare(model, prompt_ids, attention_mask, method, options)
     config = model.config
     out = generate(model.params(), [row.tolist() for row in rows], config=config, options=opts, seed=seed,
                    stop_ids=config.stop_ids, pad_id=config.pad_token_id,
-                   method=None if type(method) is Dense else method)
+                   method=None if type(method) is Dense else method, progress=progress)
     b, p = np.shape(prompt_ids)
     ids = np.full((b, p + opts.max_new_tokens), config.pad_token_id, np.int32)
     ids[:, :p] = np.asarray(prompt_ids)
