@@ -1,21 +1,25 @@
 """Sampling values are inputs of the compiled loop, not part of its program: after one warm-up call, `generate`
 with other temperatures, top-p, top-k (up to the loop's bound), confidence thresholds and remasking rules (SDAR,
-LLaDA) traces and compiles nothing (JAX's compile events, counted), and each result equals the loop compiled with those values as static
-options (`rows=None`). For SDAR and LLaDA2 that is the sampler that takes the options' values as Python numbers
+LLaDA), or DiffusionGemma's entropy bounds, schedules and step counts, traces and compiles nothing (JAX's compile
+events, counted), and each result equals the loop compiled with those values as static options (`rows=None`;
+DiffusionGemma: `sampling=None`). For SDAR and LLaDA2 that is the sampler that takes the options' values as Python numbers
 (the program before the values were traced); LLaDA's and Dream's loops have one sampler, fed the options' values
 as constants there, and their tests against the official samplers' ports pin the values' meaning."""
 
+import jax
 import numpy as np
 import pytest
 
 import dllm_jax
+from dllm_jax.generate.diffusion_gemma import DiffusionGemmaOptions, generate_canvases_jit
 from dllm_jax.generate.dream import DreamOptions, generate_dream_jit
 from dllm_jax.generate.llada import LLaDAOptions, generate_llada_fast_jit, generate_llada_jit
 from dllm_jax.generate.llada2 import LLaDA2Options, answers, generate_llada2_jit
 from dllm_jax.generate.sampling import top_k_bound
 from dllm_jax.generate.block_loop import trim
 from dllm_jax.generate.sdar import SDAROptions, generate_sdar_jit, left_padded
-from dllm_jax.testing import compile_events, tiny_dream_config, tiny_llada2_config, tiny_llada_config, tiny_sdar_config
+from dllm_jax.testing import (compile_events, tiny_diffusion_gemma_config, tiny_dream_config, tiny_llada2_config,
+                              tiny_llada_config, tiny_sdar_config)
 
 SDAR_SWEEP = [dict(temperature=0.7), dict(temperature=0.5, top_p=0.9), dict(top_p=0.8), dict(top_k=3),
               dict(top_k=5, temperature=0.9), dict(top_k=1), dict(confidence_threshold=0.5),
@@ -128,3 +132,28 @@ def test_dream_sampling_values_compile_once_and_equal_the_static_loop(tiny_model
         static = generate_dream_jit(model.params(), prompt, None, 3, config=model.config,
                                     options=DreamOptions(**base | values))
         np.testing.assert_array_equal(dllm_jax.generate(model, prompt, seed=3, **base | values), np.asarray(static))
+
+
+DIFFUSION_GEMMA_SWEEP = [dict(entropy_bound=0.1), dict(entropy_bound=0.5), dict(t_min=0.2, t_max=1.2),
+                         dict(max_denoising_steps=3), dict(confidence_threshold=None), dict(confidence_threshold=4.5),
+                         dict(entropy_bound=2.0, t_max=1.5, max_denoising_steps=2)]
+
+
+def test_diffusion_gemma_sampling_values_compile_once_and_equal_the_static_loop(tiny_model, rng):
+    """DiffusionGemma's entropy bound, temperature schedule, step count and confidence threshold (adaptive stopping
+    on and off) share one program; max_new_tokens and stability_threshold set its shapes."""
+    model = tiny_model(tiny_diffusion_gemma_config(), 0)
+    prompt = rng.integers(0, 160, (2, 5)).astype(np.int32)
+    base = dict(max_new_tokens=16, max_denoising_steps=4)
+    outputs, events = sweep(model, prompt, base, DIFFUSION_GEMMA_SWEEP)
+    assert events == [], events
+    assert len({o.tobytes() for o in outputs}) > 3
+    for values in (DIFFUSION_GEMMA_SWEEP[2], DIFFUSION_GEMMA_SWEEP[4], DIFFUSION_GEMMA_SWEEP[6]):
+        opts = DiffusionGemmaOptions(**base | values)
+        out, ran, _ = generate_canvases_jit(model.params(), prompt, np.array([5, 5], np.int32), jax.random.key(3),
+                                            config=model.config, options=opts, stop_ids=model.config.stop_ids,
+                                            pad_id=model.config.pad_token_id)
+        new = np.asarray(out)[:, :int(ran) * model.config.canvas_length][:, :16]
+        expected = np.full((2, 5 + 16), model.config.pad_token_id, np.int32)
+        expected[:, :5], expected[:, 5:5 + new.shape[1]] = prompt, new
+        np.testing.assert_array_equal(dllm_jax.generate(model, prompt, seed=3, **base | values), expected)

@@ -82,11 +82,39 @@ class DiffusionGemmaOptions:
     def canvases(self, canvas_length: int) -> int:
         return math.ceil(self.max_new_tokens / canvas_length)
 
+    def structure(self) -> "DiffusionGemmaOptions":
+        """The options the compiled loop is built for: max_new_tokens (its canvases) and stability_threshold (the
+        shape of its history); the others at their defaults, since they reach the loop as `sampling()`."""
+        return DiffusionGemmaOptions(max_new_tokens=self.max_new_tokens, stability_threshold=self.stability_threshold)
 
-def temperature(options: DiffusionGemmaOptions, step):
+    def sampling(self) -> "CanvasSampling":
+        """The values the loop takes as inputs (`CanvasSampling`): a new value compiles nothing."""
+        return CanvasSampling.of(self)
+
+
+@struct.dataclass
+class CanvasSampling:
+    """The sampler's values as inputs of the compiled loop, each a scalar array. t_range is t_max - t_min, taken
+    in float64 before the cast (as the schedule computed it from the options' numbers); confidence_threshold is
+    -inf where adaptive stopping is off (no mean entropy is below it)."""
+
+    steps: jax.Array  # int32: max_denoising_steps
+    entropy_bound: jax.Array  # float32
+    t_min: jax.Array  # float32
+    t_range: jax.Array  # float32
+    confidence_threshold: jax.Array  # float32
+
+    @classmethod
+    def of(cls, options: DiffusionGemmaOptions) -> "CanvasSampling":
+        threshold = -np.inf if options.confidence_threshold is None else options.confidence_threshold
+        return cls(steps=np.int32(options.max_denoising_steps), entropy_bound=np.float32(options.entropy_bound),
+                   t_min=np.float32(options.t_min), t_range=np.float32(options.t_max - options.t_min),
+                   confidence_threshold=np.float32(threshold))
+
+
+def temperature(sampling: CanvasSampling, step):
     """The temperature of denoising step `step` (0-based: the first is the schedule's step N, at t_max)."""
-    n = options.max_denoising_steps
-    return options.t_min + (options.t_max - options.t_min) * (n - step) / n
+    return sampling.t_min + sampling.t_range * (sampling.steps - step) / sampling.steps
 
 
 def canvas_key(key, canvas):
@@ -154,36 +182,35 @@ class CanvasCarry:
     canvas: jax.Array  # int32 []: canvases run
 
 
-def denoise_step(params, s: DenoiseCarry, key, canvas, *, config: DiffusionGemmaConfig, options: DiffusionGemmaOptions,
-                 backend: str, method) -> DenoiseCarry:
+def denoise_step(params, s: DenoiseCarry, key, canvas, sampling: CanvasSampling, *, config: DiffusionGemmaConfig,
+                 options: DiffusionGemmaOptions, backend: str, method) -> DenoiseCarry:
     if method is None:
         (logits, cache), selection = decode(params, s.current, s.cache, s.logits, config=config, backend=backend,
                                             conditioned=s.step > 0), None
     else:
         logits, cache, selection = decode_mage(params, s.current, s.cache, s.logits, s.selection, config=config,
                                                method=method, backend=backend, conditioned=s.step > 0)
-    tempered = logits / temperature(options, s.step)
+    tempered = logits / temperature(sampling, s.step)
     uniforms, noise = step_draws(key, canvas, s.step, config)
     sampled = inverse_cdf(jax.nn.softmax(tempered, axis=-1), uniforms)
     token_entropy = entropy(tempered)
-    accept = accepted_positions(token_entropy, options.entropy_bound)
+    accept = accepted_positions(token_entropy, sampling.entropy_bound)
     current = jnp.where(accept, sampled, noise)  # the accepted tokens, the rest re-noised
     argmax = jnp.argmax(tempered, axis=-1).astype(jnp.int32)
     frozen = s.done[:, None]
     current, argmax = jnp.where(frozen, s.current, current), jnp.where(frozen, s.argmax, argmax)
     tempered = jnp.where(frozen[..., None], s.logits.astype(tempered.dtype), tempered)
     done, history = s.done, s.history
-    if options.confidence_threshold is not None:
-        stable = jnp.all(history == argmax[None], axis=(0, 2))  # no history (threshold 0): stable
-        if options.stability_threshold:
-            history = jnp.concatenate([history[1:], argmax[None]], axis=0)
-        # this step's entropies serve every row: a frozen row (whose logits are last step's) is done already
-        done = done | (stable & (jnp.mean(token_entropy, axis=-1) < options.confidence_threshold))
+    stable = jnp.all(history == argmax[None], axis=(0, 2))  # no history (threshold 0): stable
+    if options.stability_threshold:
+        history = jnp.concatenate([history[1:], argmax[None]], axis=0)
+    # this step's entropies serve every row: a frozen row (whose logits are last step's) is done already
+    done = done | (stable & (jnp.mean(token_entropy, axis=-1) < sampling.confidence_threshold))
     return DenoiseCarry(current=current, argmax=argmax, logits=tempered.astype(s.logits.dtype), history=history,
                         done=done, forwards=s.forwards + ~s.done, cache=cache, step=s.step + 1, selection=selection)
 
 
-def denoise_canvas(params, cache, key, canvas, finished, *, config: DiffusionGemmaConfig,
+def denoise_canvas(params, cache, key, canvas, finished, sampling: CanvasSampling, *, config: DiffusionGemmaConfig,
                    options: DiffusionGemmaOptions, backend: str, method):
     """(int32 argmax canvas [B, C], cache, int32 [B] forwards each row needed) of canvas `canvas` after each row's
     last denoising step (a row `finished` before it needs none). With `method` (a MAGE) the first step attends
@@ -194,11 +221,11 @@ def denoise_canvas(params, cache, key, canvas, finished, *, config: DiffusionGem
     s = DenoiseCarry(current=start, argmax=start, logits=jnp.zeros((b, c, config.vocab_size), dtype),
                      history=jnp.full((options.stability_threshold, b, c), -1, jnp.int32),
                      done=jnp.zeros((b,), bool), forwards=jnp.zeros((b,), jnp.int32), cache=cache, step=jnp.int32(0))
-    step = functools.partial(denoise_step, params, key=key, canvas=canvas, config=config, options=options,
-                             backend=backend, method=method)
+    step = functools.partial(denoise_step, params, key=key, canvas=canvas, sampling=sampling, config=config,
+                             options=options, backend=backend, method=method)
     if method is not None:  # the first step, which every canvas runs, selects: the loop's carry holds a selection
         s = step(s)
-    s = jax.lax.while_loop(lambda s: (s.step < options.max_denoising_steps) & ~jnp.all(s.done), step, s)
+    s = jax.lax.while_loop(lambda s: (s.step < sampling.steps) & ~jnp.all(s.done), step, s)
     # a finished row's forwards are discarded (its canvas becomes pad): they are not counted, as transformers counts
     return s.argmax, s.cache, jnp.where(finished, 0, s.forwards)
 
@@ -231,22 +258,25 @@ def encode_prompt(params, prompt, lengths, cache, *, config: DiffusionGemmaConfi
     return jax.lax.fori_loop(0, pieces, piece, cache)
 
 
-def generate_canvases(params, prompt, lengths, key, *, config: DiffusionGemmaConfig, options: DiffusionGemmaOptions,
+def generate_canvases(params, prompt, lengths, key, sampling: CanvasSampling | None = None, *,
+                      config: DiffusionGemmaConfig, options: DiffusionGemmaOptions,
                       stop_ids: tuple[int, ...], pad_id: int, backend: str = "auto",
                       prefill_chunk: int = PREFILL_CHUNK, method=None, on_canvas=None, run_id=0):
     """(int32 [B, canvases * C] generated tokens, int32 [] canvases run, int32 [B] decoder forwards each row needed)
     after prompt [B, P] (row b's real tokens first, `lengths` [B] of them; the rest ignored), encoded
-    `prefill_chunk` positions at a time; `method`: None (dense) or a MAGE on the canvases' global layers
-    (`decode_mage`). `on_canvas(run_id, canvas)` (static), if given, is called on the host after every canvas
+    `prefill_chunk` positions at a time, sampled with `sampling` (traced: `DiffusionGemmaOptions.sampling`; None:
+    the options' own values, as constants of the program); `method`: None (dense) or a MAGE on the canvases' global
+    layers (`decode_mage`). `on_canvas(run_id, canvas)` (static), if given, is called on the host after every canvas
     (`dllm_jax.generate.progress.tick`: a progress bar). Jit-compatible: the loops are `lax.while_loop`s."""
     b, p = prompt.shape
     c, canvases = config.canvas_length, options.canvases(config.canvas_length)
+    sampling = CanvasSampling.of(options) if sampling is None else sampling
     encoded = p if p <= prefill_chunk else -(-p // prefill_chunk) * prefill_chunk
     cache = init_cache(config, b, encoded + canvases * c, params["embed"].dtype)
     cache = encode_prompt(params, prompt, lengths, cache, config=config, backend=backend, chunk=prefill_chunk)
 
     def one_canvas(s: CanvasCarry) -> CanvasCarry:
-        tokens, cache, forwards = denoise_canvas(params, s.cache, key, s.canvas, s.finished, config=config,
+        tokens, cache, forwards = denoise_canvas(params, s.cache, key, s.canvas, s.finished, sampling, config=config,
                                                  options=options, backend=backend, method=method)
         tokens, finished = finalize(tokens, s.finished, stop_ids=stop_ids, pad_id=pad_id)
         if canvases > 1:  # the next canvas attends to this one, encoded as the prompt was (the last one's is unused)
@@ -295,7 +325,8 @@ def generate(params, prompts, *, config: DiffusionGemmaConfig, options: Diffusio
         raise ValueError(f"token ids must be in [0, {config.vocab_size}), got [{ids.min()}, {ids.max()}]")
     run = program(config, *ids.shape)
     with progress_bar(options.canvases(config.canvas_length), "DiffusionGemma canvases", progress) as run_id:
-        out, ran, _ = run(params, ids, lengths, jax.random.key(seed), config=config, options=options,
+        out, ran, _ = run(params, ids, lengths, jax.random.key(seed), options.sampling(), config=config,
+                          options=options.structure(),
                           stop_ids=tuple(int(i) for i in stop_ids), pad_id=int(pad_id), backend=backend, method=method,
                           on_canvas=tick if progress else None, run_id=np.int32(run_id))
         out, ran = np.asarray(out), int(ran)
