@@ -12,10 +12,14 @@ Each point (`--points batch:prompt:new`) is timed on its second call (the first 
 child process first (torch and JAX cannot both hold 26B of weights on an 80 GB card), then this port. tokens/s
 counts the generated tokens returned (a row may stop at a random EOS). `--quantize int8|fp8` runs this port on
 quantized weights (drawn, then quantized leaf by leaf) against transformers in bf16; `--profile` adds one call's GPU
-kernels by time (`dllm_jax.bench.kernel_profile`; the trace in a temporary folder). Results:
+kernels by time (`dllm_jax.bench.kernel_profile`; the trace in a temporary folder). `--mage-contexts N ...` times
+one canvas's `--steps` forwards at batch 1 against a cache of N positions (random keys and values, updated in place
+as in the sampler's loop), dense and with MAGE(k=`--mage-k`) on the global layers (`decode_mage`). Results:
 <out>/diffusion_gemma<tag>_<device>_<date>.{json,md}, rewritten after every row.
 
     PYTHONPATH=. python -m benchmarks.diffusion_gemma --out benchmarks/results            # one GPU
+    PYTHONPATH=. python -m benchmarks.diffusion_gemma --points --no-transformers --quantize fp8 \
+        --mage-contexts 32768 65536 131072 --tag _mage_fp8                                 # MAGE on an 80 GB card
     PYTHONPATH=. python -m benchmarks.diffusion_gemma --layers 2 --points 1:64:256 --steps 2 --small  # smoke run
 """
 
