@@ -26,7 +26,7 @@ def loop_for(kind: str, model, prompt_ids, method, options: dict) -> ProbeLoop:
             other = family_for_kind(family.method_kind)
             hint = f" ({' and '.join(f.label for f in other)} models: {ANALYSES[family.method_kind]})"
         elif family is not None:
-            hint = f" ({family.label}: no sparse attention method applies to it yet, so no pattern to analyze)"
+            hint = f" ({family.label}: its loop has no pattern probes)"
         raise ValueError(f"{caller} takes {names} models, got {type(model).__name__}{hint}")
     family.check_method(method)
     return family.probe_loop(model, prompt_ids, method, options)

@@ -67,7 +67,7 @@ def generate(model, prompt_ids, *, attention_mask=None, seed: int = 0, method=No
       tokens are denoised after the prompt (it has no mask token and always samples: `seed` decides the draws).
       Returns int32 [B, P + max_new_tokens]: the prompt as given, then each row's first max_new_tokens tokens, the
       pad id after its stop id. `attention_mask` [B, P] marks each row's prompt tokens (padding anywhere). Dense
-      attention only (no sparse method applies to it yet); no progress bar, no return_nfe.
+      attention or MAGE (on the global layers' cached prefix); progress per canvas; no return_nfe.
     Fast-dLLM (NVlabs/Fast-dLLM, LLaDA; `dllm_jax.generate.llada.generate_llada_fast`): `cache="prefix"`
       reuses every layer's keys and values of the positions before the block from the block's first
       step, `cache="dual"` those after it too (the block's later steps then run the block alone);
