@@ -93,6 +93,9 @@ class Family:
     # serving (dllm_jax.serve): the pieces of its block loop the slot engine needs, or None where requests are
     # served in lockstep `generate` batches (the bidirectional families, DiffusionGemma)
     slots: Any = None  # a dllm_jax.generate.block_loop.SlotLoop
+    # whether `run` takes a seed per row (a sequence of ints, each row generated as alone with its own), so the
+    # lockstep server batches sampled requests, each with its seed
+    row_seeds: bool = False
 
     def __post_init__(self):
         if self.method_kind not in methods.KINDS:

@@ -38,6 +38,7 @@ from dllm_jax.attention import mage
 from dllm_jax.attention.mage import MAGE
 from dllm_jax.models import diffusion_gemma as dg
 from dllm_jax.serve.app import build_app, running
+from dllm_jax.serve.lockstep import LockstepEngine
 from dllm_jax.testing import write_tiny_tokenizer
 from dllm_jax.tokenizer import ChatTokenizer
 
@@ -737,3 +738,34 @@ def test_the_server_answers_what_generate_does(registry):
         assert reply.status_code == 200, reply.text
         assert reply.json()["choices"][0]["text"] == answer_text(model, tokenizer, prompt, seed, **SERVED)
     assert refused.status_code == 400 and "DiffusionGemma takes no sampling values from a request" in refused.text
+
+
+def test_the_lockstep_server_batches_requests_each_with_its_own_seed(registry):
+    """Requests with seeds of their own share one generate batch (a key per row), each answered with what
+    `dllm_jax.generate` gives its prompt alone with its seed."""
+    _, out, model = registry
+    prompts, seeds = [[5, 6, 7], [9, 8, 7, 6, 5], [4, 4]], (2, 7, 11)
+    engine = LockstepEngine(model, slots=3, max_context=64, **SERVED)
+    ids = [engine.submit(np.asarray(p, np.int32), 8, seed) for p, seed in zip(prompts, seeds)]
+    done = {c.request_id: c for c in engine.step()}
+    assert sorted(done) == ids and not engine.queue  # one step: one batch
+    for request_id, prompt, seed in zip(ids, prompts, seeds):
+        alone = np.asarray(dllm_jax.generate(model, np.asarray([prompt], np.int32), seed=seed, **SERVED))[0]
+        answer = until_stop(alone[len(prompt):], model.config.stop_ids)
+        np.testing.assert_array_equal(done[request_id].tokens, np.concatenate([prompt, answer]))
+
+
+def test_rows_with_seeds_of_their_own_draw_what_each_draws_alone(calm, rng):
+    """A seed per prompt: each row draws from its own key and generates what it does alone with that seed (and not
+    what the batch's other seed gives it); a seed count that does not match the prompts is refused."""
+    _, config, params = calm
+    options = gen.DiffusionGemmaOptions(max_new_tokens=16, max_denoising_steps=4)
+    prompts = [rng.integers(2, 128, n) for n in (6, 3)]
+    together = gen.generate(params, prompts, config=config, options=options, seed=[3, 8])
+    for prompt, seed, row in zip(prompts, (3, 8), together):
+        np.testing.assert_array_equal(row, gen.generate(params, [prompt], config=config, options=options,
+                                                        seed=seed)[0])
+    assert not np.array_equal(together[0][6:], gen.generate(params, prompts, config=config, options=options,
+                                                            seed=8)[0][6:])
+    with pytest.raises(ValueError, match="seed holds 3 seeds for 2 prompts"):
+        gen.generate(params, prompts, config=config, options=options, seed=[1, 2, 3])

@@ -18,7 +18,8 @@ For each canvas of `canvas_length` tokens (as many as `max_new_tokens` needs), a
 Each row runs in its own coordinates (its prompt at positions 0..len-1, its canvases right after it), so a row's
 tokens are those of generating it alone. Random draws come from one key: canvas k's initial tokens, and step j's
 uniforms (one per position, sampling by the inverse of the distribution's CDF) and re-noising tokens
-(`initial_canvas`, `step_draws`), the same for every row.
+(`initial_canvas`, `step_draws`), the same for every row; or from a key per row (keys [B]: each row draws what it
+draws alone with its key, so requests with their own seeds share a batch).
 
 `dllm_jax.generate.generate` runs it for a `DiffusionGemma` model through this module's registry entry (`FAMILY`:
 `prepare` checks a request, `run` lays the answers out as every family's generate does); `generate` below is the
@@ -134,6 +135,12 @@ def step_draws(key, canvas, step, config: DiffusionGemmaConfig):
             jax.random.randint(noise_key, (config.canvas_length,), 0, config.vocab_size, jnp.int32))
 
 
+def per_row(draw, key):
+    """draw(key): from one key (the same draws for every row), or from each row's own key (keys [B]: the draws get a
+    leading row axis)."""
+    return draw(key) if key.ndim == 0 else jax.vmap(draw)(key)
+
+
 def inverse_cdf(probs, uniforms):
     """int32 [..., C]: the token whose CDF interval holds each uniform (probs [..., C, V])."""
     below = jnp.cumsum(probs, axis=-1) < uniforms[..., None]
@@ -191,7 +198,7 @@ def denoise_step(params, s: DenoiseCarry, key, canvas, sampling: CanvasSampling,
         logits, cache, selection = decode_mage(params, s.current, s.cache, s.logits, s.selection, config=config,
                                                method=method, backend=backend, conditioned=s.step > 0)
     tempered = logits / temperature(sampling, s.step)
-    uniforms, noise = step_draws(key, canvas, s.step, config)
+    uniforms, noise = per_row(lambda k: step_draws(k, canvas, s.step, config), key)
     sampled = inverse_cdf(jax.nn.softmax(tempered, axis=-1), uniforms)
     token_entropy = entropy(tempered)
     accept = accepted_positions(token_entropy, sampling.entropy_bound)
@@ -216,7 +223,7 @@ def denoise_canvas(params, cache, key, canvas, finished, sampling: CanvasSamplin
     last denoising step (a row `finished` before it needs none). With `method` (a MAGE) the first step attends
     exactly and selects; the loop's steps attend to its selection."""
     b, c = cache.length.shape[0], config.canvas_length
-    start = jnp.broadcast_to(initial_canvas(key, canvas, config), (b, c))
+    start = jnp.broadcast_to(per_row(lambda k: initial_canvas(k, canvas, config), key), (b, c))
     dtype = params["embed"].dtype
     s = DenoiseCarry(current=start, argmax=start, logits=jnp.zeros((b, c, config.vocab_size), dtype),
                      history=jnp.full((options.stability_threshold, b, c), -1, jnp.int32),
@@ -308,13 +315,14 @@ def program(config: DiffusionGemmaConfig, batch: int, prompt_width: int):
     return generate_canvases_cublas_jit if quantize.cublas_gemms(config.quantize, rows) else generate_canvases_jit
 
 
-def generate(params, prompts, *, config: DiffusionGemmaConfig, options: DiffusionGemmaOptions, seed: int = 0,
+def generate(params, prompts, *, config: DiffusionGemmaConfig, options: DiffusionGemmaOptions, seed=0,
              stop_ids: tuple[int, ...] = (), pad_id: int = 0, backend: str = "auto", method=None,
              progress: bool = False) -> list[np.ndarray]:
     """Each prompt (a list of int token ids) followed by its generated canvases, as transformers' `generate`
     returns a prompt alone: the canvases run until every row stopped (a row's tokens past its stop id, and its
-    canvases after it, are `pad_id`). One jitted loop for the batch; `method`: None (dense) or a `MAGE`;
-    `progress`: a tqdm bar advanced after every canvas from inside the loop."""
+    canvases after it, are `pad_id`). One jitted loop for the batch; `seed`: an int (every row's draws) or one per
+    prompt (each row what it gets alone with its own); `method`: None (dense) or a `MAGE`; `progress`: a tqdm bar
+    advanced after every canvas from inside the loop."""
     if not prompts or any(len(p) == 0 for p in prompts):
         raise ValueError("generate needs at least one prompt, each of at least one token")
     lengths = np.asarray([len(p) for p in prompts], np.int32)
@@ -323,9 +331,15 @@ def generate(params, prompts, *, config: DiffusionGemmaConfig, options: Diffusio
         ids[row, :len(prompt)] = prompt
     if ids.min() < 0 or ids.max() >= config.vocab_size:
         raise ValueError(f"token ids must be in [0, {config.vocab_size}), got [{ids.min()}, {ids.max()}]")
+    if np.ndim(seed) == 0:
+        key = jax.random.key(seed)
+    elif len(seed) == len(prompts):
+        key = jax.vmap(jax.random.key)(np.asarray(seed, np.int32))
+    else:
+        raise ValueError(f"seed holds {len(seed)} seeds for {len(prompts)} prompts: give an int or one per prompt")
     run = program(config, *ids.shape)
     with progress_bar(options.canvases(config.canvas_length), "DiffusionGemma canvases", progress) as run_id:
-        out, ran, _ = run(params, ids, lengths, jax.random.key(seed), options.sampling(), config=config,
+        out, ran, _ = run(params, ids, lengths, key, options.sampling(), config=config,
                           options=options.structure(),
                           stop_ids=tuple(int(i) for i in stop_ids), pad_id=int(pad_id), backend=backend, method=method,
                           on_canvas=tick if progress else None, run_id=np.int32(run_id))
@@ -363,7 +377,8 @@ def run(model, prompt_ids, attention_mask, seed, method, progress, return_nfe, o
     stopping), transformers' names and defaults. Returns int32 [B, P + max_new_tokens]: each row's prompt_ids as
     given, then its first max_new_tokens generated tokens (whole canvases of config.canvas_length are decoded),
     config.pad_token_id after its first stop id (config.stop_ids). Rows are generated in one loop, each as it is
-    alone with the same seed."""
+    alone with the same seed; `seed` may also be one int per row (`Family.row_seeds`: the lockstep server batches
+    requests with their own seeds), each row then what it is alone with its own."""
     if return_nfe:
         raise ValueError("return_nfe=True is for LLaDA models (DiffusionGemma's forwards per row follow its adaptive "
                          "stopping)")
@@ -390,7 +405,7 @@ FAMILY = Family(name="diffusiongemma", config_class=DiffusionGemmaConfig, model_
                 options_class=DiffusionGemmaOptions, prepare=prepare, run=run, probe_loop=probe_loop,
                 answer_option="max_new_tokens", method_kind=methods.CANVAS, param_shapes=weights.param_shapes,
                 hf_rules=hf_names.DIFFUSION_GEMMA_RULES, hf_expected=hf_names.diffusion_gemma_expected,
-                hf_skipped=hf_names.DIFFUSION_GEMMA_SKIPPED, prepare_params=weights.prepare_params,
+                hf_skipped=hf_names.DIFFUSION_GEMMA_SKIPPED, prepare_params=weights.prepare_params, row_seeds=True,
                 to_module_tree=weights.to_module_tree, executions=("unrolled",), quantized=weights.QUANTIZED,
                 param_axes=None, tp_split=(),
                 stops_field="eos_token_ids")

@@ -14,7 +14,8 @@ request may also choose its remasking rule and, where the server decodes with Fa
 its own threshold: greedy requests that agree on them are batched together. These values are inputs of the
 compiled loop (dllm_jax.generate.sampling.RowSampling), so a new one compiles nothing. A family whose generate
 has no temperature option samples every request (DiffusionGemma: canvases of random tokens, its own temperature
-schedule): each is generated alone with its own seed. A request's answer arrives when its batch ends: no
+schedule); its rows draw from seeds of their own (`Family.row_seeds`), so its requests are batched, each row what
+`generate` gives the request alone with its seed. A request's answer arrives when its batch ends: no
 block-by-block progress, and a new request waits for the running batch.
 """
 
@@ -110,14 +111,17 @@ class LockstepEngine(RequestQueue):
 
     def step(self) -> list[Completion]:
         """Generates the next batch: up to `slots` queued greedy requests in arrival order (of the first one's
-        prompt length where the family takes no padding), or the first request alone where it samples."""
+        prompt length where the family takes no padding), or where the first one samples, that request alone, or
+        for a family whose rows draw from seeds of their own (`Family.row_seeds`) up to `slots` sampled requests
+        with the same values, each with its seed."""
         if not self.queue:
             return []
         first = self.queue[0]
         padded = self.family.sampler in PADDED
-        if self.greedy(first):
-            batch = [r for r in self.queue if self.greedy(r) and self.values(r.sampling) == self.values(first.sampling)
-                     and (padded or len(r.prompt_ids) == len(first.prompt_ids))]
+        greedy = self.greedy(first)
+        if greedy or self.family.row_seeds:
+            batch = [r for r in self.queue if self.greedy(r) == greedy and self.values(r.sampling) ==
+                     self.values(first.sampling) and (padded or len(r.prompt_ids) == len(first.prompt_ids))]
             batch = batch[:self.slots]
         else:
             batch = [first]
@@ -128,8 +132,13 @@ class LockstepEngine(RequestQueue):
                                                                 else {})
         self.busy = len(batch)
         try:
-            out = np.asarray(generate(self.model, ids, attention_mask=None if mask.all() else mask, method=self.method,
-                                      seed=0 if self.greedy(first) else first.seed, **options))
+            if greedy or not self.family.row_seeds:
+                out = generate(self.model, ids, attention_mask=None if mask.all() else mask, method=self.method,
+                               seed=0 if greedy else first.seed, **options)
+            else:  # the family's own entry: `generate` takes one seed
+                out = self.family.run(self.model, ids, None if mask.all() else mask, [r.seed for r in batch],
+                                      self.method, False, False, options)
+            out = np.asarray(out)
         finally:
             self.busy = 0
         completions = []
