@@ -529,6 +529,24 @@ def test_mage_generation_is_dense_where_k_holds_the_context_and_runs_short(calm,
         not np.array_equal(a, b) for a, b in zip(dense, short))
 
 
+def test_the_mage_loop_traces_the_decoder_once(calm):
+    """The canvas loop with MAGE runs its selecting first step and its later steps at one call site (each sparse
+    layer's attention under a `lax.cond`): its program holds a few more dot products per sparse layer than the dense
+    loop's, not a second copy of the decoder's."""
+    _, config, params = calm
+    options = gen.DiffusionGemmaOptions(max_new_tokens=16, max_denoising_steps=4)
+    method = MAGE(k=4, exact_layers=0)
+
+    def dots(method):
+        lowered = gen.generate_canvases_jit.lower(params, np.ones((1, 8), np.int32), np.array([8], np.int32),
+                                                  jax.random.key(0), options.sampling(), config=config,
+                                                  options=options.structure(), stop_ids=(), pad_id=0, method=method)
+        return lowered.as_text().count("stablehlo.dot_general")
+
+    dense, sparse = dots(None), dots(method)
+    assert dense < sparse <= dense + 4 * len(dg.sparse_layers(config, method))  # a decoder copy: about `dense` more
+
+
 def test_generate_and_the_command_line_take_mage(registry):
     """method="mage" through dllm_jax.generate and `dllm-jax generate --method mage --mage-k`."""
     _, out, model = registry

@@ -48,7 +48,7 @@ from dllm_jax.generate.progress import progress_bar, tick
 from dllm_jax.generate.requests import as_array, check_context, check_prompt, make_options
 from dllm_jax.models import diffusion_gemma_weights as weights
 from dllm_jax.models import hf_names
-from dllm_jax.models.diffusion_gemma import DiffusionGemma, decode, decode_mage, encode, init_cache
+from dllm_jax.models.diffusion_gemma import DiffusionGemma, decode, decode_mage, encode, init_cache, init_selection
 
 
 # prompt positions encoded per pass (`encode_prompt`): bounds the prefill's attention scores
@@ -196,7 +196,8 @@ def denoise_step(params, s: DenoiseCarry, key, canvas, sampling: CanvasSampling,
                                             conditioned=s.step > 0), None
     else:
         logits, cache, selection = decode_mage(params, s.current, s.cache, s.logits, s.selection, config=config,
-                                               method=method, backend=backend, conditioned=s.step > 0)
+                                               method=method, backend=backend, conditioned=s.step > 0,
+                                               select=s.step == 0)
     tempered = logits / temperature(sampling, s.step)
     uniforms, noise = per_row(lambda k: step_draws(k, canvas, s.step, config), key)
     sampled = inverse_cdf(jax.nn.softmax(tempered, axis=-1), uniforms)
@@ -221,17 +222,16 @@ def denoise_canvas(params, cache, key, canvas, finished, sampling: CanvasSamplin
                    options: DiffusionGemmaOptions, backend: str, method):
     """(int32 argmax canvas [B, C], cache, int32 [B] forwards each row needed) of canvas `canvas` after each row's
     last denoising step (a row `finished` before it needs none). With `method` (a MAGE) the first step attends
-    exactly and selects; the loop's steps attend to its selection."""
+    exactly and selects; the later steps attend to its selection."""
     b, c = cache.length.shape[0], config.canvas_length
     start = jnp.broadcast_to(per_row(lambda k: initial_canvas(k, canvas, config), key), (b, c))
     dtype = params["embed"].dtype
     s = DenoiseCarry(current=start, argmax=start, logits=jnp.zeros((b, c, config.vocab_size), dtype),
                      history=jnp.full((options.stability_threshold, b, c), -1, jnp.int32),
-                     done=jnp.zeros((b,), bool), forwards=jnp.zeros((b,), jnp.int32), cache=cache, step=jnp.int32(0))
+                     done=jnp.zeros((b,), bool), forwards=jnp.zeros((b,), jnp.int32), cache=cache, step=jnp.int32(0),
+                     selection=None if method is None else init_selection(config, method, b))
     step = functools.partial(denoise_step, params, key=key, canvas=canvas, sampling=sampling, config=config,
                              options=options, backend=backend, method=method)
-    if method is not None:  # the first step, which every canvas runs, selects: the loop's carry holds a selection
-        s = step(s)
     s = jax.lax.while_loop(lambda s: (s.step < sampling.steps) & ~jnp.all(s.done), step, s)
     # a finished row's forwards are discarded (its canvas becomes pad): they are not counted, as transformers counts
     return s.argmax, s.cache, jnp.where(finished, 0, s.forwards)

@@ -48,8 +48,8 @@ from dllm_jax.models.diffusion_gemma_weights import inference_shapes
 from dllm_jax.models.layers import apply_rope, check_inputs
 from dllm_jax.quantize import linear, scale_name
 
-__all__ = ["DiffusionGemma", "DiffusionGemmaConfig", "KVCache", "init_cache", "encode", "decode", "decode_mage",
-           "forward"]
+__all__ = ["DiffusionGemma", "DiffusionGemmaConfig", "KVCache", "init_cache", "init_selection", "encode", "decode",
+           "decode_mage", "forward"]
 
 
 # --- pieces ----------------------------------------------------------------------------------------
@@ -249,8 +249,15 @@ def sparse_layers(config: DiffusionGemmaConfig, method) -> tuple[int, ...]:
                  if not config.is_sliding(layer) and layer >= method.exact_layers)
 
 
+def init_selection(config: DiffusionGemmaConfig, method, batch: int) -> dict:
+    """An empty selection of `method` (a MAGE): {layer: int32 zeros [batch, K_l, k]} over its `sparse_layers`, the
+    shape a loop carries before a canvas's first step selects."""
+    return {layer: jnp.zeros((batch, config.kv_heads[layer], method.k), jnp.int32)
+            for layer in sparse_layers(config, method)}
+
+
 def canvas_pass(params, canvas_ids, cache: KVCache, self_conditioning_logits, selection, *,
-                config: DiffusionGemmaConfig, backend: str, conditioned, method):
+                config: DiffusionGemmaConfig, backend: str, conditioned, method, select):
     """(logits, cache, selection) of `decode` (method None) or `decode_mage`."""
     b, c = canvas_ids.shape
     start = cache.length
@@ -259,24 +266,34 @@ def canvas_pass(params, canvas_ids, cache: KVCache, self_conditioning_logits, se
     sparse = sparse_layers(config, method)
 
     def attend(q, k, v, state: CanvasState, layer: int):
-        cache, chosen = write_layer(state.cache, layer, k, v, start), state.selection
-        if layer in sparse and selection is not None:
-            out = mage.canvas_attention(q, k, v, cache.k[layer], cache.v[layer], selection[layer], start, scale=1.0,
-                                        backend=backend)
-            return out, CanvasState(cache=cache, selection=chosen)
+        cache = write_layer(state.cache, layer, k, v, start)
         if config.is_sliding(layer):
             # transformers' sliding cache keeps the last sliding_window - 1 prompt positions; the canvas sees them all
             keys, values, seen = sliding_view(cache, layer, start, c, config.sliding_window)
-            key_mask = seen >= (start - (config.sliding_window - 1))[:, None]
-        else:
-            keys, values, seen, key_mask = cache.k[layer], cache.v[layer], every, True
-            if layer in sparse:  # the paper's Eq. 3 over the canvas's queries; no kernel takes 512-wide heads
-                scores = mage.canvas_prefix_scores(q, keys, start, scale=1.0, softmax_over=method.softmax_over)
-                chosen = chosen | {layer: mage.ranked_selection(scores, start, k=method.k,
-                                                                select_by=method.select_by)}
-        key_mask = key_mask & (seen < (start + c)[:, None])  # [B, keys]
-        out = dense_attention(q, keys, values, key_mask=key_mask, scale=1.0, backend=backend)
-        return out, CanvasState(cache=cache, selection=chosen)
+            key_mask = (seen >= (start - (config.sliding_window - 1))[:, None]) & (seen < (start + c)[:, None])
+            out = dense_attention(q, keys, values, key_mask=key_mask, scale=1.0, backend=backend)
+            return out, state.replace(cache=cache)
+        keys, values, key_mask = cache.k[layer], cache.v[layer], every < (start + c)[:, None]
+
+        def exact():
+            return dense_attention(q, keys, values, key_mask=key_mask, scale=1.0, backend=backend)
+
+        if layer not in sparse:
+            return exact(), state.replace(cache=cache)
+
+        def exact_and_select():  # the paper's Eq. 3 over the canvas's queries; no kernel takes 512-wide heads
+            scores = mage.canvas_prefix_scores(q, keys, start, scale=1.0, softmax_over=method.softmax_over)
+            return exact(), mage.ranked_selection(scores, start, k=method.k, select_by=method.select_by)
+
+        def selected():
+            out = mage.canvas_attention(q, k, v, keys, values, selection[layer], start, scale=1.0, backend=backend)
+            return out, selection[layer]
+
+        if isinstance(select, bool):
+            out, chosen = exact_and_select() if select else selected()
+        else:  # one step of a loop: only this layer's attention is traced twice, not the whole decoder
+            out, chosen = jax.lax.cond(select, exact_and_select, selected)
+        return out, CanvasState(cache=cache, selection=state.selection | {layer: chosen})
 
     x = self_condition(params["self_conditioning"], embed(params, canvas_ids), self_conditioning_logits,
                        params["embed"], config, conditioned)
@@ -285,7 +302,7 @@ def canvas_pass(params, canvas_ids, cache: KVCache, self_conditioning_logits, se
     x = norm(x, params["final_norm"], config.rms_norm_eps)
     logits = jnp.matmul(x, params["embed"].T, precision=matmul_precision(x.dtype)).astype(jnp.float32)
     cap = config.final_logit_softcapping
-    return jnp.tanh(logits / cap) * cap, state.cache, state.selection if selection is None else selection
+    return jnp.tanh(logits / cap) * cap, state.cache, state.selection
 
 
 @functools.partial(jax.jit, static_argnames=("config", "backend"))
@@ -297,22 +314,25 @@ def decode(params, canvas_ids, cache: KVCache, self_conditioning_logits=None, *,
     False) is not False. The returned cache holds the canvas's keys and values in its scratch slots; its
     filled prefix and lengths are unchanged. Jitted."""
     logits, cache, _ = canvas_pass(params, canvas_ids, cache, self_conditioning_logits, None, config=config,
-                                   backend=backend, conditioned=conditioned, method=None)
+                                   backend=backend, conditioned=conditioned, method=None, select=True)
     return logits, cache
 
 
 @functools.partial(jax.jit, static_argnames=("config", "backend", "method"))
 def decode_mage(params, canvas_ids, cache: KVCache, self_conditioning_logits=None, selection=None, *,
-                config: DiffusionGemmaConfig, method, backend: str = "auto", conditioned=None):
+                config: DiffusionGemmaConfig, method, backend: str = "auto", conditioned=None, select=None):
     """`decode` with MAGE (`dllm_jax.attention.mage.MAGE`: its k, exact_layers, softmax_over and select_by) on the
     global layers' cached prefix (`sparse_layers`): (logits, cache, selection). Without `selection` every layer
     attends exactly and each sparse layer keeps the k prefix positions per KV head that the canvas's queries
     weigh most (the paper's Eq. 3: their softmax over the prefix, averaged over the KV head's query heads and the
     canvas); with one ({layer: int32 [B, K, k]}, what a call without one returned for the same prefix) the sparse
-    layers attend to those positions and the canvas alone. A prefix of at most k positions is kept whole (exact
-    attention). Jitted."""
+    layers attend to those positions and the canvas alone. `select` (a traced bool, with a selection: a loop's
+    step) chooses between the two at run time, in each sparse layer. A prefix of at most k positions is kept
+    whole (exact attention). Jitted."""
+    select = selection is None if select is None else select
+    selection = init_selection(config, method, canvas_ids.shape[0]) if selection is None else selection
     return canvas_pass(params, canvas_ids, cache, self_conditioning_logits, selection, config=config,
-                       backend=backend, conditioned=conditioned, method=method)
+                       backend=backend, conditioned=conditioned, method=method, select=select)
 
 
 def forward(params, input_ids, decoder_input_ids, self_conditioning_logits=None, *, config: DiffusionGemmaConfig,
