@@ -404,8 +404,8 @@ def test_llada_is_served_with_fast_dllm_and_each_request_gets_generate_alone(che
 
 @pytest.mark.parametrize("prefix_cache_bytes", [0, 1000])
 def test_the_memory_plan_adds_up(sdar, prefix_cache_bytes):
-    """Weights, the slots' rows, the staged long prompt's row, an insert's rows (prefill_batch of the chunk bucket,
-    a slot wide where the prefix cache keeps them)."""
+    """Weights, the slots' rows, the staged long prompt's row, an insert's rows (prefill_batch of the bucket of a
+    chunk and a block: the longest prompt an insert takes; a slot wide where the prefix cache keeps them)."""
     _, model, _ = sdar
     engine = Engine(model, slots=3, max_context=64, prefill_chunk=16, prefill_batch=2,
                     prefix_cache_bytes=prefix_cache_bytes)
@@ -414,7 +414,7 @@ def test_the_memory_plan_adds_up(sdar, prefix_cache_bytes):
     assert plan["kv_cache"] == 3 * per_row and plan["prefix_cache"] == prefix_cache_bytes and plan["slot_state"] > 0
     assert plan["weights"] == sum(leaf.nbytes for leaf in jax.tree.leaves(model.params()))
     assert plan["staged_prompt"] == per_row and engine.width == 64
-    assert plan["insert"] == 2 * per_row * (64 if prefix_cache_bytes else 16) // 64
+    assert plan["insert"] == 2 * per_row * (64 if prefix_cache_bytes else 16 + engine.block_length) // 64
     if plan["device"] is not None:
         assert plan["headroom"] == plan["device"] - sum(plan[k] for k in ("weights", "kv_cache", "slot_state",
                                                                           "prefix_cache", "staged_prompt", "insert"))
