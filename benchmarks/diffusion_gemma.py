@@ -243,25 +243,25 @@ def port_rows(args, model, reference: list[dict]):
 # --- MAGE on the canvas step -------------------------------------------------------------------------------------
 
 def canvas_steps(params, canvas, cache, *, config, method, steps: int):
-    """(logits, cache) after `steps` denoising forwards of one canvas against `cache` (updated in place, as in the
-    sampler's loop): dense, or with MAGE a selecting forward, then forwards over its selection. Jit it with the
-    cache donated."""
+    """(logits, cache) after `steps` denoising forwards of one canvas against `cache` (updated in place), at one call
+    site as in the sampler's loop: dense, or with MAGE selecting at the first forward (`decode_mage`'s `select`).
+    Jit it with the cache donated."""
     import jax
 
-    from dllm_jax.models.diffusion_gemma import decode, decode_mage
+    from dllm_jax.models.diffusion_gemma import decode, decode_mage, init_selection
+
+    def step(i, carry):
+        logits, cache, selection = carry
+        if method is None:
+            out, cache = decode(params, canvas, cache, logits, config=config)
+        else:
+            out, cache, selection = decode_mage(params, canvas, cache, logits, selection, config=config,
+                                                method=method, select=i == 0)
+        return out.astype(logits.dtype), cache, selection
 
     logits = jax.numpy.zeros((*canvas.shape, config.vocab_size), params["embed"].dtype)
-    if method is None:
-        def step(_, carry):
-            out, cache = decode(params, canvas, carry[1], carry[0], config=config)
-            return out.astype(logits.dtype), cache
-        return jax.lax.fori_loop(0, steps, step, (logits, cache))
-    out, cache, selection = decode_mage(params, canvas, cache, logits, config=config, method=method)
-
-    def step(_, carry):
-        out, cache, _ = decode_mage(params, canvas, carry[1], carry[0], selection, config=config, method=method)
-        return out.astype(logits.dtype), cache
-    return jax.lax.fori_loop(0, steps - 1, step, (out.astype(logits.dtype), cache))
+    selection = None if method is None else init_selection(config, method, canvas.shape[0])
+    return jax.lax.fori_loop(0, steps, step, (logits, cache, selection))[:2]
 
 
 def canvas_step_rows(args, model):

@@ -192,8 +192,9 @@ class CanvasCarry:
 def denoise_step(params, s: DenoiseCarry, key, canvas, sampling: CanvasSampling, *, config: DiffusionGemmaConfig,
                  options: DiffusionGemmaOptions, backend: str, method) -> DenoiseCarry:
     if method is None:
-        (logits, cache), selection = decode(params, s.current, s.cache, s.logits, config=config, backend=backend,
-                                            conditioned=s.step > 0), None
+        logits, cache = decode(params, s.current, s.cache, s.logits, config=config, backend=backend,
+                               conditioned=s.step > 0)
+        selection = None
     else:
         logits, cache, selection = decode_mage(params, s.current, s.cache, s.logits, s.selection, config=config,
                                                method=method, backend=backend, conditioned=s.step > 0,

@@ -109,8 +109,9 @@ def build_app(model, tokenizer, *, model_name: str, slots: int = 8, max_context:
     defaults of a request that sets none, each request sampling with its own: temperature 0 decodes greedily,
     SDAR with top-k 1; a request's top-k at most `max_top_k`, `Engine`'s), or for the others a `LockstepEngine`
     (greedy requests batched, a sampled one alone unless the family's rows take seeds of their own; `options`: the
-    family's generate options, its answer length included). `overlap`, `schedule`, `prefix_cache_bytes` and `prefill_batch`: `Engine`'s (None: its
-    defaults, on, "forward" and every slot; 0: no prefix cache). `api_key`, `max_request_bytes`: `create_app`'s."""
+    family's generate options, its answer length included). `overlap`, `schedule`, `prefix_cache_bytes` and
+    `prefill_batch`: `Engine`'s (None: its defaults, on, "forward" and every slot; 0: no prefix cache). `api_key`,
+    `max_request_bytes`: `create_app`'s."""
     max_queue = check.integer("max_queue", max_queue, minimum=1)
     temperature = check.real("temperature", temperature, low=0, high=2)
     top_p = check.real("top_p", top_p, low=0, high=1, low_open=True)
